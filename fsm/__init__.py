@@ -1,0 +1,24 @@
+"""fsm: constraints (JSON Schema, pydantic models, regexes) -> token-level guides.
+
+    schema -> regex (schema.py) -> byte DFA (regex.py) -> TokenIndex (index.py) -> Guide (guide.py)
+"""
+
+from fsm.errors import InvalidTokenError, RegexError, SchemaError
+from fsm.guide import Guide
+from fsm.index import TokenIndex
+from fsm.regex import ByteDFA, compile_regex
+from fsm.schema import regex_from_schema
+from fsm.vocabulary import Vocabulary, vocabulary_from_tokenizer
+
+__all__ = [
+    "Guide",
+    "TokenIndex",
+    "ByteDFA",
+    "Vocabulary",
+    "compile_regex",
+    "regex_from_schema",
+    "vocabulary_from_tokenizer",
+    "SchemaError",
+    "RegexError",
+    "InvalidTokenError",
+]

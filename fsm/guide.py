@@ -1,0 +1,107 @@
+"""Guide: a cursor over a TokenIndex. Copying one is O(1), so drafting can run ahead of the commit."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from fsm.errors import InvalidTokenError
+from fsm.index import FINISHED, TokenIndex
+from fsm.regex import DEAD, compile_regex
+from fsm.schema import regex_from_schema
+from fsm.vocabulary import vocabulary_from_tokenizer
+
+
+class Guide:
+    """Which tokens may come next under a regex or JSON Schema, and which are forced.
+
+    Build one with `Guide.from_schema` or `Guide.from_regex`; the compiled index is cached per
+    (pattern, tokenizer, vocab_size, eos ids), so a second guide for the same constraint is free.
+    """
+
+    __slots__ = ("index", "state")
+
+    def __init__(self, index: TokenIndex, state: int = 0):
+        self.index = index
+        self.state = state
+
+    @classmethod
+    def from_regex(cls, pattern: str, tokenizer, vocab_size: int | None = None, eos_token_ids=None) -> "Guide":
+        """Guide for text that fully matches `pattern` (Python `re` syntax, a finite-automaton subset).
+
+        Parameters
+        ----------
+        pattern : str
+            The regex. Lookbehinds, negative lookaheads, backreferences and inner anchors raise
+            `fsm.RegexError`.
+        tokenizer : transformers tokenizer
+        vocab_size : int, optional
+            The model's logits width (may exceed ``len(tokenizer)``); the mask has this length.
+        eos_token_ids : sequence of int, optional
+            Ids that end the text; default: the tokenizer's EOS.
+        """
+        eos = None if eos_token_ids is None else tuple(sorted(set(eos_token_ids)))
+        vocabulary = vocabulary_from_tokenizer(tokenizer, vocab_size, eos)
+        return cls(_cached_index(pattern, vocabulary))
+
+    @classmethod
+    def from_schema(cls, schema, tokenizer, vocab_size: int | None = None, eos_token_ids=None, **options) -> "Guide":
+        """Guide for compact JSON valid under `schema` (a pydantic class, a dict or a JSON string).
+
+        `options` go to `fsm.regex_from_schema` (whitespace, additional properties, recursion depth).
+        """
+        return cls.from_regex(regex_from_schema(schema, **options), tokenizer, vocab_size, eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.index.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.index.vocabulary.eos_token_ids
+
+    def mask(self) -> torch.Tensor:
+        """(vocab_size,) bool, True where a token is allowed now. Shared and cached: do not modify."""
+        return self.index.info(self.state).mask
+
+    def allowed(self) -> list[int]:
+        """The allowed token ids, sorted."""
+        return self.index.info(self.state).token_ids.tolist()
+
+    def advance(self, token_id: int) -> None:
+        """Move past `token_id`; raises `fsm.InvalidTokenError` if it is not allowed here."""
+        nxt = self.index.next_state(self.state, int(token_id))
+        if nxt == DEAD:
+            raise InvalidTokenError(f"token {token_id} is not allowed in state {self.state} of {self._name()}")
+        self.state = nxt
+
+    def forced(self) -> list[int]:
+        """Tokens every valid continuation starts with, as the tokenizer would spell them."""
+        if self.state == FINISHED:
+            return []
+        return list(self.index.forced_tokens(self.state))
+
+    def is_final(self) -> bool:
+        """True when the text so far is a complete match (EOS is allowed)."""
+        return self.index.is_accepting(self.state)
+
+    def is_finished(self) -> bool:
+        """True once EOS was consumed."""
+        return self.state == FINISHED
+
+    def only_eos_allowed(self) -> bool:
+        """Final and nothing but EOS may follow: generation can stop here."""
+        return self.is_final() and self.index.info(self.state).max_token_length == 0
+
+    def copy(self) -> "Guide":
+        return Guide(self.index, self.state)
+
+    def _name(self) -> str:
+        pattern = self.index.dfa.pattern
+        return f"regex {pattern[:60]!r}{'...' if len(pattern) > 60 else ''}"
+
+
+@lru_cache(maxsize=32)
+def _cached_index(pattern: str, vocabulary) -> TokenIndex:
+    return TokenIndex(compile_regex(pattern), vocabulary)

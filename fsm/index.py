@@ -1,0 +1,186 @@
+"""TokenIndex: which token ids a DFA state allows, where each leads, and which tokens are forced.
+
+States are indexed lazily, on their first visit, by walking every token's bytes through the DFA at
+once (numpy over all tokens, one column of bytes per step, dropping tokens as they die). Results are
+cached, so a revisit costs a dictionary lookup. The index is logically immutable: the caches only
+memoize pure functions of (DFA, vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fsm.regex import DEAD, ByteDFA
+from fsm.vocabulary import Vocabulary
+
+FINISHED = -2  # the state after EOS
+
+
+@dataclass(frozen=True, eq=False)
+class StateInfo:
+    """What one DFA state allows. token_ids is sorted; next_states[i] follows token_ids[i]."""
+
+    token_ids: np.ndarray  # (n_allowed,) int64, EOS included where the state accepts
+    next_states: np.ndarray  # (n_allowed,) int64, FINISHED after EOS
+    mask: torch.Tensor  # (vocab_size,) bool
+    max_token_length: int  # longest allowed token in bytes (EOS counts 0)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenIndex:
+    """Token-level view of a byte DFA for one vocabulary (see the module docstring)."""
+
+    dfa: ByteDFA
+    vocabulary: Vocabulary
+    _states: dict = field(default_factory=dict, repr=False)
+    _forced: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        live = _token_live_states(self) if self._needs_token_crawl() else None
+        object.__setattr__(self, "_live", live)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocabulary.vocab_size
+
+    def info(self, state: int) -> StateInfo:
+        """Allowed tokens of `state`, computed on the first visit and cached."""
+        found = self._states.get(state)
+        if found is None:
+            found = self._states[state] = self._build_info(state)
+        return found
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id`, or DEAD when the token is not allowed."""
+        info = self.info(state)
+        i = int(np.searchsorted(info.token_ids, token_id))
+        if i < len(info.token_ids) and info.token_ids[i] == token_id:
+            return int(info.next_states[i])
+        return DEAD
+
+    def is_accepting(self, state: int) -> bool:
+        return state == FINISHED or bool(self.dfa.accepting[state])
+
+    def forced_tokens(self, state: int) -> tuple[int, ...]:
+        """Canonical tokens of the forced string from `state`, minus a tail a longer token could span."""
+        if state not in self._forced:
+            self._forced[state] = self._build_forced(state)
+        return self._forced[state]
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _build_info(self, state: int) -> StateInfo:
+        if state == FINISHED:  # after EOS only EOS (padding) is allowed
+            ids = np.asarray(self.vocabulary.eos_token_ids[:1], dtype=np.int64)
+            nexts = np.full(len(ids), FINISHED, dtype=np.int64)
+        else:
+            ids, nexts = _walk_all_tokens(self.dfa.transitions, self.vocabulary, state)
+            if self._live is not None:
+                keep = self._live[nexts]
+                ids, nexts = ids[keep], nexts[keep]
+            if self.dfa.accepting[state]:
+                eos = np.asarray(self.vocabulary.eos_token_ids, dtype=np.int64)
+                ids = np.concatenate([ids, eos])
+                nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
+        order = np.argsort(ids, kind="stable")
+        ids, nexts = ids[order], nexts[order]
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[torch.from_numpy(ids)] = True
+        lengths = self.vocabulary.walk_layout.lengths
+        return StateInfo(ids, nexts, mask, int(lengths[ids].max(initial=0)) if len(ids) else 0)
+
+    def _build_forced(self, state: int) -> tuple[int, ...]:
+        forced = _forced_text(self.dfa, state)
+        if not forced:
+            return ()
+        tokens, starts = self._spell(state, self.vocabulary.encode(forced))
+        end = len(forced.encode())
+        # Hold back from the first token after which a longer allowed token could cross the end.
+        for i, (token_start, token_state) in enumerate(starts):
+            if self.info(token_state).max_token_length > end - token_start:
+                return tuple(tokens[:i])
+        return tuple(tokens)
+
+    def _spell(self, state: int, ids: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+        """The prefix of `ids` the index allows from `state`, with each token's (byte offset, state)."""
+        tokens, starts, offset = [], [], 0
+        for token in ids:
+            nxt = self.next_state(state, token)
+            if nxt in (DEAD, FINISHED):
+                break
+            tokens.append(token)
+            starts.append((offset, state))
+            offset += len(self.vocabulary.token_bytes[token])
+            state = nxt
+        return tokens, starts
+
+    def _needs_token_crawl(self) -> bool:
+        """Byte liveness equals token liveness when every byte on an edge is a token by itself."""
+        used = np.unique(np.nonzero(self.dfa.transitions != DEAD)[1])
+        return not set(used.tolist()) <= self.vocabulary.single_bytes
+
+
+def _walk_all_tokens(transitions: np.ndarray, vocabulary: Vocabulary, state: int):
+    """Walk every token from `state`; return the (ids, end states) of those that survive."""
+    layout = vocabulary.walk_layout
+    positions = np.arange(len(layout.order))  # rows of layout.order still alive, ascending
+    states = np.full(len(positions), state, dtype=np.int64)
+    done_pos, done_states = [], []
+    for j, column in enumerate(layout.columns):
+        ended = int(np.searchsorted(positions, layout.counts[j]))  # shorter tokens have ended
+        done_pos.append(positions[ended:])
+        done_states.append(states[ended:])
+        positions, states = positions[:ended], states[:ended]
+        if not len(positions):
+            break
+        states = transitions[states, column[positions]]
+        alive = states != DEAD
+        positions, states = positions[alive], states[alive]
+    done_pos.append(positions)
+    done_states.append(states)
+    ids = layout.order[np.concatenate(done_pos)].astype(np.int64)
+    return ids, np.concatenate(done_states).astype(np.int64)
+
+
+def _forced_text(dfa: ByteDFA, state: int) -> str:
+    """The longest byte string every continuation starts with, cut to whole UTF-8 characters."""
+    out = bytearray()
+    while not dfa.accepting[state]:
+        targets = np.flatnonzero(dfa.transitions[state] != DEAD)
+        if len(targets) != 1:
+            break
+        out.append(int(targets[0]))
+        state = int(dfa.transitions[state, targets[0]])
+    return _utf8_prefix(bytes(out))
+
+
+def _utf8_prefix(data: bytes) -> str:
+    for end in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return bytes(data[:end]).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
+def _token_live_states(index: TokenIndex) -> np.ndarray:
+    """States from which some token sequence reaches acceptance (for vocabularies missing bytes)."""
+    edges, seen, frontier = {}, {0}, [0]
+    while frontier:
+        state = frontier.pop()
+        _, nexts = _walk_all_tokens(index.dfa.transitions, index.vocabulary, state)
+        edges[state] = set(nexts.tolist())
+        new = edges[state] - seen
+        seen |= new
+        frontier.extend(new)
+    live = {s for s in seen if index.dfa.accepting[s]}
+    changed = True
+    while changed:
+        grown = {s for s, targets in edges.items() if targets & live} | live
+        changed, live = grown != live, grown
+    out = np.zeros(index.dfa.n_states, dtype=bool)
+    out[list(live)] = True
+    return out

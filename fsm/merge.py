@@ -1,0 +1,137 @@
+"""`allOf` merging and local `$ref` resolution for the schema compiler."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote
+
+from fsm.errors import SchemaError
+
+_LOWER = ("minimum", "minLength", "minItems", "exclusiveMinimum")  # merged by max
+_UPPER = ("maximum", "maxLength", "maxItems", "exclusiveMaximum")  # merged by min
+_IGNORED = frozenset("title description examples default $schema $id id $comment deprecated readOnly writeOnly $defs definitions".split())
+MAX_UNION_PRODUCT = 64
+
+
+def resolve_pointer(root, ref, pointer: str):
+    """The subschema a local `$ref` ("#", "#/a/b") points to."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise SchemaError(f"only local references ('#/...') are supported, got {ref!r}", keyword="$ref", pointer=pointer)
+    node = root
+    for part in filter(None, ref[1:].split("/")):
+        key = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            raise SchemaError(f"reference {ref!r} does not resolve", keyword="$ref", pointer=pointer)
+    return node
+
+
+def merge_all(schema: dict, pointer: str, resolve) -> dict:
+    """One schema equivalent to `schema` with its allOf parts merged (SchemaError if impossible)."""
+    parts = _flatten(schema, pointer, resolve, depth=0)
+    merged: dict = {}
+    for i, part in enumerate(parts):
+        merged = _merge(merged, part, f"{pointer}/allOf/{i}")
+    return merged
+
+
+def _flatten(schema, pointer: str, resolve, depth: int) -> list[dict]:
+    if depth > 16:
+        raise SchemaError("allOf/$ref chain is too deep to merge", keyword="allOf", pointer=pointer)
+    if schema is True:
+        return []
+    if schema is False or not isinstance(schema, dict):
+        raise SchemaError("allOf parts must be schemas that accept something", keyword="allOf", pointer=pointer)
+    parts, rest = [], {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _IGNORED}
+    if "$ref" in schema:
+        parts += _flatten(resolve(schema["$ref"], f"{pointer}/$ref"), pointer, resolve, depth + 1)
+    for i, sub in enumerate(schema.get("allOf", [])):
+        parts += _flatten(sub, f"{pointer}/allOf/{i}", resolve, depth + 1)
+    return parts + ([rest] if rest else [])
+
+
+def _merge(a: dict, b: dict, pointer: str) -> dict:
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out:
+            out[key] = value
+        elif out[key] != value:
+            out[key] = _merge_keyword(key, out[key], value, out, b, pointer)
+    _apply_closed_objects(out, a, b, pointer)
+    return out
+
+
+def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
+    if key in _LOWER and _numbers(x, y):
+        return max(x, y)
+    if key in _UPPER and _numbers(x, y):
+        return min(x, y)
+    if key == "type":
+        return _merge_types(x, y, pointer)
+    if key == "required":
+        return list(dict.fromkeys(x + y))
+    if key == "properties":
+        return {n: x[n] if n not in y else y[n] if n not in x else {"allOf": [x[n], y[n]]} for n in {**x, **y}}
+    if key == "additionalProperties" and (x is False or y is False):
+        return False
+    if key in ("items", "additionalProperties") and isinstance(x, dict) and isinstance(y, dict):
+        return {"allOf": [x, y]}
+    if key in ("enum", "const"):
+        return _merge_values(key, x, y, pointer)
+    if key == "pattern":
+        return (x if isinstance(x, list) else [x]) + (y if isinstance(y, list) else [y])
+    if key == "anyOf":
+        if len(x) * len(y) > MAX_UNION_PRODUCT:
+            raise SchemaError("allOf of two large anyOf unions is too big to merge", keyword="anyOf", pointer=pointer)
+        return [{"allOf": [p, q]} for p in x for q in y]
+    if key == "uniqueItems":
+        return x or y
+    raise SchemaError(f"allOf parts disagree on {key!r} ({_short(x)} vs {_short(y)}) and cannot be merged", keyword=key, pointer=pointer)
+
+
+def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
+    """A part with additionalProperties false only lets its own properties through."""
+    closed = [p for p in (a, b) if p.get("additionalProperties") is False]
+    for part in closed:
+        allowed = set(part.get("properties", {}))
+        props = out.get("properties", {})
+        banned = [n for n in out.get("required", []) if n not in allowed]
+        if banned:
+            raise SchemaError(f"required property {banned[0]!r} is excluded by additionalProperties false", keyword="additionalProperties", pointer=pointer)
+        out["properties"] = {n: s for n, s in props.items() if n in allowed}
+        out["additionalProperties"] = False
+
+
+def _merge_types(x, y, pointer: str) -> list[str]:
+    xs, ys = ({x} if isinstance(x, str) else set(x)), ({y} if isinstance(y, str) else set(y))
+    both = xs & ys
+    if ("number" in xs and "integer" in ys) or ("integer" in xs and "number" in ys):
+        both.add("integer")
+    if not both:
+        raise SchemaError(f"allOf parts require disjoint types {sorted(xs)} and {sorted(ys)}", keyword="type", pointer=pointer)
+    return sorted(both)
+
+
+def _merge_values(key: str, x, y, pointer: str):
+    xs, ys = ([x] if key == "const" else x), ([y] if key == "const" else y)
+    keys = {_canonical(v) for v in ys}
+    both = [v for v in xs if _canonical(v) in keys]
+    if not both:
+        raise SchemaError("allOf parts allow no common value", keyword=key, pointer=pointer)
+    return both[0] if key == "const" else both
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True) + type(value).__name__
+
+
+def _numbers(*values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) < 40 else text[:37] + "..."

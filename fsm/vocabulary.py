@@ -1,0 +1,201 @@
+"""The exact bytes of every token id of a transformers tokenizer.
+
+Byte-level BPE vocabularies (GPT-2, Qwen, SmolLM2, Llama-3) spell bytes with printable stand-in
+characters; SentencePiece vocabularies spell spaces as `▁` and unknown bytes as `<0xNN>` tokens.
+Special tokens (BOS, EOS, chat markers) never carry text: they get no bytes, and EOS is handled by
+the index on its own. Ids beyond the tokenizer (the model's logits can be wider) get no bytes either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import weakref
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    """Token bytes for ids 0..vocab_size-1 (b"" = never allowed) and the EOS ids."""
+
+    token_bytes: tuple[bytes, ...]
+    eos_token_ids: tuple[int, ...]
+    tokenizer: object = None  # used once per state for the canonical tokenization of forced strings
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_bytes)
+
+    @cached_property
+    def walk_layout(self) -> "WalkLayout":
+        return WalkLayout.build(self.token_bytes)
+
+    @cached_property
+    def single_bytes(self) -> frozenset[int]:
+        """Bytes that a token spells on its own (all 256 for byte-level and byte-fallback vocabularies)."""
+        return frozenset(b[0] for b in self.token_bytes if len(b) == 1)
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical token ids of `text` as the tokenizer itself splits it (no special tokens)."""
+        data = text.encode()
+        for prefix in ("", "\n"):  # "\n" defeats SentencePiece's dummy-prefix space
+            ids = self.tokenizer.encode(prefix + text, add_special_tokens=False)
+            ids = _drop_prefix(ids, prefix.encode(), self.token_bytes)
+            if ids is not None and b"".join(self.token_bytes[i] for i in ids) == data:
+                return ids
+        return self._greedy_encode(data)
+
+    def _greedy_encode(self, data: bytes) -> list[int]:
+        """Longest-match spelling, used only when the tokenizer's own ids do not spell `data`."""
+        by_bytes = self.ids_by_bytes
+        ids, start = [], 0
+        while start < len(data):
+            ends = range(min(len(data), start + self.walk_layout.max_length), start, -1)
+            end = next((e for e in ends if data[start:e] in by_bytes), None)
+            if end is None:
+                return ids  # a byte that no token spells: the spelling stops here
+            ids.append(by_bytes[data[start:end]])
+            start = end
+        return ids
+
+    @cached_property
+    def ids_by_bytes(self) -> dict[bytes, int]:
+        out: dict[bytes, int] = {}
+        for i, b in enumerate(self.token_bytes):
+            if b and b not in out:
+                out[b] = i
+        return out
+
+
+def _drop_prefix(ids: list[int], prefix: bytes, token_bytes) -> list[int] | None:
+    """Remove the leading ids that spell exactly `prefix` (None if they do not)."""
+    spelled, n = b"", 0
+    while len(spelled) < len(prefix) and n < len(ids):
+        spelled += token_bytes[ids[n]] if ids[n] < len(token_bytes) else b"?"
+        n += 1
+    return ids[n:] if spelled == prefix else None
+
+
+@dataclass(frozen=True, eq=False)
+class WalkLayout:
+    """Token bytes laid out column by column for vectorized walks through a DFA.
+
+    order:   (n_tokens,) token ids sorted by byte length, longest first.
+    columns: columns[j] is the (counts[j],) uint8 array of byte j of the first counts[j] tokens of
+             `order` (exactly those longer than j bytes).
+    lengths: (vocab_size,) byte length of every id (0 = no token).
+    """
+
+    order: np.ndarray
+    columns: tuple[np.ndarray, ...]
+    counts: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def max_length(self) -> int:
+        return len(self.columns)
+
+    @classmethod
+    def build(cls, token_bytes: tuple[bytes, ...]) -> "WalkLayout":
+        lengths = np.fromiter((len(b) for b in token_bytes), dtype=np.int32, count=len(token_bytes))
+        order = np.argsort(-lengths, kind="stable").astype(np.int32)
+        order = order[lengths[order] > 0]
+        width = int(lengths.max(initial=0))
+        padded = np.zeros((len(order), width), dtype=np.uint8)
+        for row, token in enumerate(order.tolist()):
+            data = token_bytes[token]
+            padded[row, : len(data)] = np.frombuffer(data, dtype=np.uint8)
+        counts = np.array([(lengths[order] > j).sum() for j in range(width)], dtype=np.int64)
+        columns = tuple(np.ascontiguousarray(padded[: counts[j], j]) for j in range(width))
+        return cls(order, columns, counts, lengths)
+
+
+_CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+
+def vocabulary_from_tokenizer(
+    tokenizer, vocab_size: int | None = None, eos_token_ids: tuple[int, ...] | None = None
+) -> Vocabulary:
+    """Build (once per tokenizer, size and EOS set) the Vocabulary of a transformers tokenizer.
+
+    Parameters
+    ----------
+    tokenizer : transformers tokenizer
+    vocab_size : int, optional
+        The model's logits width; defaults to ``len(tokenizer)``. Ids without a token get no bytes.
+    eos_token_ids : tuple of int, optional
+        Ids that end generation; defaults to the tokenizer's EOS token.
+    """
+    vocab_size = vocab_size or len(tokenizer)
+    if eos_token_ids is None:
+        eos_token_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+    key = (vocab_size, tuple(eos_token_ids))
+    per_tokenizer = _CACHE.setdefault(tokenizer, {})
+    if key not in per_tokenizer:
+        token_bytes = _token_bytes(tokenizer, vocab_size)
+        per_tokenizer[key] = Vocabulary(token_bytes, tuple(eos_token_ids), tokenizer)
+    return per_tokenizer[key]
+
+
+def _token_bytes(tokenizer, vocab_size: int) -> tuple[bytes, ...]:
+    if vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
+    out = [b""] * vocab_size
+    special = set(tokenizer.all_special_ids)
+    added = {i: t for i, t in tokenizer.added_tokens_decoder.items() if i < vocab_size}
+    special |= {i for i, t in added.items() if t.special}
+    decode = _piece_decoder(tokenizer)
+    for piece, i in tokenizer.get_vocab().items():
+        if i >= vocab_size or i in special:
+            continue
+        out[i] = added[i].content.encode() if i in added else decode(piece)
+    return tuple(out)
+
+
+def _piece_decoder(tokenizer):
+    """piece -> bytes for the tokenizer's spelling convention."""
+    kind = _decoder_kind(tokenizer)
+    if kind == "byte_level":
+        table = {c: b for b, c in _bytes_to_unicode().items()}
+        return lambda piece: bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode()
+    if kind == "sentencepiece":
+        return _sentencepiece_bytes
+    return lambda piece: tokenizer.convert_tokens_to_string([piece]).encode()
+
+
+def _decoder_kind(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        decoder = json.dumps(json.loads(backend.to_str()).get("decoder"))
+        if '"ByteLevel"' in decoder:
+            return "byte_level"
+        if "\\u2581" in decoder or "▁" in decoder or '"Metaspace"' in decoder:
+            return "sentencepiece"
+    if "<0x0A>" in tokenizer.get_vocab():
+        return "sentencepiece"
+    return "generic"
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    match = _BYTE_FALLBACK.match(piece)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    return piece.replace("▁", " ").encode()
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
