@@ -1,0 +1,10 @@
+"""assisted: lossless speculative generation with structure-aware drafting.
+
+    from assisted import generate
+    out = generate(model, assistant_model, tokenizer=tok, prompt="...", schema=Character)
+"""
+
+from assisted.generate import generate
+from assisted.result import GenerationResult, Seconds, Stats, StepRecord
+
+__all__ = ["generate", "GenerationResult", "Stats", "Seconds", "StepRecord"]

@@ -1,0 +1,51 @@
+"""KV caches in one place: a forward over the tokens a cache has not seen, and the crop after commit.
+
+Both the target and the assistant keep one `DynamicCache` for the whole generation. After each step
+it is cropped back to the committed length (transformers 5.x: `DynamicCache.crop(-n)` removes n
+positions); it is never rebuilt. The caller tracks how many committed tokens each cache holds.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache() -> DynamicCache:
+    """An empty cache; layers are created on the first forward."""
+    return DynamicCache()
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's input ids must live (the embedding's device, also under device_map)."""
+    return model.get_input_embeddings().weight.device
+
+
+def output_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's logits come out (the head's device, also under device_map)."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return head.weight.device
+    return input_device(model)
+
+
+def logits_size(model: torch.nn.Module) -> int:
+    """Length of the model's next-token logits (can exceed the tokenizer's length)."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def forward(model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
+    """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V)."""
+    x = torch.tensor([ids], dtype=torch.long, device=input_device(model))  # (1, m)
+    out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[0, -keep:]
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Drop every cached position at or after `length` (no-op when the cache is not longer)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)

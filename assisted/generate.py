@@ -1,0 +1,177 @@
+"""generate(): draft -> one target forward -> accept -> commit -> crop -> adapt k.
+
+The loop keeps three things in step: `seq` (prompt + committed tokens), the target's KV cache
+(always `seq[:-1]` after a step: the last committed token is fed with the next draft) and the
+guide cursor (the state after `seq`). Drafts run ahead on a copy of the cursor.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from assisted.acceptance import greedy_accept, speculative_accept
+from assisted.cache import crop_to, forward, new_cache, output_device
+from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
+from assisted.policy import make_policy
+from assisted.result import GenerationResult, Recorder, StopReason
+from assisted.sampling import make_generator, masked, probs
+from drafting.assistant import AssistantDrafter
+from drafting.base import Cursor, Draft, DraftSource
+from drafting.combined import CombinedSource
+
+
+def generate(
+    model,
+    assistant_model=None,
+    *,
+    tokenizer,
+    prompt=None,
+    messages=None,
+    input_ids=None,
+    schema=None,
+    regex=None,
+    max_new_tokens: int = 256,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    num_assistant_tokens: int = 5,
+    schedule: str = "heuristic",
+    coalesce: bool = True,
+) -> GenerationResult:
+    """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
+
+    Greedy output is token-identical to plain (constrained) decoding of `model`, and sampled output
+    has exactly its distribution, whatever the assistant proposes (speculative sampling). Forced
+    tokens of the constraint are appended without a model call (`coalesce=True`) or drafted as point
+    masses that the target verifies (`coalesce=False`, exactly lossless).
+
+    Parameters
+    ----------
+    model : transformers causal LM
+        The target. Batch size 1; may be spread over devices with ``device_map``.
+    assistant_model : transformers causal LM, optional
+        A smaller model with the same vocabulary; it drafts under the constraint's mask.
+    tokenizer : transformers tokenizer
+        Shared by both models.
+    prompt, messages, input_ids : str | list[dict] | list[int] or tensor, exactly one
+        A text, chat messages (formatted with the chat template), or token ids (shape (n,) or (1, n)).
+    schema : pydantic class | dict | str, optional
+        JSON Schema the output must satisfy (compact JSON).
+    regex : str, optional
+        Regex the output must fully match. At most one of `schema` and `regex`.
+    max_new_tokens : int
+        Budget of new tokens (>= 1), EOS included.
+    do_sample : bool
+        Sample instead of taking the argmax.
+    temperature, top_k, top_p : float, int, float
+        Warpers applied after the mask, to target and assistant alike (temperature > 0 when sampling;
+        top_k >= 1; top_p in (0, 1]).
+    seed : int, optional
+        Seeds the sampling generators; None draws fresh entropy.
+    num_assistant_tokens : int
+        Model-drafted tokens per step at the start (forced tokens do not count).
+    schedule : {"heuristic", "constant"}
+        "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed.
+    coalesce : bool
+        Append forced tokens unverified (fast, the documented default) or verify them (lossless).
+
+    Returns
+    -------
+    GenerationResult
+        ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length") and ``stats``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
+    """
+    opts = check_options(max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens,
+                         schedule, coalesce)
+    vocab_size = check_models(model, assistant_model, tokenizer)
+    ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
+    cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer))
+    recorder = Recorder()
+    assistant = None
+    if assistant_model is not None:
+        seed2 = None if opts.seed is None else opts.seed + 1
+        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
+    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample)
+    with torch.inference_mode():
+        new, stop = _decode(model, source, cursor, ids, opts, recorder)
+    text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    value = parse_value(schema, text, stop)
+    calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
+    return GenerationResult(text, new, value, stop, recorder.freeze(len(new), calls, seconds, cursor.clock.seconds))
+
+
+def _decode(model, source: DraftSource, cursor: Cursor, prompt: list[int], opts: Options, rec: Recorder):
+    """The decode loop; returns (new token ids, stop reason)."""
+    cache, policy = new_cache(), make_policy(opts.schedule, opts.num_assistant_tokens)
+    generator = make_generator(output_device(model), opts.seed)
+    seq, end, cached = list(prompt), len(prompt) + opts.max_new_tokens, 0  # target cache holds seq[:cached]
+    if cursor.finished():
+        return [], "final"
+    while True:
+        # 1. draft: forced runs (free) and up to k assistant tokens, leaving room for the target's token
+        k = policy.k
+        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1)
+        # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
+        if opts.coalesce and all(draft.forced) and draft.finished:
+            n, token = len(draft.tokens), None  # only coalesced tokens up to the end: nothing to decide
+        else:
+            logits = _target_forward(model, cache, seq[cached:] + list(draft.tokens), len(draft.tokens) + 1, rec)
+            n, token = _accept(logits, draft, opts, generator)  # the step's one host sync
+        # 3. commit the accepted prefix and the target's token; crop both caches to what was committed
+        valid = len(seq) + n
+        stop = _commit(seq, cursor, [*draft.tokens[:n], *([] if token is None else [token])], end)
+        cached = min(valid, len(seq) - 1)
+        crop_to(cache, cached)
+        source.rollback(valid)
+        # 4. adapt k on the assistant's tokens and record the step
+        if draft.model_drafted:
+            policy.update(draft.model_drafted, n - sum(draft.forced[:n]))
+        rec.step(k, draft.forced, n, opts.coalesce)
+        if stop is not None:
+            return seq[len(prompt) :], stop
+
+
+def _target_forward(model, cache, ids: list[int], keep: int, rec: Recorder) -> torch.Tensor:
+    """Timed target forward; logits of the last `keep` positions, (keep, V)."""
+    start = time.perf_counter()
+    logits = forward(model, cache, ids, keep)
+    rec.target_passes += 1
+    rec.target_seconds += time.perf_counter() - start
+    return logits
+
+
+def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tuple[int, int]:
+    """Mask the target's rows with the guide states of the draft and apply the acceptance rule."""
+    device = logits.device
+    masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V)
+    tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
+    auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
+    if opts.warp.do_sample:
+        p = probs(logits, masks, opts.warp)  # (k+1, V)
+        out = speculative_accept(p, draft.q.to(device), tokens, auto, generator)
+    else:
+        out = greedy_accept(masked(logits, masks), tokens, auto)
+    n, token = out.tolist()
+    return n, token
+
+
+def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int) -> StopReason | None:
+    """Append `tokens`, advancing the guide; the first stop condition met ends the commit."""
+    for token in tokens:
+        seq.append(token)
+        if token in cursor.eos:
+            return "eos"
+        cursor.advance(token)
+        if cursor.finished():
+            return "final"
+        if len(seq) >= end:
+            return "length"
+    return None

@@ -1,0 +1,121 @@
+"""What generate() returns: the output, why it stopped, and statistics of the run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+StopReason = Literal["eos", "final", "length"]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One verification step."""
+
+    k: int  # model-drafted tokens the policy asked for
+    drafted: int  # draft tokens the target verified (assistant + forced point masses)
+    accepted: int  # of those, accepted by the target
+    forced_appended: int  # coalesced forced tokens committed without verification
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """Wall time split; `overhead` is the loop's own share (masks, guide, acceptance, bookkeeping)."""
+
+    total: float
+    target: float  # target forward passes
+    assistant: float  # assistant forward passes
+    fsm: float  # guide calls: mask, advance, forced, is_final
+
+    @property
+    def overhead(self) -> float:
+        return self.total - self.target - self.assistant
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters of one generate() call.
+
+    `drafted`/`accepted` count tokens the target verified; forced tokens appended by coalescence are
+    counted in `forced_tokens_appended` instead.
+    """
+
+    new_tokens: int
+    target_forward_passes: int
+    assistant_forward_passes: int
+    drafted: int
+    accepted: int
+    drafted_by_source: dict[str, int]  # {"assistant": ..., "forced": ...}
+    accepted_by_source: dict[str, int]
+    forced_tokens_appended: int
+    seconds: Seconds
+    steps: tuple[StepRecord, ...]
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The output of `assisted.generate`.
+
+    Attributes
+    ----------
+    text : str
+        The generated text (new tokens only, special tokens such as EOS left out).
+    token_ids : list[int]
+        The new token ids, including the EOS id when `stop_reason == "eos"`.
+    value : Any
+        The pydantic instance (schema was a pydantic class), the parsed JSON (JSON Schema), or None
+        (regex, no constraint, or output cut by the token budget before it was complete).
+    stop_reason : {"eos", "final", "length"}
+        EOS emitted; the guide reached a final state that allows nothing else; or the budget ran out.
+    stats : Stats
+        Forward passes, drafted/accepted tokens by source, timings and per-step records.
+    """
+
+    text: str
+    token_ids: list[int]
+    value: Any
+    stop_reason: StopReason
+    stats: Stats
+
+
+class Recorder:
+    """Mutable counters filled by the loop, frozen into `Stats` at the end."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.target_passes, self.target_seconds = 0, 0.0
+        self.drafted = {"assistant": 0, "forced": 0}
+        self.accepted = {"assistant": 0, "forced": 0}
+        self.appended, self.steps = 0, []
+
+    def step(self, k: int, forced: tuple[bool, ...], n: int, coalesce: bool) -> None:
+        """Book a step whose draft had flags `forced` and whose first `n` tokens were accepted."""
+        verified = [(f, i < n) for i, f in enumerate(forced) if not (f and coalesce)]
+        for is_forced, ok in verified:
+            source = "forced" if is_forced else "assistant"
+            self.drafted[source] += 1
+            self.accepted[source] += ok
+        appended = sum(1 for i, f in enumerate(forced) if f and coalesce and i < n)
+        self.appended += appended
+        self.steps.append(StepRecord(k, len(verified), sum(ok for _, ok in verified), appended))
+
+    def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float) -> Stats:
+        total = time.perf_counter() - self.start
+        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s)
+        return Stats(
+            new_tokens=new_tokens,
+            target_forward_passes=self.target_passes,
+            assistant_forward_passes=assistant_passes,
+            drafted=sum(self.drafted.values()),
+            accepted=sum(self.accepted.values()),
+            drafted_by_source=dict(self.drafted),
+            accepted_by_source=dict(self.accepted),
+            forced_tokens_appended=self.appended,
+            seconds=seconds,
+            steps=tuple(self.steps),
+        )

@@ -1,0 +1,44 @@
+"""A small causal LM as drafter: its own persistent KV cache, masked by the guide at each position."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from assisted.cache import crop_to, forward, input_device, new_cache
+from assisted.sampling import Warp, masked, probs, sample
+from drafting.base import DeviceMasks
+
+
+class AssistantDrafter:
+    """Proposes one token at a time from the assistant's masked, warped distribution.
+
+    The cache holds the first `cached` tokens of the sequence it was last shown. Tokens it did not
+    produce (the target's corrections and bonus tokens, forced tokens) are fed on the next call.
+    """
+
+    def __init__(self, model, warp: Warp, generator: torch.Generator | None):
+        self.model, self.warp, self.generator = model, warp, generator
+        self.cache, self.cached = new_cache(), 0
+        self.device = input_device(model)
+        self.masks = DeviceMasks(self.device)
+        self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
+
+    def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None]:
+        """Draft the token after `seq`; returns (token, q row (1, V) or None when greedy)."""
+        start = time.perf_counter()
+        logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
+        self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
+        self.cached = len(seq)
+        mask = self.masks(mask)
+        mask = None if mask is None else mask[None]  # (1, V)
+        if not self.warp.do_sample:
+            return int(masked(logits, mask).argmax(dim=-1)), None
+        q = probs(logits, mask, self.warp)  # (1, V)
+        return int(sample(q, self.generator)), q
+
+    def rollback(self, valid: int) -> None:
+        """Keep only the first `valid` tokens of the last sequence in the cache."""
+        self.cached = min(self.cached, valid)
+        crop_to(self.cache, self.cached)

@@ -1,0 +1,111 @@
+"""What a draft is, who can propose one, and the guide as drafting and the loop see it.
+
+A `Draft` holds k proposed tokens, the guide's mask before each of them and after the last (the rows
+the target's logits are masked with), which tokens the guide forced, and — when sampling — the draft
+probabilities q (one-hot rows for forced tokens, which are point masses).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed continuation of the committed sequence."""
+
+    tokens: tuple[int, ...]  # (k,) proposed ids in order
+    forced: tuple[bool, ...]  # (k,) True where the guide forced the token (no model call)
+    masks: torch.Tensor | None  # (k+1, V) bool on CPU, guide mask before each token / after the last
+    q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
+    finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows
+
+    @property
+    def model_drafted(self) -> int:
+        return len(self.tokens) - sum(self.forced)
+
+
+class DraftSource(Protocol):
+    """Proposes drafts; told after each step how much of the sequence is committed."""
+
+    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int) -> Draft:
+        """Up to `k` model-drafted tokens (forced ones are free) and at most `limit` in all."""
+
+    def rollback(self, valid: int) -> None:
+        """Only the first `valid` tokens of the last proposal's sequence+draft were committed."""
+
+
+class Clock:
+    """Seconds spent in guide calls, shared by a cursor and all its copies."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+class Cursor:
+    """A timed view of an `fsm.Guide` (or of no constraint at all) with a final-only test.
+
+    `mask()` is None when there is no constraint. EOS ids are never advanced through the guide:
+    generation ends at EOS.
+    """
+
+    __slots__ = ("guide", "eos", "clock", "_done")
+
+    def __init__(self, guide, eos: frozenset[int], clock: Clock | None = None, done=None):
+        self.guide, self.eos = guide, eos
+        self.clock = clock or Clock()
+        self._done = {} if done is None else done  # id(mask) -> (mask, final-only?) across copies
+
+    def copy(self) -> Cursor:
+        guide = None if self.guide is None else self._timed(self.guide.copy)
+        return Cursor(guide, self.eos, self.clock, self._done)
+
+    def mask(self) -> torch.Tensor | None:
+        return None if self.guide is None else self._timed(self.guide.mask)
+
+    def forced(self) -> list[int]:
+        return [] if self.guide is None else self._timed(self.guide.forced)
+
+    def advance(self, token: int) -> None:
+        if self.guide is not None:
+            self._timed(self.guide.advance, token)
+
+    def finished(self) -> bool:
+        """Final, and nothing but EOS is allowed: the output is complete."""
+        if self.guide is None or not self._timed(self.guide.is_final):
+            return False
+        mask = self.mask()
+        if id(mask) not in self._done:
+            others = mask.clone()
+            others[list(self.eos)] = False
+            self._done[id(mask)] = (mask, not bool(others.any()))
+        return self._done[id(mask)][1]
+
+    def _timed(self, call, *args):
+        start = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.clock.seconds += time.perf_counter() - start
+
+
+class DeviceMasks:
+    """Guide masks copied to one device once each (the guide caches masks per state on CPU)."""
+
+    __slots__ = ("device", "_copies")
+
+    def __init__(self, device: torch.device):
+        self.device, self._copies = torch.device(device), {}
+
+    def __call__(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        if mask is None or mask.device == self.device:
+            return mask
+        if id(mask) not in self._copies:
+            self._copies[id(mask)] = (mask, mask.to(self.device))
+        return self._copies[id(mask)][1]
