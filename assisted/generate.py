@@ -132,8 +132,9 @@ def _decode(model, source: DraftSource, cursor: Cursor, prompt: list[int], opts:
         crop_to(cache, cached)
         source.rollback(valid)
         # 4. adapt k on the assistant's tokens and record the step
-        if draft.model_drafted:
-            policy.update(draft.model_drafted, n - sum(draft.forced[:n]))
+        judged, accepted = _judged(draft.forced, n)
+        if judged:
+            policy.update(judged, accepted)
         rec.step(k, draft.forced, n, opts.coalesce)
         if stop is not None:
             return seq[len(prompt) :], stop
@@ -161,6 +162,15 @@ def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tup
         out = greedy_accept(masked(logits, masks), tokens, auto)
     n, token = out.tolist()
     return n, token
+
+
+def _judged(forced: tuple[bool, ...], n: int) -> tuple[int, int]:
+    """Assistant tokens the target judged (up to the first rejection) and how many it accepted.
+
+    Assistant tokens after a rejected forced token were never judged: they say nothing about k.
+    """
+    judged = sum(not f for f in forced[: n + 1])
+    return judged, judged - (n < len(forced) and not forced[n])
 
 
 def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int) -> StopReason | None:

@@ -1,0 +1,145 @@
+"""drafting/: forced runs, the assistant under the guide's mask, their combination, cache feeding."""
+
+import pytest
+import torch
+
+import fsm
+from assisted.cache import forward, new_cache
+from assisted.sampling import Warp, make_generator
+from drafting import AssistantDrafter, CombinedSource, Cursor, ForcedTokens
+from drafting.base import DeviceMasks
+from tests.helpers_models import TINY_WORDS, boost, threads, tiny_llama, tiny_tokenizer
+
+EOS = 0
+GREEDY, SAMPLING = Warp(False), Warp(True, temperature=0.8)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    with threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def cursor(tok, regex):
+    guide = None if regex is None else fsm.Guide.from_regex(regex, tok)
+    return Cursor(guide, frozenset([EOS]))
+
+
+def spell(tokens):
+    return "".join(TINY_WORDS[t] for t in tokens)
+
+
+def test_forced_tokens_come_in_the_tokenizers_own_spelling(tok):
+    c = cursor(tok, "abcd(a|b)")
+    forced = ForcedTokens()
+    run = []
+    while (t := forced.next(c)) is not None:
+        run.append(t)
+        c.advance(t)
+    assert spell(run) == "abcd" and run == [5, 6]  # "ab" "cd", not a b c d
+
+
+def test_forced_only_source_drafts_the_run_and_stops_where_the_model_must_choose(tok):
+    source = CombinedSource(None, True, len(tok), sampling=False)
+    c = cursor(tok, "abcd(a|b)d")
+    draft = source.propose([1], c.copy(), k=5, limit=10)
+    assert draft.tokens == (5, 6) and draft.forced == (True, True) and draft.model_drafted == 0
+    assert draft.masks.shape == (3, len(tok)) and not draft.finished
+    g = c.copy()
+    for i, token in enumerate(draft.tokens):  # row i is the guide state before token i
+        assert torch.equal(draft.masks[i], g.mask())
+        g.advance(token)
+    assert torch.equal(draft.masks[2], g.mask())
+
+
+def test_a_forced_run_to_the_end_is_finished_and_the_limit_cuts_it(tok):
+    source = CombinedSource(None, True, len(tok), sampling=False)
+    c = cursor(tok, "abcdba")
+    assert source.propose([1], c.copy(), k=5, limit=10).finished
+    cut = source.propose([1], c.copy(), k=5, limit=1)
+    assert cut.tokens == (5,) and not cut.finished
+
+
+def test_without_assistant_and_forced_tokens_drafts_are_empty(tok):
+    source = CombinedSource(None, False, len(tok), sampling=False)
+    draft = source.propose([1], cursor(tok, "abcd(a|b)").copy(), k=5, limit=10)
+    assert draft.tokens == () and draft.masks.shape == (1, len(tok))
+
+
+@pytest.mark.parametrize("warp", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
+def test_assistant_drafts_only_allowed_tokens_and_forced_ones_do_not_count_against_k(tok, warp):
+    model = tiny_llama(len(tok), seed=3, init=0.5)
+    assistant = AssistantDrafter(model, warp, make_generator(torch.device("cpu"), 0))
+    source = CombinedSource(assistant, True, len(tok), sampling=warp.do_sample)
+    c = cursor(tok, "(a|b|c|d)(cd)(a|b)+")
+    draft = source.propose([1, 2], c.copy(), k=3, limit=20)
+    assert draft.model_drafted == 3
+    assert draft.forced == (False, True, False, False)  # model, forced "cd", model, model
+    g = c.copy()
+    for token in draft.tokens:
+        assert token in g.guide.allowed()
+        g.advance(token)
+    if warp.do_sample:
+        assert draft.q.shape == (4, len(tok))
+        torch.testing.assert_close(draft.q.sum(-1), torch.ones(4))
+        assert draft.q[1, 6] == 1.0  # the forced token is a point mass
+        assert (draft.q[~draft.masks[:-1]] == 0).all()  # q lives inside the mask
+    else:
+        assert draft.q is None
+
+
+def test_assistant_feeds_tokens_it_did_not_produce_and_rolls_back(tok):
+    model = tiny_llama(len(tok), seed=4, init=0.5)
+    assistant = AssistantDrafter(model, GREEDY, None)
+    source = CombinedSource(assistant, True, len(tok), sampling=False)
+    seq = [1, 2, 3]
+    draft = source.propose(seq, Cursor(None, frozenset([EOS])), k=4, limit=10)
+    assert len(draft.tokens) == 4
+    assert assistant.cached == len(seq) + 3  # the last drafted token has not been fed yet
+    source.rollback(len(seq) + 1)  # one draft token accepted, then the target's own token
+    assert assistant.cache.get_seq_length() == assistant.cached == len(seq) + 1
+    committed = seq + [draft.tokens[0], 7]
+    token, _ = assistant.next(committed, None)  # feeds [7]: a token the assistant did not draft
+    full = forward(model, new_cache(), committed, 1)  # a fresh forward over the whole sequence
+    assert token == int(full.argmax(-1))
+    assert assistant.cache.get_seq_length() == len(committed)
+
+
+def test_drafting_stops_after_eos(tok):
+    model = boost(tiny_llama(len(tok), seed=5), EOS, 50.0)
+    assistant = AssistantDrafter(model, GREEDY, None)
+    source = CombinedSource(assistant, True, len(tok), sampling=False)
+    draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10)
+    assert draft.tokens == (EOS,) and draft.finished
+
+
+def test_drafting_stops_at_a_final_state_that_allows_only_eos(tok):
+    model = tiny_llama(len(tok), seed=6, init=0.5)
+    source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
+    draft = source.propose([1], cursor(tok, "(a|b)(c|d)"), k=5, limit=10)
+    assert len(draft.tokens) == 2 and draft.finished and draft.model_drafted == 2
+
+
+def test_cursor_final_only_and_clock(tok):
+    c = cursor(tok, "ab(cd)?")
+    assert not c.finished()
+    c.advance(5)
+    assert c.guide.is_final() and not c.finished()  # final, but "cd" may still follow
+    c.advance(6)
+    assert c.finished()
+    assert c.clock.seconds > 0 and c.copy().clock is c.clock
+    free = Cursor(None, frozenset([EOS]))
+    assert free.mask() is None and free.forced() == [] and not free.finished()
+
+
+def test_device_masks_copy_each_mask_once():
+    mask = torch.ones(5, dtype=torch.bool)
+    assert DeviceMasks(torch.device("cpu"))(mask) is mask
+    on_meta = DeviceMasks(torch.device("meta"))
+    assert on_meta(mask).device.type == "meta" and on_meta(mask) is on_meta(mask)
+    assert on_meta(None) is None

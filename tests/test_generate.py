@@ -1,0 +1,327 @@
+"""generate(): greedy equality with the reference, stops inside draft blocks, statistics, values, errors.
+
+Tiny random Llama- and GPT-2-style models (vocabulary of SmolLM2's real tokenizer) stand in for real
+ones: a different random model as assistant accepts almost nothing, the target itself accepts
+everything. The reference is generate() without an assistant and coalesce=False (one target
+forward per token), checked itself against a hand-written plain decoding loop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import pytest
+import torch
+from pydantic import BaseModel, Field
+
+import fsm
+from assisted import generate
+from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
+
+V = 49152
+
+
+class Character(BaseModel):
+    name: str = Field(max_length=10)
+    age: int
+    armor: Literal["leather", "chainmail", "plate"]
+    strength: int
+
+
+POINT = {
+    "type": "object",
+    "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["a", "bb"]}},
+    "required": ["x", "tag"],
+    "additionalProperties": False,
+}
+REGEX = r"(yes|no)\. [a-z]{2,8}!"
+CONSTRAINTS = {"none": {}, "schema": {"schema": Character}, "regex": {"regex": REGEX}}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    with threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {
+        "llama": tiny_llama(V, seed=0),
+        "llama-other": tiny_llama(V, seed=1, layers=2),
+        "gpt2": tiny_gpt2(V, seed=2),
+        "gpt2-other": tiny_gpt2(V, seed=3),
+    }
+
+
+def plain_greedy(model, tok, ids, guide, max_new_tokens):
+    """An independent reference: full forward without cache each step, masked argmax."""
+    out = []
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out])).logits[0, -1]
+        if guide is not None:
+            if guide.is_final() and guide.allowed() == list(guide.eos_token_ids):
+                break
+            logits = logits.masked_fill(~guide.mask(), float("-inf"))
+        token = int(logits.argmax())
+        out.append(token)
+        if token == tok.eos_token_id:
+            break
+        if guide is not None:
+            guide.advance(token)
+    return out
+
+
+@pytest.mark.parametrize("constraint", list(CONSTRAINTS))
+def test_reference_is_plain_decoding(tok, models, constraint):
+    model, ids = models["llama"], tok("Describe a hero:")["input_ids"]
+    out = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=30, coalesce=False, **CONSTRAINTS[constraint])
+    guide = None
+    if constraint != "none":
+        guide = fsm.Guide.from_regex(fsm.regex_from_schema(Character) if constraint == "schema" else REGEX, tok,
+                                     vocab_size=V, eos_token_ids=[tok.eos_token_id])
+    assert out.token_ids == plain_greedy(model, tok, ids, guide, 30)
+    assert out.stats.target_forward_passes == out.stats.new_tokens  # one forward per emitted token
+    assert out.stats.assistant_forward_passes == 0 and out.stats.drafted == 0
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
+@pytest.mark.parametrize("constraint", list(CONSTRAINTS))
+@pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other"),
+                                  ("gpt2", "gpt2"), ("llama", "gpt2")])
+def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coalesce):
+    target, assistant = models[pair[0]], models[pair[1]]
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
+    ref = generate(target, **kw)
+    out = generate(target, assistant, **kw)
+    assert out.token_ids == ref.token_ids
+    assert out.stop_reason == ref.stop_reason and out.text == ref.text
+    if pair[0] == pair[1] and (coalesce or constraint == "none"):  # drafting for itself: all accepted
+        assert out.stats.accepted_by_source["assistant"] == out.stats.drafted_by_source["assistant"] > 0
+        assert out.stats.target_forward_passes < ref.stats.target_forward_passes
+
+
+def test_a_different_random_assistant_accepts_almost_nothing(tok, models):
+    out = generate(models["llama"], models["llama-other"], tokenizer=tok, prompt="Hi", max_new_tokens=30,
+                   coalesce=False)
+    assert out.stats.acceptance_rate < 0.2
+    assert all(step.k >= 1 for step in out.stats.steps)
+    assert out.stats.steps[-1].k == 1  # the heuristic backed off to a single draft token
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_target_passes_with_a_perfect_assistant_are_new_tokens_over_k_plus_one(tok, models, k):
+    model = models["llama"]
+    out = generate(model, model, tokenizer=tok, prompt="Once", max_new_tokens=36, num_assistant_tokens=k,
+                   schedule="constant")
+    assert out.stats.new_tokens == 36 and out.stop_reason == "length"
+    assert out.stats.target_forward_passes == -(-36 // (k + 1))
+    assert [s.k for s in out.stats.steps] == [k] * len(out.stats.steps)
+    assert out.stats.accepted == out.stats.drafted == out.stats.drafted_by_source["assistant"]
+    assert out.stats.assistant_forward_passes == out.stats.drafted
+    heuristic = generate(model, model, tokenizer=tok, prompt="Once", max_new_tokens=36, num_assistant_tokens=k)
+    assert heuristic.stats.target_forward_passes <= out.stats.target_forward_passes
+    assert [s.k for s in heuristic.stats.steps][:3] == [k, k + 2, k + 4]
+
+
+def test_statistics_add_up(tok, models):
+    out = generate(models["llama"], models["llama-other"], tokenizer=tok, prompt="Go", schema=Character,
+                   max_new_tokens=40, coalesce=False)
+    s = out.stats
+    assert s.new_tokens == len(out.token_ids)
+    assert s.drafted == sum(s.drafted_by_source.values()) == sum(step.drafted for step in s.steps)
+    assert s.accepted == sum(s.accepted_by_source.values()) == sum(step.accepted for step in s.steps)
+    assert s.drafted_by_source["forced"] > 0 and s.forced_tokens_appended == 0
+    assert s.target_forward_passes == len(s.steps)
+    assert s.new_tokens == s.accepted + len(s.steps) - (out.stop_reason == "final" and s.steps[-1].drafted == 0)
+    t = s.seconds
+    assert 0 < t.target < t.total and 0 <= t.assistant < t.total and 0 < t.fsm < t.total
+    assert t.overhead == pytest.approx(t.total - t.target - t.assistant)
+
+
+def test_coalesced_forced_tokens_cost_no_forward(tok, models):
+    model = models["llama"]
+    out = generate(model, tokenizer=tok, prompt="Go", schema=Character, max_new_tokens=60, coalesce=True)
+    verified = generate(model, tokenizer=tok, prompt="Go", schema=Character, max_new_tokens=60, coalesce=False)
+    assert out.stats.forced_tokens_appended > 0 and out.stats.drafted == 0
+    assert out.stats.target_forward_passes == out.stats.new_tokens - out.stats.forced_tokens_appended
+    assert verified.stats.target_forward_passes == verified.stats.new_tokens
+
+
+# ----------------------------------------------------------------------------- outputs and values
+
+
+def test_schema_outputs_validate_and_value_is_the_pydantic_instance(tok, models):
+    complete = 0
+    for seed in range(6):
+        out = generate(models["llama"], models["llama-other"], tokenizer=tok, prompt="Hero:", schema=Character,
+                       max_new_tokens=48, do_sample=True, seed=seed, coalesce=seed % 2 == 0)
+        assert out.text == tok.decode(out.token_ids, skip_special_tokens=True)
+        if out.stop_reason == "length":
+            continue
+        complete += 1
+        assert out.stop_reason == "final"
+        jsonschema.validate(json.loads(out.text), Character.model_json_schema())
+        assert isinstance(out.value, Character) and out.value == Character.model_validate_json(out.text)
+    assert complete >= 3
+
+
+def test_json_schema_dict_gives_parsed_json(tok, models):
+    out = generate(models["gpt2"], models["gpt2-other"], tokenizer=tok, prompt="P:", schema=POINT, max_new_tokens=30)
+    assert out.stop_reason == "final"
+    jsonschema.validate(out.value, POINT)
+    assert out.value == json.loads(out.text)
+    as_string = generate(models["gpt2"], tokenizer=tok, prompt="P:", schema=json.dumps(POINT), max_new_tokens=30)
+    assert as_string.value == json.loads(as_string.text)
+
+
+def test_value_is_none_for_regex_and_for_json_cut_by_the_budget(tok, models):
+    regex = generate(models["llama"], tokenizer=tok, prompt="Q:", regex=REGEX, max_new_tokens=20)
+    assert regex.value is None and regex.stop_reason == "final"
+    cut = generate(models["llama"], tokenizer=tok, prompt="Q:", schema=Character, max_new_tokens=4)
+    assert cut.stop_reason == "length" and cut.value is None and len(cut.token_ids) == 4
+
+
+def test_prompt_forms_agree(tok, models):
+    model = models["llama"]
+    ids = tok("Tell me")["input_ids"]
+    outs = [generate(model, tokenizer=tok, max_new_tokens=5, **kw).token_ids
+            for kw in (dict(prompt="Tell me"), dict(input_ids=ids), dict(input_ids=torch.tensor([ids])),
+                       dict(input_ids=torch.tensor(ids)))]
+    assert all(o == outs[0] for o in outs)
+    messages = [{"role": "user", "content": "Tell me"}]
+    chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    by_messages = generate(model, tokenizer=tok, messages=messages, max_new_tokens=5)
+    by_text = generate(model, tokenizer=tok, input_ids=tok(chat, add_special_tokens=False)["input_ids"],
+                       max_new_tokens=5)
+    assert by_messages.token_ids == by_text.token_ids
+
+
+def test_sampling_is_reproducible_with_a_seed(tok, models):
+    kw = dict(tokenizer=tok, prompt="Go", max_new_tokens=12, do_sample=True, temperature=0.7, top_k=50, top_p=0.9)
+    a = generate(models["llama"], models["llama-other"], seed=7, **kw)
+    b = generate(models["llama"], models["llama-other"], seed=7, **kw)
+    c = generate(models["llama"], models["llama-other"], seed=8, **kw)
+    assert a.token_ids == b.token_ids != c.token_ids
+
+
+# ----------------------------------------------------------------------------- stops inside a draft block
+
+
+def test_eos_inside_a_draft_block_ends_the_output_there(tok):
+    model = boost(tiny_llama(V, seed=10), tok.eos_token_id, 30.0)  # EOS wherever it is allowed
+    kw = dict(tokenizer=tok, prompt="x", regex=r"[a-z]{3,12}", max_new_tokens=30, coalesce=False)
+    ref = generate(model, **kw)
+    out = generate(model, model, **kw)
+    assert out.token_ids == ref.token_ids and out.stop_reason == "eos"
+    assert out.token_ids[-1] == tok.eos_token_id and tok.eos_token_id not in out.token_ids[:-1]
+    assert out.stats.target_forward_passes == 1  # [letters..., EOS] drafted and verified at once
+    assert out.stats.steps[0].drafted == len(out.token_ids)  # EOS was the last draft token: no bonus after it
+
+
+def test_final_state_inside_a_draft_block_ends_the_output_there(tok, models):
+    model = models["llama"]
+    kw = dict(tokenizer=tok, prompt="x", regex=REGEX, max_new_tokens=40, coalesce=False, num_assistant_tokens=20,
+              schedule="constant")
+    ref = generate(model, **kw)
+    out = generate(model, model, **kw)
+    assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason == "final"
+    assert out.text.endswith("!") and out.stats.target_forward_passes == 1
+    assert tok.eos_token_id not in out.token_ids
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+@pytest.mark.parametrize("budget", [1, 2, 3, 7, 8])
+def test_the_budget_inside_a_draft_block_is_never_exceeded(tok, models, budget, coalesce):
+    model = models["llama"]
+    for constraint in ({}, {"schema": Character}):
+        kw = dict(tokenizer=tok, prompt="x", max_new_tokens=budget, coalesce=coalesce, **constraint)
+        ref = generate(model, **kw)
+        out = generate(model, model, **kw)
+        assert out.token_ids == ref.token_ids
+        assert len(out.token_ids) == budget and out.stop_reason == "length"
+
+
+def test_a_constraint_that_is_complete_at_once_stops_before_any_forward(tok, models):
+    out = generate(models["llama"], tokenizer=tok, prompt="x", regex="", max_new_tokens=5)
+    assert out.token_ids == [] and out.stop_reason == "final" and out.stats.target_forward_passes == 0
+
+
+def test_coalesced_forced_run_to_the_end_needs_no_verification(tok, models):
+    out = generate(models["llama"], tokenizer=tok, prompt="x", regex="(yes|no), thank you", max_new_tokens=20)
+    assert out.stop_reason == "final" and out.text.endswith(", thank you")
+    assert out.stats.target_forward_passes == 1  # the choice; the forced tail is appended for free
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+class Counting(torch.nn.Module):
+    pass
+
+
+def count_calls(model):
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls, handle
+
+
+BAD = [
+    (dict(schema=Character, regex="a"), ValueError, "at most one of schema and regex"),
+    (dict(prompt=None), ValueError, "exactly one of prompt, messages, input_ids; got none"),
+    (dict(input_ids=[1, 2]), ValueError, "exactly one of prompt, messages, input_ids; got prompt, input_ids"),
+    (dict(prompt=None, input_ids=torch.ones(2, 3, dtype=torch.long)), ValueError, "batch size 2 is not supported"),
+    (dict(prompt=["a", "b"]), ValueError, "batch size 2 is not supported"),
+    (dict(prompt=None, input_ids=[[1], [2]]), ValueError, "batch size 2 is not supported"),
+    (dict(prompt=None, messages=[[{"role": "user", "content": "a"}]] * 2), ValueError, "batch size 2"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1, got 0"),
+    (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an int"),
+    (dict(do_sample=True, temperature=0), ValueError, "temperature must be > 0 when do_sample=True"),
+    (dict(do_sample=True, temperature=-1.0), ValueError, "temperature must be > 0"),
+    (dict(top_p=0.0), ValueError, "top_p must be in (0, 1], got 0.0"),
+    (dict(top_p=1.5), ValueError, "top_p must be in (0, 1], got 1.5"),
+    (dict(top_k=0), ValueError, "top_k must be >= 1, got 0"),
+    (dict(schedule="adaptive"), ValueError, "unknown schedule 'adaptive'"),
+    (dict(num_assistant_tokens=0), ValueError, "num_assistant_tokens must be >= 1"),
+    (dict(prompt=None, input_ids=[]), ValueError, "input_ids is empty"),
+    (dict(prompt=None, input_ids=[V + 5]), ValueError, "outside the vocabulary"),
+    (dict(schema={"type": "string", "not": {"const": "a"}}), fsm.SchemaError, "not"),
+    (dict(regex=r"(a)\1"), fsm.RegexError, ""),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, message", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_input_is_refused_before_any_model_call(tok, models, kwargs, error, message):
+    target, assistant = models["llama"], models["llama-other"]
+    (t_calls, t_hook), (a_calls, a_hook) = count_calls(target), count_calls(assistant)
+    try:
+        with pytest.raises(error) as raised:
+            generate(target, assistant, tokenizer=tok, **{"prompt": "hi", **kwargs})
+        assert message in str(raised.value)
+        assert t_calls == [] and a_calls == []
+    finally:
+        t_hook.remove()
+        a_hook.remove()
+
+
+def test_an_assistant_with_another_vocabulary_is_refused(tok, models):
+    other = tiny_llama(V + 64, seed=11)
+    calls, hook = count_calls(models["llama"])
+    with pytest.raises(ValueError, match="assistant_model's vocabulary differs from the model's: logits of size"):
+        generate(models["llama"], other, tokenizer=tok, prompt="hi")
+    hook.remove()
+    assert calls == []
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tok):
+    small = tiny_llama(1000, seed=12)
+    with pytest.raises(ValueError, match="tokenizer has 49152 tokens but the model's logits only 1000"):
+        generate(small, tokenizer=tok, prompt="hi")
