@@ -47,7 +47,7 @@ def _flatten(schema, pointer: str, resolve, depth: int) -> list[dict]:
         raise SchemaError("allOf parts must be schemas that accept something", keyword="allOf", pointer=pointer)
     parts, rest = [], {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _IGNORED}
     if "$ref" in schema:
-        parts += _flatten(resolve(schema["$ref"], f"{pointer}/$ref"), pointer, resolve, depth + 1)
+        parts += _flatten(resolve(schema["$ref"], pointer), pointer, resolve, depth + 1)
     for i, sub in enumerate(schema.get("allOf", [])):
         parts += _flatten(sub, f"{pointer}/allOf/{i}", resolve, depth + 1)
     return parts + ([rest] if rest else [])

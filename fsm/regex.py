@@ -61,6 +61,9 @@ class ByteDFA:
 def compile_regex(pattern: str) -> ByteDFA:
     """Compile a regex (full-match semantics) into a trimmed byte-level DFA.
 
+    The syntax is Python's `re`; `\\d`, `\\w` and `\\s` are ASCII classes (as in ECMA-262, the regex
+    dialect of JSON Schema). Positive lookaheads are supported as exact intersections.
+
     Raises
     ------
     RegexError
@@ -83,7 +86,7 @@ def _char_fsm(pattern: str) -> interegular.FSM:
     except re.error as error:
         raise RegexError(f"invalid regex {pattern!r}: {error} (at position {error.pos})") from None
     try:
-        parsed = interegular.parse_pattern(body)
+        parsed = interegular.parse_pattern(_expand_unicode_escapes(body))
         _reject_unsound_lookarounds(parsed, pattern)
         return parsed.to_fsm()
     except RegexError:
@@ -99,6 +102,21 @@ def _strip_outer_anchors(pattern: str) -> str:
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1]
     return pattern
+
+
+_UNICODE_ESCAPE = re.compile(r"(\\\\)|\\u([0-9a-fA-F]{4})|\\U([0-9a-fA-F]{8})")
+
+
+def _expand_unicode_escapes(pattern: str) -> str:
+    """interegular does not read \\uXXXX: write the character itself (escaped where special)."""
+
+    def replace(match: re.Match) -> str:
+        if match.group(1):
+            return match.group(1)
+        char = chr(int(match.group(2) or match.group(3), 16))
+        return "\\" + char if char in "\\]^-[.*+?(){}|$" else char
+
+    return _UNICODE_ESCAPE.sub(replace, pattern)
 
 
 def _reason(error: Exception) -> str:

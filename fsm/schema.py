@@ -6,6 +6,7 @@ Policies (all documented in the README):
 - Properties are written in schema order; optional ones may be left out. `additionalProperties`
   absent means closed objects (only the listed properties) unless `additional_properties=True`.
 - `$ref` recursion is unrolled `max_recursion_depth` times; deeper alternatives are left out.
+  Free-form values (`{}`, `true`, open additional properties) nest at most as deep.
 - Strings with `pattern` or `format` are written without escape sequences.
 The generated language is always a subset of the valid instances: a keyword the regex cannot
 enforce raises `SchemaError` naming it and its JSON pointer, never silently ignored.
@@ -92,6 +93,7 @@ class _Compiler:
     def __init__(self, root, whitespace: str, additional_properties: bool, max_depth: int):
         self.root, self.ws, self.open_objects, self.max_depth = root, whitespace, additional_properties, max_depth
         self.ref_depth: dict[str, int] = {}
+        self.any_depth = 0
 
     def compile(self, schema, pointer: str) -> str:
         if schema is True or schema == {}:
@@ -118,7 +120,7 @@ class _Compiler:
 
     def ref(self, schema: dict, pointer: str) -> str:
         ref = schema["$ref"]
-        target = self.resolve(ref, f"{pointer}/$ref")
+        target = self.resolve(ref, pointer)
         siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
         if siblings:
             return self.compile({"allOf": [target, siblings]}, pointer)
@@ -179,7 +181,14 @@ class _Compiler:
         return _alternation([getattr(self, f"type_{t}")(schema, pointer) for t in types])
 
     def any_value(self, pointer: str) -> str:
-        return self.typed({}, pointer)
+        """Any JSON value; free-form arrays and objects nest at most max_recursion_depth deep."""
+        if self.any_depth >= self.max_depth:
+            return _alternation([jr.STRING, jr.NUMBER, jr.BOOLEAN, jr.NULL])
+        self.any_depth += 1
+        try:
+            return self.typed({}, pointer)
+        finally:
+            self.any_depth -= 1
 
     def type_null(self, schema, pointer) -> str:
         return jr.NULL

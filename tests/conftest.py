@@ -1,0 +1,31 @@
+"""Shared fixtures: real tokenizers, loaded once per session, never from the network."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """SmolLM2-135M's byte-level BPE tokenizer (49,152 tokens)."""
+    from experiments.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_tokenizer(tmp_path_factory):
+    """Mistral v1 SentencePiece tokenizer with byte fallback (32,000 tokens, `▁` spaces, <0xNN>)."""
+    import mistral_common
+    from transformers import LlamaTokenizer
+
+    folder = tmp_path_factory.mktemp("sentencepiece")
+    source = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
+    shutil.copy(source, folder / "tokenizer.model")
+    return LlamaTokenizer.from_pretrained(folder)

@@ -1,0 +1,130 @@
+"""Vocabulary, TokenIndex and Guide with real tokenizers (byte-level BPE and SentencePiece)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import fsm
+from fsm.vocabulary import vocabulary_from_tokenizer
+from tests.fsm_walk import random_walk, text_of
+from tests.test_fsm_schema import Character
+
+TEXTS = ['{"name": "é😀 ü"}', "  leading spaces\n\ttabs", "数字 123 ٣", "a\u00a0b"]
+
+
+@pytest.fixture(params=["smol", "sentencepiece"])
+def tokenizer(request, smol_tokenizer, sentencepiece_tokenizer):
+    return smol_tokenizer if request.param == "smol" else sentencepiece_tokenizer
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_token_bytes_spell_the_text(tokenizer, text):
+    vocabulary = vocabulary_from_tokenizer(tokenizer)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    spelled = b"".join(vocabulary.token_bytes[i] for i in ids)
+    assert spelled.decode("utf-8").lstrip(" ") == text.lstrip(" ")  # SentencePiece may add one leading space
+
+
+def test_sentencepiece_byte_fallback_and_spaces(sentencepiece_tokenizer):
+    vocabulary = vocabulary_from_tokenizer(sentencepiece_tokenizer)
+    fallback = sentencepiece_tokenizer.convert_tokens_to_ids(["<0x0A>", "<0xC3>", "▁the"])
+    assert [vocabulary.token_bytes[i] for i in fallback] == [b"\n", b"\xc3", b" the"]
+
+
+def test_special_tokens_have_no_bytes(tokenizer):
+    vocabulary = vocabulary_from_tokenizer(tokenizer)
+    for i in tokenizer.all_special_ids:
+        assert vocabulary.token_bytes[i] == b""
+
+
+def test_mask_is_as_wide_as_the_logits_and_padding_ids_are_never_allowed(smol_tokenizer):
+    width = len(smol_tokenizer) + 64
+    guide = fsm.Guide.from_regex(r"[a-z ]+", smol_tokenizer, vocab_size=width)
+    assert guide.mask().shape == (width,) and guide.mask().dtype == torch.bool
+    assert not guide.mask()[len(smol_tokenizer):].any()
+
+
+def test_mask_and_allowed_agree(tokenizer):
+    guide = fsm.Guide.from_schema(Character, tokenizer)
+    guide.advance(guide.forced()[0])
+    assert torch.nonzero(guide.mask()).flatten().tolist() == guide.allowed()
+
+
+def test_eos_exactly_in_final_states(smol_tokenizer):
+    guide = fsm.Guide.from_regex("ab?", smol_tokenizer)
+    eos = smol_tokenizer.eos_token_id
+    assert not guide.is_final() and eos not in guide.allowed()
+    guide.advance(smol_tokenizer.convert_tokens_to_ids("a"))
+    assert guide.is_final() and eos in guide.allowed() and not guide.only_eos_allowed()
+    guide.advance(smol_tokenizer.convert_tokens_to_ids("b"))
+    assert guide.only_eos_allowed()
+    guide.advance(eos)
+    assert guide.is_finished() and guide.forced() == []
+
+
+def test_invalid_token_raises(smol_tokenizer):
+    guide = fsm.Guide.from_regex("[0-9]+", smol_tokenizer)
+    with pytest.raises(fsm.InvalidTokenError, match="not allowed"):
+        guide.advance(smol_tokenizer.convert_tokens_to_ids("a"))
+    with pytest.raises(fsm.InvalidTokenError):
+        guide.advance(smol_tokenizer.eos_token_id)  # EOS before anything was written
+    assert issubclass(fsm.InvalidTokenError, ValueError)
+
+
+def test_copy_is_independent(smol_tokenizer):
+    guide = fsm.Guide.from_schema(Character, smol_tokenizer)
+    ahead = guide.copy()
+    for token in ahead.forced():
+        ahead.advance(token)
+    assert guide.state == 0 and ahead.state != 0 and ahead.index is guide.index
+
+
+def test_character_forced_tokens(tokenizer):
+    guide = fsm.Guide.from_schema(Character, tokenizer)
+    forced = guide.forced()
+    text = tokenizer.decode(forced)
+    assert text == '{"name":"', text  # the key is forced; the value is the model's
+    for token in forced:
+        guide.advance(token)
+    assert guide.forced() == []
+
+
+def test_forced_tail_that_a_longer_token_could_span_is_held_back(smol_tokenizer):
+    names = smol_tokenizer.convert_tokens_to_ids("names")
+    # "name" is forced by the bytes, but the allowed token "names" spans past its end: hold it back.
+    guide = fsm.Guide.from_regex(r"name(?:s|d|[0-9])x", smol_tokenizer)
+    assert names in guide.allowed()
+    assert guide.forced() == []
+    # No token spans "name" + digit, so "name" is forced.
+    guide = fsm.Guide.from_regex(r"name[0-9]x", smol_tokenizer)
+    assert smol_tokenizer.decode(guide.forced()) == "name"
+
+
+def test_forced_tokens_are_the_canonical_spelling(smol_tokenizer):
+    guide = fsm.Guide.from_regex(r'\{"temperature":[0-9]', smol_tokenizer)
+    assert guide.forced() == smol_tokenizer.encode('{"temperature":', add_special_tokens=False)
+
+
+def test_tokens_may_end_inside_a_character(sentencepiece_tokenizer):
+    guide = fsm.Guide.from_regex("é|è", sentencepiece_tokenizer)
+    lead, tail = sentencepiece_tokenizer.convert_tokens_to_ids(["<0xC3>", "<0xA9>"])
+    guide.advance(lead)
+    assert not guide.is_final()
+    guide.advance(tail)
+    assert guide.is_final()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_dead_ends_on_unicode_walks(tokenizer, seed):
+    guide = fsm.Guide.from_schema({"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 3}, tokenizer)
+    text = text_of(guide, random_walk(guide, random.Random(seed), budget=15))  # asserts no dead end
+    assert text.startswith("[") and text.endswith("]")
+
+
+def test_index_is_shared_between_guides(smol_tokenizer):
+    a = fsm.Guide.from_schema(Character, smol_tokenizer)
+    b = fsm.Guide.from_schema(Character, smol_tokenizer)
+    assert a.index is b.index
