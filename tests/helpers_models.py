@@ -31,14 +31,17 @@ def threads(n: int):
         torch.set_num_threads(before)
 
 
-def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02):
-    """A random Llama-style causal LM; a larger `init` gives peakier next-token distributions."""
+def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02, eos: int = 2):
+    """A random Llama-style causal LM; a larger `init` gives peakier next-token distributions.
+
+    EOS defaults to id 2, SmolLM2's; pass 0 for `tiny_tokenizer()`.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+                         initializer_range=init, bos_token_id=1, eos_token_id=eos, pad_token_id=None)
     return LlamaForCausalLM(config).eval()
 
 

@@ -73,7 +73,7 @@ def test_without_assistant_and_forced_tokens_drafts_are_empty(tok):
 
 @pytest.mark.parametrize("warp", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
 def test_assistant_drafts_only_allowed_tokens_and_forced_ones_do_not_count_against_k(tok, warp):
-    model = tiny_llama(len(tok), seed=3, init=0.5)
+    model = tiny_llama(len(tok), seed=3, init=0.5, eos=EOS)
     assistant = AssistantDrafter(model, warp, make_generator(torch.device("cpu"), 0))
     source = CombinedSource(assistant, True, len(tok), sampling=warp.do_sample)
     c = cursor(tok, "(a|b|c|d)(cd)(a|b)+")
@@ -94,7 +94,7 @@ def test_assistant_drafts_only_allowed_tokens_and_forced_ones_do_not_count_again
 
 
 def test_assistant_feeds_tokens_it_did_not_produce_and_rolls_back(tok):
-    model = tiny_llama(len(tok), seed=4, init=0.5)
+    model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)
     assistant = AssistantDrafter(model, GREEDY, None)
     source = CombinedSource(assistant, True, len(tok), sampling=False)
     seq = [1, 2, 3]
@@ -111,7 +111,7 @@ def test_assistant_feeds_tokens_it_did_not_produce_and_rolls_back(tok):
 
 
 def test_drafting_stops_after_eos(tok):
-    model = boost(tiny_llama(len(tok), seed=5), EOS, 50.0)
+    model = boost(tiny_llama(len(tok), seed=5, eos=EOS), EOS, 50.0)
     assistant = AssistantDrafter(model, GREEDY, None)
     source = CombinedSource(assistant, True, len(tok), sampling=False)
     draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10)
@@ -119,7 +119,7 @@ def test_drafting_stops_after_eos(tok):
 
 
 def test_drafting_stops_at_a_final_state_that_allows_only_eos(tok):
-    model = tiny_llama(len(tok), seed=6, init=0.5)
+    model = tiny_llama(len(tok), seed=6, init=0.5, eos=EOS)
     source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
     draft = source.propose([1], cursor(tok, "(a|b)(c|d)"), k=5, limit=10)
     assert len(draft.tokens) == 2 and draft.finished and draft.model_drafted == 2
