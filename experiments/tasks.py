@@ -1,0 +1,228 @@
+"""Shared tasks for the demo and the benchmarks: schemas, prompts, EOS handling and timed runs.
+
+Every mode is one call that returns a `Run` (text, new tokens, wall seconds, target forward passes,
+forced tokens appended), so the demo and the structured benchmark print the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from assisted import generate
+
+# Qwen's generation_config lists only <|im_end|>; <|endoftext|> also ends a turn. Every system we
+# compare stops on the same set (see `set_eos`).
+EXTRA_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+# ---------------------------------------------------------------- schemas (pydantic at the boundary)
+class Character(BaseModel):  # the seed's Character example (.txt "Coalescence" post)
+    name: str = Field(max_length=10)
+    age: int
+    armor: Literal["leather", "chainmail", "plate"]
+    strength: int
+
+
+class Office(BaseModel):
+    city: str = Field(max_length=24)
+    country: str = Field(max_length=24)
+
+
+class Employee(BaseModel):
+    name: str = Field(max_length=32)
+    age: int
+    role: str = Field(max_length=32)
+    remote: bool
+    office: Office
+
+
+class Item(BaseModel):
+    product: str = Field(max_length=24)
+    quantity: int
+    unit_price: float
+
+
+class Order(BaseModel):
+    order_id: str = Field(max_length=12)
+    customer: str = Field(max_length=32)
+    items: list[Item] = Field(min_length=1, max_length=3)
+    express: bool
+
+
+class Venue(BaseModel):
+    name: str = Field(max_length=32)
+    city: str = Field(max_length=24)
+
+
+class Event(BaseModel):
+    title: str = Field(max_length=40)
+    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    venue: Venue
+    attendees: int
+    speakers: list[str] = Field(min_length=1, max_length=3)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One structured task: a schema and the chat messages that ask for it."""
+
+    name: str
+    kind: str  # "seed" | "extraction" | "jsonschemabench"
+    schema: object  # pydantic class or JSON Schema dict
+    user: str
+
+    def messages(self, constrained: bool = True) -> list[dict]:
+        """Chat messages; unconstrained runs are also told to answer with JSON only."""
+        text = self.user
+        if not constrained:
+            text += "\nAnswer with only the JSON object, on one line, nothing else."
+        return [{"role": "user", "content": text}]
+
+    def json_schema(self) -> dict:
+        return self.schema.model_json_schema() if isinstance(self.schema, type) else self.schema
+
+
+CHARACTER = Task("character", "seed", Character,
+                 "Create a fantasy character as JSON with the fields name, age, armor (leather, chainmail "
+                 "or plate) and strength.")
+
+EMPLOYEE = Task("employee", "extraction", Employee,
+                "Extract the employee described below as JSON with name, age, role, remote (true/false) and "
+                "office (city, country).\n\n"
+                "Maria Lopez, 34, joined Northwind last spring as a senior data engineer. She works from the "
+                "company's office in Lisbon, Portugal, three days a week and is not a remote employee.")
+
+ORDER = Task("order", "extraction", Order,
+             "Extract the order below as JSON with order_id, customer, items (product, quantity, unit_price) "
+             "and express (true/false).\n\n"
+             "Order A-1042 was placed by Tom Becker: 2 USB-C cables at 9.5 each and 1 laptop stand at 39.0. "
+             "He paid for express shipping.")
+
+EVENT = Task("event", "extraction", Event,
+             "Extract the event below as JSON with title, date (YYYY-MM-DD), venue (name, city), attendees "
+             "and speakers.\n\n"
+             "The Open Data Summit takes place on 2026-05-14 at the Palais des Congres in Paris. About 800 "
+             "people are expected, and the keynotes are given by Ada Chen and Omar Haddad.")
+
+DEMO_TASKS = (CHARACTER, EMPLOYEE)
+STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
+
+
+# ---------------------------------------------------------------- EOS handling
+def eos_set(tokenizer, model=None) -> list[int]:
+    """EOS ids: the tokenizer's, the model's generation config's, and Qwen's two turn enders if present."""
+    ids = {tokenizer.eos_token_id}
+    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(found if isinstance(found, (list, tuple)) else [found])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in EXTRA_EOS_TOKENS if t in vocab)
+    return sorted(i for i in ids if i is not None)
+
+
+def set_eos(tokenizer, *models) -> list[int]:
+    """Make every model's generation_config stop on the same EOS set (ours reads it from there)."""
+    ids = eos_set(tokenizer, models[0])
+    for model in models:
+        if model is not None:
+            model.generation_config.eos_token_id = list(ids)
+            if model.generation_config.pad_token_id is None:
+                model.generation_config.pad_token_id = ids[0]
+    return ids
+
+
+# ---------------------------------------------------------------- timed runs
+@dataclass(frozen=True)
+class Run:
+    """One generation: output and cost."""
+
+    mode: str
+    text: str
+    new_tokens: int
+    seconds: float
+    target_passes: int
+    forced_appended: int
+    value: object = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+# mode -> (needs assistant, schema?, coalesce)
+MODES = {
+    "unconstrained": (False, False, False),
+    "constrained": (False, True, False),
+    "constrained+forced": (False, True, True),
+    "constrained+assistant": (True, True, False),
+    "full": (True, True, True),
+}
+
+
+def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new_tokens: int = 96,
+             num_assistant_tokens: int = 5) -> Run:
+    """Greedy generation of `task` in `mode` with `assisted.generate`; the constraint is compiled once
+    per (schema, tokenizer) inside fsm, so warm up once before timing."""
+    needs_assistant, constrained, coalesce = MODES[mode]
+    if needs_assistant and assistant is None:
+        raise ValueError(f"mode {mode!r} needs an assistant model")
+    start = time.perf_counter()
+    out = generate(model, assistant if needs_assistant else None, tokenizer=tokenizer,
+                   messages=task.messages(constrained), schema=task.schema if constrained else None,
+                   max_new_tokens=max_new_tokens, coalesce=coalesce, num_assistant_tokens=num_assistant_tokens,
+                   schedule="heuristic")
+    seconds = time.perf_counter() - start
+    s = out.stats
+    return Run(mode, out.text, s.new_tokens, seconds, s.target_forward_passes, s.forced_tokens_appended, out.value)
+
+
+def plain_hf(task: Task, model, tokenizer, *, max_new_tokens: int = 96) -> Run:
+    """transformers' own greedy generate, unconstrained (prompt asks for JSON): a sanity baseline."""
+    ids = tokenizer.apply_chat_template(task.messages(False), add_generation_prompt=True, return_tensors="pt",
+                                        return_dict=True)["input_ids"].to(model.device)
+    passes = count_forwards(model)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    seconds = time.perf_counter() - start
+    new = out[0, ids.shape[1]:].tolist()
+    passes.remove()
+    return Run("hf-unconstrained", tokenizer.decode(new, skip_special_tokens=True), len(new), seconds, passes.n, 0)
+
+
+class count_forwards:  # noqa: N801 (used like a function)
+    """Count forward calls of a module with a forward hook; `.remove()` detaches it."""
+
+    def __init__(self, module):
+        self.n = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def validate(task: Task, text: str) -> bool:
+    """Is `text` one JSON value that the task's JSON Schema accepts?"""
+    import jsonschema
+    try:
+        jsonschema.validate(json.loads(text), task.json_schema())
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
+def extract_json(text: str) -> str:
+    """The first {...} block of a free-form answer (code fences and chatter removed), else the text."""
+    start, end = text.find("{"), text.rfind("}")
+    return text[start : end + 1] if 0 <= start < end else text
