@@ -18,13 +18,14 @@ def new_cache() -> DynamicCache:
 
 def input_device(model: torch.nn.Module) -> torch.device:
     """Where the model's input ids must live (the embedding's device, also under device_map)."""
-    return model.get_input_embeddings().weight.device
+    device = model.get_input_embeddings().weight.device
+    return model.device if device.type == "meta" else device  # offloaded: accelerate's execution device
 
 
 def output_device(model: torch.nn.Module) -> torch.device:
     """Where the model's logits come out (the head's device, also under device_map)."""
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
+    if head is not None and getattr(head, "weight", None) is not None and head.weight.device.type != "meta":
         return head.weight.device
     return input_device(model)
 

@@ -325,3 +325,48 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tok):
     small = tiny_llama(1000, seed=12)
     with pytest.raises(ValueError, match="tokenizer has 49152 tokens but the model's logits only 1000"):
         generate(small, tokenizer=tok, prompt="hi")
+
+
+# ----------------------------------------------------------------------------- caches and devices
+
+
+def test_one_cache_per_model_cropped_to_the_committed_length(tok, models):
+    """Every target forward sees the same cache holding exactly the committed tokens but the last."""
+    target, assistant = models["llama"], models["llama-other"]
+    seen = {"target": [], "assistant": []}
+
+    def spy(name):
+        def hook(module, args, kwargs):
+            cache = kwargs["past_key_values"]
+            seen[name].append((id(cache), cache.get_seq_length(), kwargs["input_ids"].shape[1]))
+        return hook
+
+    hooks = [target.register_forward_pre_hook(spy("target"), with_kwargs=True),
+             assistant.register_forward_pre_hook(spy("assistant"), with_kwargs=True)]
+    try:
+        ids = tok("Describe a hero:")["input_ids"]
+        out = generate(target, assistant, tokenizer=tok, input_ids=ids, schema=Character, max_new_tokens=30,
+                       coalesce=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for name in seen:
+        assert len({cache for cache, _, _ in seen[name]}) == 1, f"the {name} cache was rebuilt"
+    committed = len(ids)
+    for i, ((_, cached, fed), step) in enumerate(zip(seen["target"], out.stats.steps)):
+        assert cached == (0 if i == 0 else committed - 1)  # prefill, then all committed tokens but the last
+        assert fed == committed - cached + step.drafted
+        committed += step.accepted + 1
+    assert seen["assistant"][0][1] == 0 and seen["assistant"][0][2] >= len(ids)  # prompt (+ forced run) once
+    assert all(cached > len(ids) for _, cached, _ in seen["assistant"][1:])  # then only what it has not seen
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_target_and_assistant_on_different_devices(tok, models):
+    target = tiny_llama(V, seed=0).to("cuda")
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", schema=Character, max_new_tokens=30, coalesce=False)
+    ref = generate(target, **kw)
+    for do_sample in (False, True):
+        out = generate(target, models["llama-other"], do_sample=do_sample, seed=0, **kw)
+        assert do_sample or out.token_ids == ref.token_ids
+        assert out.stop_reason in ("final", "length")
