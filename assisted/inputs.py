@@ -83,7 +83,8 @@ def check_models(model, assistant_model, tokenizer) -> int:
 
 def prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size: int) -> list[int]:
     """Exactly one of the three prompt forms -> one sequence of ids (batch size 1)."""
-    given = [name for name, v in (("prompt", prompt), ("messages", messages), ("input_ids", input_ids)) if v is not None]
+    forms = (("prompt", prompt), ("messages", messages), ("input_ids", input_ids))
+    given = [name for name, value in forms if value is not None]
     if len(given) != 1:
         raise ValueError(f"pass exactly one of prompt, messages, input_ids; got {', '.join(given) or 'none'}")
     if prompt is not None:

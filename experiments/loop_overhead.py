@@ -18,7 +18,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

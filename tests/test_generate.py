@@ -264,10 +264,6 @@ def test_coalesced_forced_run_to_the_end_needs_no_verification(tok, models):
 # ----------------------------------------------------------------------------- bad input
 
 
-class Counting(torch.nn.Module):
-    pass
-
-
 def count_calls(model):
     calls = []
     handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
