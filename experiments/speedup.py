@@ -1,0 +1,236 @@
+"""Speedup experiment: target alone vs transformers' assisted generation vs ours, greedy and sampled.
+
+    python -m experiments.speedup --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b
+
+Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates per cell):
+  target       model.generate, no assistant
+  hf-default   model.generate(assistant_model=...) with the library's defaults
+               (transformers 5.23: num_assistant_tokens=20, schedule "constant", confidence threshold 0.4)
+  hf-heuristic the same with num_assistant_tokens=5, schedule "heuristic" (reset before every call)
+  ours         assisted.generate(schedule="heuristic", num_assistant_tokens=5)
+All systems stop on the same EOS set and use no top-k/top-p/repetition penalty. Writes results.csv,
+greedy.png, sampling.png and README.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from assisted import generate  # noqa: E402
+from experiments.tasks import count_forwards, set_eos  # noqa: E402
+
+SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours")
+PROMPTS = Path(__file__).parent / "prompts" / "speedup.json"
+FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
+          "tokens_per_forward", "acceptance_rate")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.speedup", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prompts", type=Path, default=PROMPTS)
+    p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--num-assistant-tokens", type=int, default=5, help="ours: starting k")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def default_out() -> Path:
+    return Path("experiments/results") / f"speedup-{platform.node() or 'machine'}-{datetime.date.today()}"
+
+
+def load_prompts(path: Path, per_class: int | None) -> list[dict]:
+    prompts, seen = json.loads(Path(path).read_text()), {}
+    keep = []
+    for p in prompts:
+        seen[p["class"]] = seen.get(p["class"], 0) + 1
+        if per_class is None or seen[p["class"]] <= per_class:
+            keep.append(p)
+    return keep
+
+
+def _hf_assistant_config(assistant, system: str, defaults: dict) -> None:
+    """Put the assistant's generation config in the state of `system` (transformers reads it from there)."""
+    cfg = assistant.generation_config
+    for key, value in defaults.items():
+        setattr(cfg, key, value)
+    if system == "hf-heuristic":
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = 5, "heuristic"
+
+
+def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperature: float, seed: int,
+            max_new_tokens: int, k: int = 5, defaults: dict | None = None) -> dict:
+    """One generation of `system`; returns seconds, new tokens, target forwards and acceptance."""
+    sample = temperature > 0
+    counter = count_forwards(model)
+    helper_counter = count_forwards(assistant) if assistant is not None else None
+    try:
+        start = time.perf_counter()
+        if system == "ours":
+            out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=max_new_tokens,
+                           do_sample=sample, temperature=temperature if sample else 1.0, seed=seed,
+                           num_assistant_tokens=k, schedule="heuristic")
+            new = out.stats.new_tokens
+            d, a = out.stats.drafted_by_source["assistant"], out.stats.accepted_by_source["assistant"]
+            acceptance = a / d if d else float("nan")
+        else:
+            if system != "target":
+                _hf_assistant_config(assistant, system, defaults or {})
+            torch.manual_seed(seed)
+            kwargs = dict(do_sample=sample, max_new_tokens=max_new_tokens, top_k=0, top_p=1.0,
+                          repetition_penalty=1.0, eos_token_id=model.generation_config.eos_token_id,
+                          pad_token_id=model.generation_config.pad_token_id)
+            if sample:
+                kwargs["temperature"] = temperature
+            if system != "target":
+                kwargs["assistant_model"] = assistant
+            x = torch.tensor([ids], device=model.device)
+            with torch.inference_mode():
+                seq = model.generate(x, attention_mask=torch.ones_like(x), **kwargs)
+            new = seq.shape[1] - len(ids)
+            # every target forward commits one token of its own; the rest were accepted drafts.
+            drafted = helper_counter.n if system != "target" else 0
+            acceptance = (new - counter.n) / drafted if drafted else float("nan")
+        seconds = time.perf_counter() - start
+    finally:
+        counter.remove()
+        if helper_counter is not None:
+            helper_counter.remove()
+    return {"seconds": seconds, "new_tokens": new, "target_forwards": counter.n,
+            "tokens_per_forward": new / max(counter.n, 1), "acceptance_rate": acceptance}
+
+
+def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -> list[dict]:
+    """All cells, systems interleaved with a rotating order; one row per generation."""
+    from tqdm.auto import tqdm
+    defaults = {k: getattr(assistant.generation_config, k) for k in
+                ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
+    rows, bar = [], tqdm(total=len(cells) * len(SYSTEMS), disable=not progress, desc="speedup")
+    for i, (p, t, r) in enumerate(cells):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]
+        order = SYSTEMS[i % len(SYSTEMS):] + SYSTEMS[: i % len(SYSTEMS)]
+        for system in order:
+            res = run_one(system, model, assistant, tokenizer, list(ids), t, 1000 + r, args.max_new_tokens,
+                          args.num_assistant_tokens, defaults)
+            rows.append({"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system, **res})
+            bar.update(1)
+    bar.close()
+    _hf_assistant_config(assistant, "hf-default", defaults)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    """{(class, temperature, system): median seconds over prompts and repeats}."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["class"], r["temperature"], r["system"]), []).append(r)
+    return {key: {"seconds": statistics.median(x["seconds"] for x in v),
+                  "tokens_per_forward": statistics.median(x["tokens_per_forward"] for x in v),
+                  "acceptance_rate": statistics.median(x["acceptance_rate"] for x in v),
+                  "speedups": [_speedup(rows, x) for x in v]} for key, v in groups.items()}
+
+
+def _speedup(rows: list[dict], row: dict) -> float:
+    """Speedup of `row` over the target alone in the same cell."""
+    base = next(r for r in rows if r["system"] == "target" and all(r[k] == row[k] for k in ("prompt", "temperature", "repeat")))
+    return base["seconds"] / row["seconds"]
+
+
+def plot(summary: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    classes = sorted({c for c, _, _ in summary})
+    temps = sorted({t for _, t, _ in summary})
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(SYSTEMS)
+    for j, s in enumerate(SYSTEMS):
+        ax.bar([i + j * width for i in range(len(classes))], [summary[(c, temps[0], s)]["seconds"] for c in classes],
+               width, label=s)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(classes))], classes)
+    ax.set_ylabel("median latency (s)"), ax.set_title(f"greedy latency per prompt class (T={temps[0]})"), ax.legend()
+    fig.tight_layout(), fig.savefig(out / "greedy.png", dpi=110), plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s in SYSTEMS[1:]:
+        values = [[x for c in classes for x in summary[(c, t, s)]["speedups"]] for t in temps]
+        med = [statistics.median(v) for v in values]
+        ax.errorbar(temps, med, yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
+                    marker="o", capsize=3, label=s)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("temperature"), ax.set_ylabel("speedup over target alone (median, min-max)"), ax.legend()
+    fig.tight_layout(), fig.savefig(out / "sampling.png", dpi=110), plt.close(fig)
+
+
+def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> None:
+    import transformers
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    plot(summary, out)
+    lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
+             f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs)",
+             f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
+             f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
+             f"- target {args.target}, assistant {args.assistant}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
+             "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
+             "with other engineers' jobs, so timings are noisy.", "",
+             "| class | T | target s | hf-default s | hf-heuristic s | ours s | ours/hf-default | ours/hf-heuristic "
+             "| tok/fwd hf-default | tok/fwd hf-heur | tok/fwd ours | accept hf-default | accept hf-heur | accept ours |",
+             "|---" * 14 + "|"]
+    for c in sorted({c for c, _, _ in summary}):
+        for t in sorted({t for _, t, _ in summary}):
+            g = {s: summary[(c, t, s)] for s in SYSTEMS}
+            lines.append(f"| {c} | {t} | " + " | ".join(f"{g[s]['seconds']:.2f}" for s in SYSTEMS)
+                         + f" | {g['hf-default']['seconds'] / g['ours']['seconds']:.2f} | {g['hf-heuristic']['seconds'] / g['ours']['seconds']:.2f} | "
+                         + " | ".join(f"{g[s]['tokens_per_forward']:.2f}" for s in SYSTEMS[1:]) + " | "
+                         + " | ".join(f"{g[s]['acceptance_rate']:.2f}" for s in SYSTEMS[1:]) + " |")
+    lines += ["", "ours/hf = hf seconds / ours seconds (> 1: ours faster). hf acceptance is estimated as "
+              "(new tokens - target forwards) / assistant forwards.", "", "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
+    (out / "README.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from experiments.models import NotPreparedError, load
+    try:
+        model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
+        assistant, _ = load(args.assistant, dtype=args.dtype, device=args.device)
+    except (NotPreparedError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    set_eos(tokenizer, model, assistant)
+    rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, args.per_class))
+    out = args.out or default_out()
+    write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv if argv is not None else sys.argv[1:]))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
