@@ -1,0 +1,73 @@
+"""Fast tests of the experiment CLIs: argument parsing and tiny end-to-end cells on random models."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+
+import pytest
+
+from experiments import demo, speedup, structured
+from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
+from tests.helpers_models import threads, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(smol_tokenizer):
+    """A 1-layer random Llama with SmolLM2's vocabulary and tokenizer (chat template included)."""
+    model = tiny_llama(len(smol_tokenizer), seed=0)
+    model.generation_config.eos_token_id = eos_set(smol_tokenizer, model)
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id[0]
+    return model, smol_tokenizer
+
+
+def test_parsers():
+    a = speedup.parse_args(["--temperatures", "0", "0.6", "--max-new-tokens", "8", "--repeats", "1", "--out", "x"])
+    assert a.temperatures == [0.0, 0.6] and a.max_new_tokens == 8 and a.repeats == 1 and str(a.out) == "x"
+    assert speedup.parse_args([]).temperatures == [0.0, 0.3, 0.6, 0.9, 1.2]
+    s = structured.parse_args(["--target", "t", "--assistant", "a", "--repeats", "3"])
+    assert (s.target, s.assistant, s.repeats) == ("t", "a", 3)
+    assert structured.parse_args([]).assistant is None
+    assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
+
+
+def test_prompt_set_covers_three_classes():
+    prompts = speedup.load_prompts(speedup.PROMPTS, None)
+    assert {p["class"] for p in prompts} == {"code", "extraction", "prose"}
+    assert len(speedup.load_prompts(speedup.PROMPTS, 1)) == 3
+
+
+def test_validate_and_extract():
+    text = '{"name":"Aurora","age":23,"armor":"leather","strength":10}'
+    assert validate(CHARACTER, text) and validate(CHARACTER, extract_json("```json\n" + text + "\n```"))
+    assert not validate(CHARACTER, '{"name":"Aurora"}') and not validate(CHARACTER, "not json")
+
+
+def test_speedup_cell_end_to_end(tiny, tmp_path):
+    model, tok = tiny
+    args = argparse.Namespace(temperatures=[0.0, 1.0], repeats=1, max_new_tokens=4, num_assistant_tokens=3,
+                              target="tiny", assistant="tiny", device="cpu", dtype="float32")
+    prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
+    helper = copy.deepcopy(model)  # a separate module, so the forward hooks count each model alone
+    with threads(1):
+        rows = speedup.run(args, model, helper, tok, prompts, progress=False)
+    assert len(rows) == 2 * 2 * len(speedup.SYSTEMS)
+    greedy = [r for r in rows if r["temperature"] == 0.0 and r["system"] != "target"]
+    assert all(r["tokens_per_forward"] > 1 for r in greedy if r["new_tokens"] > 1)  # itself as assistant
+    summary = speedup.summarize(rows)
+    speedup.write(rows, summary, args, tmp_path / "out", "test")
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.csv", "greedy.png", "sampling.png", "README.md"}
+    assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
+
+
+def test_structured_cell_end_to_end(tiny, tmp_path):
+    model, tok = tiny
+    with threads(1):
+        rows = structured.run(model, tok, None, STRUCTURED_TASKS[:1], 1, 6, progress=False)
+    assert [r["mode"] for r in rows] == ["unconstrained", "constrained", "constrained+forced"]
+    assert next(r for r in rows if r["mode"] == "constrained+forced")["forced_share"] > 0
+    args = argparse.Namespace(target="tiny", assistant=None, max_new_tokens=6, repeats=1)
+    structured.write(rows, structured.summarize(rows), args, tmp_path, "test")
+    with open(tmp_path / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == 3
