@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--assistant", action="store_true",
                         help=f"use the Qwen pair ({PAIR[0]} + {PAIR[1]}) and add the assistant modes")
     parser.add_argument("--max-new-tokens", type=int, default=80, help="token budget per generation")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's; 1 is faster on a CPU shared with other jobs)")
     return parser.parse_args(argv)
 
 
@@ -63,6 +65,9 @@ def run_task(task: Task, model, tokenizer, helper, modes, max_new_tokens: int) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     from experiments.models import NotPreparedError
     start = time.perf_counter()
     try:
