@@ -1,0 +1,223 @@
+"""JSON Schema coverage on JSONSchemaBench (MaskBench): compile every schema, walk every test instance.
+
+    python -m experiments.coverage --tokenizer smollm2-135m
+    python -m experiments.coverage --tokenizer qwen2.5-coder-0.5b --subset Handwritten --limit 20
+
+For each schema file: compile it to a ready guide (`fsm.Guide.from_schema`, first mask included) in
+a forked worker under a per-stage time limit; walk every test instance (compact JSON, key order
+kept, tokenized by the tokenizer) through the guide token by token; a schema is *covered* when it
+compiles, every valid instance is accepted and every invalid one rejected. Writes to --out:
+schemas.csv (one row per schema), failures.csv (every false reject / false accept / crash on an
+instance), summary.json, summary.md and coverage.png (see experiments/coverage_report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import hashlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # children are forked
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "jsonschemabench"
+SCHEMA_COLUMNS = (
+    "file subset status keyword pointer error_type message where stage n_valid n_invalid valid_accepted "
+    "false_rejects false_rejects_regex false_rejects_token invalid_rejected false_accepts false_accepts_regex_only "
+    "tokenization_mismatch walk_errors compile_ms compile_cpu_ms regex_ms dfa_ms index_ms first_mask_ms regex_chars dfa_states "
+    "states_visited first_n first_median_us first_p99_us revisit_n revisit_median_us revisit_p99_us tokens_valid "
+    "forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
+).split()
+FAILURE_COLUMNS = "file subset test kind description path detail text".split()
+
+
+def subset_of(name: str) -> str:
+    """`Kubernetes---kb_1.json` -> Kubernetes; `BFCL_parallel_multiple_12.json` -> BFCL_parallel_multiple."""
+    stem = Path(name).name
+    if "---" in stem:
+        return stem.split("---", 1)[0]
+    return re.sub(r"_\d+$", "", stem.removesuffix(".json"))
+
+
+def select_files(data: Path, subsets: list[str] | None = None, limit: int | None = None) -> list[Path]:
+    """The schema files, filtered by subset names; with `limit`, the first `limit` of each subset."""
+    files = sorted(p for p in Path(data).glob("*.json"))
+    if subsets:
+        wanted = {s.lower() for s in subsets}
+        files = [f for f in files if subset_of(f.name).lower() in wanted]
+    if limit is not None:
+        taken: dict[str, int] = {}
+        kept = []
+        for f in files:
+            taken[subset_of(f.name)] = taken.get(subset_of(f.name), 0) + 1
+            if taken[subset_of(f.name)] <= limit:
+                kept.append(f)
+        files = kept
+    return files
+
+
+def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers: int = 2,
+                 memory_mb: float = 6000.0, progress: bool = True, second_opinion: bool = True, on_row=None) -> dict:
+    """Check every file in forked workers; returns {"rows", "failures", "hist_first", "hist_revisit"}.
+
+    `second_opinion`: ask jsonschema what is wrong with each falsely accepted instance (slow import).
+    """
+    from tqdm.auto import tqdm
+
+    from experiments import coverage_worker
+    from experiments.coverage_pool import run_pool
+
+    _warm(tokenizer, second_opinion)
+    by_name = {str(f): f for f in files}
+    order = sorted(by_name, key=lambda f: -os.path.getsize(f))  # big ones first: no long tail
+    work = lambda task, report: coverage_worker.check_file(task, tokenizer, report, second_opinion)  # noqa: E731
+    totals = {"rows": [], "failures": [], "hist_first": np.zeros(len(coverage_worker.STEP_BINS) - 1, np.int64)}
+    totals["hist_revisit"] = totals["hist_first"].copy()
+    bar = tqdm(total=len(order), disable=not progress, unit="schema", smoothing=0.05)
+    for outcome in run_pool(order, work, workers=workers, timeout=timeout, memory_mb=memory_mb):
+        row, failures = _row(outcome, totals)
+        totals["rows"].append(row)
+        totals["failures"] += [{"file": row["file"], "subset": row["subset"], **f} for f in failures]
+        if on_row is not None:
+            on_row(row, failures)
+        covered = sum(r["status"] == "covered" for r in totals["rows"])
+        bar.set_postfix(covered=f"{covered / len(totals['rows']):.0%}", refresh=False)
+        bar.update()
+    bar.close()
+    totals["rows"].sort(key=lambda r: r["file"])
+    return totals
+
+
+def _warm(tokenizer, second_opinion: bool) -> None:
+    """Build the vocabulary (and import jsonschema) once in the parent; forked workers inherit them."""
+    import torch
+
+    import fsm
+
+    if second_opinion:
+        import jsonschema  # noqa: F401
+
+    torch.set_num_threads(1)
+    fsm.vocabulary_from_tokenizer(tokenizer).walk_layout
+
+
+def _row(outcome, totals: dict) -> tuple[dict, list]:
+    name = Path(outcome.task).name
+    row = {"file": name, "subset": subset_of(name), "wall_s": round(outcome.seconds, 3),
+           "cpu_s": round(outcome.cpu_seconds, 3), "load": round(os.getloadavg()[0], 2)}
+    if outcome.kind != "done":
+        status = {"timeout": "timeout", "memory": "memory", "died": "error"}[outcome.kind]
+        row.update(status=status, stage=outcome.stage, message=outcome.detail, peak_rss_mb=round(outcome.peak_rss_mb, 1))
+        if outcome.kind == "died":
+            row["error_type"] = "WorkerDied"
+        return row, []
+    result = outcome.result
+    if "runner_error" in result:
+        row.update(status="error", error_type="RunnerError", message=result["runner_error"][:300], stage=outcome.stage)
+        return row, []
+    for key in ("hist_first", "hist_revisit"):
+        if result.get(key) is not None:
+            totals[key] += result[key]
+    row.update(result["row"])
+    return row, result["failures"]
+
+
+def fsm_provenance() -> dict:
+    """Which fsm this run measures: its folder, a hash of its sources, and whether HEAD has them."""
+    import fsm
+
+    folder = Path(fsm.__file__).parent
+    names = sorted(p.name for p in folder.glob("*.py"))
+    digest = lambda texts: hashlib.sha1(b"".join(texts)).hexdigest()[:12]  # noqa: E731
+    used = digest((folder / n).read_bytes() for n in names)
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True).stdout  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD").decode().strip()
+    committed = digest(git("show", f"HEAD:fsm/{n}") for n in names)
+    return {"folder": str(folder), "sources_sha1": used, "head": head, "same_as_head": used == committed}
+
+
+def _checkpoint(rows_file, failures_file):
+    """on_row callback that appends every row and failure as it arrives (a killed run keeps them)."""
+    rows = csv.DictWriter(rows_file, SCHEMA_COLUMNS, extrasaction="ignore")
+    failures = csv.DictWriter(failures_file, FAILURE_COLUMNS, extrasaction="ignore")
+    rows.writeheader()
+    failures.writeheader()
+
+    def write(row: dict, found: list[dict]) -> None:
+        rows.writerow(row)
+        failures.writerows({"file": row["file"], "subset": row["subset"], **f} for f in found)
+        rows_file.flush()
+        failures_file.flush()
+
+    return write
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.coverage", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of MaskBench *.json files")
+    parser.add_argument("--tokenizer", default="qwen2.5-coder-0.5b", help="named source, hub id or folder")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="CPU seconds per schema and stage (compile, walk); 10x that in wall time at most")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
+    parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
+    parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
+    parser.add_argument("--out", type=Path, help="default: experiments/results/coverage/<tokenizer>")
+    parser.add_argument("--report-only", action="store_true", help="rebuild summary.md/png from --out")
+    parser.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
+    args = parser.parse_args(argv)
+    if args.fsm_from:
+        sys.path.insert(0, str(args.fsm_from.resolve()))
+    out = args.out or REPO / "experiments" / "results" / "coverage" / Path(str(args.tokenizer)).name
+    out.mkdir(parents=True, exist_ok=True)
+    from experiments import coverage_report
+
+    if args.report_only:
+        coverage_report.rebuild(out)
+        return
+    from experiments.models import load_tokenizer
+
+    provenance = fsm_provenance()  # now: the working tree may change during a long run
+    tokenizer = load_tokenizer(args.tokenizer)
+    files = select_files(args.data, args.subset, args.limit)
+    if not files:
+        parser.error(f"no schema files in {args.data} match the filters")
+    with open(out / "schemas.partial.csv", "w", newline="") as rows_file, \
+            open(out / "failures.partial.csv", "w", newline="") as failures_file:
+        checkpoint = _checkpoint(rows_file, failures_file)
+        totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
+                              on_row=checkpoint)
+    write_csv(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS)
+    write_csv(out / "failures.csv", totals["failures"], FAILURE_COLUMNS)
+    for name in ("schemas.partial.csv", "failures.partial.csv"):
+        (out / name).unlink()
+    setup = {"tokenizer": str(args.tokenizer), "vocab_size": len(tokenizer), "timeout_s": args.timeout,
+             "workers": args.workers, "data": str(args.data), "files": len(files),
+             "filters": {"subset": args.subset, "limit": args.limit}, "fsm": provenance}
+    summary = coverage_report.write_report(out, totals, setup)
+    print(coverage_report.headline(summary))
+
+
+if __name__ == "__main__":
+    main()
