@@ -1,0 +1,322 @@
+"""Regular expressions over bytes as hash-consed terms, with Brzozowski derivatives.
+
+A term (`Rx`) denotes a set of byte strings. Terms are built only through the smart constructors
+below, which normalize as they build (flatten, drop the empty set, merge byte classes, sort
+alternatives), so equal-looking terms are the same object and the derivatives of any term reach
+finitely many terms: each term *is* a DFA state, computed on demand. Intersection and complement
+are as cheap as union, which is what JSON Schema needs (`pattern` with lengths, `not`, `if`).
+
+    d(term, byte) = the strings s such that byte + s is in term
+
+Only `Rx.classes` (a partition of the 256 bytes into blocks with equal derivatives) and
+`derivative(term, byte)` are needed to build a DFA lazily; see fsm/lazy_dfa.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections import deque
+
+ALL_BYTES = (1 << 256) - 1
+_ids = itertools.count()
+_interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class Rx:
+    """One interned term. kind is nothing | epsilon | bytes | seq | alt | and | not | repeat.
+
+    args: bytes -> (mask,) a 256-bit int; seq -> (head, tail); alt/and -> children sorted by id;
+    not -> (child,); repeat -> (child, low, high or None).
+    """
+
+    __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "__weakref__")
+
+    def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
+        self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
+        self._classes = None  # tuple of byte masks, a partition of all 256 bytes
+        self._derivatives: dict[int, Rx] = {}  # block index -> derivative
+        self._empty = None if not plain else kind == "nothing"
+
+    def __repr__(self) -> str:
+        return f"Rx#{self.id}({self.kind})"
+
+    @property
+    def children(self) -> tuple:
+        if self.kind in ("seq", "alt", "and", "not"):
+            return self.args
+        return self.args[:1] if self.kind == "repeat" else ()
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        """Blocks of bytes on which the derivative is the same term (byte masks, disjoint, cover all)."""
+        if self._classes is None:
+            self._classes = _classes(self)
+        return self._classes
+
+
+def _term(kind: str, args: tuple, nullable: bool, plain: bool) -> Rx:
+    key = (kind, *(a.id if isinstance(a, Rx) else a for a in args))
+    found = _interned.get(key)
+    if found is None:
+        found = Rx(kind, args, nullable, plain)
+        _interned[key] = found
+    return found
+
+
+# -- constructors --------------------------------------------------------------------------------
+
+NOTHING = _term("nothing", (), False, True)
+EPSILON = _term("epsilon", (), True, True)
+
+
+def byte_set(mask: int) -> Rx:
+    """One byte out of `mask` (bit b set = byte b allowed)."""
+    return NOTHING if mask == 0 else _term("bytes", (mask & ALL_BYTES,), False, True)
+
+
+def byte_range(low: int, high: int) -> Rx:
+    return byte_set(_range_mask(low, high))
+
+
+def literal(data: bytes | str) -> Rx:
+    """Exactly `data` (a str is UTF-8 encoded)."""
+    data = data.encode() if isinstance(data, str) else data
+    return seq(*(byte_set(1 << b) for b in data))
+
+
+def seq(*terms: Rx) -> Rx:
+    """Concatenation."""
+    out = EPSILON
+    for term in reversed(terms):
+        out = _seq2(term, out)
+    return out
+
+
+def _seq2(head: Rx, tail: Rx) -> Rx:
+    if head is NOTHING or tail is NOTHING:
+        return NOTHING
+    if head is EPSILON:
+        return tail
+    if tail is EPSILON:
+        return head
+    if head.kind == "seq":
+        return _seq2(head.args[0], _seq2(head.args[1], tail))
+    return _term("seq", (head, tail), head.nullable and tail.nullable, head.plain and tail.plain)
+
+
+def alt(*terms: Rx) -> Rx:
+    """Union."""
+    parts, mask = _flatten(terms, "alt"), 0
+    parts = {t.id: t for t in parts if t is not NOTHING}
+    for key in [k for k, t in parts.items() if t.kind == "bytes"]:
+        mask |= parts.pop(key).args[0]
+    if mask:
+        parts[-1] = byte_set(mask)
+    if any(t.kind == "not" and t.args[0] is NOTHING for t in parts.values()):
+        return ANYTHING
+    return _nary("alt", list(parts.values()), NOTHING, any)
+
+
+def inter(*terms: Rx) -> Rx:
+    """Intersection."""
+    parts = _flatten(terms, "and")
+    if any(t is NOTHING for t in parts):
+        return NOTHING
+    parts = {t.id: t for t in parts if t is not ANYTHING}
+    masks = [parts.pop(k).args[0] for k in [k for k, t in parts.items() if t.kind == "bytes"]]
+    if masks:
+        parts[-1] = byte_set(_and_all(masks))
+    if EPSILON.id in parts:  # ε ∩ r is ε when r matches the empty string, else nothing
+        return EPSILON if all(t.nullable for t in parts.values()) else NOTHING
+    return _nary("and", list(parts.values()), ANYTHING, all)
+
+
+def complement(term: Rx) -> Rx:
+    """Every byte string not in `term`."""
+    if term.kind == "not":
+        return term.args[0]
+    return _term("not", (term,), not term.nullable, False)
+
+
+def repeat(term: Rx, low: int, high: int | None = None) -> Rx:
+    """`term` repeated low..high times (high None: unbounded)."""
+    if high is not None and (high < low or high == 0):
+        return EPSILON if high == 0 else NOTHING
+    if term is NOTHING:
+        return EPSILON if low == 0 else NOTHING
+    if term is EPSILON or (low == high == 1):
+        return term
+    if term.kind == "repeat" and term.args[1:] == (0, None) and (low, high) in ((0, None), (1, None)):
+        return term
+    return _term("repeat", (term, low, high), low == 0 or term.nullable, term.plain)
+
+
+def star(term: Rx) -> Rx:
+    return repeat(term, 0, None)
+
+
+def optional(term: Rx) -> Rx:
+    return alt(term, EPSILON)
+
+
+ANYTHING = _term("not", (NOTHING,), True, False)  # every byte string; the identity of `inter`
+
+
+def _flatten(terms, kind: str) -> list[Rx]:
+    out = []
+    for t in terms:
+        out.extend(t.args if t.kind == kind else (t,))
+    return out
+
+
+def _nary(kind: str, parts: list[Rx], identity: Rx, combine) -> Rx:
+    if not parts:
+        return identity
+    if len(parts) == 1:
+        return parts[0]
+    parts.sort(key=lambda t: t.id)
+    nullable = combine(t.nullable for t in parts)
+    return _term(kind, tuple(parts), nullable, kind == "alt" and all(t.plain for t in parts))
+
+
+def _and_all(masks: list[int]) -> int:
+    out = ALL_BYTES
+    for m in masks:
+        out &= m
+    return out
+
+
+def _range_mask(low: int, high: int) -> int:
+    return ((1 << (high + 1)) - 1) ^ ((1 << low) - 1)
+
+
+# -- derivatives -----------------------------------------------------------------------------------
+
+
+def derivative(term: Rx, byte: int) -> Rx:
+    """The term for what may follow `byte` (memoized per block of `term.classes`)."""
+    block = _block_of(term.classes, byte)
+    found = term._derivatives.get(block)
+    if found is None:
+        found = term._derivatives[block] = _derive(term, byte)
+    return found
+
+
+def _block_of(classes: tuple[int, ...], byte: int) -> int:
+    bit = 1 << byte
+    for i, mask in enumerate(classes):
+        if mask & bit:
+            return i
+    raise AssertionError("classes do not cover every byte")
+
+
+def _derive(term: Rx, byte: int) -> Rx:
+    kind, args = term.kind, term.args
+    if kind == "bytes":
+        return EPSILON if args[0] >> byte & 1 else NOTHING
+    if kind == "seq":
+        head, tail = args
+        out = _seq2(derivative(head, byte), tail)
+        return alt(out, derivative(tail, byte)) if head.nullable else out
+    if kind == "alt":
+        return alt(*(derivative(t, byte) for t in args))
+    if kind == "and":
+        return inter(*(derivative(t, byte) for t in args))
+    if kind == "not":
+        return complement(derivative(args[0], byte))
+    if kind == "repeat":
+        child, low, high = args
+        return _seq2(derivative(child, byte), repeat(child, max(low - 1, 0), None if high is None else high - 1))
+    return NOTHING  # nothing, epsilon
+
+
+def _classes(term: Rx) -> tuple[int, ...]:
+    kind = term.kind
+    if kind == "bytes":
+        mask = term.args[0]
+        return (mask, ALL_BYTES ^ mask) if mask != ALL_BYTES else (mask,)
+    if kind == "seq":
+        head, tail = term.args
+        return _refine(head.classes, tail.classes) if head.nullable else head.classes
+    if kind in ("alt", "and"):
+        out = term.args[0].classes
+        for t in term.args[1:]:
+            out = _refine(out, t.classes)
+        return out
+    if kind in ("not", "repeat"):
+        return term.args[0].classes
+    return (ALL_BYTES,)
+
+
+def _refine(blocks: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, ...]:
+    """The coarsest partition finer than both."""
+    if len(other) == 1:
+        return blocks
+    if len(blocks) == 1:
+        return other
+    out = []
+    for a in blocks:
+        for b in other:
+            if a & b:
+                out.append(a & b)
+    return tuple(out)
+
+
+def lowest_byte(mask: int) -> int:
+    return (mask & -mask).bit_length() - 1
+
+
+# -- questions -------------------------------------------------------------------------------------
+
+
+def is_empty(term: Rx, limit: int = 100_000) -> bool:
+    """Whether `term` matches no string at all (explores derivatives when and/not are inside).
+
+    Raises
+    ------
+    RecursionError
+        Never; an exploration beyond `limit` terms raises ValueError instead of guessing.
+    """
+    if term._empty is None:
+        term._empty = _search_empty(term, limit)
+    return term._empty
+
+
+def _search_empty(term: Rx, limit: int) -> bool:
+    seen, queue = {term.id}, deque([term])
+    while queue:
+        t = queue.popleft()
+        if t.nullable or (t.plain and t is not NOTHING):
+            return False
+        if t._empty is True:
+            continue
+        for mask in t.classes:
+            d = derivative(t, lowest_byte(mask))
+            if d.id not in seen:
+                seen.add(d.id)
+                queue.append(d)
+        if len(seen) > limit:
+            raise ValueError(f"deciding emptiness took more than {limit} states")
+    return True
+
+
+def matches(term: Rx, data: bytes | str) -> bool:
+    """Whether `term` matches all of `data`."""
+    data = data.encode() if isinstance(data, str) else data
+    for byte in data:
+        term = derivative(term, byte)
+        if term is NOTHING:
+            return False
+    return term.nullable
+
+
+def size(term: Rx) -> int:
+    """Number of distinct subterms (the DAG size)."""
+    seen, stack = set(), [term]
+    while stack:
+        t = stack.pop()
+        if t.id not in seen:
+            seen.add(t.id)
+            stack.extend(t.children)
+    return len(seen)
