@@ -330,6 +330,22 @@ def load(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",
     return model.eval(), tokenizer
 
 
+def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
+    """A tiny randomly initialized model with `model`'s architecture and vocabulary: a deliberately bad assistant.
+
+    Its drafts are almost never accepted, so it shows what speculation costs when it cannot pay.
+    """
+    from transformers import AutoModelForCausalLM
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    heads = max(1, hidden // 64)
+    for name, value in (("num_hidden_layers", layers), ("hidden_size", hidden), ("intermediate_size", 2 * hidden),
+                        ("num_attention_heads", heads), ("num_key_value_heads", heads), ("head_dim", hidden // heads)):
+        if hasattr(config, name):
+            setattr(config, name, value)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).to(model.dtype).to(model.device).eval()
+
+
 def _status(name: str) -> str:
     manifest = model_dir(name) / "source.json"
     if manifest.is_file():
