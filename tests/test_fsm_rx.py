@@ -1,0 +1,175 @@
+"""rx terms and the regex parser: agreement with Python's `re` on generated patterns, algebraic laws.
+
+Patterns are drawn as pairs (ours, Python's): the same regex, except that categories are spelled out
+for Python as the classes our dialect gives them (\\d, \\w ASCII; \\s ECMA-262 whitespace).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from fsm import rx, utf8
+from fsm.errors import RegexError
+from fsm.rx_parse import parse
+
+ALPHABET = "abcAB-.é\u00c9ßẞkK\u212aſs😀0 \n\u00a0"
+SPACE = r"[\t-\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+CATEGORIES = {r"\d": "[0-9]", r"\D": "[^0-9]", r"\w": "[A-Za-z0-9_]", r"\W": "[^A-Za-z0-9_]",
+              r"\s": SPACE, r"\S": "[^" + SPACE[1:]}
+FAST = settings(max_examples=int(__import__("os").environ.get("RX_EXAMPLES", 120)), deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _same(text: str) -> tuple[str, str]:
+    return text, text
+
+
+chars = st.sampled_from(ALPHABET).map(lambda c: _same(re.escape(c)))
+ranges = st.sampled_from(["a-c", "A-Z", "é-ü", "0-9", "\\-", "ß", "😀-🙏", "k", "\\n"])
+classes = st.tuples(st.booleans(), st.lists(ranges, min_size=1, max_size=3)).map(
+    lambda t: _same("[" + "^" * t[0] + "".join(t[1]) + "]"))
+categories = st.sampled_from(sorted(CATEGORIES)).map(lambda c: (c, CATEGORIES[c]))
+leaves = st.one_of(chars, classes, categories, st.just(_same(".")), st.just(_same("")))
+
+
+def _join(parts, sep=""):
+    return sep.join(p[0] for p in parts), sep.join(p[1] for p in parts)
+
+
+def _wrap(part, before, after):
+    return before + part[0] + after, before + part[1] + after
+
+
+def _repeat(part, suffix):
+    return _wrap(part, "(?:", ")" + suffix)
+
+
+suffixes = st.sampled_from(["*", "+", "?", "{2}", "{0,2}", "{1,}", "*?", "{1,3}?"])
+
+
+def _extend(inner):
+    return st.one_of(
+        st.lists(inner, min_size=2, max_size=3).map(_join),
+        st.lists(inner, min_size=2, max_size=3).map(lambda ps: _wrap(_join(ps, "|"), "(?:", ")")),
+        st.tuples(inner, suffixes).map(lambda t: _repeat(*t)),
+        inner.map(lambda p: _wrap(p, "(?i:", ")")),
+    )
+
+
+plain_patterns = st.recursive(leaves, _extend, max_leaves=6)
+lookaheads = st.tuples(st.sampled_from(["(?=", "(?!"]), plain_patterns).map(lambda t: _wrap(t[1], t[0], ".*)"))
+patterns = st.lists(st.one_of(plain_patterns, lookaheads), min_size=1, max_size=3).map(_join)
+texts = st.text(alphabet=ALPHABET, max_size=6)
+
+
+def _agree(ours: str, python: str, text: str) -> None:
+    assert rx.matches(parse(ours), text) == bool(re.fullmatch(python, text)), (ours, text)
+
+
+@FAST
+@given(pattern=patterns, text=texts)
+def test_parse_agrees_with_re_on_random_text(pattern, text):
+    _agree(*pattern, text)
+
+
+@FAST
+@given(pattern=plain_patterns, data=st.data())
+def test_parse_accepts_what_re_fullmatches(pattern, data):
+    text = data.draw(st.from_regex(pattern[1], fullmatch=True))
+    assume(not any(0xD800 <= ord(c) <= 0xDFFF for c in text))  # not encodable as UTF-8
+    _agree(*pattern, text)
+
+
+@FAST
+@given(p=patterns, q=patterns, text=texts)
+def test_intersection_union_complement_laws(p, q, text):
+    a, b, data = parse(p[0]), parse(q[0]), text.encode()
+    in_a, in_b = rx.matches(a, data), rx.matches(b, data)
+    assert rx.matches(rx.inter(a, b), data) == (in_a and in_b)
+    assert rx.matches(rx.alt(a, b), data) == (in_a or in_b)
+    assert rx.matches(rx.complement(a), data) != in_a
+    assert rx.matches(rx.complement(rx.alt(a, b)), data) == rx.matches(rx.inter(rx.complement(a), rx.complement(b)), data)
+
+
+def _witness(term: rx.Rx, limit: int = 5000) -> bytes | None:
+    """A shortest byte string in `term` (breadth-first over derivatives), None if there is none."""
+    seen, queue = {term.id}, deque([(term, b"")])
+    while queue and len(seen) < limit:
+        t, path = queue.popleft()
+        if t.nullable:
+            return path
+        for mask in t.classes:
+            byte = rx.lowest_byte(mask)
+            d = rx.derivative(t, byte)
+            if d.id not in seen and d is not rx.NOTHING:
+                seen.add(d.id)
+                queue.append((d, path + bytes([byte])))
+    return None
+
+
+@FAST
+@given(p=patterns, q=patterns, text=texts)
+def test_is_empty_is_exact(p, q, text):
+    both = rx.inter(parse(p[0]), parse(q[0]))
+    assert rx.is_empty(rx.inter(both, rx.complement(both)))
+    if rx.is_empty(both):  # no string is in both
+        assert not (re.fullmatch(p[1], text) and re.fullmatch(q[1], text))
+    else:  # a witness exists and Python agrees that it is in both
+        found = _witness(both).decode("utf-8")
+        assert re.fullmatch(p[1], found) and re.fullmatch(q[1], found)
+
+
+@FAST
+@given(pattern=patterns, text=texts)
+def test_derivative_classes_group_bytes_with_equal_derivatives(pattern, text):
+    term = parse(pattern[0])
+    for byte in text.encode()[:3]:
+        for mask in term.classes:
+            first = rx._derive(term, rx.lowest_byte(mask))
+            assert all(rx._derive(term, b) is first for b in range(256) if mask >> b & 1)
+        term = rx.derivative(term, byte)
+
+
+def test_terms_are_interned():
+    assert parse("(?:ab|cd)+") is parse("(ab|cd)+") is parse("(?:cd|ab)+")
+    assert parse("[a-c]x") is rx.seq(rx.byte_range(97, 99), rx.literal("x"))
+    assert parse("a|b") is parse("[ab]")
+
+
+def test_unicode_escapes_and_surrogates():
+    assert rx.matches(parse(r"\u00e9\U0001F600"), "é😀")
+    assert parse(r"\ud800") is rx.NOTHING  # a lone surrogate is no UTF-8 character
+    assert not rx.matches(utf8.ANY_CHAR, b"\xed\xa0\x80")
+
+
+def test_case_folding_follows_python():
+    for text in ("K", "k", "\u212a", "ſ", "S", "ß", "ẞ"):
+        for pattern in ("(?i)k", "(?i)[k-s]", "(?i)[^s]", "(?i)ß", "(?ai)k"):
+            assert rx.matches(parse(pattern), text) == bool(re.fullmatch(pattern, text)), (pattern, text)
+
+
+def test_categories_are_the_json_schema_dialect():
+    assert rx.matches(parse(r"\d\w\s"), "1a\u00a0")
+    assert not rx.matches(parse(r"\d"), "٣") and not rx.matches(parse(r"\w"), "é")
+    assert rx.matches(parse("."), "é") and not rx.matches(parse("."), "\n") and rx.matches(parse("(?s)."), "\n")
+
+
+def test_lookaheads_and_anchors_inside_lookaheads():
+    term = parse(r"^(?=.*[A-Z])(?=.*\d)(?!.*--$)[A-Za-z0-9-]{4,}$")
+    for text in ("Ab1-", "ab1-", "AB--1", "A1--", "A1-b"):
+        assert rx.matches(term, text) == bool(re.fullmatch(r"(?=.*[A-Z])(?=.*\d)(?!.*--$)[A-Za-z0-9-]{4,}", text))
+
+
+@pytest.mark.parametrize(
+    "pattern, reason",
+    [(r"(?<=a)b", "lookbehind"), (r"(a)\1", "backreference"), (r"a^b", "anchor"), (r"a$b", "anchor"),
+     (r"\bfoo", r"\b"), (r"[a-", "invalid regex"), (r"((?=a)a)*", "repetition"), (r"(?>a)", "atomic"),
+     (r"a*+", "possessive"), (r"(a)(?(1)b)", "conditional")],
+)
+def test_unsupported_constructs_name_the_construct(pattern, reason):
+    with pytest.raises(RegexError, match=re.escape(reason)):
+        parse(pattern)
