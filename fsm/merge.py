@@ -7,9 +7,15 @@ from urllib.parse import unquote
 
 from fsm.errors import SchemaError
 
-_LOWER = ("minimum", "minLength", "minItems", "exclusiveMinimum")  # merged by max
-_UPPER = ("maximum", "maxLength", "maxItems", "exclusiveMaximum")  # merged by min
-_IGNORED = frozenset("title description examples default $schema $id id $comment deprecated readOnly writeOnly $defs definitions".split())
+_LOWER = ("minimum", "minLength", "minItems", "exclusiveMinimum", "minProperties", "minContains")  # merged by max
+_UPPER = ("maximum", "maxLength", "maxItems", "exclusiveMaximum", "maxProperties", "maxContains")  # merged by min
+VALIDATION = frozenset(
+    "type enum const multipleOf maximum exclusiveMaximum minimum exclusiveMinimum maxLength minLength pattern "
+    "format maxItems minItems uniqueItems contains maxContains minContains maxProperties minProperties required "
+    "dependentRequired dependentSchemas dependencies properties patternProperties additionalProperties "
+    "propertyNames items prefixItems additionalItems allOf anyOf oneOf not if then else $ref "
+    "unevaluatedProperties unevaluatedItems $dynamicRef $recursiveRef".split()
+)  # every other keyword is an annotation
 MAX_UNION_PRODUCT = 64
 
 
@@ -45,7 +51,7 @@ def _flatten(schema, pointer: str, resolve, depth: int) -> list[dict]:
         return []
     if schema is False or not isinstance(schema, dict):
         raise SchemaError("allOf parts must be schemas that accept something", keyword="allOf", pointer=pointer)
-    parts, rest = [], {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _IGNORED}
+    parts, rest = [], {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k in VALIDATION}
     if "$ref" in schema:
         parts += _flatten(resolve(schema["$ref"], pointer), pointer, resolve, depth + 1)
     for i, sub in enumerate(schema.get("allOf", [])):
@@ -73,8 +79,12 @@ def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
         return _merge_types(x, y, pointer)
     if key == "required":
         return list(dict.fromkeys(x + y))
-    if key == "properties":
+    if key in ("properties", "patternProperties") and isinstance(x, dict) and isinstance(y, dict):
         return {n: x[n] if n not in y else y[n] if n not in x else {"allOf": [x[n], y[n]]} for n in {**x, **y}}
+    if key == "not":
+        return {"anyOf": [x, y]}  # not A and not B = not (A or B)
+    if key == "propertyNames":
+        return {"allOf": [x, y]}
     if key == "additionalProperties" and (x is False or y is False):
         return False
     if key in ("items", "additionalProperties") and isinstance(x, dict) and isinstance(y, dict):

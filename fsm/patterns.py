@@ -1,16 +1,21 @@
-"""JSON Schema `pattern` (ECMA-262, search semantics) -> a full-match regex over the string content."""
+"""JSON Schema `pattern` (search semantics) -> an `rx` term over the string's characters."""
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
-import interegular
-
+from fsm import rx
 from fsm.errors import RegexError, SchemaError
+from fsm.utf8 import ANY_CHAR
+
+ANY_TEXT = rx.star(ANY_CHAR)
+ASCII_TEXT = rx.star(rx.byte_range(0, 0x7F))
+_UNICODE_CLASSES = re.compile(r"\\[dDwWsSbB]|\(\?[a-zA-Z]*i")  # where Python's re and the term may differ
 
 
-def pattern_content(pattern, pointer: str) -> str:
-    """Full-match regex for the string contents that `pattern` finds a match in.
+def pattern_term(pattern, pointer: str, keyword: str = "pattern") -> rx.Rx:
+    """The string contents (characters, no quotes) in which `pattern` finds a match.
 
     Raises
     ------
@@ -18,28 +23,43 @@ def pattern_content(pattern, pointer: str) -> str:
         When the pattern is not a string, is invalid, or uses what a finite automaton cannot do.
     """
     if not isinstance(pattern, str):
-        raise SchemaError(f"must be a string, not {pattern!r}", keyword="pattern", pointer=pointer)
-    body = _ecma_to_python(pattern)
-    content = "|".join(f"(?:{_anchor(branch)})" for branch in _top_level_branches(body))
-    _check(content, pattern, pointer)
-    return content
+        raise SchemaError(f"must be a string, not {pattern!r}", keyword=keyword, pointer=pointer)
+    try:
+        term = _search_term(pattern)
+    except RegexError as error:
+        raise SchemaError(f"pattern {pattern!r}: {error}", keyword=keyword, pointer=pointer) from None
+    return rx.inter(term, ASCII_TEXT) if _UNICODE_CLASSES.search(pattern) else term  # agree with Python's re
 
 
-def pattern_min_length(regex: str) -> int:
-    """Fewest characters any match of `regex` has."""
-    return interegular.parse_pattern(regex).lengths[0]
+def pattern_upper(pattern) -> rx.Rx:
+    """A superset of the contents Python's `re.search(pattern, ...)` accepts (ANYTHING if unsure).
+
+    The term spells `\\d`, `\\w`, `\\s` in ASCII/ECMA terms while Python's re is Unicode-aware, so a
+    pattern using them (or case folding) is not trusted as an upper bound.
+    """
+    if not isinstance(pattern, str) or _UNICODE_CLASSES.search(pattern):
+        return rx.ANYTHING
+    try:
+        return _search_term(pattern)
+    except RegexError:
+        return rx.ANYTHING
 
 
-def _ecma_to_python(pattern: str) -> str:
-    pattern = re.sub(r"\(\?<(?![=!])", "(?P<", pattern)  # named groups
-    return pattern.replace("\\/", "/")
+@lru_cache(maxsize=4096)
+def _search_term(pattern: str) -> rx.Rx:
+    from fsm.rx_parse import parse
+
+    branches = [_anchored(b) for b in _top_level_branches(pattern.replace("\\/", "/"))]
+    return rx.alt(*(rx.seq(ANY_TEXT if not start else rx.EPSILON, parse(body), ANY_TEXT if not end else rx.EPSILON)
+                    for body, start, end in branches))
 
 
-def _anchor(branch: str) -> str:
-    """Search semantics: an unanchored side may have anything before/after it."""
-    start = branch[1:] if branch.startswith("^") else ".*" + branch
-    ends_anchored = start.endswith("$") and not _escaped(start, len(start) - 1)
-    return start[:-1] if ends_anchored else start + ".*"
+def _anchored(branch: str) -> tuple[str, bool, bool]:
+    """(body, anchored at the start, anchored at the end)."""
+    start = branch.startswith("^")
+    body = branch[1:] if start else branch
+    end = body.endswith("$") and not _escaped(body, len(body) - 1)
+    return (body[:-1] if end else body), start, end
 
 
 def _top_level_branches(pattern: str) -> list[str]:
@@ -67,15 +87,3 @@ def _top_level_branches(pattern: str) -> list[str]:
 def _escaped(text: str, index: int) -> bool:
     backslashes = len(text[:index]) - len(text[:index].rstrip("\\"))
     return backslashes % 2 == 1
-
-
-def _check(content: str, pattern: str, pointer: str) -> None:
-    from fsm.regex import _reject_unsound_lookarounds, _reason
-
-    try:
-        re.compile(content)
-        _reject_unsound_lookarounds(interegular.parse_pattern(content), pattern)
-    except RegexError as error:
-        raise SchemaError(f"pattern {pattern!r}: {error}", keyword="pattern", pointer=pointer) from None
-    except Exception as error:
-        raise SchemaError(f"pattern {pattern!r} is not supported: {_reason(error)}", keyword="pattern", pointer=pointer) from None

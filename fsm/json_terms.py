@@ -1,0 +1,225 @@
+"""JSON text as `rx` terms: strings, numbers (exact integer ranges, multipleOf), literals, any value.
+
+Every term here is a set of JSON texts; the compiler in fsm/schema.py combines them. A string
+"character" is one code point, written plainly or as one escape (a surrogate pair is one escape
+unit, lone surrogates are left out), so `repeat(STRING_CHAR, n, m)` counts exactly like a validator.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fsm import rx, utf8
+from fsm.rx import alt, literal, optional, repeat, seq, star
+
+DIGIT = rx.byte_range(0x30, 0x39)
+NONZERO = rx.byte_range(0x31, 0x39)
+HEX = alt(DIGIT, rx.byte_range(0x41, 0x46), rx.byte_range(0x61, 0x66))
+QUOTE = literal('"')
+BACKSLASH = literal("\\")
+
+PLAIN_CHAR = utf8.chars_except([(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)])  # written as itself in a string
+
+
+def _set(chars: str) -> rx.Rx:
+    return alt(*(literal(c) for c in chars))
+
+
+_NOT_D = alt(DIGIT, _set("abcefABCEF"))
+_HEX4 = alt(seq(_NOT_D, HEX, HEX, HEX), seq(_set("dD"), rx.byte_range(0x30, 0x37), HEX, HEX))  # no surrogates
+_PAIR = seq(literal("\\u"), _set("dD"), _set("89abAB"), HEX, HEX, literal("\\u"), _set("dD"), _set("cdefCDEF"), HEX, HEX)
+ESCAPE = alt(seq(BACKSLASH, _set('"\\/bfnrt')), seq(literal("\\u"), _HEX4), _PAIR)
+STRING_CHAR = alt(PLAIN_CHAR, ESCAPE)
+STRING = seq(QUOTE, star(STRING_CHAR), QUOTE)
+# Any JSON string at all (lone surrogate escapes too): for over-approximations.
+LOOSE_STRING = seq(QUOTE, star(alt(PLAIN_CHAR, seq(BACKSLASH, _set('"\\/bfnrt')), seq(literal("\\u"), HEX, HEX, HEX, HEX))), QUOTE)
+
+NATURAL = alt(literal("0"), seq(NONZERO, star(DIGIT)))
+INTEGER = seq(optional(literal("-")), NATURAL)
+_FRACTION = seq(literal("."), repeat(DIGIT, 1))
+_EXPONENT = seq(_set("eE"), optional(_set("+-")), repeat(DIGIT, 1))
+NUMBER = seq(INTEGER, optional(_FRACTION), optional(_EXPONENT))
+BOOLEAN = alt(literal("true"), literal("false"))
+NULL = literal("null")
+SCALAR = alt(STRING, NUMBER, BOOLEAN, NULL)
+
+MAX_MULTIPLE_DIGITS = 15  # multipleOf automata cover integers up to this many digits (exact in floats)
+
+
+def string(low: int = 0, high: int | None = None) -> rx.Rx:
+    """A JSON string with low..high characters (escapes allowed)."""
+    return seq(QUOTE, repeat(STRING_CHAR, low, high), QUOTE)
+
+
+def value_literal(value) -> rx.Rx:
+    """Exactly one JSON value written compactly (object keys in the value's order)."""
+    return literal(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+
+
+def key(name: str) -> rx.Rx:
+    return literal(json.dumps(name, ensure_ascii=False))
+
+
+def plain_key_except(names) -> rx.Rx:
+    """A JSON key written without escapes that differs from every name in `names`."""
+    content = rx.inter(star(PLAIN_CHAR), rx.complement(alt(*(literal(n) for n in names))))
+    return seq(QUOTE, content, QUOTE)
+
+
+# -- containers ------------------------------------------------------------------------------------
+
+
+def delimited(open_: str, close: str, body: rx.Rx, ws: rx.Rx) -> rx.Rx:
+    return seq(literal(open_), ws, body, ws, literal(close))
+
+
+def listing(item: rx.Rx, ws: rx.Rx, low: int = 0, high: int | None = None) -> rx.Rx:
+    """low..high copies of `item` separated by commas (the inside of [] or {})."""
+    sep = seq(ws, literal(","), ws)
+    more = repeat(seq(sep, item), max(low - 1, 0), None if high is None else high - 1)
+    some = seq(item, more) if high is None or high >= 1 else rx.NOTHING
+    return alt(some, rx.EPSILON) if low == 0 else some
+
+
+def member(key_term: rx.Rx, value: rx.Rx, ws: rx.Rx) -> rx.Rx:
+    return seq(key_term, ws, literal(":"), ws, value)
+
+
+def any_value(ws: rx.Rx, depth: int) -> rx.Rx:
+    """Any JSON value (strings with escapes, any key order) with arrays/objects nested <= depth."""
+    if depth <= 0:
+        return SCALAR
+    inner = any_value(ws, depth - 1)
+    array = delimited("[", "]", listing(inner, ws), ws)
+    obj = delimited("{", "}", listing(member(STRING, inner, ws), ws), ws)
+    return alt(SCALAR, array, obj)
+
+
+def counted(kinds: list[tuple[rx.Rx, int]], ws: rx.Rx, low: int, high: int | None) -> rx.Rx:
+    """A comma list of items, each matching a term worth 0 or 1, whose worth sums to low..high."""
+    zero = alt(*(t for t, w in kinds if w == 0))
+    one = alt(*(t for t, w in kinds if w == 1))
+    sep = seq(ws, literal(","), ws)
+    zeros_after = star(seq(sep, zero))
+    first_one = alt(seq(one, zeros_after), seq(zero, zeros_after, sep, one, zeros_after))
+    ones = seq(first_one, repeat(seq(sep, one, zeros_after), max(low - 1, 0), None if high is None else high - 1))
+    if high == 0:
+        ones = rx.NOTHING
+    no_ones = alt(rx.EPSILON, seq(zero, zeros_after)) if low == 0 else rx.NOTHING
+    return alt(ones, no_ones)
+
+
+# -- numbers ---------------------------------------------------------------------------------------
+
+
+def integer_range(low: int | None, high: int | None) -> rx.Rx:
+    """The integers in [low, high] (None = unbounded), canonical spelling, as a term."""
+    if low is None and high is None:
+        return INTEGER
+    parts = []
+    if low is None or low < 0:
+        magnitude_high = None if low is None else -low
+        magnitude_low = 1 if high is None or high >= 0 else -high
+        if magnitude_high is None or magnitude_low <= magnitude_high:
+            parts.append(seq(literal("-"), natural_range(magnitude_low, magnitude_high)))
+    if high is None or high >= 0:
+        lo = 0 if low is None else max(low, 0)
+        if high is None or lo <= high:
+            parts.append(natural_range(lo, high))
+    return alt(*parts)
+
+
+def number_range(low: int | None, high: int | None, low_open: bool, high_open: bool) -> rx.Rx:
+    """Decimal numbers (no exponent) in the interval; bounds are integers or None."""
+    parts = []
+    if low is None or low < 0:  # negative side, as -magnitude with magnitude in [m_low, m_high]
+        m_high, m_high_open = (None, False) if low is None else (-low, low_open)
+        m_low, m_low_open = (0, True) if high is None or high >= 0 else (-high, high_open)
+        parts.append(seq(literal("-"), _magnitude_range(m_low, m_high, m_low_open, m_high_open)))
+    if high is None or high >= 0:
+        lo, lo_open = (0, False) if low is None or low < 0 else (low, low_open)
+        parts.append(_magnitude_range(lo, high, lo_open, high_open))
+    return alt(*parts)
+
+
+def _magnitude_range(low: int, high: int | None, low_open: bool, high_open: bool) -> rx.Rx:
+    any_fraction = optional(_FRACTION)
+    zero_fraction = optional(seq(literal("."), repeat(literal("0"), 1)))
+    nonzero_fraction = seq(literal("."), star(DIGIT), NONZERO, star(DIGIT))
+    if high is not None and (high < low or (high == low and (low_open or high_open))):
+        return rx.NOTHING
+    if high == low:
+        return seq(literal(str(low)), zero_fraction)
+    parts = [seq(literal(str(low)), nonzero_fraction)] if low_open else []
+    first, last = low + 1 if low_open else low, None if high is None else high - 1
+    if last is None or first <= last:
+        parts.append(seq(natural_range(first, last), any_fraction))
+    if high is not None and not high_open:
+        parts.append(seq(literal(str(high)), zero_fraction))
+    return alt(*parts)
+
+
+def natural_range(low: int, high: int | None) -> rx.Rx:
+    """Integers in [low, high] >= 0 without leading zeros."""
+    parts = []
+    top = high if high is not None else 10 ** len(str(low)) - 1
+    for digits in range(len(str(low)), len(str(top)) + 1):
+        lo, hi = max(low, 10 ** (digits - 1) if digits > 1 else 0), min(top, 10**digits - 1)
+        if lo <= hi:
+            parts.append(_same_length(str(lo), str(hi)))
+    if high is None:
+        parts.append(seq(NONZERO, repeat(DIGIT, len(str(low)))))
+    return alt(*parts)
+
+
+def _same_length(a: str, b: str) -> rx.Rx:
+    """Decimal strings of equal length between a and b."""
+    if a == b:
+        return literal(a)
+    if a[0] == b[0]:
+        return seq(literal(a[0]), _same_length(a[1:], b[1:]))
+    rest = len(a) - 1
+    low_part = seq(literal(a[0]), _same_length(a[1:], "9" * rest))
+    middle = seq(rx.byte_range(ord(a[0]) + 1, ord(b[0]) - 1), repeat(DIGIT, rest, rest)) if int(b[0]) - int(a[0]) > 1 else rx.NOTHING
+    return alt(low_part, middle, seq(literal(b[0]), _same_length("0" * rest, b[1:])))
+
+
+def multiple_of(step: int, integer: bool) -> rx.Rx:
+    """Integers divisible by `step` (with up to MAX_MULTIPLE_DIGITS digits); `integer` False also
+    allows a fraction of zeros (10.0). A mod-`step` automaton unrolled over digit positions."""
+    memo: dict[tuple[int, int], rx.Rx] = {}
+
+    def rest(remainder: int, left: int) -> rx.Rx:  # the digits after a prefix with this remainder
+        if (remainder, left) not in memo:
+            more = [seq(literal(str(d)), rest((remainder * 10 + d) % step, left - 1)) for d in range(10)] if left else []
+            memo[remainder, left] = alt(rx.EPSILON if remainder == 0 else rx.NOTHING, *more)
+        return memo[remainder, left]
+
+    n = MAX_MULTIPLE_DIGITS
+    natural = alt(literal("0"), *(seq(literal(str(d)), rest(d % step, n - 1)) for d in range(1, 10)))
+    whole = seq(optional(literal("-")), natural)
+    return whole if integer else seq(whole, optional(seq(literal("."), repeat(literal("0"), 1))))
+
+
+# -- every spelling of a string (for over-approximations) -----------------------------------------
+
+_SHORT = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+
+
+def spellings(text: str) -> rx.Rx:
+    """Every way to write the content of the JSON string `text` (plain, short or \\u escapes)."""
+    return seq(*(_char_spellings(c) for c in text))
+
+
+def _char_spellings(c: str) -> rx.Rx:
+    options = [] if c in '"\\' or ord(c) < 0x20 else [literal(c)]
+    if c in _SHORT:
+        options.append(literal("\\" + _SHORT[c]))
+    units = c.encode("utf-16-be")
+    hexes = [f"{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2)]
+    options.append(seq(*(seq(literal("\\u"), *(_hex_digit(h) for h in unit)) for unit in hexes)))
+    return alt(*options)
+
+
+def _hex_digit(h: str) -> rx.Rx:
+    return alt(literal(h), literal(h.upper()))

@@ -1,0 +1,116 @@
+"""Object schemas -> terms: properties in schema order, extra keys (additionalProperties,
+patternProperties, propertyNames), and minProperties/maxProperties as an intersection with a count."""
+
+from __future__ import annotations
+
+import json
+from itertools import product
+
+from fsm import json_terms as jt
+from fsm import rx
+from fsm.errors import SchemaError
+from fsm.patterns import pattern_term
+
+MAX_PATTERNS = 4  # patternProperties: extra keys are split by which patterns they match (2^n cases)
+
+
+def type_object(c, schema: dict, pointer: str) -> rx.Rx:
+    properties, required = schema.get("properties", {}), schema.get("required", [])
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        raise SchemaError("properties must be an object and required an array", keyword="properties", pointer=pointer)
+    patterns = _patterns(schema, pointer)
+    closed = schema.get("unevaluatedProperties") is False or not c.open_objects
+    extra = schema.get("additionalProperties", False if closed else True)
+    names = c.compile(schema["propertyNames"], f"{pointer}/propertyNames") if "propertyNames" in schema else None
+    declared = dict(properties)
+    for name in required:
+        declared.setdefault(name, schema.get("additionalProperties", True))  # required names are never "extra"
+    members = [_declared(c, name, sub, name in required, patterns, names, pointer) for name, sub in declared.items()]
+    extras = _extras(c, list(declared), patterns, extra, names, pointer)
+    term = jt.delimited("{", "}", ordered_members(members, extras, c.ws), c.ws)
+    return rx.inter(term, _count(c, schema, list(declared), pointer))
+
+
+def _patterns(schema: dict, pointer: str) -> list[tuple[rx.Rx, object, str]]:
+    found = schema.get("patternProperties", {})
+    if not isinstance(found, dict):
+        raise SchemaError("must be an object", keyword="patternProperties", pointer=pointer)
+    if len(found) > MAX_PATTERNS:
+        raise SchemaError(f"more than {MAX_PATTERNS} patternProperties", keyword="patternProperties", pointer=pointer)
+    where = f"{pointer}/patternProperties"
+    return [(pattern_term(p, where, "patternProperties"), sub, f"{where}/{_escape(p)}") for p, sub in found.items()]
+
+
+def _declared(c, name: str, subschema, required: bool, patterns, names, pointer: str) -> tuple[rx.Rx, str]:
+    """(member term, "required" | "optional"); NOTHING when the property cannot appear."""
+    value = c.compile(subschema, f"{pointer}/properties/{_escape(name)}")
+    for content, sub, where in patterns:
+        if rx.matches(content, name):
+            value = rx.inter(value, c.compile(sub, where))
+    key = jt.key(name)
+    if names is not None and not rx.matches(names, json.dumps(name, ensure_ascii=False)):
+        value = rx.NOTHING
+    return jt.member(key, value, c.ws), "required" if required else "optional"
+
+
+def _extras(c, declared: list[str], patterns, extra, names, pointer: str) -> rx.Rx:
+    """One member whose key is not declared: split by the patterns the key matches."""
+    options = []
+    for chosen in product((True, False), repeat=len(patterns)):
+        content = rx.inter(rx.star(jt.PLAIN_CHAR), rx.complement(rx.alt(*(rx.literal(n) for n in declared))))
+        values = []
+        for (term, sub, where), hit in zip(patterns, chosen):
+            content = rx.inter(content, term if hit else rx.complement(term))
+            values.append(c.compile(sub, where)) if hit else None
+        if not any(chosen):
+            values = [c.compile(extra, f"{pointer}/additionalProperties")] if extra is not False else [rx.NOTHING]
+        key = rx.seq(jt.QUOTE, content, jt.QUOTE)
+        options.append(jt.member(rx.inter(key, names) if names is not None else key, rx.inter(*values), c.ws))
+    return rx.alt(*options)
+
+
+def ordered_members(members: list[tuple[rx.Rx, str]], extra: rx.Rx, ws: rx.Rx) -> rx.Rx:
+    """The inside of `{...}`: members in order (required or optional), then any number of `extra`."""
+    sep = rx.seq(ws, rx.literal(","), ws)
+    after = rx.star(rx.seq(sep, extra))  # after[i]: members i.. once an earlier one was written
+    afters = [after]
+    for term, kind in reversed(members):
+        one = rx.seq(sep, term)
+        after = rx.seq(one if kind == "required" else rx.optional(one), after)
+        afters.append(after)
+    afters.reverse()
+    starts = []
+    for i, (term, kind) in enumerate(members):  # the first written member is i
+        starts.append(rx.seq(term, afters[i + 1]))
+        if kind == "required":
+            break
+    else:
+        starts += [rx.seq(extra, afters[-1]), rx.EPSILON]
+    return rx.alt(*starts)
+
+
+def _count(c, schema: dict, declared: list[str], pointer: str) -> rx.Rx:
+    """Objects with min..max members. Extra keys may repeat (a parser keeps one), so the lower bound
+    counts declared keys and at most one extra key, and the upper bound counts every member."""
+    from fsm.schema_types import natural
+
+    low, high = natural(schema, "minProperties", pointer, 0), natural(schema, "maxProperties", pointer, None)
+    if low == 0 and high is None:
+        return rx.ANYTHING
+    if low > len(declared) + 1:
+        raise SchemaError(f"minProperties {low} needs distinct extra keys, which a regular language cannot track",
+                          keyword="minProperties", pointer=pointer)
+    any_member = jt.member(jt.STRING, c.skeleton, c.ws)
+    declared_member = jt.member(rx.alt(*(jt.key(n) for n in declared)), c.skeleton, c.ws)
+    extra_member = jt.member(jt.plain_key_except(declared), c.skeleton, c.ws)
+    kinds = [(declared_member, 1), (any_member, 0)]
+    at_least = jt.counted(kinds, c.ws, low, None)
+    if low >= 1:
+        one_extra = jt.counted([(extra_member, 1), (any_member, 0)], c.ws, 1, None)
+        at_least = rx.alt(at_least, rx.inter(jt.counted(kinds, c.ws, low - 1, None), one_extra))
+    at_most = jt.counted([(any_member, 1)], c.ws, 0, high)
+    return jt.delimited("{", "}", rx.inter(at_least, at_most), c.ws)
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,199 @@
+"""Typed schemas -> terms: scalars, strings, numbers, arrays; `enum`/`const`; `dependencies` by cases."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from fsm import json_terms as jt
+from fsm import rx
+from fsm.errors import SchemaError
+from fsm.formats import format_term
+from fsm.patterns import pattern_term
+from fsm.utf8 import ANY_CHAR
+
+TYPE_KEYWORDS = {
+    "object": {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+               "minProperties", "maxProperties", "unevaluatedProperties"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+}
+TYPE_KEYWORDS["integer"] = TYPE_KEYWORDS["number"]
+ALL_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+MAX_MULTIPLE = 1000  # larger multipleOf steps raise (the automaton has step x digits states)
+MAX_DEPENDENCY_CASES = 16
+
+
+def typed(c, schema: dict, pointer: str) -> rx.Rx:
+    types = schema.get("type")
+    if types is None:  # the types its keywords constrain (a subset of what a validator allows)
+        implied = [t for t in ALL_TYPES if TYPE_KEYWORDS.get(t, set()) & schema.keys()]
+        types = implied or list(ALL_TYPES)
+    types = [types] if isinstance(types, str) else types
+    unknown = [t for t in types if t not in ALL_TYPES]
+    if unknown or not types or not isinstance(types, list):
+        raise SchemaError(f"unknown type {unknown[0] if unknown else types!r}", keyword="type", pointer=pointer)
+    if "integer" in types and "number" in types:
+        types = [t for t in types if t != "integer"]
+    from fsm.schema_objects import type_object
+
+    build = {"null": lambda *_: jt.NULL, "boolean": lambda *_: jt.BOOLEAN, "string": type_string, "integer": type_integer,
+             "number": type_number, "array": type_array, "object": type_object}
+    return rx.alt(*(build[t](c, schema, pointer) for t in types))
+
+
+def constants(c, schema: dict, pointer: str) -> rx.Rx:
+    """The listed values that the other keywords' term also matches."""
+    keyword = "const" if "const" in schema else "enum"
+    values = [schema["const"]] if keyword == "const" else schema["enum"]
+    if not isinstance(values, list) or (keyword == "enum" and not values):
+        raise SchemaError("must be a non-empty array", keyword=keyword, pointer=pointer)
+    rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
+    check = c.compile(rest, pointer) if rest else None
+    texts = dict.fromkeys(json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in values)
+    kept = [rx.literal(t) for t in texts if check is None or rx.matches(check, t)]
+    return rx.alt(*kept)
+
+
+def dependencies(c, schema: dict, pointer: str) -> rx.Rx:
+    """dependentRequired / dependentSchemas / dependencies as a union of cases: trigger absent | present."""
+    rules = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}), **schema.get("dependentSchemas", {})}
+    rest = {k: v for k, v in schema.items() if k not in ("dependencies", "dependentRequired", "dependentSchemas")}
+    required = set(rest.get("required", []))
+    cases = [rest]
+    for name, rule in rules.items():
+        if not isinstance(rule, (list, dict, bool)):
+            raise SchemaError("must be an array of names or a schema", keyword="dependencies", pointer=pointer)
+        present = ({"required": rule} if isinstance(rule, list) else rule)
+        if name in required:
+            cases = [{"allOf": [case, present]} for case in cases]
+        else:
+            absent = {"properties": {name: False}}
+            present = {"allOf": [{"required": [name]}, present]}
+            cases = [{"allOf": [case, part]} for case in cases for part in (absent, present)]
+        if len(cases) > MAX_DEPENDENCY_CASES:
+            raise SchemaError("too many dependencies to split into cases", keyword="dependencies", pointer=pointer)
+    return rx.alt(*(c.compile(case, pointer) for case in cases))
+
+
+# -- strings and numbers ---------------------------------------------------------------------------
+
+
+def type_string(c, schema: dict, pointer: str) -> rx.Rx:
+    low = natural(schema, "minLength", pointer, 0)
+    high = natural(schema, "maxLength", pointer, None)
+    if high is not None and low > high:
+        raise SchemaError(f"no string is between {low} and {high} characters long", keyword="maxLength", pointer=pointer)
+    patterns = schema.get("pattern", [])
+    content = [pattern_term(p, pointer) for p in (patterns if isinstance(patterns, list) else [patterns])]
+    if "format" in schema:
+        content += _format(c, schema["format"], pointer)
+    if not content:
+        return jt.string(low, high)
+    inside = rx.inter(rx.star(jt.PLAIN_CHAR), rx.repeat(ANY_CHAR, low, high), *content)  # no escapes
+    return rx.seq(jt.QUOTE, inside, jt.QUOTE)
+
+
+def _format(c, name, pointer: str) -> list[rx.Rx]:
+    if not isinstance(name, str):
+        raise SchemaError(f"must be a string, not {name!r}", keyword="format", pointer=pointer)
+    try:
+        term = format_term(name)
+    except KeyError:
+        raise SchemaError(f"format {name!r} is checked by validators but not supported", keyword="format", pointer=pointer) from None
+    if term is None:
+        c.notes.append(f"format {name!r} ignored at {pointer} (validators ignore it)")
+        return []
+    return [term]
+
+
+def type_integer(c, schema: dict, pointer: str) -> rx.Rx:
+    low, high = integer_bounds(numeric_bounds(schema, pointer))
+    term = jt.integer_range(low, high)
+    if term is rx.NOTHING:
+        raise SchemaError("no integer satisfies the bounds", keyword="minimum", pointer=pointer)
+    return rx.inter(term, _multiple(schema, pointer, integer=True))
+
+
+def type_number(c, schema: dict, pointer: str) -> rx.Rx:
+    bounds = numeric_bounds(schema, pointer)
+    term = jt.NUMBER
+    if bounds:
+        low, low_open = _bound(bounds, "minimum", "exclusiveMinimum", pointer)
+        high, high_open = _bound(bounds, "maximum", "exclusiveMaximum", pointer)
+        term = jt.number_range(low, high, low_open, high_open)
+        if term is rx.NOTHING:
+            raise SchemaError("no number satisfies the bounds", keyword="minimum", pointer=pointer)
+    return rx.inter(term, _multiple(schema, pointer, integer=False))
+
+
+def _multiple(schema: dict, pointer: str, integer: bool) -> rx.Rx:
+    step = schema.get("multipleOf")
+    if step is None:
+        return rx.ANYTHING
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
+        raise SchemaError(f"must be a positive number, not {step!r}", keyword="multipleOf", pointer=pointer)
+    if integer and isinstance(step, float) and (1 / step).is_integer():
+        return rx.ANYTHING  # every integer is a multiple of 1/n
+    if float(step).is_integer() and step <= MAX_MULTIPLE:
+        return rx.ANYTHING if step == 1 and integer else jt.multiple_of(int(step), integer)
+    raise SchemaError(f"multipleOf {step} is not supported (integer steps up to {MAX_MULTIPLE})", keyword="multipleOf", pointer=pointer)
+
+
+def numeric_bounds(schema: dict, pointer: str) -> dict:
+    keys = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+    bounds = {k: schema[k] for k in keys if k in schema}
+    for k, v in bounds.items():
+        if isinstance(v, bool) and k.startswith("exclusive"):
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise SchemaError(f"must be a number, not {v!r}", keyword=k, pointer=pointer)
+    return bounds
+
+
+def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """Inclusive integer bounds from minimum/maximum/exclusive* (draft 4 booleans and draft 6+ numbers)."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    if low is not None:
+        low = math.floor(low) + 1 if schema.get("exclusiveMinimum") is True and low == int(low) else math.ceil(low)
+    if high is not None:
+        high = math.ceil(high) - 1 if schema.get("exclusiveMaximum") is True and high == int(high) else math.floor(high)
+    for key, side in (("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
+        value = schema.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            bound = math.floor(value) + 1 if side == 1 else math.ceil(value) - 1
+            if side == 1:
+                low = bound if low is None else max(low, bound)
+            else:
+                high = bound if high is None else min(high, bound)
+    return low, high
+
+
+def _bound(bounds: dict, inclusive: str, exclusive: str, pointer: str) -> tuple[int | None, bool]:
+    """One side of a number interval as (integer bound or None, open?)."""
+    value, is_open = bounds.get(inclusive), bounds.get(exclusive) is True
+    other = bounds.get(exclusive)
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        tighter = value is None or (other >= value if inclusive == "minimum" else other <= value)
+        value, is_open = (other, True) if tighter else (value, False)
+    if value is not None and value != int(value):
+        raise SchemaError(f"non-integer bound {value} on a number is not supported", keyword=inclusive, pointer=pointer)
+    return (None if value is None else int(value)), is_open
+
+
+def natural(schema: dict, keyword: str, pointer: str, default):
+    value = schema.get(keyword, default)
+    if value is default:
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SchemaError(f"must be a non-negative integer, not {value!r}", keyword=keyword, pointer=pointer)
+    return value
+
+
+def type_array(c, schema: dict, pointer: str) -> rx.Rx:
+    from fsm.schema_arrays import type_array as build
+
+    return build(c, schema, pointer)

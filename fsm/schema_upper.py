@@ -1,0 +1,139 @@
+"""Over-approximation U(S): a term containing every JSON text (in the compiler's whitespace policy)
+that is valid under S. Ignoring a keyword is always safe here, so U only follows the keywords that
+make `not`, `oneOf` and `if` useful: types, constants, string patterns, required keys with their values.
+
+    L(not S) = L(rest) ∩ ¬U(S)        U(not S) = ¬L(S)
+"""
+
+from __future__ import annotations
+
+from fsm import json_terms as jt
+from fsm import rx
+from fsm.errors import SchemaError
+from fsm.patterns import pattern_upper
+from fsm.utf8 import ANY_CHAR
+
+ANY = rx.ANYTHING
+OBJECT = rx.seq(rx.literal("{"), ANY)
+ARRAY = rx.seq(rx.literal("["), ANY)
+ESCAPED_STRING = rx.inter(jt.LOOSE_STRING, rx.seq(ANY, jt.BACKSLASH, ANY))
+UPPER_TYPES = {"null": jt.NULL, "boolean": jt.BOOLEAN, "array": ARRAY}
+_EXPONENT_FORMS = rx.inter(jt.NUMBER, rx.seq(ANY, rx.alt(rx.literal("e"), rx.literal("E")), ANY))
+_NEGATIVE_ZERO = rx.seq(rx.literal("-0"), rx.optional(rx.seq(rx.literal("."), rx.repeat(rx.literal("0"), 1))))
+INTEGER_SPELLINGS = rx.alt(jt.INTEGER, rx.seq(jt.INTEGER, rx.literal("."), rx.repeat(rx.literal("0"), 1)), _EXPONENT_FORMS)
+
+
+class Upper:
+    """U for the schemas of one compiler (same root, whitespace and L for `not` inside)."""
+
+    def __init__(self, compiler):
+        self.c, self.memo, self.active = compiler, {}, set()
+
+    def __call__(self, schema, pointer: str) -> rx.Rx:
+        if schema is True or schema == {} or not isinstance(schema, (dict, bool)):
+            return ANY
+        if schema is False:
+            return rx.NOTHING
+        parts = [self._typed(schema)]
+        if "$ref" in schema:
+            parts.append(self._ref(schema["$ref"]))
+        parts += [self(s, pointer) for s in _list(schema.get("allOf"))]
+        for keyword in ("anyOf", "oneOf"):
+            if _list(schema.get(keyword)):
+                parts.append(rx.alt(*(self(s, pointer) for s in schema[keyword])))
+        if "not" in schema:
+            parts.append(self._negated(schema["not"], pointer))
+        if "if" in schema:
+            parts.append(rx.alt(self(schema.get("then", True), pointer), self(schema.get("else", True), pointer)))
+        if "const" in schema or isinstance(schema.get("enum"), list):
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            parts.append(rx.alt(*(_value(v) for v in values)))
+        return rx.inter(*parts)
+
+    def _ref(self, ref) -> rx.Rx:
+        if not isinstance(ref, str) or ref in self.active:
+            return ANY  # a cycle: anything is a safe over-approximation
+        if ref not in self.memo:
+            try:
+                target = self.c.resolve(ref, "#")
+            except SchemaError:
+                return ANY
+            self.active.add(ref)
+            try:
+                self.memo[ref] = self(target, ref)
+            finally:
+                self.active.discard(ref)
+        return self.memo[ref]
+
+    def _negated(self, schema, pointer: str) -> rx.Rx:
+        try:
+            return rx.complement(self.c.compile(schema, f"{pointer}/not"))
+        except SchemaError:
+            return ANY
+
+    def _typed(self, schema: dict) -> rx.Rx:
+        types = schema.get("type", ["null", "boolean", "array", "string", "object", "number"])
+        types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+        build = {"string": self._string, "object": self._object, "number": _number,
+                 "integer": lambda s: rx.inter(_number(s), INTEGER_SPELLINGS)}
+        return rx.alt(*(build[t](schema) if t in build else UPPER_TYPES.get(t, ANY) for t in types)) if types else ANY
+
+    def _string(self, schema: dict) -> rx.Rx:
+        patterns = schema.get("pattern", [])
+        content = [pattern_upper(p) for p in (patterns if isinstance(patterns, list) else [patterns])]
+        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        if isinstance(low, int) and (high is None or isinstance(high, int)):
+            content.append(rx.repeat(ANY_CHAR, low, high))
+        plain = rx.seq(jt.QUOTE, rx.inter(rx.star(jt.PLAIN_CHAR), *content), jt.QUOTE)
+        return rx.alt(plain, ESCAPED_STRING)  # lengths and patterns are not checked through escapes
+
+    def _object(self, schema: dict) -> rx.Rx:
+        """Objects in which each required key occurs somewhere followed by a value in its U."""
+        properties = schema.get("properties", {}) if isinstance(schema.get("properties"), dict) else {}
+        parts = [OBJECT]
+        for name in _list(schema.get("required")):
+            if isinstance(name, str):
+                value = self(properties.get(name, True), "#")
+                key = rx.seq(jt.QUOTE, jt.spellings(name), jt.QUOTE)
+                parts.append(rx.seq(ANY, jt.member(key, value, self.c.ws), ANY))
+        return rx.inter(*parts)
+
+
+def _number(schema: dict) -> rx.Rx:
+    """Numbers within integer-valued bounds (any spelling), else any number."""
+    from fsm.schema_types import _bound, numeric_bounds
+
+    try:
+        bounds = numeric_bounds(schema, "#")
+        low, low_open = _bound(bounds, "minimum", "exclusiveMinimum", "#")
+        high, high_open = _bound(bounds, "maximum", "exclusiveMaximum", "#")
+    except SchemaError:
+        return jt.NUMBER
+    if not bounds:
+        return jt.NUMBER
+    return rx.alt(jt.number_range(low, high, low_open, high_open), _EXPONENT_FORMS, _NEGATIVE_ZERO)
+
+
+def _value(value) -> rx.Rx:
+    """Every spelling of `value` (coarse for numbers, arrays and objects)."""
+    if value is None or isinstance(value, bool):
+        return jt.value_literal(value)
+    if isinstance(value, str):
+        return rx.seq(jt.QUOTE, jt.spellings(value), jt.QUOTE)
+    if isinstance(value, (int, float)):
+        return _number_spellings(value)
+    return ARRAY if isinstance(value, list) else OBJECT
+
+
+def _number_spellings(value: int | float) -> rx.Rx:
+    """Every decimal spelling of a number (trailing zeros, -0) plus every exponent form."""
+    text = str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else jt.json.dumps(value)
+    if "e" in text or "inf" in text.lower() or "nan" in text.lower():
+        return jt.NUMBER
+    zeros = rx.star(rx.literal("0"))
+    decimal = rx.seq(rx.literal(text), rx.seq(rx.literal("."), rx.repeat(rx.literal("0"), 1)) if "." not in text else zeros)
+    return rx.alt(rx.literal(text), decimal, _EXPONENT_FORMS, _NEGATIVE_ZERO if value == 0 else rx.NOTHING)
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
