@@ -6,9 +6,10 @@ from functools import lru_cache
 
 import torch
 
+from fsm import rx
 from fsm.errors import InvalidTokenError
 from fsm.index import FINISHED, TokenIndex
-from fsm.regex import DEAD, compile_regex
+from fsm.regex import DEAD, compile_regex, dfa_of
 from fsm.schema import regex_from_schema
 from fsm.vocabulary import vocabulary_from_tokenizer
 
@@ -16,8 +17,9 @@ from fsm.vocabulary import vocabulary_from_tokenizer
 class Guide:
     """Which tokens may come next under a regex or JSON Schema, and which are forced.
 
-    Build one with `Guide.from_schema` or `Guide.from_regex`; the compiled index is cached per
-    (pattern, tokenizer, vocab_size, eos ids), so a second guide for the same constraint is free.
+    Build one with `Guide.from_schema`, `Guide.from_regex` or `Guide.from_rx`; the index is cached
+    per (term, tokenizer, vocab_size, eos ids), and terms are interned, so a second guide for the same
+    constraint is free.
     """
 
     __slots__ = ("index", "state")
@@ -33,7 +35,7 @@ class Guide:
         Parameters
         ----------
         pattern : str
-            The regex. Lookbehinds, negative lookaheads, backreferences and inner anchors raise
+            The regex. Lookbehinds, backreferences, word boundaries and inner anchors raise
             `fsm.RegexError`.
         tokenizer : transformers tokenizer
         vocab_size : int, optional
@@ -41,9 +43,17 @@ class Guide:
         eos_token_ids : sequence of int, optional
             Ids that end the text; default: the tokenizer's EOS.
         """
+        return cls.from_rx(compile_regex(pattern).root, tokenizer, vocab_size, eos_token_ids)
+
+    @classmethod
+    def from_rx(cls, term: rx.Rx, tokenizer, vocab_size: int | None = None, eos_token_ids=None) -> "Guide":
+        """Guide for text whose UTF-8 bytes are in `term` (an `fsm.rx` term).
+
+        Parameters are those of `from_regex`; raises `fsm.RegexError` when `term` matches nothing.
+        """
         eos = None if eos_token_ids is None else tuple(sorted(set(eos_token_ids)))
         vocabulary = vocabulary_from_tokenizer(tokenizer, vocab_size, eos)
-        return cls(_cached_index(pattern, vocabulary))
+        return cls(_cached_index(term, vocabulary))
 
     @classmethod
     def from_schema(cls, schema, tokenizer, vocab_size: int | None = None, eos_token_ids=None, **options) -> "Guide":
@@ -73,7 +83,7 @@ class Guide:
         """Move past `token_id`; raises `fsm.InvalidTokenError` if it is not allowed here."""
         nxt = self.index.next_state(self.state, int(token_id))
         if nxt == DEAD:
-            raise InvalidTokenError(f"token {token_id} is not allowed in state {self.state} of {self._name()}")
+            raise InvalidTokenError(f"token {token_id} is not allowed in state {self.state} of {self.index.dfa.name()}")
         self.state = nxt
 
     def forced(self) -> list[int]:
@@ -97,11 +107,7 @@ class Guide:
     def copy(self) -> "Guide":
         return Guide(self.index, self.state)
 
-    def _name(self) -> str:
-        pattern = self.index.dfa.pattern
-        return f"regex {pattern[:60]!r}{'...' if len(pattern) > 60 else ''}"
-
 
 @lru_cache(maxsize=32)
-def _cached_index(pattern: str, vocabulary) -> TokenIndex:
-    return TokenIndex(compile_regex(pattern), vocabulary)
+def _cached_index(term: rx.Rx, vocabulary) -> TokenIndex:
+    return TokenIndex(dfa_of(term), vocabulary)

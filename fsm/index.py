@@ -1,9 +1,9 @@
 """TokenIndex: which token ids a DFA state allows, where each leads, and which tokens are forced.
 
 States are indexed lazily, on their first visit, by walking every token's bytes through the DFA at
-once (numpy over all tokens, one column of bytes per step, dropping tokens as they die). Results are
-cached, so a revisit costs a dictionary lookup. The index is logically immutable: the caches only
-memoize pure functions of (DFA, vocabulary).
+once (numpy over all tokens, one column of bytes per step, dropping tokens as they die); the DFA
+itself grows lazily under that walk. Results are cached, so a revisit costs a dictionary lookup.
+The index is logically immutable: the caches only memoize pure functions of (DFA, vocabulary).
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fsm.regex import DEAD, ByteDFA
+from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
+# Bytes that occur in UTF-8 text (not C0, C1, F5-FF): the terms denote UTF-8 text, so only these
+# bytes can lie on a live transition.
+UTF8_BYTES = frozenset(range(256)) - {0xC0, 0xC1} - frozenset(range(0xF5, 0x100))
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,7 +36,7 @@ class StateInfo:
 class TokenIndex:
     """Token-level view of a byte DFA for one vocabulary (see the module docstring)."""
 
-    dfa: ByteDFA
+    dfa: LazyDFA
     vocabulary: Vocabulary
     _states: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
@@ -77,7 +80,7 @@ class TokenIndex:
             ids = np.asarray(self.vocabulary.eos_token_ids[:1], dtype=np.int64)
             nexts = np.full(len(ids), FINISHED, dtype=np.int64)
         else:
-            ids, nexts = _walk_all_tokens(self.dfa.transitions, self.vocabulary, state)
+            ids, nexts = _walk_all_tokens(self.dfa, self.vocabulary, state)
             if self._live is not None:
                 keep = self._live[nexts]
                 ids, nexts = ids[keep], nexts[keep]
@@ -118,25 +121,25 @@ class TokenIndex:
         return tokens, starts
 
     def _needs_token_crawl(self) -> bool:
-        """Byte liveness equals token liveness when every byte on an edge is a token by itself."""
-        used = np.unique(np.nonzero(self.dfa.transitions != DEAD)[1])
-        return not set(used.tolist()) <= self.vocabulary.single_bytes
+        """Byte liveness equals token liveness when every byte of UTF-8 text is a token by itself."""
+        return not UTF8_BYTES <= self.vocabulary.single_bytes
 
 
-def _walk_all_tokens(transitions: np.ndarray, vocabulary: Vocabulary, state: int):
+def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     """Walk every token from `state`; return the (ids, end states) of those that survive."""
     layout = vocabulary.walk_layout
-    positions = np.arange(len(layout.order))  # rows of layout.order still alive, ascending
-    states = np.full(len(positions), state, dtype=np.int64)
+    first = dfa.row(state)[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
+    positions = np.flatnonzero(first != DEAD)  # rows of layout.order still alive, ascending
+    states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
     done_pos, done_states = [], []
-    for j, column in enumerate(layout.columns):
+    for j, column in enumerate(layout.columns[1:], start=1):
         ended = int(np.searchsorted(positions, layout.counts[j]))  # shorter tokens have ended
         done_pos.append(positions[ended:])
         done_states.append(states[ended:])
         positions, states = positions[:ended], states[:ended]
         if not len(positions):
             break
-        states = transitions[states, column[positions]]
+        states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
     done_pos.append(positions)
@@ -145,15 +148,16 @@ def _walk_all_tokens(transitions: np.ndarray, vocabulary: Vocabulary, state: int
     return ids, np.concatenate(done_states).astype(np.int64)
 
 
-def _forced_text(dfa: ByteDFA, state: int) -> str:
+def _forced_text(dfa: LazyDFA, state: int) -> str:
     """The longest byte string every continuation starts with, cut to whole UTF-8 characters."""
     out = bytearray()
     while not dfa.accepting[state]:
-        targets = np.flatnonzero(dfa.transitions[state] != DEAD)
+        row = dfa.row(state)
+        targets = np.flatnonzero(row != DEAD)
         if len(targets) != 1:
             break
         out.append(int(targets[0]))
-        state = int(dfa.transitions[state, targets[0]])
+        state = int(row[targets[0]])
     return _utf8_prefix(bytes(out))
 
 
@@ -171,7 +175,7 @@ def _token_live_states(index: TokenIndex) -> np.ndarray:
     edges, seen, frontier = {}, {0}, [0]
     while frontier:
         state = frontier.pop()
-        _, nexts = _walk_all_tokens(index.dfa.transitions, index.vocabulary, state)
+        _, nexts = _walk_all_tokens(index.dfa, index.vocabulary, state)
         edges[state] = set(nexts.tolist())
         new = edges[state] - seen
         seen |= new

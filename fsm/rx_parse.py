@@ -33,6 +33,7 @@ _NEGATED = {C.CATEGORY_NOT_DIGIT: C.CATEGORY_DIGIT, C.CATEGORY_NOT_WORD: C.CATEG
             C.CATEGORY_NOT_SPACE: C.CATEGORY_SPACE, C.CATEGORY_NOT_LINEBREAK: C.CATEGORY_LINEBREAK}
 _STARTS = (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
 _ENDS = (C.AT_END, C.AT_END_STRING)
+_MAX_UNROLL = 64
 _UNSUPPORTED = {
     C.GROUPREF: "backreferences cannot be expressed by a finite automaton",
     C.GROUPREF_EXISTS: "conditional groups (?(id)...) cannot be expressed by a finite automaton",
@@ -110,19 +111,29 @@ class _Converter:
             _, add, remove, items = av
             return self.sequence(list(items), k, (flags | add) & ~remove, at_start)
         if op in (C.MAX_REPEAT, C.MIN_REPEAT):
-            return rx.seq(self.repeat(av, flags), k)
+            return self.repeat(av, k, flags)
         if op in (C.ASSERT, C.ASSERT_NOT):
             return self.lookahead(op, av, k, flags)
         if op is C.AT:
             return self.anchor(av, k, flags, at_start)
         self.fail(f"{op} is not supported")
 
-    def repeat(self, av, flags: int) -> rx.Rx:
+    def repeat(self, av, k: rx.Rx, flags: int) -> rx.Rx:
         low, high, items = av
         if _needs_k(items):
-            self.fail("a lookahead or anchor inside a repetition cannot be expressed exactly")
+            return self.unrolled(list(items), low, high, k, flags)
         body = self.sequence(list(items), rx.EPSILON, flags, False)
-        return rx.repeat(body, low, None if high == C.MAXREPEAT else high)
+        return rx.seq(rx.repeat(body, low, None if high == C.MAXREPEAT else high), k)
+
+    def unrolled(self, items: list, low: int, high: int, k: rx.Rx, flags: int) -> rx.Rx:
+        """X{low,high}·k as copies of X, each with its own continuation (a lookahead sees past X)."""
+        if high == C.MAXREPEAT or high > _MAX_UNROLL:
+            self.fail("a lookahead or anchor inside an unbounded (or over 64 times) repetition cannot be expressed exactly")
+        for _ in range(high - low):  # optional copies, innermost first: k | X·k | X·X·k ...
+            k = rx.alt(k, self.sequence(items, k, flags, False))
+        for _ in range(low):
+            k = self.sequence(items, k, flags, False)
+        return k
 
     def lookahead(self, op, av, k: rx.Rx, flags: int) -> rx.Rx:
         direction, items = av

@@ -11,7 +11,8 @@ from fsm.regex import DEAD
 
 
 def distances_to_accept(dfa) -> np.ndarray:
-    """Fewest bytes from each DFA state to an accepting state."""
+    """Fewest bytes from each DFA state to an accepting state (expands the whole lazy DFA)."""
+    dfa.explore_all()
     dist = np.where(dfa.accepting, 0, np.iinfo(np.int32).max).astype(np.int64)
     while True:
         targets = dfa.transitions

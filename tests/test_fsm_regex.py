@@ -19,10 +19,11 @@ PATTERNS = [
     r'(?=[a-z]{2,4}".*)[a-c]+x*"',  # positive lookahead = intersection
     r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?",
     r"\.|\\|\"",
+    r"(?!ab)[a-c]{2}x?",  # negative lookahead = intersection with a complement
 ]
 
 
-@pytest.mark.parametrize("pattern", [p for p in PATTERNS if "(?=" not in p])  # hypothesis cannot draw those
+@pytest.mark.parametrize("pattern", [p for p in PATTERNS if "(?=" not in p and "(?!" not in p])  # no lookaheads
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_accepts_what_re_fullmatches(pattern, data):
@@ -62,11 +63,23 @@ def test_outer_anchors_are_redundant():
     assert compile_regex("^ab$").fullmatch(b"ab")
 
 
+def test_an_empty_language_is_an_error():
+    with pytest.raises(RegexError, match="matches no string"):
+        compile_regex(r"(?=a)b")
+
+
+def test_states_are_discovered_lazily():
+    dfa = compile_regex(r"[0-9]{3}-[a-z]{2}(?:)")  # a pattern no other test compiles
+    assert dfa.n_states == 1  # only the root until something is walked
+    assert dfa.walk(b"12") >= 0 and dfa.n_states <= 4
+    assert dfa.explore_all().n_states == 7 and dfa.fullmatch(b"123-ab")
+
+
 @pytest.mark.parametrize(
     "pattern, reason",
     [
         (r"(?<=a)b", "lookbehind"),
-        (r"(?!a)b", "negative lookahead"),
+        (r"((?!a)b)*", "repetition"),
         (r"(a)\1", "backreference"),
         (r"a^b", "anchor"),
         (r"a$b", "anchor"),

@@ -9,12 +9,14 @@ from __future__ import annotations
 import re
 from collections import deque
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fsm import rx, utf8
 from fsm.errors import RegexError
+from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.rx_parse import parse
 
 ALPHABET = "abcAB-.é\u00c9ßẞkK\u212aſs😀0 \n\u00a0"
@@ -62,7 +64,9 @@ def _extend(inner):
 
 plain_patterns = st.recursive(leaves, _extend, max_leaves=6)
 lookaheads = st.tuples(st.sampled_from(["(?=", "(?!"]), plain_patterns).map(lambda t: _wrap(t[1], t[0], ".*)"))
-patterns = st.lists(st.one_of(plain_patterns, lookaheads), min_size=1, max_size=3).map(_join)
+bounded = st.sampled_from(["?", "{2}", "{0,2}", "{1,2}?"])
+looping = st.tuples(lookaheads, plain_patterns, bounded).map(lambda t: _repeat(_join(t[:2]), t[2]))  # unrolled
+patterns = st.lists(st.one_of(plain_patterns, lookaheads, looping), min_size=1, max_size=3).map(_join)
 texts = st.text(alphabet=ALPHABET, max_size=6)
 
 
@@ -134,6 +138,21 @@ def test_derivative_classes_group_bytes_with_equal_derivatives(pattern, text):
         term = rx.derivative(term, byte)
 
 
+@FAST
+@given(pattern=patterns, text=texts, cut=st.integers(0, 6))
+def test_lazy_dfa_agrees_with_derivatives(pattern, text, cut):
+    term, data = parse(pattern[0]), text.encode()
+    dfa = LazyDFA(term)
+    assert dfa.fullmatch(data) == rx.matches(term, data)
+    state = dfa.walk(data[:cut])  # a vectorized step from there agrees with one byte at a time
+    if state != DEAD and data[cut:]:
+        rest = np.frombuffer(data[cut:], dtype=np.uint8)
+        stepped = dfa.step(np.full(len(rest), state, dtype=np.int32), rest)
+        assert stepped.tolist() == [dfa.walk(bytes([b]), state) for b in rest]
+    if state != DEAD and data[:cut]:  # a state reached by some bytes can still reach acceptance
+        assert not rx.is_empty(dfa.term(state))
+
+
 def test_terms_are_interned():
     assert parse("(?:ab|cd)+") is parse("(ab|cd)+") is parse("(?:cd|ab)+")
     assert parse("[a-c]x") is rx.seq(rx.byte_range(97, 99), rx.literal("x"))
@@ -156,6 +175,12 @@ def test_categories_are_the_json_schema_dialect():
     assert rx.matches(parse(r"\d\w\s"), "1a\u00a0")
     assert not rx.matches(parse(r"\d"), "٣") and not rx.matches(parse(r"\w"), "é")
     assert rx.matches(parse("."), "é") and not rx.matches(parse("."), "\n") and rx.matches(parse("(?s)."), "\n")
+
+
+def test_lookaheads_inside_bounded_repeats_are_unrolled():
+    for pattern in (r"(?:(?=[ab]{2})[a-c]{3})?", r"(?:(?!ab)[a-c]{2}){1,2}c?"):
+        for text in ("", "abc", "acc", "bbb", "ac", "ab", "acac", "acab", "acabc", "bbbc"):
+            assert rx.matches(parse(pattern), text) == bool(re.fullmatch(pattern, text)), (pattern, text)
 
 
 def test_lookaheads_and_anchors_inside_lookaheads():

@@ -1,0 +1,142 @@
+"""A byte DFA over an `rx` term, expanded lazily: a state's row is computed on its first use.
+
+States are terms (the derivatives of the root), numbered in discovery order with 0 = the root.
+A row of the transition table is filled from one derivative per block of the state's byte classes.
+A derivative whose language is empty is DEAD, so every live transition can still reach acceptance:
+the token index relies on that to drop tokens early.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from functools import lru_cache
+
+import numpy as np
+
+from fsm import rx
+
+DEAD = -1
+
+
+class LazyDFA:
+    """The DFA of `root`, grown on demand (see the module docstring).
+
+    Attributes
+    ----------
+    root : rx.Rx
+        The term of state 0.
+    pattern : str or None
+        What the DFA was compiled from (a regex), if known; only used in messages.
+    """
+
+    def __init__(self, root: rx.Rx, pattern: str | None = None):
+        self.root, self.pattern = root, pattern
+        self._terms: list[rx.Rx] = []  # state -> term
+        self._ids: dict[int, int] = {}  # term id -> state
+        self._table = np.full((16, 256), DEAD, dtype=np.int32)  # (capacity, 256), rows < n_states used
+        self._filled = np.zeros(16, dtype=bool)  # (capacity,) row computed
+        self._accepting = np.zeros(16, dtype=bool)  # (capacity,)
+        self._add(root, check=False)  # state 0 even when the language is empty (its row is all DEAD)
+        if rx.is_empty(root):
+            self._ids[root.id] = DEAD
+
+    @property
+    def n_states(self) -> int:
+        """States discovered so far."""
+        return len(self._terms)
+
+    @property
+    def accepting(self) -> np.ndarray:
+        """(n_states,) bool: the state's term matches the empty string."""
+        return self._accepting[: self.n_states]
+
+    @property
+    def transitions(self) -> np.ndarray:
+        """(n_states, 256) int32 table; rows not yet filled read DEAD (call `explore_all` first)."""
+        return self._table[: self.n_states]
+
+    def name(self) -> str:
+        """The pattern, shortened, or the root term."""
+        if self.pattern is None:
+            return repr(self.root)
+        return f"regex {self.pattern[:60]!r}{'...' if len(self.pattern) > 60 else ''}"
+
+    def term(self, state: int) -> rx.Rx:
+        return self._terms[state]
+
+    def row(self, state: int) -> np.ndarray:
+        """(256,) int32 next states of `state` (filled on first use; do not modify)."""
+        if not self._filled[state]:
+            self._fill(state)
+        return self._table[state]
+
+    def step(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
+        """Next states of live `states` (n,) on bytes `data` (n,): (n,) int32, DEAD where it dies."""
+        missing = ~self._filled[states]
+        if missing.any():
+            for state in np.unique(states[missing]).tolist():
+                self._fill(state)
+        return self._table[states, data]
+
+    def walk(self, data: bytes, state: int = 0) -> int:
+        """State after reading `data` from `state` (DEAD if it leaves the language)."""
+        for byte in data:
+            if state == DEAD:
+                break
+            state = int(self.row(state)[byte])
+        return state
+
+    def fullmatch(self, data: bytes) -> bool:
+        state = self.walk(data)
+        return state != DEAD and bool(self._accepting[state])
+
+    def explore_all(self, limit: int = 100_000) -> "LazyDFA":
+        """Fill every row reachable from the root; raises ValueError beyond `limit` states."""
+        queue, seen = deque([0]), {0}
+        while queue:
+            row = self.row(queue.popleft())
+            for state in np.unique(row[row != DEAD]).tolist():
+                if state not in seen:
+                    seen.add(state)
+                    queue.append(state)
+            if self.n_states > limit:
+                raise ValueError(f"the DFA of {self.name()} has more than {limit} states")
+        return self
+
+    # -- growing -----------------------------------------------------------------------------------
+
+    def _fill(self, state: int) -> None:
+        term = self._terms[state]
+        targets = [(mask, self._add(rx.derivative(term, rx.lowest_byte(mask)))) for mask in term.classes]
+        row = self._table[state]  # after _add: the table may have been reallocated
+        for mask, target in targets:
+            row[_bytes_of(mask)] = target
+        self._filled[state] = True
+
+    def _add(self, term: rx.Rx, check: bool = True) -> int:
+        """The state of `term`, numbering it if new; DEAD for an empty language."""
+        found = self._ids.get(term.id)
+        if found is not None:
+            return found
+        if check and (term is rx.NOTHING or (not term.plain and rx.is_empty(term))):
+            self._ids[term.id] = DEAD
+            return DEAD
+        state = self._ids[term.id] = len(self._terms)
+        self._terms.append(term)
+        if state == len(self._filled):
+            self._grow()
+        self._accepting[state] = term.nullable
+        return state
+
+    def _grow(self) -> None:
+        extra = len(self._filled)
+        self._table = np.concatenate([self._table, np.full((extra, 256), DEAD, dtype=np.int32)])
+        self._filled = np.concatenate([self._filled, np.zeros(extra, dtype=bool)])
+        self._accepting = np.concatenate([self._accepting, np.zeros(extra, dtype=bool)])
+
+
+@lru_cache(maxsize=4096)
+def _bytes_of(mask: int) -> np.ndarray:
+    """The bytes of a 256-bit mask as an index array."""
+    bits = np.unpackbits(np.frombuffer(mask.to_bytes(32, "little"), dtype=np.uint8), bitorder="little")
+    return np.flatnonzero(bits)
