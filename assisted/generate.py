@@ -14,7 +14,7 @@ import torch
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.cache import crop_to, forward, new_cache, output_device
 from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
-from assisted.policy import make_policy
+from assisted.policy import Policy, StepCost, make_policy
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.sampling import make_generator, masked, probs
 from drafting.assistant import AssistantDrafter
@@ -74,8 +74,10 @@ def generate(
         Seeds the sampling generators; None draws fresh entropy.
     num_assistant_tokens : int
         Model-drafted tokens per step at the start (forced tokens do not count).
-    schedule : {"heuristic", "constant"}
-        "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed.
+    schedule : {"heuristic", "constant", "auto"}
+        "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed;
+        "auto": the k (0 = plain decoding) with the most expected tokens per second under an online
+        model of both models' costs and of the acceptance rate (see `assisted.policy.Auto`).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
 
@@ -100,30 +102,34 @@ def generate(
         seed2 = None if opts.seed is None else opts.seed + 1
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample)
+    policy = make_policy(opts.schedule, opts.num_assistant_tokens)
     with torch.inference_mode():
-        new, stop = _decode(model, source, cursor, ids, opts, recorder)
+        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, stop)
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
-    return GenerationResult(text, new, value, stop, recorder.freeze(len(new), calls, seconds, cursor.clock.seconds))
+    stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates())
+    return GenerationResult(text, new, value, stop, stats)
 
 
-def _decode(model, source: DraftSource, cursor: Cursor, prompt: list[int], opts: Options, rec: Recorder):
+def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
+            rec: Recorder):
     """The decode loop; returns (new token ids, stop reason)."""
-    cache, policy = new_cache(), make_policy(opts.schedule, opts.num_assistant_tokens)
+    cache = new_cache()
     generator = make_generator(output_device(model), opts.seed)
     seq, end, cached = list(prompt), len(prompt) + opts.max_new_tokens, 0  # target cache holds seq[:cached]
     if cursor.finished():
         return [], "final"
     while True:
-        # 1. draft: forced runs (free) and up to k assistant tokens, leaving room for the target's token
-        k = policy.k
+        # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
+        k, spent = policy.k, (rec.target_seconds, source.seconds)
         draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1)
         # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
+        ids = seq[cached:] + list(draft.tokens)
         if opts.coalesce and all(draft.forced) and draft.finished:
-            n, token = len(draft.tokens), None  # only coalesced tokens up to the end: nothing to decide
+            n, token, ids = len(draft.tokens), None, []  # only coalesced tokens up to the end: nothing to decide
         else:
-            logits = _target_forward(model, cache, seq[cached:] + list(draft.tokens), len(draft.tokens) + 1, rec)
+            logits = _target_forward(model, cache, ids, len(draft.tokens) + 1, rec)
             n, token = _accept(logits, draft, opts, generator)  # the step's one host sync
         # 3. commit the accepted prefix and the target's token; crop both caches to what was committed
         valid = len(seq) + n
@@ -131,10 +137,9 @@ def _decode(model, source: DraftSource, cursor: Cursor, prompt: list[int], opts:
         cached = min(valid, len(seq) - 1)
         crop_to(cache, cached)
         source.rollback(valid)
-        # 4. adapt k on the assistant's tokens and record the step
-        judged, accepted = _judged(draft.forced, n)
-        if judged:
-            policy.update(judged, accepted)
+        # 4. adapt k on the judged assistant tokens and the step's timings, and record the step
+        cost = StepCost(len(ids), rec.target_seconds - spent[0], draft.model_drafted, source.seconds - spent[1])
+        policy.update(*_judged(draft.forced, n), cost)
         rec.step(k, draft.forced, n, opts.coalesce)
         if stop is not None:
             return seq[len(prompt) :], stop

@@ -28,7 +28,7 @@ class Options:
     warp: Warp  # greedy or sampling, with temperature / top-k / top-p
     seed: int | None  # seeds the target's and the assistant's generators
     num_assistant_tokens: int  # the policy's first k
-    schedule: str  # a key of policy.SCHEDULES
+    schedule: str  # a key of policy.SCHEDULES: "constant", "heuristic" or "auto"
     coalesce: bool  # forced tokens appended unverified (True) or drafted as point masses (False)
 
 

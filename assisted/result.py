@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from assisted.policy import Estimates
+
 StopReason = Literal["eos", "final", "length"]
 
 
@@ -13,7 +15,7 @@ StopReason = Literal["eos", "final", "length"]
 class StepRecord:
     """One verification step."""
 
-    k: int  # model-drafted tokens the policy asked for
+    k: int  # model-drafted tokens the policy asked for (0: plain decoding, only forced tokens drafted)
     drafted: int  # draft tokens the target verified (assistant + forced point masses)
     accepted: int  # of those, accepted by the target
     forced_appended: int  # coalesced forced tokens committed without verification
@@ -51,10 +53,16 @@ class Stats:
     forced_tokens_appended: int
     seconds: Seconds
     steps: tuple[StepRecord, ...]
+    estimates: Estimates | None = None  # schedule="auto": final cost model and acceptance estimate
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def k_trace(self) -> tuple[int, ...]:
+        """The k the policy chose at each step."""
+        return tuple(step.k for step in self.steps)
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,8 @@ class Recorder:
         self.appended += appended
         self.steps.append(StepRecord(k, len(verified), sum(ok for _, ok in verified), appended))
 
-    def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float) -> Stats:
+    def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
+               estimates: Estimates | None = None) -> Stats:
         total = time.perf_counter() - self.start
         seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s)
         return Stats(
@@ -118,4 +127,5 @@ class Recorder:
             forced_tokens_appended=self.appended,
             seconds=seconds,
             steps=tuple(self.steps),
+            estimates=estimates,
         )

@@ -32,6 +32,8 @@ class Draft:
 class DraftSource(Protocol):
     """Proposes drafts; told after each step how much of the sequence is committed."""
 
+    seconds: float  # wall time of its model calls so far (what the cost-aware policy charges per draft)
+
     def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int) -> Draft:
         """Up to `k` model-drafted tokens (forced ones are free) and at most `limit` in all."""
 

@@ -47,6 +47,11 @@ class CombinedSource:
             finished = cursor.finished()
         return Draft(tuple(tokens), tuple(forced), _stack(masks), self._q(tokens, forced, rows), finished)
 
+    @property
+    def seconds(self) -> float:
+        """Wall time of the assistant's forward passes so far (0 without an assistant)."""
+        return self.assistant.seconds if self.assistant is not None else 0.0
+
     def rollback(self, valid: int) -> None:
         if self.assistant is not None:
             self.assistant.rollback(valid)

@@ -8,6 +8,7 @@ Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates p
                (transformers 5.23: num_assistant_tokens=20, schedule "constant", confidence threshold 0.4)
   hf-heuristic the same with num_assistant_tokens=5, schedule "heuristic" (reset before every call)
   ours         assisted.generate(schedule="heuristic", num_assistant_tokens=5)
+  ours-auto    assisted.generate(schedule="auto", num_assistant_tokens=5): cost-aware k (0 = plain decoding)
 All systems stop on the same EOS set and use no top-k/top-p/repetition penalty. Writes results.csv,
 greedy.png, sampling.png and README.md to --out.
 """
@@ -32,10 +33,12 @@ import torch  # noqa: E402
 from assisted import generate  # noqa: E402
 from experiments.tasks import count_forwards, set_eos  # noqa: E402
 
-SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours")
+SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
+OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
+RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")]  # README columns: hf s / ours s
 PROMPTS = Path(__file__).parent / "prompts" / "speedup.json"
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
-          "tokens_per_forward", "acceptance_rate")
+          "tokens_per_forward", "acceptance_rate", "mean_k")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,19 +83,21 @@ def _hf_assistant_config(assistant, system: str, defaults: dict) -> None:
 
 def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperature: float, seed: int,
             max_new_tokens: int, k: int = 5, defaults: dict | None = None) -> dict:
-    """One generation of `system`; returns seconds, new tokens, target forwards and acceptance."""
+    """One generation of `system`; returns seconds, new tokens, target forwards, acceptance and (ours) mean k."""
     sample = temperature > 0
     counter = count_forwards(model)
     helper_counter = count_forwards(assistant) if assistant is not None else None
     try:
         start = time.perf_counter()
-        if system == "ours":
+        mean_k = float("nan")
+        if system in OURS:
             out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=max_new_tokens,
                            do_sample=sample, temperature=temperature if sample else 1.0, seed=seed,
-                           num_assistant_tokens=k, schedule="heuristic")
+                           num_assistant_tokens=k, schedule=OURS[system])
             new = out.stats.new_tokens
             d, a = out.stats.drafted_by_source["assistant"], out.stats.accepted_by_source["assistant"]
             acceptance = a / d if d else float("nan")
+            mean_k = statistics.fmean(out.stats.k_trace) if out.stats.k_trace else float("nan")
         else:
             if system != "target":
                 _hf_assistant_config(assistant, system, defaults or {})
@@ -117,7 +122,7 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
         if helper_counter is not None:
             helper_counter.remove()
     return {"seconds": seconds, "new_tokens": new, "target_forwards": counter.n,
-            "tokens_per_forward": new / max(counter.n, 1), "acceptance_rate": acceptance}
+            "tokens_per_forward": new / max(counter.n, 1), "acceptance_rate": acceptance, "mean_k": mean_k}
 
 
 def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -> list[dict]:
@@ -149,6 +154,7 @@ def summarize(rows: list[dict]) -> dict:
     return {key: {"seconds": statistics.median(x["seconds"] for x in v),
                   "tokens_per_forward": statistics.median(x["tokens_per_forward"] for x in v),
                   "acceptance_rate": statistics.median(x["acceptance_rate"] for x in v),
+                  "mean_k": statistics.median(x["mean_k"] for x in v),
                   "speedups": [_speedup(rows, x) for x in v]} for key, v in groups.items()}
 
 
@@ -198,19 +204,30 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
              f"- target {args.target}, assistant {args.assistant}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
-             "| class | T | target s | hf-default s | hf-heuristic s | ours s | ours/hf-default | ours/hf-heuristic "
-             "| tok/fwd hf-default | tok/fwd hf-heur | tok/fwd ours | accept hf-default | accept hf-heur | accept ours |",
-             "|---" * 14 + "|"]
+             _table_header()]
     for c in sorted({c for c, _, _ in summary}):
         for t in sorted({t for _, t, _ in summary}):
-            g = {s: summary[(c, t, s)] for s in SYSTEMS}
-            lines.append(f"| {c} | {t} | " + " | ".join(f"{g[s]['seconds']:.2f}" for s in SYSTEMS)
-                         + f" | {g['hf-default']['seconds'] / g['ours']['seconds']:.2f} | {g['hf-heuristic']['seconds'] / g['ours']['seconds']:.2f} | "
-                         + " | ".join(f"{g[s]['tokens_per_forward']:.2f}" for s in SYSTEMS[1:]) + " | "
-                         + " | ".join(f"{g[s]['acceptance_rate']:.2f}" for s in SYSTEMS[1:]) + " |")
-    lines += ["", "ours/hf = hf seconds / ours seconds (> 1: ours faster). hf acceptance is estimated as "
-              "(new tokens - target forwards) / assistant forwards.", "", "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
+            lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in SYSTEMS}))
+    lines += ["", "x/hf = hf seconds / x seconds (> 1: x faster). hf acceptance is estimated as "
+              "(new tokens - target forwards) / assistant forwards. mean k: the k our policy chose, averaged over "
+              "steps (ours-auto may choose 0, plain decoding).", "",
+              "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
+
+
+def _table_header() -> str:
+    drafted = SYSTEMS[1:]
+    cols = (["class", "T"] + [f"{s} s" for s in SYSTEMS] + [f"{o}/{hf}" for o, hf in RATIOS]
+            + [f"tok/fwd {s}" for s in drafted] + [f"accept {s}" for s in drafted] + [f"mean k {o}" for o in OURS])
+    return "| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|"
+
+
+def _table_row(c: str, t: float, g: dict) -> str:
+    cells = ([c, str(t)] + [f"{g[s]['seconds']:.2f}" for s in SYSTEMS]
+             + [f"{g[hf]['seconds'] / g[o]['seconds']:.2f}" for o, hf in RATIOS]
+             + [f"{g[s]['tokens_per_forward']:.2f}" for s in SYSTEMS[1:]]
+             + [f"{g[s]['acceptance_rate']:.2f}" for s in SYSTEMS[1:]] + [f"{g[o]['mean_k']:.1f}" for o in OURS])
+    return "| " + " | ".join(cells) + " |"
 
 
 def main(argv: list[str] | None = None) -> int:

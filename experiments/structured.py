@@ -37,11 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--tasks", nargs="+", default=None, help="task names (default: all)")
+    p.add_argument("--schedule", default="heuristic", choices=["heuristic", "constant", "auto"],
+                   help="candidate-length policy of the assistant modes")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
 
-def run(model, tokenizer, assistant, tasks, repeats: int, max_new_tokens: int, progress: bool = True) -> list[dict]:
+def run(model, tokenizer, assistant, tasks, repeats: int, max_new_tokens: int, progress: bool = True,
+        schedule: str = "heuristic") -> list[dict]:
     """Every (task, repeat) cell runs all modes, order rotated per cell; one row per generation."""
     from tqdm.auto import tqdm
     modes = [m for m, (needs, _, _) in MODES.items() if assistant is not None or not needs]
@@ -51,7 +54,7 @@ def run(model, tokenizer, assistant, tasks, repeats: int, max_new_tokens: int, p
     rows, bar = [], tqdm(total=len(cells) * len(modes), disable=not progress, desc="structured")
     for i, (task, r) in enumerate(cells):
         for mode in modes[i % len(modes):] + modes[: i % len(modes)]:
-            x = run_mode(mode, task, model, tokenizer, assistant, max_new_tokens=max_new_tokens)
+            x = run_mode(mode, task, model, tokenizer, assistant, max_new_tokens=max_new_tokens, schedule=schedule)
             rows.append({"task": task.name, "kind": task.kind, "mode": mode, "repeat": r, "seconds": x.seconds,
                          "new_tokens": x.new_tokens, "target_forwards": x.target_passes,
                          "forced_share": x.forced_appended / max(x.new_tokens, 1), "tokens_per_s": x.tokens_per_s,
@@ -100,7 +103,8 @@ def write(rows, summary, args, out: Path, command: str) -> None:
     plot(summary, out)
     lines = [f"# Structured benchmark {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs: noisy)",
-             f"- target {args.target}, assistant {args.assistant}, fp32 CPU, torch threads {torch.get_num_threads()}",
+             f"- target {args.target}, assistant {args.assistant} (schedule {getattr(args, 'schedule', 'heuristic')}), "
+             f"fp32 CPU, torch threads {torch.get_num_threads()}",
              f"- torch {torch.__version__}, transformers {transformers.__version__}; greedy; max_new_tokens "
              f"{args.max_new_tokens}; repeats {args.repeats} (medians); modes interleaved per cell", "",
              "| task | mode | valid | tokens | wall s | target fwd | forced share | tok/s | speedup vs constrained |",
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     set_eos(tokenizer, model, assistant)
     tasks = [t for t in STRUCTURED_TASKS if args.tasks is None or t.name in args.tasks]
-    rows = run(model, tokenizer, assistant, tasks, args.repeats, args.max_new_tokens)
+    rows = run(model, tokenizer, assistant, tasks, args.repeats, args.max_new_tokens, schedule=args.schedule)
     name = args.target.replace("/", "_") + (f"+{args.assistant}" if args.assistant else "")
     out = args.out or Path("experiments/results") / f"structured-{name}-{datetime.date.today()}"
     write(rows, summarize(rows), args, out, "python -m experiments.structured " + " ".join(argv if argv is not None else sys.argv[1:]))

@@ -165,7 +165,7 @@ MODES = {
 
 
 def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new_tokens: int = 96,
-             num_assistant_tokens: int = 5) -> Run:
+             num_assistant_tokens: int = 5, schedule: str = "heuristic") -> Run:
     """Greedy generation of `task` in `mode` with `assisted.generate`; the constraint is compiled once
     per (schema, tokenizer) inside fsm, so warm up once before timing."""
     needs_assistant, constrained, coalesce = MODES[mode]
@@ -175,7 +175,7 @@ def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new
     out = generate(model, assistant if needs_assistant else None, tokenizer=tokenizer,
                    messages=task.messages(constrained), schema=task.schema if constrained else None,
                    max_new_tokens=max_new_tokens, coalesce=coalesce, num_assistant_tokens=num_assistant_tokens,
-                   schedule="heuristic")
+                   schedule=schedule)
     seconds = time.perf_counter() - start
     s = out.stats
     return Run(mode, out.text, s.new_tokens, seconds, s.target_forward_passes, s.forced_tokens_appended, out.value)

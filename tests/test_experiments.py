@@ -29,6 +29,7 @@ def test_parsers():
     s = structured.parse_args(["--target", "t", "--assistant", "a", "--repeats", "3"])
     assert (s.target, s.assistant, s.repeats) == ("t", "a", 3)
     assert structured.parse_args([]).assistant is None
+    assert structured.parse_args([]).schedule == "heuristic" and structured.parse_args(["--schedule", "auto"]).schedule == "auto"
     assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
 
 

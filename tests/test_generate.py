@@ -8,6 +8,7 @@ forward per token), checked itself against a hand-written plain decoding loop.
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Literal
 
@@ -145,6 +146,75 @@ def test_statistics_add_up(tok, models):
     t = s.seconds
     assert 0 < t.target < t.total and 0 <= t.assistant < t.total and 0 < t.fsm < t.total
     assert t.overhead == pytest.approx(t.total - t.target - t.assistant)
+
+
+# ----------------------------------------------------------------------------- schedule="auto" and k = 0
+
+
+class Scripted:
+    """A policy that plays back a fixed k sequence (k = 0 included), then repeats its last k."""
+
+    def __init__(self, ks):
+        self.ks, self.k, self.calls = list(ks), ks[0], []
+
+    def update(self, drafted, accepted, cost=None):
+        self.calls.append((drafted, accepted, cost))
+        self.k = self.ks[min(len(self.calls), len(self.ks) - 1)]
+
+    def estimates(self):
+        return None
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
+@pytest.mark.parametrize("constraint", ["none", "schema"])
+def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkeypatch, constraint, coalesce):
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
+    ref = generate(models["llama"], **kw)
+    policy = Scripted([2, 0, 0, 3, 0, 1, 0])
+    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda schedule, k: policy)
+    out = generate(models["llama"], models["llama-other"], **kw)
+    assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
+    steps = out.stats.steps
+    assert out.stats.k_trace == tuple(policy.ks[: len(steps)]) + (0,) * (len(steps) - len(policy.ks))
+    assert out.stats.assistant_forward_passes == sum(c.drafted for _, _, c in policy.calls) <= 6
+    assert all(c.drafted == 0 for (_, _, c), s in zip(policy.calls, steps) if s.k == 0)  # no assistant call
+    timed = [c for _, _, c in policy.calls if c.target_tokens]
+    assert len(timed) == out.stats.target_forward_passes and all(c.target_seconds > 0 for c in timed)
+    assert sum(c.target_seconds for c in timed) == pytest.approx(out.stats.seconds.target)
+
+
+@pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other")])
+@pytest.mark.parametrize("constraint", ["none", "schema"])
+def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models, pair, constraint):
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=False, **CONSTRAINTS[constraint])
+    ref = generate(models[pair[0]], **kw)
+    out = generate(models[pair[0]], models[pair[1]], schedule="auto", **kw)
+    assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
+    s, est = out.stats, out.stats.estimates
+    assert len(s.k_trace) == len(s.steps) and s.k_trace[0] == 5  # warm-up at num_assistant_tokens
+    assert all(0 <= k <= 16 for k in s.k_trace)
+    assert est.target_fixed >= 0 and est.target_per_token >= 0 and est.draft_per_token > 0
+    assert 0 <= est.acceptance <= 1
+    if pair[0] == pair[1]:  # drafting for itself: everything accepted
+        assert est.acceptance > 0.6 and s.target_forward_passes < ref.stats.target_forward_passes
+    with pytest.raises(AttributeError):
+        est.acceptance = 0.5  # frozen, like the rest of the stats
+
+
+def test_auto_stops_drafting_when_nothing_is_accepted_and_probes_again(tok, models):
+    target, bad = models["llama"], models["llama-other"]  # accepts almost nothing; costs what the target costs
+    kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=60, coalesce=False)
+    out = generate(target, bad, schedule="auto", **kw)
+    assert out.token_ids == generate(target, **kw).token_ids
+    trace = out.stats.k_trace
+    assert 0 in trace and out.stats.estimates.acceptance < 0.3
+    first_zero = trace.index(0)
+    assert any(k > 0 for k in trace[first_zero:]) or len(trace) - first_zero <= 8  # probes
+
+
+def test_heuristic_and_constant_report_no_estimates(tok, models):
+    out = generate(models["llama"], models["llama"], tokenizer=tok, prompt="Hi", max_new_tokens=8)
+    assert out.stats.estimates is None and out.stats.k_trace[:2] == (5, 7)
 
 
 def test_coalesced_forced_tokens_cost_no_forward(tok, models):
