@@ -14,12 +14,10 @@ import numpy as np
 import torch
 
 from fsm.lazy_dfa import DEAD, LazyDFA
+from fsm.liveness import TokenLiveness
 from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
-# Bytes that occur in UTF-8 text (not C0, C1, F5-FF): the terms denote UTF-8 text, so only these
-# bytes can lie on a live transition.
-UTF8_BYTES = frozenset(range(256)) - {0xC0, 0xC1} - frozenset(range(0xF5, 0x100))
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,8 +40,8 @@ class TokenIndex:
     _forced: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        live = _token_live_states(self) if self._needs_token_crawl() else None
-        object.__setattr__(self, "_live", live)
+        crawl = lambda state: _walk_all_tokens(self.dfa, self.vocabulary, state)[1]  # noqa: E731
+        object.__setattr__(self, "_live", TokenLiveness(self.dfa, self.vocabulary.single_bytes, crawl))
 
     @property
     def vocab_size(self) -> int:
@@ -81,8 +79,8 @@ class TokenIndex:
             nexts = np.full(len(ids), FINISHED, dtype=np.int64)
         else:
             ids, nexts = _walk_all_tokens(self.dfa, self.vocabulary, state)
-            if self._live is not None:
-                keep = self._live[nexts]
+            keep = self._live.keep(nexts)
+            if keep is not None:
                 ids, nexts = ids[keep], nexts[keep]
             if self.dfa.accepting[state]:
                 eos = np.asarray(self.vocabulary.eos_token_ids, dtype=np.int64)
@@ -90,10 +88,10 @@ class TokenIndex:
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
         order = np.argsort(ids, kind="stable")
         ids, nexts = ids[order], nexts[order]
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        mask[torch.from_numpy(ids)] = True
+        mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
+        mask[ids] = True
         lengths = self.vocabulary.walk_layout.lengths
-        return StateInfo(ids, nexts, mask, int(lengths[ids].max(initial=0)) if len(ids) else 0)
+        return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
 
     def _build_forced(self, state: int) -> tuple[int, ...]:
         forced = _forced_text(self.dfa, state)
@@ -119,10 +117,6 @@ class TokenIndex:
             offset += len(self.vocabulary.token_bytes[token])
             state = nxt
         return tokens, starts
-
-    def _needs_token_crawl(self) -> bool:
-        """Byte liveness equals token liveness when every byte of UTF-8 text is a token by itself."""
-        return not UTF8_BYTES <= self.vocabulary.single_bytes
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
@@ -168,23 +162,3 @@ def _utf8_prefix(data: bytes) -> str:
         except UnicodeDecodeError:
             continue
     return ""
-
-
-def _token_live_states(index: TokenIndex) -> np.ndarray:
-    """States from which some token sequence reaches acceptance (for vocabularies missing bytes)."""
-    edges, seen, frontier = {}, {0}, [0]
-    while frontier:
-        state = frontier.pop()
-        _, nexts = _walk_all_tokens(index.dfa, index.vocabulary, state)
-        edges[state] = set(nexts.tolist())
-        new = edges[state] - seen
-        seen |= new
-        frontier.extend(new)
-    live = {s for s in seen if index.dfa.accepting[s]}
-    changed = True
-    while changed:
-        grown = {s for s, targets in edges.items() if targets & live} | live
-        changed, live = grown != live, grown
-    out = np.zeros(index.dfa.n_states, dtype=bool)
-    out[list(live)] = True
-    return out

@@ -271,33 +271,59 @@ def lowest_byte(mask: int) -> int:
 
 
 def is_empty(term: Rx, limit: int = 100_000) -> bool:
-    """Whether `term` matches no string at all (explores derivatives when and/not are inside).
+    """Whether `term` matches no string at all.
+
+    Decided by structure where it can (a sequence is empty when a part is, a union when every
+    alternative is); only intersections and complements are explored, depth first, until a
+    nullable derivative proves them non-empty.
 
     Raises
     ------
-    RecursionError
-        Never; an exploration beyond `limit` terms raises ValueError instead of guessing.
+    ValueError
+        When an exploration goes beyond `limit` terms (instead of guessing).
     """
     if term._empty is None:
-        term._empty = _search_empty(term, limit)
+        term._empty = _structurally_empty(term, limit)
     return term._empty
 
 
+def _structurally_empty(term: Rx, limit: int) -> bool:
+    if term.nullable or term.plain:
+        return term is NOTHING
+    kind, args = term.kind, term.args
+    if kind == "seq":  # heads are never sequences: walk the chain instead of recursing on tails
+        parts = []
+        while term.kind == "seq":
+            parts.append(term.args[0])
+            term = term.args[1]
+        return any(is_empty(t, limit) for t in (*parts, term))
+    if kind == "alt":
+        return all(is_empty(t, limit) for t in args)
+    if kind == "repeat":
+        return args[1] > 0 and is_empty(args[0], limit)
+    return _search_empty(term, limit)
+
+
 def _search_empty(term: Rx, limit: int) -> bool:
-    seen, queue = {term.id}, deque([term])
-    while queue:
-        t = queue.popleft()
-        if t.nullable or (t.plain and t is not NOTHING):
-            return False
-        if t._empty is True:
+    """Depth-first search for a nullable derivative; every term on the path found is non-empty."""
+    seen, path = {term.id}, [(term, iter(term.classes))]
+    while path:
+        t, blocks = path[-1]
+        mask = next(blocks, None)
+        if mask is None:
+            path.pop()
             continue
-        for mask in t.classes:
-            d = derivative(t, lowest_byte(mask))
-            if d.id not in seen:
-                seen.add(d.id)
-                queue.append(d)
+        d = derivative(t, lowest_byte(mask))
+        if d.id in seen or d._empty is True:
+            continue
+        if d.nullable or d._empty is False or (d.plain and d is not NOTHING):
+            for on_path, _ in path:
+                on_path._empty = False
+            return False
+        seen.add(d.id)
         if len(seen) > limit:
             raise ValueError(f"deciding emptiness took more than {limit} states")
+        path.append((d, iter(d.classes)))
     return True
 
 

@@ -128,3 +128,12 @@ def test_index_is_shared_between_guides(smol_tokenizer):
     a = fsm.Guide.from_schema(Character, smol_tokenizer)
     b = fsm.Guide.from_schema(Character, smol_tokenizer)
     assert a.index is b.index
+
+
+def test_states_no_token_sequence_can_finish_are_not_entered(smol_tokenizer):
+    # SmolLM2 has no token with byte 0xF1, the first byte of U+40000: after "a" nothing could follow.
+    guide = fsm.Guide.from_regex("a\U00040000|ab|bc", smol_tokenizer)
+    a, b = smol_tokenizer.convert_tokens_to_ids(["a", "b"])
+    assert b in guide.allowed() and a in guide.allowed()  # "a" then "b" still finishes
+    guide = fsm.Guide.from_regex("a\U00040000|bc", smol_tokenizer)
+    assert b in guide.allowed() and a not in guide.allowed()
