@@ -20,6 +20,7 @@ from assisted.sampling import make_generator, masked, probs
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource
 from drafting.combined import CombinedSource
+from drafting.lookup import PromptLookup
 
 
 def generate(
@@ -41,6 +42,7 @@ def generate(
     num_assistant_tokens: int = 5,
     schedule: str = "heuristic",
     coalesce: bool = True,
+    prompt_lookup: bool = False,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
@@ -80,6 +82,9 @@ def generate(
         model of both models' costs and of the acceptance rate (see `assisted.policy.Auto`).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
+    prompt_lookup : bool
+        Also draft by copying from the prompt what followed the latest occurrence of the text just written
+        (free, verified like the assistant's tokens, counted in k); strong when the output quotes the input.
 
     Returns
     -------
@@ -101,7 +106,8 @@ def generate(
     if assistant_model is not None:
         seed2 = None if opts.seed is None else opts.seed + 1
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
-    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample)
+    lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
+    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup)
     policy = make_policy(opts.schedule, opts.num_assistant_tokens)
     with torch.inference_mode():
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
@@ -140,7 +146,7 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         # 4. adapt k on the judged assistant tokens and the step's timings, and record the step
         cost = StepCost(len(ids), rec.target_seconds - spent[0], draft.model_drafted, source.seconds - spent[1])
         policy.update(*_judged(draft.forced, n), cost)
-        rec.step(k, draft.forced, n, opts.coalesce)
+        rec.step(k, draft.sources, n, opts.coalesce)
         if stop is not None:
             return seq[len(prompt) :], stop
 

@@ -16,7 +16,7 @@ class StepRecord:
     """One verification step."""
 
     k: int  # model-drafted tokens the policy asked for (0: plain decoding, only forced tokens drafted)
-    drafted: int  # draft tokens the target verified (assistant + forced point masses)
+    drafted: int  # draft tokens the target verified (assistant, prompt lookup, forced point masses)
     accepted: int  # of those, accepted by the target
     forced_appended: int  # coalesced forced tokens committed without verification
 
@@ -48,7 +48,7 @@ class Stats:
     assistant_forward_passes: int
     drafted: int
     accepted: int
-    drafted_by_source: dict[str, int]  # {"assistant": ..., "forced": ...}
+    drafted_by_source: dict[str, int]  # {"assistant": ..., "lookup": ..., "forced": ...}
     accepted_by_source: dict[str, int]
     forced_tokens_appended: int
     seconds: Seconds
@@ -97,18 +97,18 @@ class Recorder:
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.target_passes, self.target_seconds = 0, 0.0
-        self.drafted = {"assistant": 0, "forced": 0}
-        self.accepted = {"assistant": 0, "forced": 0}
+        self.drafted = {"assistant": 0, "lookup": 0, "forced": 0}
+        self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.appended, self.steps = 0, []
 
-    def step(self, k: int, forced: tuple[bool, ...], n: int, coalesce: bool) -> None:
-        """Book a step whose draft had flags `forced` and whose first `n` tokens were accepted."""
-        verified = [(f, i < n) for i, f in enumerate(forced) if not (f and coalesce)]
-        for is_forced, ok in verified:
-            source = "forced" if is_forced else "assistant"
+    def step(self, k: int, sources: tuple[str, ...], n: int, coalesce: bool) -> None:
+        """Book a step whose draft came from `sources` and whose first `n` tokens were accepted."""
+        coalesced = [s == "forced" and coalesce for s in sources]
+        verified = [(s, i < n) for i, s in enumerate(sources) if not coalesced[i]]
+        for source, ok in verified:
             self.drafted[source] += 1
             self.accepted[source] += ok
-        appended = sum(1 for i, f in enumerate(forced) if f and coalesce and i < n)
+        appended = sum(1 for i, c in enumerate(coalesced) if c and i < n)
         self.appended += appended
         self.steps.append(StepRecord(k, len(verified), sum(ok for _, ok in verified), appended))
 

@@ -19,14 +19,20 @@ class Draft:
     """Proposed continuation of the committed sequence."""
 
     tokens: tuple[int, ...]  # (k,) proposed ids in order
-    forced: tuple[bool, ...]  # (k,) True where the guide forced the token (no model call)
+    sources: tuple[str, ...]  # (k,) who proposed each: "forced" (the guide), "lookup" (the prompt), "assistant"
     masks: torch.Tensor | None  # (k+1, V) bool on CPU, guide mask before each token / after the last
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
     finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows
 
     @property
+    def forced(self) -> tuple[bool, ...]:
+        """(k,) True where the guide forced the token."""
+        return tuple(s == "forced" for s in self.sources)
+
+    @property
     def model_drafted(self) -> int:
-        return len(self.tokens) - sum(self.forced)
+        """Tokens the assistant model drafted (one forward each)."""
+        return self.sources.count("assistant")
 
 
 class DraftSource(Protocol):

@@ -1,7 +1,7 @@
-"""The draft source: the guide's forced run first, then the assistant, repeating.
+"""The draft source: the guide's forced run first, then prompt lookup, then the assistant, repeating.
 
-Forced tokens cost no model call and do not count against k; the assistant adds model-drafted tokens
-until there are k of them. Drafting stops early at EOS, at a final state that allows only EOS, or at
+Forced tokens cost no model call and do not count against k; prompt-lookup tokens (free, but verified
+like the assistant's) and the assistant's tokens are added until there are k of them. Drafting stops early at EOS, at a final state that allows only EOS, or at
 `limit` tokens in all. Without an assistant this yields forced runs only; without forced tokens
 either, empty drafts (plain decoding: one target forward per token).
 """
@@ -13,31 +13,37 @@ import torch
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft
 from drafting.forced import ForcedTokens
+from drafting.lookup import PromptLookup
 
 
 class CombinedSource:
-    """Forced tokens (when `use_forced`) interleaved with an optional assistant's tokens."""
+    """Forced tokens (when `use_forced`), then prompt lookup and an assistant, each optional."""
 
-    def __init__(self, assistant: AssistantDrafter | None, use_forced: bool, vocab_size: int, sampling: bool):
-        self.assistant, self.use_forced = assistant, use_forced
+    def __init__(self, assistant: AssistantDrafter | None, use_forced: bool, vocab_size: int, sampling: bool,
+                 lookup: PromptLookup | None = None):
+        self.assistant, self.use_forced, self.lookup = assistant, use_forced, lookup
         self.vocab_size, self.sampling = vocab_size, sampling
         self.device = assistant.device if assistant is not None else torch.device("cpu")
 
     def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int) -> Draft:
         """Draft after `seq` from the committed guide state `cursor` (which this advances)."""
-        tokens, forced, rows, masks = [], [], [], [cursor.mask()]
-        run, drafted, finished = ForcedTokens(), 0, cursor.finished()
+        tokens, sources, rows, masks = [], [], [], [cursor.mask()]
+        run, copied, drafted, finished = ForcedTokens(), [], 0, cursor.finished()
         while len(tokens) < limit and not finished:
-            token = run.next(cursor) if self.use_forced else None
-            is_forced = token is not None
-            if not is_forced:
-                if self.assistant is None or drafted == k:
+            token, source = (run.next(cursor) if self.use_forced else None), "forced"
+            if token is None:
+                if drafted == k:
                     break
+                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, k - drafted), "lookup"
+            if token is None and self.assistant is not None:
                 token, q = self.assistant.next(seq + tokens, masks[-1])
                 rows.append(q)
-                drafted += 1
+                source = "assistant"
+            if token is None:
+                break
+            drafted += source != "forced"
             tokens.append(token)
-            forced.append(is_forced)
+            sources.append(source)
             if token in cursor.eos:  # nothing follows EOS; the bonus row is never used
                 masks.append(masks[-1])
                 finished = True
@@ -45,7 +51,16 @@ class CombinedSource:
             cursor.advance(token)
             masks.append(cursor.mask())
             finished = cursor.finished()
-        return Draft(tuple(tokens), tuple(forced), _stack(masks), self._q(tokens, forced, rows), finished)
+        return Draft(tuple(tokens), tuple(sources), _stack(masks), self._q(tokens, sources, rows), finished)
+
+    def _copy(self, context: list[int], mask, copied: list[int], room: int) -> tuple[int | None, list[int]]:
+        """The next prompt-lookup token if the guide allows it, and the rest of the copied run."""
+        if self.lookup is None:
+            return None, []
+        copied = copied or self.lookup.continuation(context, room)
+        if not copied or (mask is not None and not bool(mask[copied[0]])):
+            return None, []
+        return copied[0], copied[1:]
 
     @property
     def seconds(self) -> float:
@@ -56,15 +71,15 @@ class CombinedSource:
         if self.assistant is not None:
             self.assistant.rollback(valid)
 
-    def _q(self, tokens: list[int], forced: list[bool], rows: list) -> torch.Tensor | None:
-        """(k, V) draft probabilities: assistant rows, one-hot rows for forced tokens."""
+    def _q(self, tokens: list[int], sources: list[str], rows: list) -> torch.Tensor | None:
+        """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup)."""
         if not self.sampling:
             return None
         q = torch.zeros(len(tokens), self.vocab_size, device=self.device)  # (k, V)
-        at_forced = [i for i, f in enumerate(forced) if f]
-        q[at_forced, [tokens[i] for i in at_forced]] = 1.0
+        points = [i for i, s in enumerate(sources) if s != "assistant"]
+        q[points, [tokens[i] for i in points]] = 1.0
         if rows:
-            q[[i for i, f in enumerate(forced) if not f]] = torch.cat(rows)
+            q[[i for i, s in enumerate(sources) if s == "assistant"]] = torch.cat(rows)
         return q
 
 

@@ -18,14 +18,18 @@ from tests.test_acceptance import compare, sampling_noise_tv
 from tests.test_sampling import hf_probs
 
 PROMPT = [1, 3]
+COPYABLE = [1, 6, 7, 1, 6]  # "a cd ba a cd": the tail "acd" occurred before, followed by "ba": a lookup draft
 DRAWS = 1000
 
 CASES = {
-    # name: (regex, warp kwargs, with assistant, coalesce)
-    "no-mask-bad-assistant-temperature-0.7": (None, dict(temperature=0.7), True, False),
-    "mask-bad-assistant-top-k-top-p": (r"(a|b|ab)(c|d|cd|ba)+", dict(top_k=3, top_p=0.9), True, False),
-    "mask-verified-forced-point-masses": (r"(a|b)cd(a|b|c)", dict(temperature=1.3, top_p=0.95), True, False),
-    "reference-alone-mask-temperature-1.3": (r"(a|b|ab)(c|d|cd|ba)+", dict(temperature=1.3), False, False),
+    # name: (prompt, regex, warp kwargs, with assistant, coalesce, prompt lookup)
+    "no-mask-bad-assistant-temperature-0.7": (PROMPT, None, dict(temperature=0.7), True, False, False),
+    "mask-bad-assistant-top-k-top-p": (PROMPT, r"(a|b|ab)(c|d|cd|ba)+", dict(top_k=3, top_p=0.9), True, False, False),
+    "mask-verified-forced-point-masses": (PROMPT, r"(a|b)cd(a|b|c)", dict(temperature=1.3, top_p=0.95), True, False,
+                                          False),
+    "reference-alone-mask-temperature-1.3": (PROMPT, r"(a|b|ab)(c|d|cd|ba)+", dict(temperature=1.3), False, False,
+                                             False),
+    "prompt-lookup-point-masses-and-assistant": (COPYABLE, None, dict(temperature=1.0), True, False, True),
 }
 
 
@@ -49,11 +53,11 @@ def next_probs(model, ids, guide, warp_kwargs):
     return hf_probs(logits, mask, **warp_kwargs)[0]
 
 
-def reference_two_tokens(tok, model, regex, warp_kwargs) -> dict[tuple, float]:
+def reference_two_tokens(tok, model, prompt, regex, warp_kwargs) -> dict[tuple, float]:
     """Exact P(first two new tokens) under plain constrained sampling; EOS ends a sequence early."""
     guide = None if regex is None else fsm.Guide.from_regex(regex, tok)
     table = {}
-    first = next_probs(model, PROMPT, guide, warp_kwargs)
+    first = next_probs(model, prompt, guide, warp_kwargs)
     for t1, p1 in enumerate(first.tolist()):
         if p1 == 0:
             continue
@@ -63,7 +67,7 @@ def reference_two_tokens(tok, model, regex, warp_kwargs) -> dict[tuple, float]:
         after = None if guide is None else guide.copy()
         if after is not None:
             after.advance(t1)
-        second = next_probs(model, PROMPT + [t1], after, warp_kwargs)
+        second = next_probs(model, prompt + [t1], after, warp_kwargs)
         for t2, p2 in enumerate(second.tolist()):
             if p2 > 0:
                 table[(t1, t2)] = p1 * p2
@@ -73,14 +77,16 @@ def reference_two_tokens(tok, model, regex, warp_kwargs) -> dict[tuple, float]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_sampled_generate_has_the_reference_joint_distribution(setup, case):
     tok, target, assistant = setup
-    regex, warp_kwargs, with_assistant, coalesce = CASES[case]
-    kw = dict(tokenizer=tok, input_ids=PROMPT, regex=regex, max_new_tokens=2, do_sample=True, coalesce=coalesce,
-              num_assistant_tokens=2, **warp_kwargs)
-    counts = Counter()
+    prompt, regex, warp_kwargs, with_assistant, coalesce, lookup = CASES[case]
+    kw = dict(tokenizer=tok, input_ids=prompt, regex=regex, max_new_tokens=2, do_sample=True, coalesce=coalesce,
+              num_assistant_tokens=2, prompt_lookup=lookup, **warp_kwargs)
+    counts, copied = Counter(), 0
     for seed in range(DRAWS):
         out = generate(target, assistant if with_assistant else None, seed=seed, **kw)
         counts[tuple(out.token_ids)] += 1
-    expected = reference_two_tokens(tok, target, regex, warp_kwargs)
+        copied += out.stats.drafted_by_source["lookup"]
+    assert (copied > 0) == lookup  # the lookup case really drafts from the prompt
+    expected = reference_two_tokens(tok, target, prompt, regex, warp_kwargs)
     p_value, tv = compare(counts, expected, DRAWS)
     assert p_value > 1e-3, f"chi-square p={p_value:.2g}, TV={tv:.3f}"
     assert tv < 1.5 * sampling_noise_tv(expected, DRAWS), f"TV={tv:.3f}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import assisted  # noqa: F401  (drafting imports assisted.cache; load assisted first)
 from drafting.lookup import PromptLookup
 
 PROMPT = "Extract the person. Maria Lopez, 34, works in Lisbon, Portugal as a senior data engineer."
