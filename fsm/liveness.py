@@ -30,6 +30,7 @@ class TokenLiveness:
         self.singles = rx.star(rx.byte_set(sum(1 << b for b in single_bytes)))
         self.status = np.zeros(0, dtype=np.int8)  # (n_states,) UNKNOWN / LIVE / DEAD_END
         self.exact = None  # (n_states,) bool from a full crawl, computed only when needed
+        self.proofs: list[rx.Rx] = []  # keeps the searched terms alive: their emptiness is memoized on them
 
     def keep(self, states: np.ndarray) -> np.ndarray | None:
         """(n,) bool: which of `states` (n,) are token-live; None when all are."""
@@ -44,8 +45,10 @@ class TokenLiveness:
     def _is_live(self, state: int) -> bool:
         if self.dfa.accepting[state]:
             return True
+        spelled = rx.inter(self.dfa.term(state), self.singles)
+        self.proofs.append(spelled)
         try:
-            if not rx.is_empty(rx.inter(self.dfa.term(state), self.singles), limit=10_000):
+            if not rx.is_empty(spelled, limit=10_000):
                 return True
         except ValueError:
             pass

@@ -306,7 +306,7 @@ def _structurally_empty(term: Rx, limit: int) -> bool:
 
 def _search_empty(term: Rx, limit: int) -> bool:
     """Depth-first search for a nullable derivative; every term on the path found is non-empty."""
-    seen, path = {term.id}, [(term, iter(term.classes))]
+    seen, path = {term.id}, [(term, _by_priority(term.classes))]
     while path:
         t, blocks = path[-1]
         mask = next(blocks, None)
@@ -323,8 +323,14 @@ def _search_empty(term: Rx, limit: int) -> bool:
         seen.add(d.id)
         if len(seen) > limit:
             raise ValueError(f"deciding emptiness took more than {limit} states")
-        path.append((d, iter(d.classes)))
+        path.append((d, _by_priority(d.classes)))
     return True
+
+
+def _by_priority(classes: tuple[int, ...]):
+    """Blocks with printable ASCII first (JSON punctuation ends strings and values soonest)."""
+    printable = ((1 << 0x7F) - 1) ^ ((1 << 0x20) - 1)
+    return iter(sorted(classes, key=lambda m: lowest_byte(m & printable) if m & printable else 256 + lowest_byte(m)))
 
 
 def matches(term: Rx, data: bytes | str) -> bool:
