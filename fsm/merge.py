@@ -19,6 +19,10 @@ VALIDATION = frozenset(
 MAX_UNION_PRODUCT = 64
 
 
+class Unsatisfiable(SchemaError):
+    """allOf parts that no value satisfies together (the compiler turns this into the empty term)."""
+
+
 def resolve_pointer(root, ref, pointer: str):
     """The subschema a local `$ref` ("#", "#/a/b") points to."""
     if not isinstance(ref, str) or not ref.startswith("#"):
@@ -103,16 +107,27 @@ def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
 
 
 def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
-    """A part with additionalProperties false only lets its own properties through."""
+    """A part with additionalProperties false only lets its own properties (and patterns) through."""
     closed = [p for p in (a, b) if p.get("additionalProperties") is False]
     for part in closed:
-        allowed = set(part.get("properties", {}))
-        props = out.get("properties", {})
-        banned = [n for n in out.get("required", []) if n not in allowed]
+        patterns = part.get("patternProperties", {})
+        allowed = _allowed_names(part)
+        banned = [n for n in out.get("required", []) if not allowed(n)]
         if banned:
-            raise SchemaError(f"required property {banned[0]!r} is excluded by additionalProperties false", keyword="additionalProperties", pointer=pointer)
-        out["properties"] = {n: s for n, s in props.items() if n in allowed}
+            raise Unsatisfiable(f"required property {banned[0]!r} is excluded by additionalProperties false", keyword="additionalProperties", pointer=pointer)
+        out["properties"] = {n: s for n, s in out.get("properties", {}).items() if allowed(n)}
+        if "patternProperties" in out:  # keys matching only the other part's patterns are excluded here
+            out["patternProperties"] = {p: s for p, s in out["patternProperties"].items() if p in patterns}
         out["additionalProperties"] = False
+
+
+def _allowed_names(part: dict):
+    from fsm import rx
+    from fsm.patterns import pattern_term
+
+    names = set(part.get("properties", {}))
+    terms = [pattern_term(p, "#") for p in part.get("patternProperties", {})]
+    return lambda name: name in names or any(rx.matches(t, name) for t in terms)
 
 
 def _merge_types(x, y, pointer: str) -> list[str]:
@@ -121,7 +136,7 @@ def _merge_types(x, y, pointer: str) -> list[str]:
     if ("number" in xs and "integer" in ys) or ("integer" in xs and "number" in ys):
         both.add("integer")
     if not both:
-        raise SchemaError(f"allOf parts require disjoint types {sorted(xs)} and {sorted(ys)}", keyword="type", pointer=pointer)
+        raise Unsatisfiable(f"allOf parts require disjoint types {sorted(xs)} and {sorted(ys)}", keyword="type", pointer=pointer)
     return sorted(both)
 
 
@@ -130,7 +145,7 @@ def _merge_values(key: str, x, y, pointer: str):
     keys = {_canonical(v) for v in ys}
     both = [v for v in xs if _canonical(v) in keys]
     if not both:
-        raise SchemaError("allOf parts allow no common value", keyword=key, pointer=pointer)
+        raise Unsatisfiable("allOf parts allow no common value", keyword=key, pointer=pointer)
     return both[0] if key == "const" else both
 
 

@@ -5,7 +5,8 @@ Policies (all documented in the README):
   `whitespace=r"[ \\n]?"` (any regex) to allow whitespace between JSON tokens.
 - Properties are written in schema order; optional ones may be left out. `additionalProperties`
   absent means closed objects (only the listed properties) unless `additional_properties=True`.
-- `$ref` recursion is unrolled `max_recursion_depth` times; deeper alternatives are left out.
+- At most `max_recursion_depth` recursive `$ref`s (those on a cycle) are nested; deeper alternatives
+  are left out. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
   Free-form values (`{}`, `true`, open additional properties) nest at most as deep.
 - Strings with `pattern` or `format` are written without escape sequences.
 The language is always a subset of the valid instances (the compiler builds an under-approximation
@@ -21,9 +22,10 @@ import json
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.errors import RegexError, SchemaError
-from fsm.merge import VALIDATION, merge_all, resolve_pointer
+from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 
 UNSUPPORTED = frozenset("unevaluatedItems $dynamicRef $recursiveRef".split())
+DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from another (else: exclude it lazily)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
 
@@ -92,9 +94,9 @@ def _whitespace(pattern: str) -> rx.Rx:
         raise SchemaError(f"whitespace regex {pattern!r}: {error}") from None
 
 
-def _surely_empty(term: rx.Rx) -> bool:
+def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
     try:
-        return rx.is_empty(term, limit=2_000)
+        return rx.is_empty(term, limit=limit)
     except ValueError:
         return False
 
@@ -106,9 +108,10 @@ class Compiler:
         from fsm.schema_upper import Upper
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
-        self.ref_depth: dict[str, int] = {}
+        self.depth = 0  # recursive $refs (those on a cycle) entered on the way here
         self.memo: dict[tuple, rx.Rx] = {}
         self.reach: dict[str, frozenset[str]] = {}
+        self.disjoint: dict[tuple[int, int], bool] = {}
         self.notes: list[str] = []
         self.cut = False  # a $ref went deeper than max_depth somewhere
         self.upper = Upper(self)
@@ -153,17 +156,17 @@ class Compiler:
         siblings = {k: v for k, v in schema.items() if k != "$ref"}
         if siblings:  # draft 2019+ applies them, earlier drafts ignore them: applying them is safe
             return self.compile({"allOf": [{"$ref": ref}, siblings]}, pointer)
-        depth = self.ref_depth.get(ref, 0)
-        if depth >= self.max_depth:
+        cyclic = ref in self.reachable(ref)
+        if cyclic and self.depth >= self.max_depth:
             self.cut = True
             return rx.NOTHING
-        key = (ref, *((r, self.ref_depth[r]) for r in sorted(self.reachable(ref)) if self.ref_depth.get(r)))
+        key = (ref, self.depth if cyclic or any(r in self.reachable(r) for r in self.reachable(ref)) else None)
         if key not in self.memo:
-            self.ref_depth[ref] = depth + 1
+            self.depth += cyclic
             try:
                 self.memo[key] = self.compile(target, ref)
             finally:
-                self.ref_depth[ref] = depth
+                self.depth -= cyclic
         return self.memo[key]
 
     def reachable(self, ref: str) -> frozenset[str]:
@@ -191,6 +194,8 @@ class Compiler:
             return rx.NOTHING
         try:
             return self.compile(merge_all(schema, pointer, self.resolve), pointer)
+        except Unsatisfiable:
+            return rx.NOTHING
         except SchemaError as error:
             if not _merge_failure(error):
                 raise
@@ -222,8 +227,18 @@ class Compiler:
         terms = [self.compile({"allOf": [base, o]} if base else o, f"{pointer}/{keyword}/{i}") for i, o in enumerate(options)]
         if keyword == "oneOf":
             uppers = [self.upper(o, f"{pointer}/oneOf/{i}") for i, o in enumerate(options)]
-            terms = [_exclude(t, [u for j, u in enumerate(uppers) if j != i]) for i, t in enumerate(terms)]
+            terms = [self.exclude(t, [u for j, u in enumerate(uppers) if j != i]) for i, t in enumerate(terms)]
         return rx.alt(*terms)
+
+    def exclude(self, term: rx.Rx, uppers: list[rx.Rx]) -> rx.Rx:
+        """`term` minus every upper bound it may overlap (skipping the ones quickly proved disjoint)."""
+        for u in uppers:
+            key = (term.id, u.id)
+            if key not in self.disjoint:
+                self.disjoint[key] = _surely_empty(rx.inter(term, u), limit=DISJOINT_SEARCH)
+            if not self.disjoint[key]:
+                term = rx.inter(term, rx.complement(u))
+        return term
 
 
 def validation_keywords(schema: dict, pointer: str) -> dict:
@@ -235,18 +250,6 @@ def validation_keywords(schema: dict, pointer: str) -> dict:
     if kept.get("unevaluatedProperties", False) is not False:
         raise SchemaError("only unevaluatedProperties false is supported", keyword="unevaluatedProperties", pointer=pointer)
     return kept
-
-
-def _exclude(term: rx.Rx, uppers: list[rx.Rx]) -> rx.Rx:
-    """`term` minus every upper bound it may overlap (skipping the ones proved disjoint)."""
-    for u in uppers:
-        try:
-            disjoint = rx.is_empty(rx.inter(term, u), limit=2_000)
-        except ValueError:
-            disjoint = False
-        if not disjoint:
-            term = rx.inter(term, rx.complement(u))
-    return term
 
 
 def _merge_failure(error: SchemaError) -> bool:

@@ -23,8 +23,9 @@ def type_object(c, schema: dict, pointer: str) -> rx.Rx:
     extra = schema.get("additionalProperties", False if closed else True)
     names = c.compile(schema["propertyNames"], f"{pointer}/propertyNames") if "propertyNames" in schema else None
     declared = dict(properties)
-    for name in required:
-        declared.setdefault(name, schema.get("additionalProperties", True))  # required names are never "extra"
+    for name in required:  # required names are never "extra"; matching patterns apply in _declared
+        matched = any(rx.matches(t, name) for t, _, _ in patterns) if isinstance(name, str) else False
+        declared.setdefault(name, True if matched else schema.get("additionalProperties", True))
     members = [_declared(c, name, sub, name in required, patterns, names, pointer) for name, sub in declared.items()]
     extras = _extras(c, list(declared), patterns, extra, names, pointer)
     term = jt.delimited("{", "}", ordered_members(members, extras, c.ws), c.ws)
@@ -35,8 +36,6 @@ def _patterns(schema: dict, pointer: str) -> list[tuple[rx.Rx, object, str]]:
     found = schema.get("patternProperties", {})
     if not isinstance(found, dict):
         raise SchemaError("must be an object", keyword="patternProperties", pointer=pointer)
-    if len(found) > MAX_PATTERNS:
-        raise SchemaError(f"more than {MAX_PATTERNS} patternProperties", keyword="patternProperties", pointer=pointer)
     where = f"{pointer}/patternProperties"
     return [(pattern_term(p, where, "patternProperties"), sub, f"{where}/{_escape(p)}") for p, sub in found.items()]
 
@@ -55,18 +54,32 @@ def _declared(c, name: str, subschema, required: bool, patterns, names, pointer:
 
 def _extras(c, declared: list[str], patterns, extra, names, pointer: str) -> rx.Rx:
     """One member whose key is not declared: split by the patterns the key matches."""
+    plain = rx.inter(rx.star(jt.PLAIN_CHAR), rx.complement(rx.alt(*(rx.literal(n) for n in declared))))
     options = []
-    for chosen in product((True, False), repeat=len(patterns)):
-        content = rx.inter(rx.star(jt.PLAIN_CHAR), rx.complement(rx.alt(*(rx.literal(n) for n in declared))))
-        values = []
-        for (term, sub, where), hit in zip(patterns, chosen):
-            content = rx.inter(content, term if hit else rx.complement(term))
-            values.append(c.compile(sub, where)) if hit else None
+    for chosen in _pattern_cases(len(patterns), _disjoint([t for t, _, _ in patterns])):
+        content = rx.inter(plain, *(t if hit else rx.complement(t) for (t, _, _), hit in zip(patterns, chosen)))
+        values = [c.compile(sub, where) for (_, sub, where), hit in zip(patterns, chosen) if hit]
         if not any(chosen):
-            values = [c.compile(extra, f"{pointer}/additionalProperties")] if extra is not False else [rx.NOTHING]
+            values = [c.compile(extra, f"{pointer}/additionalProperties")]
         key = rx.seq(jt.QUOTE, content, jt.QUOTE)
         options.append(jt.member(rx.inter(key, names) if names is not None else key, rx.inter(*values), c.ws))
     return rx.alt(*options)
+
+
+def _pattern_cases(n: int, disjoint: bool) -> list[tuple[bool, ...]]:
+    """Which patterns a key matches: each subset, or (disjoint patterns) at most one of them."""
+    if disjoint:
+        return [tuple(i == j for j in range(n)) for i in range(n)] + [(False,) * n]
+    if n > MAX_PATTERNS:
+        raise SchemaError(f"more than {MAX_PATTERNS} overlapping patternProperties", keyword="patternProperties")
+    return list(product((True, False), repeat=n))
+
+
+def _disjoint(terms: list[rx.Rx]) -> bool:
+    try:
+        return all(rx.is_empty(rx.inter(a, b), limit=500) for i, a in enumerate(terms) for b in terms[i + 1:])
+    except ValueError:
+        return False
 
 
 def ordered_members(members: list[tuple[rx.Rx, str]], extra: rx.Rx, ws: rx.Rx) -> rx.Rx:

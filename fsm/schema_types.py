@@ -12,14 +12,6 @@ from fsm.formats import format_term
 from fsm.patterns import pattern_term
 from fsm.utf8 import ANY_CHAR
 
-TYPE_KEYWORDS = {
-    "object": {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
-               "minProperties", "maxProperties", "unevaluatedProperties"},
-    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains"},
-    "string": {"minLength", "maxLength", "pattern", "format"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-}
-TYPE_KEYWORDS["integer"] = TYPE_KEYWORDS["number"]
 ALL_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 MAX_MULTIPLE = 1000  # larger multipleOf steps raise (the automaton has step x digits states)
 MAX_DEPENDENCY_CASES = 16
@@ -27,9 +19,8 @@ MAX_DEPENDENCY_CASES = 16
 
 def typed(c, schema: dict, pointer: str) -> rx.Rx:
     types = schema.get("type")
-    if types is None:  # the types its keywords constrain (a subset of what a validator allows)
-        implied = [t for t in ALL_TYPES if TYPE_KEYWORDS.get(t, set()) & schema.keys()]
-        types = implied or list(ALL_TYPES)
+    if types is None:  # every type, as validators read it (keywords constrain only their own type)
+        types = list(ALL_TYPES)
     types = [types] if isinstance(types, str) else types
     unknown = [t for t in types if t not in ALL_TYPES]
     if unknown or not types or not isinstance(types, list):
