@@ -9,6 +9,7 @@ The index is logically immutable: the caches only memoize pure functions of (DFA
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ class TokenIndex:
     _forced: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        crawl = lambda state: _walk_all_tokens(self.dfa, self.vocabulary, state)[1]  # noqa: E731
+        crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
         object.__setattr__(self, "_live", TokenLiveness(self.dfa, self.vocabulary.single_bytes, crawl))
 
     @property
@@ -86,10 +87,12 @@ class TokenIndex:
                 eos = np.asarray(self.vocabulary.eos_token_ids, dtype=np.int64)
                 ids = np.concatenate([ids, eos])
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
-        order = np.argsort(ids, kind="stable")
-        ids, nexts = ids[order], nexts[order]
         mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
         mask[ids] = True
+        by_id = np.empty(self.vocab_size, dtype=np.int64)  # (vocab_size,) scratch: sorts without argsort
+        by_id[ids] = nexts
+        ids = np.flatnonzero(mask)
+        nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
 

@@ -22,7 +22,8 @@ UNKNOWN, LIVE, DEAD_END = 0, 1, -1
 
 
 class TokenLiveness:
-    """Memoized token liveness of the states of `dfa`; `crawl(state)` walks every token from a state."""
+    """Memoized token liveness of the states of `dfa`; `crawl(state)` -> (ids, end states) of every
+    token that survives from a state."""
 
     def __init__(self, dfa: LazyDFA, single_bytes: frozenset[int], crawl):
         self.dfa, self.crawl = dfa, crawl
@@ -61,7 +62,7 @@ class TokenLiveness:
         edges, seen, frontier = {}, {0}, [0]
         while frontier:
             state = frontier.pop()
-            edges[state] = set(self.crawl(state).tolist())
+            edges[state] = set(self.crawl(state)[1].tolist())
             new = edges[state] - seen
             seen |= new
             frontier.extend(new)
