@@ -166,8 +166,8 @@ def make_cursor(schema, regex, tokenizer, vocab_size: int, eos: frozenset[int]) 
         raise TypeError(f"regex must be a str, got {type(regex).__name__}")
     if schema is None and regex is None:
         return Cursor(None, eos)
-    pattern = regex if regex is not None else fsm.regex_from_schema(schema)
-    guide = fsm.Guide.from_regex(pattern, tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
+    build = fsm.Guide.from_regex if regex is not None else fsm.Guide.from_schema
+    guide = build(regex if regex is not None else schema, tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
     return Cursor(guide, frozenset(guide.eos_token_ids))
 
 

@@ -1,13 +1,13 @@
 """fsm: constraints (JSON Schema, pydantic models, regexes) -> token-level guides.
 
-    schema -> regex (schema.py) -> byte DFA (regex.py) -> TokenIndex (index.py) -> Guide (guide.py)
+    schema -> rx term (schema.py) -> lazy byte DFA (regex.py) -> TokenIndex (index.py) -> Guide (guide.py)
 """
 
 from fsm.errors import InvalidTokenError, RegexError, SchemaError
 from fsm.guide import Guide
 from fsm.index import TokenIndex
 from fsm.regex import ByteDFA, compile_regex
-from fsm.schema import regex_from_schema
+from fsm.schema import compile_schema, compile_with_notes
 from fsm.vocabulary import Vocabulary, vocabulary_from_tokenizer
 
 __all__ = [
@@ -16,7 +16,8 @@ __all__ = [
     "ByteDFA",
     "Vocabulary",
     "compile_regex",
-    "regex_from_schema",
+    "compile_schema",
+    "compile_with_notes",
     "vocabulary_from_tokenizer",
     "SchemaError",
     "RegexError",

@@ -10,7 +10,7 @@ from fsm import rx
 from fsm.errors import InvalidTokenError
 from fsm.index import FINISHED, TokenIndex
 from fsm.regex import DEAD, compile_regex, dfa_of
-from fsm.schema import regex_from_schema
+from fsm.schema import compile_schema
 from fsm.vocabulary import vocabulary_from_tokenizer
 
 
@@ -59,9 +59,9 @@ class Guide:
     def from_schema(cls, schema, tokenizer, vocab_size: int | None = None, eos_token_ids=None, **options) -> "Guide":
         """Guide for compact JSON valid under `schema` (a pydantic class, a dict or a JSON string).
 
-        `options` go to `fsm.regex_from_schema` (whitespace, additional properties, recursion depth).
+        `options` go to `fsm.compile_schema` (whitespace, additional properties, recursion depth).
         """
-        return cls.from_regex(regex_from_schema(schema, **options), tokenizer, vocab_size, eos_token_ids)
+        return cls.from_rx(compile_schema(schema, **options), tokenizer, vocab_size, eos_token_ids)
 
     @property
     def vocab_size(self) -> int:

@@ -25,6 +25,7 @@ from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 
 UNSUPPORTED = frozenset("unevaluatedItems $dynamicRef $recursiveRef".split())
+ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from another (else: exclude it lazily)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
@@ -64,7 +65,7 @@ def compile_with_notes(schema, *, whitespace: str = "", additional_properties: b
     root = as_dict(schema)
     compiler = Compiler(root, _whitespace(whitespace), additional_properties, max_recursion_depth)
     term = compiler.compile(root, "#")
-    if term is rx.NOTHING or (not term.plain and _surely_empty(term)):
+    if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
         keyword = "$ref" if compiler.cut else None
         raise SchemaError("the schema accepts no value that can be generated", keyword=keyword, pointer="#")
     return term, compiler.notes
@@ -269,6 +270,4 @@ def _refs_in(node) -> set[str]:
     return found
 
 
-from fsm.schema_regex import regex_from_schema  # noqa: E402  transitional, until Guide.from_rx lands
-
-__all__ = ["compile_schema", "compile_with_notes", "SchemaError", "regex_from_schema"]
+__all__ = ["compile_schema", "compile_with_notes", "SchemaError"]

@@ -13,6 +13,9 @@ import fsm
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
 SLICE = ("Glaiveai2K", "BFCL_simple", "Handwritten")
 PER_SUBSET = 5
+# Schemas that compile since the term compiler (not, patternProperties, unknown formats and annotations).
+EXTRA = ("Github_medium---o10297.json", "JsonSchemaStore---1.0.schema.json", "Github_ultra---o13020.json",
+         "Synthesized---draft2019_09_nonvalid_additionalProperties_id5_subschema1_not_2.json", "Snowplow---sp_113_Normalized.json")
 
 
 def _files() -> list[Path]:
@@ -21,7 +24,7 @@ def _files() -> list[Path]:
     chosen = []
     for subset in SLICE:
         chosen += sorted(p for p in DATA.iterdir() if p.name.startswith(subset))[:PER_SUBSET]
-    return chosen
+    return chosen + [DATA / name for name in EXTRA if (DATA / name).is_file()]
 
 
 def _walk(guide: fsm.Guide, token_ids: list[int]) -> bool:

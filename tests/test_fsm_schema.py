@@ -1,9 +1,9 @@
-"""JSON Schema -> guide: every walk through the guide is valid JSON under the schema."""
+"""JSON Schema -> rx term -> guide: every walk through the guide is valid JSON under the schema, and
+each keyword accepts and rejects instances as `jsonschema` does (or rejects more, never accepts more)."""
 
 from __future__ import annotations
 
 import json
-import re
 from enum import Enum
 from typing import Literal, Optional, Union
 
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 import fsm
+from fsm import rx
 from tests.fsm_walk import random_walk, text_of
 
 
@@ -84,12 +85,32 @@ SCHEMAS = {
     "additional_schema": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"], "additionalProperties": {"type": "boolean"}},
     "ref_defs": {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/pos"}, "q": {"$ref": "#/$defs/pos"}}, "required": ["p"]},
     "any_value": {},
+    "not": {"type": "object", "properties": {"a": {"not": {"type": "string"}}, "b": {"not": {"enum": [1, "x"]}, "type": "integer"}}, "required": ["a", "b"]},
+    "if_then_else": {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}}, "required": ["kind"],
+                     "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]}, "then": {"required": ["n"]}, "else": {"not": {"required": ["n"]}}},
+    "one_of_overlapping": {"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]},
+    "pattern_properties": {"type": "object", "properties": {"id": {"type": "integer"}}, "patternProperties": {"^x-": {"type": "boolean"}, "^n_[0-9]$": {"type": "null"}}, "propertyNames": {"maxLength": 5}},
+    "min_max_properties": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}, "minProperties": 2, "maxProperties": 2},
+    "dependent_required": {"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}}, "dependentRequired": {"card": ["address"]}},
+    "multiple_of": {"type": "object", "properties": {"i": {"type": "integer", "multipleOf": 7, "maximum": 100}, "n": {"type": "number", "multipleOf": 5}}, "required": ["i", "n"]},
+    "contains": {"type": "array", "items": {"type": "integer", "maximum": 9}, "contains": {"const": 3}, "minContains": 1, "maxContains": 2, "maxItems": 4},
+    "unique_enum_items": {"type": "array", "items": {"enum": ["r", "g", "b"]}, "uniqueItems": True},
+    "unknown_format_and_annotations": {"type": "string", "format": "password", "x-intellij-html-description": "<b>x</b>", "markdownDescription": "m", "maxLength": 4},
 }
 
 
 def _validator(schema):
     as_dict = schema.model_json_schema() if isinstance(schema, type) else schema
-    return jsonschema.Draft202012Validator(as_dict, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    cls = jsonschema.validators.validator_for(as_dict, default=jsonschema.Draft202012Validator)
+    return cls(as_dict, format_checker=cls.FORMAT_CHECKER)
+
+
+def _text(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _matches(schema, text: str, **options) -> bool:
+    return rx.matches(fsm.compile_schema(schema, **options), text)
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
@@ -100,79 +121,136 @@ def test_random_walks_validate(name, rng, smol_tokenizer):
     guide = fsm.Guide.from_schema(schema, smol_tokenizer)
     tokens = random_walk(guide, rng)
     text = text_of(guide, tokens)
-    assert re.fullmatch(fsm.regex_from_schema(schema), text)
+    assert _matches(schema, text)
     _validator(schema).validate(json.loads(text))
 
 
-def test_character_regex_is_compact_and_ordered():
-    regex = fsm.regex_from_schema(Character)
-    assert re.fullmatch(regex, '{"name":"John","age":20,"armor":"plate","strength":11}')
-    assert not re.fullmatch(regex, '{"name": "John","age":20,"armor":"plate","strength":11}')
-    assert not re.fullmatch(regex, '{"name":"Johnathan Smith","age":20,"armor":"plate","strength":11}')
+# Per keyword: (schema, instances the term accepts, instances it rejects). Accepted ones must be valid
+# for jsonschema; rejected ones are invalid for it unless listed as a documented over-restriction.
+KEYWORDS = {
+    "not": ({"not": {"type": ["string", "null"]}}, [1, [], {}, True], ["s", None]),
+    "not_enum": ({"type": "integer", "not": {"enum": [1, 2]}}, [0, 3, -1], [1, 2]),
+    "not_required": ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}}, [{}, {"a": 1}, {"b": 2}], [{"a": 1, "b": 2}]),
+    "if_then_else": ({"if": {"type": "integer"}, "then": {"minimum": 5}, "else": {"type": "string"}}, [5, 7, "x"], [4, None, 1.5]),
+    "one_of_overlap": ({"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]}, [4, 11, -3], [5, 7, 10]),
+    "one_of_types": ({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}, [-1, 1.5], [1, 0, -1.5]),
+    "pattern_properties": ({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False}, [{}, {"x-a": 1}, {"x-a": 1, "x-b": 2}], [{"x-a": "s"}, {"y": 1}]),
+    "property_names": ({"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"A": 1}, {"a1": 2}]),
+    "min_properties": ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}, [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}], [{}]),
+    "max_properties": ({"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 1}, [{}, {"a": 1}], [{"a": 1, "b": 2}]),
+    "min_properties_extra": ({"type": "object", "additionalProperties": True, "minProperties": 1}, [{"k": 1}], [{}]),
+    "dependent_required": ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}, [{}, {"b": 1}, {"a": 1, "b": 1}], [{"a": 1}]),
+    "dependencies_schema": ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "dependencies": {"a": {"required": ["b"], "properties": {"b": {"minimum": 3}}}}},
+                            [{}, {"b": 1}, {"a": 1, "b": 3}], [{"a": 1}, {"a": 1, "b": 2}]),
+    "multiple_of_int": ({"type": "integer", "multipleOf": 3}, [0, 3, -6, 99], [1, 100, -4]),
+    "multiple_of_number": ({"type": "number", "multipleOf": 4}, [8, 8.0, -12, 0], [2, 8.5, 9]),
+    "multiple_of_fraction_on_integers": ({"type": "integer", "multipleOf": 0.5}, [1, 7], [1.5]),
+    "contains": ({"type": "array", "contains": {"type": "string"}}, [["a"], [1, "a", 2]], [[], [1, 2]]),
+    "min_max_contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "minContains": 2, "maxContains": 3},
+                         [[5, 6], [1, 5, 2, 6, 7]], [[5], [5, 6, 7, 8], [1, 2]]),
+    "unique_items_finite": ({"type": "array", "items": {"enum": [1, 2, "a"]}, "uniqueItems": True}, [[], [1, 2, "a"], ["a", 1]], [[1, 1], [2, "a", 2]]),
+    "unique_items_irrelevant": ({"type": "array", "uniqueItems": True, "maxItems": 1}, [[], [{"a": 1}]], [[1, 2]]),
+    "unknown_format": ({"type": "string", "format": "password", "minLength": 2}, ["ab", "secret"], ["a"]),
+    "annotations": ({"type": "integer", "x-intellij-html-description": "<b>", "markdownDescription": "m", "errorMessage": "e"}, [1], ["1"]),
+    "unevaluated_false": ({"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False}, [{}, {"a": 1}], [{"b": 1}]),
+    "untyped_keywords": ({"minimum": 3, "maxLength": 2}, [3, "ab", None, {}], [2, "abc"]),
+    "allof_contradiction_is_dropped": ({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"type": "integer"}]}}}, [{}], [{"a": 1}, {"a": "s"}]),
+}
+
+
+@pytest.mark.parametrize("name", KEYWORDS)
+def test_keywords_judge_like_jsonschema(name):
+    schema, accepted, rejected = KEYWORDS[name]
+    term, validator = fsm.compile_schema(schema), _validator(schema)
+    for value in accepted:
+        assert rx.matches(term, _text(value)), f"should accept {value!r}"
+        assert validator.is_valid(value), f"{value!r} is invalid: the test itself is wrong"
+    for value in rejected:
+        assert not rx.matches(term, _text(value)), f"should reject {value!r}"
+        assert not validator.is_valid(value), f"{value!r} is valid: a documented over-restriction? list it elsewhere"
+
+
+def test_compile_notes_list_ignored_formats():
+    term, notes = fsm.compile_with_notes({"type": "object", "properties": {"p": {"type": "string", "format": "password"}}})
+    assert notes == ["format 'password' ignored at #/properties/p (validators ignore it)"]
+    assert rx.matches(term, '{"p":"anything"}')
+
+
+def test_character_is_compact_and_ordered():
+    term = fsm.compile_schema(Character)
+    assert rx.matches(term, '{"name":"John","age":20,"armor":"plate","strength":11}')
+    assert not rx.matches(term, '{"name": "John","age":20,"armor":"plate","strength":11}')
+    assert not rx.matches(term, '{"name":"Johnathan Smith","age":20,"armor":"plate","strength":11}')
 
 
 def test_whitespace_is_configurable():
-    regex = fsm.regex_from_schema(Character, whitespace=r"[ \n]?")
-    assert re.fullmatch(regex, '{ "name": "John", "age": 20, "armor": "plate", "strength": 11 }')
+    assert _matches(Character, '{ "name": "John", "age": 20, "armor": "plate", "strength": 11 }', whitespace=r"[ \n]?")
 
 
 def test_additional_properties_policy():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    assert not re.fullmatch(fsm.regex_from_schema(schema), '{"a":1,"b":2}')
-    open_regex = fsm.regex_from_schema(schema, additional_properties=True)
-    assert re.fullmatch(open_regex, '{"a":1,"b":[2,{"c":null}]}')
-    assert not re.fullmatch(open_regex, '{"a":1,"a":"x"}')  # a declared key cannot come back unchecked
+    assert not _matches(schema, '{"a":1,"b":2}')
+    assert _matches(schema, '{"a":1,"b":[2,{"c":null}]}', additional_properties=True)
+    assert not _matches(schema, '{"a":1,"a":"x"}', additional_properties=True)  # a declared key cannot come back unchecked
 
 
 def test_optional_properties_any_subset_in_order():
-    regex = fsm.regex_from_schema(SCHEMAS["all_optional"])
+    term = fsm.compile_schema(SCHEMAS["all_optional"])
     for text in ["{}", '{"a":1}', '{"b":"x"}', '{"a":1,"c":true}', '{"a":1,"b":"x","c":false}']:
-        assert re.fullmatch(regex, text), text
+        assert rx.matches(term, text), text
     for text in ['{"b":"x","a":1}', '{,"a":1}', '{"a":1,}']:
-        assert not re.fullmatch(regex, text), text
+        assert not rx.matches(term, text), text
 
 
 def test_integer_bounds_are_exact():
-    regex = fsm.regex_from_schema({"type": "integer", "minimum": -12, "exclusiveMaximum": 105})
+    term = fsm.compile_schema({"type": "integer", "minimum": -12, "exclusiveMaximum": 105})
     for x in range(-200, 300):
-        assert bool(re.fullmatch(regex, str(x))) == (-12 <= x < 105)
+        assert rx.matches(term, str(x)) == (-12 <= x < 105)
 
 
 def test_string_escapes_and_unicode():
-    regex = fsm.regex_from_schema({"type": "string", "maxLength": 3})
-    for value in ['a"b', "\\", "\n", "é😀", "\u0001"]:
-        assert re.fullmatch(regex, json.dumps(value, ensure_ascii=False)), value
-    assert not re.fullmatch(regex, '"a\nb"')  # raw control characters are invalid JSON
-    assert not re.fullmatch(regex, json.dumps("abcd"))
+    term = fsm.compile_schema({"type": "string", "minLength": 2, "maxLength": 3})
+    for value in ['a"b', "\\\\", "\n\t", "é😀", "\u0001x"]:
+        assert rx.matches(term, json.dumps(value, ensure_ascii=False)), value
+        assert rx.matches(term, json.dumps(value)), value  # \uXXXX escapes, surrogate pairs count once
+    assert not rx.matches(term, '"a\nb"')  # raw control characters are invalid JSON
+    assert not rx.matches(term, json.dumps("abcd"))
+    assert not rx.matches(term, '"\\ud800x"')  # a lone surrogate is left out
 
 
 def test_recursion_is_bounded():
-    regex = fsm.regex_from_schema(Node, max_recursion_depth=2)
-    assert re.fullmatch(regex, '{"value":1,"children":[{"value":2}]}')
-    assert not re.fullmatch(regex, '{"value":1,"children":[{"value":2,"children":[{"value":3,"children":[{"value":4}]}]}]}')
+    term = fsm.compile_schema(Node, max_recursion_depth=2)
+    assert rx.matches(term, '{"value":1,"children":[{"value":2}]}')
+    assert not rx.matches(term, '{"value":1,"children":[{"value":2,"children":[{"value":3,"children":[{"value":4}]}]}]}')
+
+
+def test_shared_refs_compile_once():
+    """A chain of definitions each used twice: text inlining doubles per level, terms are shared."""
+    defs = {f"d{i}": {"type": "object", "properties": {"l": {"$ref": f"#/$defs/d{i + 1}"}, "r": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(40)}
+    defs["d40"] = {"type": "integer"}
+    term = fsm.compile_schema({"$defs": defs, "$ref": "#/$defs/d0"})
+    assert rx.size(term) < 2_000
+    assert rx.matches(term, '{"l":{"r":{}}}')
 
 
 def test_json_string_and_dict_inputs_agree():
     schema = SCHEMAS["numbers"]
-    assert fsm.regex_from_schema(json.dumps(schema)) == fsm.regex_from_schema(schema)
+    assert fsm.compile_schema(json.dumps(schema)) is fsm.compile_schema(schema)
 
 
 def test_annotations_are_ignored():
     plain = {"type": "integer"}
-    annotated = {"type": "integer", "title": "t", "description": "d", "examples": [1], "default": 2, "$schema": "x", "$id": "y"}
-    assert fsm.regex_from_schema(annotated) == fsm.regex_from_schema(plain)
+    annotated = {"type": "integer", "title": "t", "description": "d", "examples": [1], "default": 2, "$schema": "x", "$id": "y", "x-foo": {"type": "string"}}
+    assert fsm.compile_schema(annotated) is fsm.compile_schema(plain)
 
 
 @pytest.mark.parametrize(
     "schema, keyword, pointer",
     [
-        ({"not": {"type": "string"}}, "not", "#"),
-        ({"type": "object", "properties": {"a": {"type": "string", "if": {}, "then": {}}}}, "if", "#/properties/a"),
-        ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "#"),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired", "#"),
         ({"type": "number", "multipleOf": 0.5}, "multipleOf", "#"),
-        ({"type": "string", "format": "color"}, "format", "#"),
+        ({"type": "integer", "multipleOf": 10_007}, "multipleOf", "#"),
+        ({"type": "string", "format": "regex"}, "format", "#"),
         ({"type": "object", "properties": {"a~b/c": {"type": "integer", "minimum": 5, "maximum": 1}}}, "minimum", "#/properties/a~0b~1c"),
         ({"type": "string", "minLength": 5, "maxLength": 2}, "maxLength", "#"),
         ({"type": "string", "maxLength": "3"}, "maxLength", "#"),
@@ -181,22 +259,28 @@ def test_annotations_are_ignored():
         ({"$ref": "https://example.com/schema.json"}, "$ref", "#"),
         ({"type": "string", "pattern": "(?<=a)b"}, "pattern", "#"),
         ({"type": "string", "pattern": "a\\1"}, "pattern", "#"),
-        ({"oneOf": [{"type": "integer"}, {"type": "integer", "minimum": 3}]}, "oneOf", "#"),
-        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "type", "#/allOf/1"),
         ({"enum": []}, "enum", "#"),
-        ({"type": "object", "minProperties": 2}, "minProperties", "#"),
+        ({"type": "object", "minProperties": 2, "additionalProperties": True}, "minProperties", "#"),
+        ({"type": "array", "unevaluatedItems": False}, "unevaluatedItems", "#"),
+        ({"type": "object", "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties", "#"),
     ],
 )
 def test_bad_schemas_name_keyword_and_pointer(schema, keyword, pointer):
     with pytest.raises(fsm.SchemaError) as caught:
-        fsm.regex_from_schema(schema)
+        fsm.compile_schema(schema)
     assert caught.value.keyword == keyword
     assert caught.value.pointer == pointer
     assert repr(keyword) in str(caught.value) and pointer in str(caught.value)
 
 
+def test_unsatisfiable_schemas_raise():
+    for schema in [False, {"not": {}}, {"allOf": [{"type": "string"}, {"type": "integer"}]}, {"oneOf": [{"type": "integer"}, {"type": "integer"}]}]:
+        with pytest.raises(fsm.SchemaError, match="accepts no value"):
+            fsm.compile_schema(schema)
+
+
 def test_malformed_inputs():
     with pytest.raises(fsm.SchemaError, match="not valid JSON"):
-        fsm.regex_from_schema("{not json")
+        fsm.compile_schema("{not json")
     with pytest.raises(fsm.SchemaError, match="pydantic model class, a dict or a JSON string"):
-        fsm.regex_from_schema(42)
+        fsm.compile_schema(42)

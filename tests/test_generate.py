@@ -87,8 +87,8 @@ def test_reference_is_plain_decoding(tok, models, constraint):
     out = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=30, coalesce=False, **CONSTRAINTS[constraint])
     guide = None
     if constraint != "none":
-        guide = fsm.Guide.from_regex(fsm.regex_from_schema(Character) if constraint == "schema" else REGEX, tok,
-                                     vocab_size=V, eos_token_ids=[tok.eos_token_id])
+        build = fsm.Guide.from_schema if constraint == "schema" else fsm.Guide.from_regex
+        guide = build(Character if constraint == "schema" else REGEX, tok, vocab_size=V, eos_token_ids=[tok.eos_token_id])
     assert out.token_ids == plain_greedy(model, tok, ids, guide, 30)
     assert out.stats.target_forward_passes == out.stats.new_tokens  # one forward per emitted token
     assert out.stats.assistant_forward_passes == 0 and out.stats.drafted == 0
