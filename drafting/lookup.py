@@ -5,10 +5,16 @@ written the first token of such a value, its text occurs in the prompt, and the 
 after that place are a free draft (Saxena 2023, transformers' `prompt_lookup_num_tokens`). Matching
 is on text, not token ids, because a value inside JSON is tokenized differently from the same words
 in prose (`"Maria` vs ` Maria`); a match counts only where it ends on a prompt token boundary, so the
-draft is the prompt's own tokenization. Drafts are point masses the target verifies: lossless.
+draft is the prompt's own tokenization. The copy stops before the first token with clause punctuation
+(a copied value rarely runs past it, and on a compute-bound device every drafted token costs verification
+time). Drafts are point masses the target verifies: lossless.
 """
 
 from __future__ import annotations
+
+import re
+
+CLAUSE_END = re.compile(r'[,.;:!?()\[\]{}"\n]')  # a copied value rarely runs past these
 
 
 class PromptLookup:
@@ -40,8 +46,16 @@ class PromptLookup:
         for length in range(min(len(tail), self.max_chars), self.min_chars - 1, -1):
             start = self._latest_aligned(tail[-length:])
             if start is not None:
-                return self.prompt[start : start + n]
+                return self._clause(start, n)
         return []
+
+    def _clause(self, start: int, n: int) -> list[int]:
+        """Up to `n` prompt tokens from `start`, stopping before clause punctuation (at least one token)."""
+        out = self.prompt[start : start + n]
+        for i, token in enumerate(out[1:], 1):
+            if CLAUSE_END.search(self.piece(token)):
+                return out[:i]
+        return out
 
     def _tail(self, seq: list[int]) -> str:
         pieces, size = [], 0

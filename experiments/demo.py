@@ -5,7 +5,8 @@
 
 For the seed's Character example and one extraction task it prints the validated JSON and a table:
 plain unconstrained generation, plain constrained decoding (mask only), constrained + coalesced forced
-tokens, and with --assistant the assistant modes. All greedy; speedup is against plain constrained.
+tokens, constrained + forced tokens + prompt lookup, and with --assistant the assistant modes ("full":
+forced tokens, prompt lookup and the assistant). All greedy; speedup is against plain constrained.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from experiments.tasks import DEMO_TASKS, Run, Task, extract_json, run_mode, set
 
 SMALL = "smollm2-135m"
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-BASE_MODES = ("unconstrained", "constrained", "constrained+forced")
+BASE_MODES = ("unconstrained", "constrained", "constrained+forced", "constrained+forced+lookup")
 ASSISTANT_MODES = ("constrained+assistant", "full")
 
 

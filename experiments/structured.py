@@ -47,7 +47,7 @@ def run(model, tokenizer, assistant, tasks, repeats: int, max_new_tokens: int, p
         schedule: str = "heuristic") -> list[dict]:
     """Every (task, repeat) cell runs all modes, order rotated per cell; one row per generation."""
     from tqdm.auto import tqdm
-    modes = [m for m, (needs, _, _) in MODES.items() if assistant is not None or not needs]
+    modes = [m for m, (needs, *_) in MODES.items() if assistant is not None or not needs]
     cells = [(t, r) for r in range(repeats) for t in tasks]
     for t in tasks:
         run_mode("constrained", t, model, tokenizer, max_new_tokens=2)  # compile the index before timing

@@ -154,13 +154,14 @@ class Run:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
 
-# mode -> (needs assistant, schema?, coalesce)
+# mode -> (needs assistant, schema?, coalesce forced tokens, prompt lookup); "full" is everything we have
 MODES = {
-    "unconstrained": (False, False, False),
-    "constrained": (False, True, False),
-    "constrained+forced": (False, True, True),
-    "constrained+assistant": (True, True, False),
-    "full": (True, True, True),
+    "unconstrained": (False, False, False, False),
+    "constrained": (False, True, False, False),
+    "constrained+forced": (False, True, True, False),
+    "constrained+forced+lookup": (False, True, True, True),
+    "constrained+assistant": (True, True, False, False),
+    "full": (True, True, True, True),
 }
 
 
@@ -168,14 +169,14 @@ def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new
              num_assistant_tokens: int = 5, schedule: str = "heuristic") -> Run:
     """Greedy generation of `task` in `mode` with `assisted.generate`; the constraint is compiled once
     per (schema, tokenizer) inside fsm, so warm up once before timing."""
-    needs_assistant, constrained, coalesce = MODES[mode]
+    needs_assistant, constrained, coalesce, lookup = MODES[mode]
     if needs_assistant and assistant is None:
         raise ValueError(f"mode {mode!r} needs an assistant model")
     start = time.perf_counter()
     out = generate(model, assistant if needs_assistant else None, tokenizer=tokenizer,
                    messages=task.messages(constrained), schema=task.schema if constrained else None,
                    max_new_tokens=max_new_tokens, coalesce=coalesce, num_assistant_tokens=num_assistant_tokens,
-                   schedule=schedule)
+                   schedule=schedule, prompt_lookup=lookup)
     seconds = time.perf_counter() - start
     s = out.stats
     return Run(mode, out.text, s.new_tokens, seconds, s.target_forward_passes, s.forced_tokens_appended, out.value)

@@ -12,8 +12,10 @@ def test_json_value_continues_with_the_prompts_tokens(smol_tokenizer):
     lookup = PromptLookup(smol_tokenizer, prompt)
     seq = prompt + smol_tokenizer.encode('{"name":"Maria', add_special_tokens=False)
     draft = lookup.continuation(seq, 3)
-    assert len(draft) == 3 and " Lopez, 34, works".startswith(smol_tokenizer.decode(draft))
-    assert draft == prompt[prompt.index(draft[0]) :][:3]  # the prompt's tokenization, not a re-encoding
+    assert smol_tokenizer.decode(draft) == " Lopez"  # the copy stops before the comma
+    assert draft == prompt[prompt.index(draft[0]) :][: len(draft)]  # the prompt's tokenization, not a re-encoding
+    seq = prompt + smol_tokenizer.encode('{"role":"senior', add_special_tokens=False)
+    assert smol_tokenizer.decode(lookup.continuation(seq, 2)) == " data engineer"
 
 
 def test_latest_occurrence_wins_and_n_caps_the_draft(smol_tokenizer):
