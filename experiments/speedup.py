@@ -44,7 +44,8 @@ FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.speedup", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b",
+                   help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)')
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
@@ -234,10 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.models import NotPreparedError, load
+    from experiments.models import NotPreparedError, load, random_like
     try:
         model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
-        assistant, _ = load(args.assistant, dtype=args.dtype, device=args.device)
+        assistant = random_like(model) if args.assistant == "random" else load(args.assistant, dtype=args.dtype,
+                                                                                device=args.device)[0]
     except (NotPreparedError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
