@@ -8,6 +8,7 @@ unit, lone surrogates are left out), so `repeat(STRING_CHAR, n, m)` counts exact
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 
 from fsm import rx, utf8
 from fsm.rx import alt, literal, optional, repeat, seq, star
@@ -184,21 +185,37 @@ def _same_length(a: str, b: str) -> rx.Rx:
     return alt(low_part, middle, seq(literal(b[0]), _same_length("0" * rest, b[1:])))
 
 
-def multiple_of(step: int, integer: bool) -> rx.Rx:
-    """Integers divisible by `step` (with up to MAX_MULTIPLE_DIGITS digits); `integer` False also
-    allows a fraction of zeros (10.0). A mod-`step` automaton unrolled over digit positions."""
-    memo: dict[tuple[int, int], rx.Rx] = {}
+def multiple_of(step: int, integer: bool, decimals: int = 0) -> rx.Rx:
+    """Numbers x with x * 10**decimals divisible by `step` (up to MAX_MULTIPLE_DIGITS integer digits):
+    a mod-`step` automaton unrolled over digit positions. `integer` False also allows a fraction
+    (its first `decimals` digits count, the rest must be zeros)."""
+    @lru_cache(maxsize=None)
+    def fraction(remainder: int, left: int, first: bool) -> rx.Rx:  # after the point, `left` digits still count
+        if left == 0:
+            return repeat(literal("0"), 1 if first else 0) if remainder == 0 else rx.NOTHING
+        digits = [seq(literal(str(d)), fraction((remainder * 10 + d) % step, left - 1, False)) for d in range(10)]
+        done = rx.EPSILON if not first and remainder * 10**left % step == 0 else rx.NOTHING
+        return alt(done, *digits)
 
-    def rest(remainder: int, left: int) -> rx.Rx:  # the digits after a prefix with this remainder
-        if (remainder, left) not in memo:
-            more = [seq(literal(str(d)), rest((remainder * 10 + d) % step, left - 1)) for d in range(10)] if left else []
-            memo[remainder, left] = alt(rx.EPSILON if remainder == 0 else rx.NOTHING, *more)
-        return memo[remainder, left]
+    @lru_cache(maxsize=None)
+    def whole(remainder: int) -> rx.Rx:  # what may follow an integer part with this remainder
+        end = rx.EPSILON if remainder * 10**decimals % step == 0 else rx.NOTHING
+        return end if integer else alt(end, seq(literal("."), fraction(remainder, decimals, True)))
 
     n = MAX_MULTIPLE_DIGITS
-    natural = alt(literal("0"), *(seq(literal(str(d)), rest(d % step, n - 1)) for d in range(1, 10)))
-    whole = seq(optional(literal("-")), natural)
-    return whole if integer else seq(whole, optional(seq(literal("."), repeat(literal("0"), 1))))
+    naturals = [seq(literal("0"), whole(0))]
+    for first in range(1, 10):  # unroll the integer digits, then hand over to `whole`
+        naturals.append(seq(literal(str(first)), _digits(first % step, n - 1, step, whole)))
+    return seq(optional(literal("-")), alt(*naturals))
+
+
+def _digits(remainder: int, left: int, step: int, then, memo=None) -> rx.Rx:
+    """More integer digits (at most `left`), tracking the remainder mod `step`, then `then(remainder)`."""
+    memo = {} if memo is None else memo
+    if (remainder, left) not in memo:
+        more = [seq(literal(str(d)), _digits((remainder * 10 + d) % step, left - 1, step, then, memo)) for d in range(10)] if left else []
+        memo[remainder, left] = alt(then(remainder), *more)
+    return memo[remainder, left]
 
 
 # -- every spelling of a string (for over-approximations) -----------------------------------------

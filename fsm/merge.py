@@ -70,8 +70,18 @@ def _merge(a: dict, b: dict, pointer: str) -> dict:
             out[key] = value
         elif out[key] != value:
             out[key] = _merge_keyword(key, out[key], value, out, b, pointer)
+    _apply_additional_schemas(out, a, b)
     _apply_closed_objects(out, a, b, pointer)
     return out
+
+
+def _apply_additional_schemas(out: dict, a: dict, b: dict) -> None:
+    """A part's additionalProperties schema also binds the other part's properties it does not list."""
+    for part in (a, b):
+        extra = part.get("additionalProperties")
+        if isinstance(extra, dict) and "properties" in out:
+            allowed = _allowed_names(part)
+            out["properties"] = {n: s if allowed(n) else {"allOf": [s, extra]} for n, s in out["properties"].items()}
 
 
 def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
@@ -122,12 +132,10 @@ def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
 
 
 def _allowed_names(part: dict):
-    from fsm import rx
-    from fsm.patterns import pattern_term
+    from fsm.patterns import search
 
-    names = set(part.get("properties", {}))
-    terms = [pattern_term(p, "#") for p in part.get("patternProperties", {})]
-    return lambda name: name in names or any(rx.matches(t, name) for t in terms)
+    names, patterns = set(part.get("properties", {})), list(part.get("patternProperties", {}))
+    return lambda name: name in names or any(search(p, name, "#") for p in patterns)
 
 
 def _merge_types(x, y, pointer: str) -> list[str]:

@@ -45,6 +45,14 @@ def pattern_upper(pattern) -> rx.Rx:
         return rx.ANYTHING
 
 
+def search(pattern: str, text: str, pointer: str) -> bool:
+    """Whether Python's `re.search` (what validators run) finds `pattern` in `text`."""
+    try:
+        return re.search(pattern, text) is not None
+    except re.error as error:
+        raise SchemaError(f"pattern {pattern!r}: {error}", keyword="patternProperties", pointer=pointer) from None
+
+
 @lru_cache(maxsize=4096)
 def _search_term(pattern: str) -> rx.Rx:
     from fsm.rx_parse import parse

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from itertools import product
+from typing import NamedTuple
 
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.errors import SchemaError
-from fsm.patterns import pattern_term
+from fsm.patterns import pattern_term, pattern_upper, search
 
 MAX_PATTERNS = 4  # patternProperties: extra keys are split by which patterns they match (2^n cases)
 
@@ -24,7 +25,7 @@ def type_object(c, schema: dict, pointer: str) -> rx.Rx:
     names = c.compile(schema["propertyNames"], f"{pointer}/propertyNames") if "propertyNames" in schema else None
     declared = dict(properties)
     for name in required:  # required names are never "extra"; matching patterns apply in _declared
-        matched = any(rx.matches(t, name) for t, _, _ in patterns) if isinstance(name, str) else False
+        matched = any(search(p.text, name, p.where) for p in patterns) if isinstance(name, str) else False
         declared.setdefault(name, True if matched else schema.get("additionalProperties", True))
     members = [_declared(c, name, sub, name in required, patterns, names, pointer) for name, sub in declared.items()]
     extras = _extras(c, list(declared), patterns, extra, names, pointer)
@@ -32,20 +33,29 @@ def type_object(c, schema: dict, pointer: str) -> rx.Rx:
     return rx.inter(term, _count(c, schema, list(declared), pointer))
 
 
-def _patterns(schema: dict, pointer: str) -> list[tuple[rx.Rx, object, str]]:
+class _Pattern(NamedTuple):
+    text: str
+    lower: rx.Rx  # keys surely matched (as Python's re.search, which validators use)
+    upper: rx.Rx  # keys perhaps matched
+    schema: object
+    where: str
+
+
+def _patterns(schema: dict, pointer: str) -> list[_Pattern]:
     found = schema.get("patternProperties", {})
     if not isinstance(found, dict):
         raise SchemaError("must be an object", keyword="patternProperties", pointer=pointer)
     where = f"{pointer}/patternProperties"
-    return [(pattern_term(p, where, "patternProperties"), sub, f"{where}/{_escape(p)}") for p, sub in found.items()]
+    return [_Pattern(p, pattern_term(p, where, "patternProperties"), pattern_upper(p), sub, f"{where}/{_escape(p)}")
+            for p, sub in found.items()]
 
 
 def _declared(c, name: str, subschema, required: bool, patterns, names, pointer: str) -> tuple[rx.Rx, str]:
     """(member term, "required" | "optional"); NOTHING when the property cannot appear."""
     value = c.compile(subschema, f"{pointer}/properties/{_escape(name)}")
-    for content, sub, where in patterns:
-        if rx.matches(content, name):
-            value = rx.inter(value, c.compile(sub, where))
+    for p in patterns:
+        if search(p.text, name, p.where):
+            value = rx.inter(value, c.compile(p.schema, p.where))
     key = jt.key(name)
     if names is not None and not rx.matches(names, json.dumps(name, ensure_ascii=False)):
         value = rx.NOTHING
@@ -56,9 +66,9 @@ def _extras(c, declared: list[str], patterns, extra, names, pointer: str) -> rx.
     """One member whose key is not declared: split by the patterns the key matches."""
     plain = rx.inter(rx.star(jt.PLAIN_CHAR), rx.complement(rx.alt(*(rx.literal(n) for n in declared))))
     options = []
-    for chosen in _pattern_cases(len(patterns), _disjoint([t for t, _, _ in patterns])):
-        content = rx.inter(plain, *(t if hit else rx.complement(t) for (t, _, _), hit in zip(patterns, chosen)))
-        values = [c.compile(sub, where) for (_, sub, where), hit in zip(patterns, chosen) if hit]
+    for chosen in _pattern_cases(len(patterns), _disjoint([p.upper for p in patterns])):
+        content = rx.inter(plain, *(p.lower if hit else rx.complement(p.upper) for p, hit in zip(patterns, chosen)))
+        values = [c.compile(p.schema, p.where) for p, hit in zip(patterns, chosen) if hit]
         if not any(chosen):
             values = [c.compile(extra, f"{pointer}/additionalProperties")]
         key = rx.seq(jt.QUOTE, content, jt.QUOTE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 
 from fsm import json_terms as jt
 from fsm import rx
@@ -127,9 +128,26 @@ def _multiple(schema: dict, pointer: str, integer: bool) -> rx.Rx:
         raise SchemaError(f"must be a positive number, not {step!r}", keyword="multipleOf", pointer=pointer)
     if integer and isinstance(step, float) and (1 / step).is_integer():
         return rx.ANYTHING  # every integer is a multiple of 1/n
-    if float(step).is_integer() and step <= MAX_MULTIPLE:
-        return rx.ANYTHING if step == 1 and integer else jt.multiple_of(int(step), integer)
-    raise SchemaError(f"multipleOf {step} is not supported (integer steps up to {MAX_MULTIPLE})", keyword="multipleOf", pointer=pointer)
+    scaled = _exact_decimal(step)  # (m, s): step = m / 10**s exactly, and a binary fraction
+    if scaled is not None and scaled[0] <= MAX_MULTIPLE:
+        m, decimals = scaled
+        return rx.ANYTHING if (m, decimals) == (1, 0) and integer else jt.multiple_of(m, integer, decimals)
+    raise SchemaError(f"multipleOf {step} is not supported (steps m/10^s up to m={MAX_MULTIPLE} that floats hold exactly)",
+                      keyword="multipleOf", pointer=pointer)
+
+
+def _exact_decimal(step) -> tuple[int, int] | None:
+    """(m, s) with step = m / 10**s, when floats represent step and its multiples exactly (2.5, 0.25; not 0.1).
+
+    jsonschema divides floats: 0.3 / 0.1 is not an integer there, so only exact steps are safe.
+    """
+    exact = Fraction(step)
+    if exact.denominator & (exact.denominator - 1) or exact.denominator > 8:  # 0.1 is inexact in binary;
+        return None  # up to 1/8, every multiple with MAX_MULTIPLE_DIGITS integer digits fits in 53 bits
+    decimals = 0
+    while (exact * 10**decimals).denominator != 1:
+        decimals += 1
+    return int(exact * 10**decimals), decimals
 
 
 def numeric_bounds(schema: dict, pointer: str) -> dict:

@@ -34,9 +34,9 @@ class Upper:
             return ANY
         if schema is False:
             return rx.NOTHING
+        if "$ref" in schema:  # drafts up to 7 ignore its siblings: U of the target alone is safe for all
+            return self._ref(schema["$ref"])
         parts = [self._typed(schema)]
-        if "$ref" in schema:
-            parts.append(self._ref(schema["$ref"]))
         parts += [self(s, pointer) for s in _list(schema.get("allOf"))]
         for keyword in ("anyOf", "oneOf"):
             if _list(schema.get(keyword)):
