@@ -44,6 +44,7 @@ BOOLEAN = alt(literal("true"), literal("false"))
 NULL = literal("null")
 SCALAR = alt(STRING, NUMBER, BOOLEAN, NULL)
 
+_DIGITS = [literal(str(d)) for d in range(10)]
 MAX_MULTIPLE_DIGITS = 15  # multipleOf automata cover integers up to this many digits (exact in floats)
 
 
@@ -185,6 +186,7 @@ def _same_length(a: str, b: str) -> rx.Rx:
     return alt(low_part, middle, seq(literal(b[0]), _same_length("0" * rest, b[1:])))
 
 
+@lru_cache(maxsize=256)
 def multiple_of(step: int, integer: bool, decimals: int = 0) -> rx.Rx:
     """Numbers x with x * 10**decimals divisible by `step` (up to MAX_MULTIPLE_DIGITS integer digits):
     a mod-`step` automaton unrolled over digit positions. `integer` False also allows a fraction
@@ -193,7 +195,7 @@ def multiple_of(step: int, integer: bool, decimals: int = 0) -> rx.Rx:
     def fraction(remainder: int, left: int, first: bool) -> rx.Rx:  # after the point, `left` digits still count
         if left == 0:
             return repeat(literal("0"), 1 if first else 0) if remainder == 0 else rx.NOTHING
-        digits = [seq(literal(str(d)), fraction((remainder * 10 + d) % step, left - 1, False)) for d in range(10)]
+        digits = [seq(_DIGITS[d], fraction((remainder * 10 + d) % step, left - 1, False)) for d in range(10)]
         done = rx.EPSILON if not first and remainder * 10**left % step == 0 else rx.NOTHING
         return alt(done, *digits)
 
@@ -213,7 +215,7 @@ def _digits(remainder: int, left: int, step: int, then, memo=None) -> rx.Rx:
     """More integer digits (at most `left`), tracking the remainder mod `step`, then `then(remainder)`."""
     memo = {} if memo is None else memo
     if (remainder, left) not in memo:
-        more = [seq(literal(str(d)), _digits((remainder * 10 + d) % step, left - 1, step, then, memo)) for d in range(10)] if left else []
+        more = [seq(_DIGITS[d], _digits((remainder * 10 + d) % step, left - 1, step, then, memo)) for d in range(10)] if left else []
         memo[remainder, left] = alt(then(remainder), *more)
     return memo[remainder, left]
 

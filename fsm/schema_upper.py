@@ -74,8 +74,8 @@ class Upper:
     def _typed(self, schema: dict) -> rx.Rx:
         types = schema.get("type", ["null", "boolean", "array", "string", "object", "number"])
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-        build = {"string": self._string, "object": self._object, "number": _number,
-                 "integer": lambda s: rx.inter(_number(s), INTEGER_SPELLINGS)}
+        build = {"string": self._string, "object": self._object, "number": lambda s: rx.inter(_number(s), _multiple(s)),
+                 "integer": lambda s: rx.inter(_number(s), _multiple(s), INTEGER_SPELLINGS)}
         return rx.alt(*(build[t](schema) if t in build else UPPER_TYPES.get(t, ANY) for t in types)) if types else ANY
 
     def _string(self, schema: dict) -> rx.Rx:
@@ -112,6 +112,20 @@ def _number(schema: dict) -> rx.Rx:
     if not bounds:
         return jt.NUMBER
     return rx.alt(jt.number_range(low, high, low_open, high_open), _EXPONENT_FORMS, _NEGATIVE_ZERO)
+
+
+def _multiple(schema: dict) -> rx.Rx:
+    """Multiples of `multipleOf` (the exact automaton, plus what it leaves out: long numbers, exponents)."""
+    from fsm.schema_types import _exact_decimal
+
+    step = schema.get("multipleOf")
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or _exact_decimal(step) is None:
+        return ANY
+    m, decimals = _exact_decimal(step)
+    if m > 1000:
+        return ANY
+    long = rx.seq(rx.optional(rx.literal("-")), jt.NONZERO, rx.repeat(jt.DIGIT, jt.MAX_MULTIPLE_DIGITS), ANY)
+    return rx.alt(jt.multiple_of(m, False, decimals), long, _EXPONENT_FORMS)
 
 
 def _value(value) -> rx.Rx:

@@ -145,6 +145,7 @@ KEYWORDS = {
     "multiple_of_int": ({"type": "integer", "multipleOf": 3}, [0, 3, -6, 99], [1, 100, -4]),
     "multiple_of_number": ({"type": "number", "multipleOf": 4}, [8, 8.0, -12, 0], [2, 8.5, 9]),
     "multiple_of_fraction_on_integers": ({"type": "integer", "multipleOf": 0.5}, [1, 7], [1.5]),
+    "not_multiple_of": ({"type": "integer", "not": {"multipleOf": 3}}, [1, 2, -4], [0, 3, -6]),
     "multiple_of_binary_fraction": ({"type": "number", "multipleOf": 2.5}, [0, 2.5, -7.5, 10, 12.50], [1, 2.4, 3.75]),
     "allof_additional_schema": ({"allOf": [{"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, {"properties": {"b": {}}}]},
                                 [{"b": 1}, {"a": "s"}], [{"b": "s"}]),
