@@ -51,11 +51,11 @@ def load_models(assistant: bool):
 def table(task: Task, runs: list[Run]) -> str:
     """A fixed-width table of the runs of one task."""
     base = next(r for r in runs if r.mode == "constrained").seconds
-    head = f"{'mode':<22} {'valid':>5} {'tokens':>6} {'wall s':>7} {'target fwd':>10} {'forced':>6} {'tok/s':>6} {'speedup':>7}"
+    head = f"{'mode':<26} {'valid':>5} {'tokens':>6} {'wall s':>7} {'target fwd':>10} {'forced':>6} {'tok/s':>6} {'speedup':>7}"
     lines = [head, "-" * len(head)]
     for r in runs:
         ok = validate(task, extract_json(r.text))
-        lines.append(f"{r.mode:<22} {'yes' if ok else 'no':>5} {r.new_tokens:>6} {r.seconds:>7.2f} "
+        lines.append(f"{r.mode:<26} {'yes' if ok else 'no':>5} {r.new_tokens:>6} {r.seconds:>7.2f} "
                      f"{r.target_passes:>10} {r.forced_appended:>6} {r.tokens_per_s:>6.1f} {base / r.seconds:>6.2f}x")
     return "\n".join(lines)
 
