@@ -1,6 +1,6 @@
 """A process pool that forks one child per task and kills a child that runs past its time or memory.
 
-`concurrent.futures` cannot stop one stuck task (interegular can loop for minutes on a huge regex),
+`concurrent.futures` cannot stop one stuck task (a pathological schema can compile for minutes),
 so each task gets its own forked child: it inherits the already loaded tokenizer and vocabulary
 (copy-on-write, nothing to pickle), starts with empty fsm caches (compile times are honest) and its
 peak RSS belongs to this one task. A child reports stage changes ("compile:regex", "compile:dfa",

@@ -103,11 +103,9 @@ def _causes(failures: list[dict], setup: dict) -> list[dict]:
 
 
 def environment() -> dict:
-    import interegular  # noqa: F401
     import torch
     import transformers
 
-    from importlib.metadata import version
 
     repo = Path(__file__).resolve().parents[1]
     git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True).stdout.strip()  # noqa: E731
@@ -117,7 +115,7 @@ def environment() -> dict:
 
     return {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "interegular": version("interegular"), "numpy": np.__version__,
+            "numpy": np.__version__,
             "commit": git("rev-parse", "--short", "HEAD")}
 
 
@@ -134,7 +132,7 @@ def write_report(out: Path, totals: dict, setup: dict) -> dict:
         f"Coverage run of {env['date']}: `python -m experiments.coverage --tokenizer {setup['tokenizer']}` on "
         f"{setup['files']} MaskBench files, {env['cores']}-core {env['cpu']} CPU, {setup['workers']} workers, "
         f"timeout {setup['timeout_s']:g} s; Python {env['python']}, torch {env['torch']}, transformers "
-        f"{env['transformers']}, interegular {env['interegular']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: summary.md (tables), coverage.png, "
+        f"{env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: summary.md (tables), coverage.png, "
         "schemas.csv (one row per schema), failures.csv (false rejects/accepts per instance), summary.json.\n")
     return summary
 
