@@ -100,8 +100,14 @@ def _seq2(head: Rx, tail: Rx) -> Rx:
         return tail
     if tail is EPSILON:
         return head
-    if head.kind == "seq":
-        return _seq2(head.args[0], _seq2(head.args[1], tail))
+    if head.kind == "seq":  # re-associate to the right, iteratively: chains can be thousands long
+        parts = []
+        while head.kind == "seq":
+            parts.append(head.args[0])
+            head = head.args[1]
+        for part in reversed([*parts, head]):
+            tail = _seq2(part, tail)
+        return tail
     return _term("seq", (head, tail), head.nullable and tail.nullable, head.plain and tail.plain)
 
 

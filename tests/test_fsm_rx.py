@@ -198,3 +198,10 @@ def test_lookaheads_and_anchors_inside_lookaheads():
 def test_unsupported_constructs_name_the_construct(pattern, reason):
     with pytest.raises(RegexError, match=re.escape(reason)):
         parse(pattern)
+
+
+def test_long_sequences_concatenate_without_recursion():
+    """Regression (coverage run, Github_ultra o21764): seq of two 5,000-byte literals hit the recursion limit."""
+    joined = rx.seq(rx.literal("x" * 5000), rx.literal("y" * 5000))
+    assert rx.matches(joined, "x" * 5000 + "y" * 5000)
+    assert not rx.matches(joined, "x" * 4999 + "y" * 5001)
