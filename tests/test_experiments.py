@@ -66,9 +66,9 @@ def test_structured_cell_end_to_end(tiny, tmp_path):
     model, tok = tiny
     with threads(1):
         rows = structured.run(model, tok, None, STRUCTURED_TASKS[:1], 1, 6, progress=False)
-    assert [r["mode"] for r in rows] == ["unconstrained", "constrained", "constrained+forced"]
+    assert [r["mode"] for r in rows] == ["unconstrained", "constrained", "constrained+forced", "constrained+forced+lookup"]
     assert next(r for r in rows if r["mode"] == "constrained+forced")["forced_share"] > 0
     args = argparse.Namespace(target="tiny", assistant=None, max_new_tokens=6, repeats=1)
     structured.write(rows, structured.summarize(rows), args, tmp_path, "test")
     with open(tmp_path / "results.csv") as f:
-        assert len(list(csv.DictReader(f))) == 3
+        assert len(list(csv.DictReader(f))) == 4
