@@ -13,6 +13,8 @@ from functools import lru_cache
 import _sre
 from re._casefix import _EXTRA_CASES
 
+from fsm import utf8
+
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
 
 
@@ -51,10 +53,4 @@ def fold(ranges: Ranges, ascii_only: bool = False) -> Ranges:
 
 def merge(ranges: list[tuple[int, int]]) -> Ranges:
     """Sorted ranges -> sorted, disjoint, non-adjacent ranges."""
-    out: list[list[int]] = []
-    for lo, hi in ranges:
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in out)
+    return tuple(utf8.merge(ranges))
