@@ -372,7 +372,7 @@ BAD = [
     (dict(num_assistant_tokens=0), ValueError, "num_assistant_tokens must be >= 1"),
     (dict(prompt=None, input_ids=[]), ValueError, "input_ids is empty"),
     (dict(prompt=None, input_ids=[V + 5]), ValueError, "outside the vocabulary"),
-    (dict(schema={"type": "string", "not": {"const": "a"}}), fsm.SchemaError, "not"),
+    (dict(schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True}), fsm.SchemaError, "uniqueItems"),
     (dict(regex=r"(a)\1"), fsm.RegexError, ""),
 ]
 
