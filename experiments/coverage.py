@@ -66,8 +66,11 @@ def select_files(data: Path, subsets: list[str] | None = None, limit: int | None
 
 
 def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers: int = 2,
-                 memory_mb: float = 6000.0, progress: bool = True, second_opinion: bool = True, on_row=None) -> dict:
+                 memory_mb: float = 6000.0, progress: bool = True, second_opinion: bool = True, on_row=None,
+                 options: dict | None = None) -> dict:
     """Check every file in forked workers; returns {"rows", "failures", "hist_first", "hist_revisit"}.
+
+    `options`: keyword arguments of `fsm.compile_schema` (the default policy when None).
 
     `second_opinion`: ask jsonschema what is wrong with each falsely accepted instance (slow import).
     """
@@ -79,7 +82,7 @@ def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers
     _warm(tokenizer, second_opinion)
     by_name = {str(f): f for f in files}
     order = sorted(by_name, key=lambda f: -os.path.getsize(f))  # big ones first: no long tail
-    work = lambda task, report: coverage_worker.check_file(task, tokenizer, report, second_opinion)  # noqa: E731
+    work = lambda task, report: coverage_worker.check_file(task, tokenizer, report, second_opinion, options)  # noqa: E731
     totals = {"rows": [], "failures": [], "hist_first": np.zeros(len(coverage_worker.STEP_BINS) - 1, np.int64)}
     totals["hist_revisit"] = totals["hist_first"].copy()
     bar = tqdm(total=len(order), disable=not progress, unit="schema", smoothing=0.05)
@@ -183,13 +186,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
     parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
     parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
-    parser.add_argument("--out", type=Path, help="default: experiments/results/coverage/<tokenizer>")
+    parser.add_argument("--open-objects", action="store_true",
+                        help="read an absent additionalProperties as validators do (any extra key), not closed")
+    parser.add_argument("--property-order", choices=("schema", "any"), default="schema",
+                        help="members in schema order (the default policy) or in any order")
+    parser.add_argument("--out", type=Path, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
     parser.add_argument("--report-only", action="store_true", help="rebuild summary.md/png from --out")
     parser.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
     args = parser.parse_args(argv)
     if args.fsm_from:
         sys.path.insert(0, str(args.fsm_from.resolve()))
-    out = args.out or REPO / "experiments" / "results" / "coverage" / Path(str(args.tokenizer)).name
+    options = {"additional_properties": True} if args.open_objects else {}
+    if args.property_order != "schema":
+        options["property_order"] = args.property_order
+    policy = ("-open-objects" if args.open_objects else "") + ("-any-order" if args.property_order == "any" else "")
+    out = args.out or REPO / "experiments" / "results" / "coverage" / (Path(str(args.tokenizer)).name + policy)
     out.mkdir(parents=True, exist_ok=True)
     from experiments import coverage_report
 
@@ -207,14 +218,14 @@ def main(argv: list[str] | None = None) -> None:
             open(out / "failures.partial.csv", "w", newline="") as failures_file:
         checkpoint = _checkpoint(rows_file, failures_file)
         totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
-                              on_row=checkpoint)
+                              on_row=checkpoint, options=options)
     write_csv(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS)
     write_csv(out / "failures.csv", totals["failures"], FAILURE_COLUMNS)
     for name in ("schemas.partial.csv", "failures.partial.csv"):
         (out / name).unlink()
     setup = {"tokenizer": str(args.tokenizer), "vocab_size": len(tokenizer), "timeout_s": args.timeout,
              "workers": args.workers, "data": str(args.data), "files": len(files),
-             "filters": {"subset": args.subset, "limit": args.limit}, "fsm": provenance}
+             "filters": {"subset": args.subset, "limit": args.limit}, "options": options, "fsm": provenance}
     summary = coverage_report.write_report(out, totals, setup)
     print(coverage_report.headline(summary))
 

@@ -30,14 +30,16 @@ def compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def check_file(path: str | Path, tokenizer, report=lambda stage: None, second_opinion: bool = True) -> dict:
+def check_file(path: str | Path, tokenizer, report=lambda stage: None, second_opinion: bool = True,
+               options: dict | None = None) -> dict:
     """`check_schema` on one MaskBench file ({"schema", "tests": [{"valid", "data"}, ...]})."""
     record = json.loads(Path(path).read_text())
-    return check_schema(record["schema"], record.get("tests") or [], tokenizer, report, second_opinion)
+    return check_schema(record["schema"], record.get("tests") or [], tokenizer, report, second_opinion, options)
 
 
-def check_schema(schema, tests: list[dict], tokenizer, report=lambda stage: None, second_opinion: bool = True) -> dict:
-    """Compile `schema`, walk `tests`; returns {"row": flat fields, "failures": [...], histograms}.
+def check_schema(schema, tests: list[dict], tokenizer, report=lambda stage: None, second_opinion: bool = True,
+                 options: dict | None = None) -> dict:
+    """Compile `schema` (with `fsm.compile_schema` `options`), walk `tests`; returns {"row", "failures", histograms}.
 
     With `second_opinion`, every false accept also says what `jsonschema` finds wrong with it.
     """
@@ -45,7 +47,7 @@ def check_schema(schema, tests: list[dict], tokenizer, report=lambda stage: None
     row = {"n_valid": sum(bool(t["valid"]) for t in tests), "n_invalid": sum(not t["valid"] for t in tests)}
     out = {"row": row, "failures": [], "hist_first": None, "hist_revisit": None}
     report("compile:regex")
-    guide = _compile(schema, tokenizer, row, report)
+    guide = _compile(schema, tokenizer, row, report, options or {})
     if guide is not None:
         report("walk")
         _walk_tests(guide, schema if second_opinion else None, tests, tokenizer, row, out)
@@ -58,11 +60,11 @@ def check_schema(schema, tests: list[dict], tokenizer, report=lambda stage: None
 # -- compilation ----------------------------------------------------------------------------------
 
 
-def _compile(schema, tokenizer, row: dict, report):
+def _compile(schema, tokenizer, row: dict, report, options: dict):
     """Schema -> ready guide (first mask built), timing each stage; None when it fails."""
     times, cpu_start = [time.perf_counter()], time.process_time()
     try:
-        term = fsm.compile_schema(schema)  # the "regex" stage: schema -> rx term
+        term = fsm.compile_schema(schema, **options)  # the "regex" stage: schema -> rx term
         times.append(time.perf_counter())
         report("compile:dfa")
         dfa = dfa_of(term)  # lazy: rows are filled as the walk visits them
