@@ -3,7 +3,8 @@
 Policies (all documented in the README):
 - Whitespace: compact JSON by default (`{"a":1}`), because it leaves the most forced tokens; pass
   `whitespace=r"[ \\n]?"` (any regex) to allow whitespace between JSON tokens.
-- Properties are written in schema order; optional ones may be left out. `additionalProperties`
+- Properties are written in schema order; optional ones may be left out (`property_order="any"`:
+  in any order, each declared key at most once, extra keys anywhere). `additionalProperties`
   absent means closed objects (only the listed properties) unless `additional_properties=True`.
 - At most `max_recursion_depth` recursive `$ref`s (those on a cycle) are nested; deeper alternatives
   are left out. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
@@ -30,7 +31,11 @@ DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from an
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
 
-def compile_schema(schema, *, whitespace: str = "", additional_properties: bool = False, max_recursion_depth: int = 3) -> rx.Rx:
+PROPERTY_ORDERS = ("schema", "any")
+
+
+def compile_schema(schema, *, whitespace: str = "", additional_properties: bool = False, max_recursion_depth: int = 3,
+                   property_order: str = "schema") -> rx.Rx:
     """Term for the JSON texts (compact unless `whitespace` says otherwise) that validate against `schema`.
 
     Parameters
@@ -44,6 +49,10 @@ def compile_schema(schema, *, whitespace: str = "", additional_properties: bool 
         listed properties, True also allows further keys with any JSON value.
     max_recursion_depth : int
         How many times a recursive ``$ref`` is unrolled.
+    property_order : str
+        "schema" (default): object members in the order of ``properties``, optional ones may be left
+        out, extra keys last. "any": members in any order, each declared key at most once (extra
+        keys anywhere), exactly the objects validators accept (up to repeated extra keys).
 
     Returns
     -------
@@ -56,14 +65,16 @@ def compile_schema(schema, *, whitespace: str = "", additional_properties: bool 
         For an invalid schema or a keyword that cannot be enforced; names the keyword and JSON pointer.
     """
     return compile_with_notes(schema, whitespace=whitespace, additional_properties=additional_properties,
-                              max_recursion_depth=max_recursion_depth)[0]
+                              max_recursion_depth=max_recursion_depth, property_order=property_order)[0]
 
 
 def compile_with_notes(schema, *, whitespace: str = "", additional_properties: bool = False,
-                       max_recursion_depth: int = 3) -> tuple[rx.Rx, list[str]]:
+                       max_recursion_depth: int = 3, property_order: str = "schema") -> tuple[rx.Rx, list[str]]:
     """Like `compile_schema`, also returning notes ("format 'int32' ignored at #/properties/a")."""
+    if property_order not in PROPERTY_ORDERS:
+        raise SchemaError(f"property_order must be one of {', '.join(map(repr, PROPERTY_ORDERS))}, not {property_order!r}")
     root = as_dict(schema)
-    compiler = Compiler(root, _whitespace(whitespace), additional_properties, max_recursion_depth)
+    compiler = Compiler(root, _whitespace(whitespace), additional_properties, max_recursion_depth, property_order)
     term = compiler.compile(root, "#")
     if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
         keyword = "$ref" if compiler.cut else None
@@ -105,10 +116,11 @@ def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
 class Compiler:
     """Schema -> under-approximation L (`compile`) and over-approximation U (`upper`) of its JSON texts."""
 
-    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int):
+    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int, property_order: str = "schema"):
         from fsm.schema_upper import Upper
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
+        self.property_order = property_order  # "schema" | "any" (see compile_schema)
         self.depth = 0  # recursive $refs (those on a cycle) entered on the way here
         self.memo: dict[tuple, rx.Rx] = {}
         self.reach: dict[str, frozenset[str]] = {}

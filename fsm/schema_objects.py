@@ -1,5 +1,6 @@
-"""Object schemas -> terms: properties in schema order, extra keys (additionalProperties,
-patternProperties, propertyNames), and minProperties/maxProperties as an intersection with a count."""
+"""Object schemas -> terms: properties in schema order (or in any order, `property_order="any"`),
+extra keys (additionalProperties, patternProperties, propertyNames), and minProperties/maxProperties
+as an intersection with a count."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def type_object(c, schema: dict, pointer: str) -> rx.Rx:
         declared.setdefault(name, True if matched else schema.get("additionalProperties", True))
     members = [_declared(c, name, sub, name in required, patterns, names, pointer) for name, sub in declared.items()]
     extras = _extras(c, list(declared), patterns, extra, names, pointer)
-    term = jt.delimited("{", "}", ordered_members(members, extras, c.ws), c.ws)
+    body = unordered_members if c.property_order == "any" else ordered_members
+    term = jt.delimited("{", "}", body(members, extras, c.ws), c.ws)
     return rx.inter(term, _count(c, schema, list(declared), pointer))
 
 
@@ -110,6 +112,30 @@ def ordered_members(members: list[tuple[rx.Rx, str]], extra: rx.Rx, ws: rx.Rx) -
     else:
         starts += [rx.seq(extra, afters[-1]), rx.EPSILON]
     return rx.alt(*starts)
+
+
+def unordered_members(members: list[tuple[rx.Rx, str]], extra: rx.Rx, ws: rx.Rx) -> rx.Rx:
+    """The inside of `{...}` in any order: each member at most once (required ones exactly once),
+    any number of `extra` anywhere.
+
+    An intersection of one term per member, each a comma list over the same items (every member and
+    `extra`) in which this member occurs once (or, optional, at most once). Member terms have pairwise
+    different keys (declared keys are literals, extra keys are plain and undeclared) and JSON values
+    parse one way, so the intersection is exact; its size is O(n^2) in the number of members, and a
+    DFA state is (the set of members written so far, the position inside the current one), built
+    only where a walk goes.
+    """
+    if not members:
+        return jt.listing(extra, ws)
+    sep = rx.seq(ws, rx.literal(","), ws)
+    terms = [t for t, _ in members]
+    parts = []
+    for i, (term, kind) in enumerate(members):
+        others = rx.alt(*terms[:i], *terms[i + 1:], extra)
+        some_others = jt.listing(others, ws, 1)
+        once = rx.seq(rx.optional(rx.seq(some_others, sep)), term, rx.optional(rx.seq(sep, some_others)))
+        parts.append(once if kind == "required" else rx.alt(once, jt.listing(others, ws)))
+    return rx.inter(*parts)
 
 
 def _count(c, schema: dict, declared: list[str], pointer: str) -> rx.Rx:
