@@ -86,7 +86,7 @@ class AutoConfig:
     """Knobs of the cost-aware policy; each default is a plain, conservative choice."""
 
     k_max: int = 16  # never ask for more (expected tokens saturate below 1 / (1 - acceptance))
-    warmup: int = 3  # target timings to collect (at the starting k) before choosing k from the model
+    warmup: int = 3  # target timings to collect (at the starting k, one at k = 0) before choosing k from the model
     acceptance_prior: float = 0.6  # believed acceptance before any evidence ...
     prior_weight: float = 2.0  # ... worth this many judged tokens
     acceptance_decay: float = 0.8  # per judged step: the estimate follows the text (code, prose, JSON values)
@@ -158,9 +158,13 @@ def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
 
 
 def choose(state: AutoState, cfg: AutoConfig) -> int:
-    """k for the next step: the starting k while warming up, else the best k, with probes at k = 0."""
+    """k for the next step: the starting k while warming up, else the best k, with probes at k = 0.
+
+    The second timed forward of the warm-up verifies no drafts (k = 0), so that the cost line is fitted
+    from two lengths: on a compute-bound device verifying k tokens costs nearly k single steps.
+    """
     if state.timed <= cfg.warmup:
-        return state.k0
+        return 0 if state.timed == 2 else state.k0
     k = estimate(state, cfg).best_k(cfg.k_max)
     return cfg.probe_k if k == 0 and state.idle >= cfg.probe_every else k
 
@@ -171,7 +175,7 @@ class Auto:
     Parameters
     ----------
     k : int
-        Starting k, kept until `config.warmup` target forwards have been timed.
+        Starting k, kept until `config.warmup` target forwards have been timed (one of them at k = 0).
     config : AutoConfig, optional
         Decays, priors, k_max and probing.
 

@@ -83,7 +83,7 @@ def simulate(policy, steps, target, draft, acceptance, seed=0):
 
 def test_cheap_verifier_and_good_acceptance_drive_k_up():
     trace = simulate(Auto(5), 60, target=lambda n: 0.100, draft=0.005, acceptance=lambda _: 0.9)
-    assert trace[:4] == [5] * 4 and trace[4] > 5  # warm-up at the starting k: prefill + 3 timed forwards
+    assert trace[:5] == [5, 5, 0, 5, trace[4]] and trace[4] > 5  # warm-up: prefill + 3 timed forwards, one at k = 0
     late = sorted(trace[20:])
     assert late[0] >= 8 and late[len(late) // 2] >= 10 and late[-1] <= AutoConfig().k_max
 
@@ -139,7 +139,8 @@ def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
     cfg = AutoConfig()
     assert choose(AutoState(k0=7), cfg) == 7
     policy = Auto(7)
-    for _ in range(cfg.warmup + 1):
-        assert policy.k == 7
-        policy.update(7, 7, StepCost(8, 0.05, 7, 0.0007))
+    for step in range(cfg.warmup + 1):
+        assert policy.k == (0 if step == 2 else 7)  # the warm-up times one plain step to fit the cost line
+        k = policy.k
+        policy.update(k, k, StepCost(k + 1, 0.05, k, 0.0001 * k))
     assert choose(policy.state, cfg) == policy.k == cfg.k_max  # near-free drafts, everything accepted
