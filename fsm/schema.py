@@ -75,7 +75,10 @@ def compile_with_notes(schema, *, whitespace: str = "", additional_properties: b
         raise SchemaError(f"property_order must be one of {', '.join(map(repr, PROPERTY_ORDERS))}, not {property_order!r}")
     root = as_dict(schema)
     compiler = Compiler(root, _whitespace(whitespace), additional_properties, max_recursion_depth, property_order)
-    term = compiler.compile(root, "#")
+    try:
+        term = compiler.compile(root, "#")
+    except RecursionError:  # e.g. allOf through $ref cycles: a clear error instead of a crash
+        raise SchemaError("the schema nests too deeply to compile (Python's recursion limit)", pointer="#") from None
     if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
         keyword = "$ref" if compiler.cut else None
         raise SchemaError("the schema accepts no value that can be generated", keyword=keyword, pointer="#")

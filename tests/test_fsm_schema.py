@@ -292,3 +292,12 @@ def test_malformed_inputs():
         fsm.compile_schema("{not json")
     with pytest.raises(fsm.SchemaError, match="pydantic model class, a dict or a JSON string"):
         fsm.compile_schema(42)
+
+
+def test_a_schema_nesting_beyond_the_recursion_limit_is_a_schema_error():
+    """Regression (coverage run, e.g. Github_medium o13135): a RecursionError escaped from the compiler."""
+    deep: dict = {"type": "integer"}
+    for _ in range(3000):
+        deep = {"allOf": [deep]}
+    with pytest.raises(fsm.SchemaError, match="nests too deeply"):
+        fsm.compile_schema(deep)
