@@ -120,16 +120,7 @@ def _expand(node, root, depth: int = 0) -> list[dict]:
 
 
 def _resolve(root, ref: str):
-    node = root
-    for part in filter(None, ref[1:].split("/")):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
+    return _value_at(root, [p.replace("~1", "/").replace("~0", "~") for p in filter(None, ref[1:].split("/"))])
 
 
 def false_reject_causes(failures: list[dict], data: Path) -> list[dict]:

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -25,18 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
+from experiments.models import truncated  # noqa: E402
 
 PROSE = [{"role": "user", "content": "Write a short paragraph about the history of Paris."}]
-
-
-def truncated(model, layers: int):
-    """A copy of `model` with only its first `layers` decoder layers: an untrained, weak drafter."""
-    small = copy.deepcopy(model)
-    small.model.layers = small.model.layers[:layers]
-    small.config.num_hidden_layers = layers
-    if getattr(small.config, "layer_types", None):
-        small.config.layer_types = small.config.layer_types[:layers]
-    return small.eval()
 
 
 def modes(character, weak, model):

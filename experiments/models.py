@@ -330,6 +330,17 @@ def load(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",
     return model.eval(), tokenizer
 
 
+def truncated(model, layers: int):
+    """A copy of `model` keeping only its first `layers` decoder layers (an untrained, weak drafter)."""
+    import copy
+    small = copy.deepcopy(model)
+    small.model.layers = small.model.layers[:layers]
+    small.config.num_hidden_layers = layers
+    if getattr(small.config, "layer_types", None):
+        small.config.layer_types = small.config.layer_types[:layers]
+    return small.eval()
+
+
 def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     """A tiny randomly initialized model with `model`'s architecture and vocabulary: a deliberately bad assistant.
 

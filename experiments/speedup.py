@@ -16,7 +16,6 @@ greedy.png, sampling.png and README.md to --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -31,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from experiments.tasks import count_forwards, set_eos  # noqa: E402
+from experiments.tasks import count_forwards, set_eos, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -193,10 +192,7 @@ def plot(summary: dict, out: Path) -> None:
 def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> None:
     import transformers
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs)",

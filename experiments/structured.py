@@ -11,7 +11,6 @@ run only with --assistant. Writes results.csv, structured.png and README.md to -
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import platform
@@ -23,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from experiments.tasks import MODES, STRUCTURED_TASKS, extract_json, run_mode, set_eos, validate  # noqa: E402
+from experiments.tasks import (  # noqa: E402
+    MODES, STRUCTURED_TASKS, extract_json, run_mode, set_eos, validate, write_rows)
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
           "tokens_per_s", "valid")
@@ -96,10 +96,7 @@ def plot(summary: dict, out: Path) -> None:
 def write(rows, summary, args, out: Path, command: str) -> None:
     import transformers
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        w.writeheader()
-        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
     lines = [f"# Structured benchmark {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs: noisy)",

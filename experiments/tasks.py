@@ -6,6 +6,7 @@ forced tokens appended), so the demo and the structured benchmark print the same
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from dataclasses import dataclass
@@ -227,3 +228,11 @@ def extract_json(text: str) -> str:
     """The first {...} block of a free-form answer (code fences and chatter removed), else the text."""
     start, end = text.find("{"), text.rfind("}")
     return text[start : end + 1] if 0 <= start < end else text
+
+
+def write_rows(path, rows: list[dict], fields) -> None:
+    """One CSV row per generation, floats rounded to 4 digits (the benchmarks' results.csv)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)

@@ -7,7 +7,6 @@ through experiments.models, which caches a converted copy of the GGUF.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import importlib.util
 import os
@@ -94,11 +93,3 @@ def smollm2():
     return load("smollm2-135m")
 
 
-def truncated(model, layers: int):
-    """A copy of `model` keeping only its first `layers` decoder layers (an untrained, weak drafter)."""
-    small = copy.deepcopy(model)
-    small.model.layers = small.model.layers[:layers]
-    small.config.num_hidden_layers = layers
-    if getattr(small.config, "layer_types", None):
-        small.config.layer_types = small.config.layer_types[:layers]
-    return small.eval()

