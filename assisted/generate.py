@@ -13,6 +13,7 @@ import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.cache import crop_to, forward, new_cache, output_device
+from assisted.costs import memorize, recall
 from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
 from assisted.policy import Policy, StepCost, make_policy
 from assisted.result import GenerationResult, Recorder, StopReason
@@ -79,7 +80,8 @@ def generate(
     schedule : {"heuristic", "constant", "auto"}
         "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed;
         "auto": the k (0 = plain decoding) with the most expected tokens per second under an online
-        model of both models' costs and of the acceptance rate (see `assisted.policy.Auto`).
+        model of both models' costs and of the acceptance rate (see `assisted.policy.Auto`). The costs
+        are kept per model pair for later calls (`assisted.costs.forget` clears them).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
     prompt_lookup : bool
@@ -108,9 +110,10 @@ def generate(
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
     lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup)
-    policy = make_policy(opts.schedule, opts.num_assistant_tokens)
+    policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model))
     with torch.inference_mode():
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
+    memorize(model, assistant_model, policy.learned())
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, stop)
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)

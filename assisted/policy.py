@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from assisted.costs import CostTable, Learned
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -26,10 +28,9 @@ class StepCost:
 
 @dataclass(frozen=True)
 class Estimates:
-    """A cost-aware policy's beliefs: target forward = fixed + per_token * n seconds, and so on."""
+    """A cost-aware policy's beliefs: what a step with k drafts costs and how many tokens it commits."""
 
-    target_fixed: float  # seconds of a target forward independent of how many tokens it verifies (a)
-    target_per_token: float  # seconds per token fed to the target (b)
+    target_seconds: tuple[float, ...]  # [n]: seconds of a target forward over n tokens, n = 0..k_max + 1
     draft_per_token: float  # seconds per assistant token (one assistant forward)
     acceptance: float  # probability that the target accepts an assistant token (decayed estimate)
 
@@ -40,7 +41,7 @@ class Estimates:
 
     def seconds(self, k: int) -> float:
         """Cost of a step with k drafts: one target forward over k + 1 tokens and k assistant forwards."""
-        return max(self.target_fixed + self.target_per_token * (k + 1) + self.draft_per_token * k, 1e-9)
+        return max(self.target_seconds[k + 1] + self.draft_per_token * k, 1e-9)
 
     def best_k(self, k_max: int) -> int:
         """The k in 0..k_max with the most expected committed tokens per second (the smallest on ties)."""
@@ -56,6 +57,9 @@ class Policy(Protocol):
     def estimates(self) -> Estimates | None:
         """What a cost-aware policy believes now; None for the others."""
 
+    def learned(self) -> Learned | None:
+        """What the next call on the same model pair should start from; None for the others."""
+
 
 class Constant:
     """Always the same k."""
@@ -67,6 +71,9 @@ class Constant:
         pass
 
     def estimates(self) -> None:
+        return None
+
+    def learned(self) -> None:
         return None
 
 
@@ -86,87 +93,91 @@ class AutoConfig:
     """Knobs of the cost-aware policy; each default is a plain, conservative choice."""
 
     k_max: int = 16  # never ask for more (expected tokens saturate below 1 / (1 - acceptance))
-    warmup: int = 3  # target timings to collect (at the starting k, one at k = 0) before choosing k from the model
-    acceptance_prior: float = 0.6  # believed acceptance before any evidence ...
+    acceptance_prior: float = 0.6  # believed acceptance before any evidence (a remembered pair's replaces it) ...
     prior_weight: float = 2.0  # ... worth this many judged tokens
     acceptance_decay: float = 0.8  # per judged step: the estimate follows the text (code, prose, JSON values)
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
-    ridge: float = 0.5  # pulls the slope b to 0 (flat cost) until n varies enough to measure it
     probe_every: int = 8  # at k = 0, draft again after this many steps without drafts ...
-    probe_k: int = 2  # ... this many tokens, so that returning acceptance is noticed
+    probe_backoff: int = 3  # ... doubling the wait after each probe that changes nothing, at most this often ...
+    probe_k: int = 2  # ... this many tokens, so that returning acceptance is noticed ...
+    probe_acceptance: float = 0.95  # ... but only if drafting would pay at this acceptance (or the estimate)
 
 
 @dataclass(frozen=True)
 class AutoState:
-    """Decayed sufficient statistics of everything the policy has observed."""
+    """What the policy has observed: costs (possibly from earlier calls) and decayed acceptance counts."""
 
-    k0: int  # the starting k, used during warm-up
-    fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)  # sum w, wn, ws, wnn, wns
-    draft_per_token: float | None = None  # EWMA of assistant seconds per drafted token
+    k0: int  # the starting k, used while the cost table lacks a timing with drafts
+    prior: float  # acceptance believed before this call's evidence
+    costs: CostTable = CostTable()
     judged: float = 0.0  # decayed judged assistant tokens (the prior is added when estimating)
     accepted: float = 0.0  # decayed accepted assistant tokens
-    timed: int = 0  # target forwards seen (the first, the prompt's prefill, is not fitted)
-    drafts: int = 0  # steps with assistant tokens seen (the first holds the assistant's prefill)
+    prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
+    drafted_before: bool = False  # the call's first drafting step (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the target last judged an assistant token
+    failed_probes: int = 0  # probes in a row after which k = 0 stayed best
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig) -> AutoState:
     """The state after one step: acceptance from judged tokens, costs from the step's timings."""
-    d = cfg.acceptance_decay
+    probe = drafted and state.idle >= _wait(state, cfg)
     if drafted:
+        d = cfg.acceptance_decay
         state = replace(state, judged=d * state.judged + drafted, accepted=d * state.accepted + accepted, idle=0)
     else:
         state = replace(state, idle=state.idle + 1)
-    return state if cost is None else _observe_draft(_observe_target(state, cost, cfg), cost, cfg)
+    if cost is not None:
+        state = _observe_draft(_observe_target(state, cost, cfg), cost, cfg)
+    if drafted:
+        pays = estimate(state, cfg).best_k(cfg.k_max) > 0
+        state = replace(state, failed_probes=0 if pays else state.failed_probes + bool(probe))
+    return state
 
 
 def _observe_target(state: AutoState, cost: StepCost, cfg: AutoConfig) -> AutoState:
-    """Add (n, seconds) to the decayed least-squares sums; the first forward (prefill) is only counted."""
     if not cost.target_tokens:
         return state
-    if state.timed == 0:
-        return replace(state, timed=1)
-    n, s, d = float(cost.target_tokens), cost.target_seconds, cfg.cost_decay
-    w, wn, ws, wnn, wns = state.fit
-    fit = (d * w + 1, d * wn + n, d * ws + s, d * wnn + n * n, d * wns + n * s)
-    return replace(state, fit=fit, timed=state.timed + 1)
+    if not state.prefilled:
+        return replace(state, prefilled=True)
+    return replace(state, costs=state.costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay))
 
 
 def _observe_draft(state: AutoState, cost: StepCost, cfg: AutoConfig) -> AutoState:
-    """EWMA of seconds per assistant token; the first drafting step (the assistant's prefill) is skipped."""
     if not cost.drafted:
         return state
-    per_token, old = cost.draft_seconds / cost.drafted, state.draft_per_token
-    if state.drafts == 0:
-        new = None
-    else:
-        new = per_token if old is None else cfg.cost_decay * old + (1 - cfg.cost_decay) * per_token
-    return replace(state, draft_per_token=new, drafts=state.drafts + 1)
+    if not state.drafted_before:
+        return replace(state, drafted_before=True)
+    return replace(state, costs=state.costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay))
 
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
-    """Current beliefs: the ridge least-squares line through the timings, draft cost, acceptance."""
-    w, wn, ws, wnn, wns = state.fit
-    if w > 0:
-        var, cov = wnn - wn * wn / w, wns - wn * ws / w
-        b = max(cov / (var + cfg.ridge), 0.0)
-        a = max(ws / w - b * wn / w, 0.0)
-    else:
-        a, b = 0.0, 0.0
-    acceptance = (state.accepted + cfg.acceptance_prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
-    return Estimates(a, b, state.draft_per_token or 0.0, acceptance)
+    """Current beliefs: the target's cost curve, the assistant's cost per token, the acceptance rate."""
+    acceptance = (state.accepted + state.prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
+    return Estimates(state.costs.curve(cfg.k_max + 1), state.costs.draft_per_token or 0.0, acceptance)
+
+
+def _wait(state: AutoState, cfg: AutoConfig) -> int:
+    return cfg.probe_every * 2 ** min(state.failed_probes, cfg.probe_backoff)
 
 
 def choose(state: AutoState, cfg: AutoConfig) -> int:
-    """k for the next step: the starting k while warming up, else the best k, with probes at k = 0.
+    """k for the next step: warm-up timings first, then the best k, with probes from k = 0.
 
-    The second timed forward of the warm-up verifies no drafts (k = 0), so that the cost line is fitted
-    from two lengths: on a compute-bound device verifying k tokens costs nearly k single steps.
+    Warm-up: until the cost table holds a forward that verified drafts, the starting k; until it holds
+    one that verified none, k = 0 (on a compute-bound device verifying k tokens costs nearly k steps).
+    A table remembered from an earlier call on the same pair skips both.
     """
-    if state.timed <= cfg.warmup:
-        return 0 if state.timed == 2 else state.k0
-    k = estimate(state, cfg).best_k(cfg.k_max)
-    return cfg.probe_k if k == 0 and state.idle >= cfg.probe_every else k
+    measured = state.costs.measured()
+    if not any(n > 1 for n in measured):
+        return state.k0 or cfg.probe_k
+    if 1 not in measured:
+        return 0
+    est = estimate(state, cfg)
+    k = est.best_k(cfg.k_max)
+    if k == 0 and state.idle >= _wait(state, cfg):
+        hopeful = replace(est, acceptance=max(est.acceptance, cfg.probe_acceptance))
+        return cfg.probe_k if hopeful.best_k(cfg.k_max) > 0 else 0
+    return k
 
 
 class Auto:
@@ -175,23 +186,30 @@ class Auto:
     Parameters
     ----------
     k : int
-        Starting k, kept until `config.warmup` target forwards have been timed (one of them at k = 0).
+        Starting k, kept until a target forward that verified drafts has been timed (then one step at
+        k = 0 is timed too), unless `learned` already holds such timings.
     config : AutoConfig, optional
         Decays, priors, k_max and probing.
+    learned : Learned, optional
+        Costs and acceptance left by an earlier call on the same model pair and device.
 
     Notes
     -----
     With acceptance a, a step with k drafts commits (1 - a^(k+1)) / (1 - a) tokens on average and costs
-    target(k + 1) + k * draft seconds, where target(n) = fixed + per_token * n is fitted by decayed
-    least squares over the timed forwards and draft is an EWMA of assistant seconds per token. k = 0 is
-    plain decoding (no assistant call); from there a probe of `probe_k` drafts every `probe_every` steps
-    keeps the acceptance estimate alive.
+    target(k + 1) + k * draft seconds, where target(n) is the measured cost of a forward over n tokens
+    (`assisted.costs.CostTable`) and draft an EWMA of assistant seconds per token. k = 0 is plain
+    decoding (no assistant call); from there a probe of `probe_k` drafts after `probe_every` steps
+    (doubling after each probe that changes nothing) notices returning acceptance, when drafting could
+    pay at all on this device.
     """
 
-    def __init__(self, k: int, config: AutoConfig | None = None):
+    def __init__(self, k: int, config: AutoConfig | None = None, learned: Learned | None = None):
         self.config = config or AutoConfig()
-        self.state = AutoState(k0=k)
-        self.k = k
+        if learned is None:
+            self.state = AutoState(k0=k, prior=self.config.acceptance_prior)
+        else:
+            self.state = AutoState(k0=k, prior=learned.acceptance, costs=learned.costs)
+        self.k = choose(self.state, self.config)
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None) -> None:
         self.state = observe(self.state, drafted, accepted, cost, self.config)
@@ -200,11 +218,13 @@ class Auto:
     def estimates(self) -> Estimates:
         return estimate(self.state, self.config)
 
+    def learned(self) -> Learned:
+        return Learned(self.state.costs, self.estimates().acceptance)
+
 
 SCHEDULES = {"constant": Constant, "heuristic": Heuristic, "auto": Auto}
 
 
-def make_policy(schedule: str, k: int) -> Policy:
-    """The policy named `schedule` (one of SCHEDULES), starting at `k`."""
-    return SCHEDULES[schedule](k)
-
+def make_policy(schedule: str, k: int, learned: Learned | None = None) -> Policy:
+    """The policy named `schedule` (one of SCHEDULES), starting at `k`; `auto` also from what a pair `learned`."""
+    return Auto(k, learned=learned) if schedule == "auto" else SCHEDULES[schedule](k)

@@ -19,6 +19,8 @@ from pydantic import BaseModel, Field
 
 import fsm
 from assisted import generate
+from assisted.costs import forget, recall
+from assisted.policy import Auto, AutoConfig
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
 
 V = 49152
@@ -177,6 +179,9 @@ class Scripted:
     def estimates(self):
         return None
 
+    def learned(self):
+        return None
+
 
 @pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
@@ -184,7 +189,7 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
     ref = generate(models["llama"], **kw)
     policy = Scripted([2, 0, 0, 3, 0, 1, 0])
-    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda schedule, k: policy)
+    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda schedule, k, learned: policy)
     out = generate(models["llama"], models["llama-other"], **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     steps = out.stats.steps
@@ -201,12 +206,14 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
 def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models, pair, constraint):
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=False, **CONSTRAINTS[constraint])
     ref = generate(models[pair[0]], **kw)
+    forget()
     out = generate(models[pair[0]], models[pair[1]], schedule="auto", **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     s, est = out.stats, out.stats.estimates
-    assert len(s.k_trace) == len(s.steps) and s.k_trace[0] == 5  # warm-up at num_assistant_tokens
+    assert len(s.k_trace) == len(s.steps) and s.k_trace[:3] == (5, 5, 0)  # warm-up: a step with drafts, one without
     assert all(0 <= k <= 16 for k in s.k_trace)
-    assert est.target_fixed >= 0 and est.target_per_token >= 0 and est.draft_per_token > 0
+    assert est.target_seconds[1] > 0 and est.draft_per_token > 0
+    assert all(b >= a for a, b in zip(est.target_seconds, est.target_seconds[1:]))
     assert 0 <= est.acceptance <= 1
     if pair[0] == pair[1]:  # drafting for itself: everything accepted
         assert est.acceptance > 0.6 and s.target_forward_passes < ref.stats.target_forward_passes
@@ -214,15 +221,32 @@ def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models
         est.acceptance = 0.5  # frozen, like the rest of the stats
 
 
-def test_auto_stops_drafting_when_nothing_is_accepted_and_probes_again(tok, models):
+def test_auto_stops_drafting_when_nothing_is_accepted(tok, models):
     target, bad = models["llama"], models["llama-other"]  # accepts almost nothing; costs what the target costs
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=60, coalesce=False)
+    forget()
     out = generate(target, bad, schedule="auto", **kw)
     assert out.token_ids == generate(target, **kw).token_ids
-    trace = out.stats.k_trace
-    assert 0 in trace and out.stats.estimates.acceptance < 0.3
-    first_zero = trace.index(0)
-    assert any(k > 0 for k in trace[first_zero:]) or len(trace) - first_zero <= 8  # probes
+    trace, cfg = out.stats.k_trace, AutoConfig()
+    assert trace[:3] == (5, 5, 0) and set(trace[3:]) <= {0, cfg.probe_k} and trace[3:].count(0) >= 0.8 * len(trace[3:])
+    assert out.stats.estimates.acceptance < cfg.acceptance_prior
+
+
+def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
+    target, helper = models["llama"], models["llama-other"]
+    kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
+    forget()
+    first = generate(target, helper, **kw)
+    learned = recall(target, helper)
+    assert first.stats.k_trace[:3] == (5, 5, 0) and 1 in learned.costs.measured()
+    assert recall(target, None) is None and recall(helper, target) is None  # per ordered pair
+    second = generate(target, helper, **kw)
+    assert second.token_ids == first.token_ids
+    assert second.stats.k_trace[0] == Auto(5, learned=learned).k  # starts from what the first call learned
+    with threads(torch.get_num_threads() + 1):
+        assert recall(target, helper) is None  # timings on other threads (or device, dtype) do not carry
+    forget()
+    assert recall(target, helper) is None
 
 
 def test_heuristic_and_constant_report_no_estimates(tok, models):

@@ -83,17 +83,20 @@ def simulate(policy, steps, target, draft, acceptance, seed=0):
 
 def test_cheap_verifier_and_good_acceptance_drive_k_up():
     trace = simulate(Auto(5), 60, target=lambda n: 0.100, draft=0.005, acceptance=lambda _: 0.9)
-    assert trace[:5] == [5, 5, 0, 5, trace[4]] and trace[4] > 5  # warm-up: prefill + 3 timed forwards, one at k = 0
+    assert trace[:3] == [5, 5, 0] and trace[3] > 5  # warm-up: prefill, a forward verifying drafts, one at k = 0
     late = sorted(trace[20:])
     assert late[0] >= 8 and late[len(late) // 2] >= 10 and late[-1] <= AutoConfig().k_max
 
 
-def test_expensive_verifier_and_poor_acceptance_drive_k_to_zero():
+def test_expensive_verifier_and_poor_acceptance_drive_k_to_zero_without_probes():
     trace = simulate(Auto(5), 60, target=lambda n: 0.01 + 0.1 * n, draft=0.02, acceptance=lambda _: 0.2)
-    late = trace[20:]
-    assert late.count(0) >= 0.8 * len(late)  # plain decoding, apart from ...
-    assert set(late) <= {0, AutoConfig.probe_k}  # ... an occasional probe
-    assert AutoConfig.probe_k in late
+    assert trace[3:] == [0] * 57  # verifying n tokens costs n steps: drafting cannot pay, so no probe either
+
+
+def test_cheap_verifier_and_poor_acceptance_decode_plainly_with_probes():
+    trace = simulate(Auto(5), 60, target=lambda n: 0.1 + 0.001 * n, draft=0.05, acceptance=lambda _: 0.1)
+    late = trace[10:]
+    assert late.count(0) >= 0.8 * len(late) and set(late) == {0, AutoConfig.probe_k}
 
 
 def test_when_acceptance_returns_the_probes_notice_and_k_goes_back_up():
@@ -102,45 +105,69 @@ def test_when_acceptance_returns_the_probes_notice_and_k_goes_back_up():
 
     trace = simulate(Auto(5), 120, target=lambda n: 0.1 + 0.02 * n, draft=0.01, acceptance=acceptance)
     assert trace[40:60].count(0) >= 15  # poor acceptance: k = 0 with probes
-    assert min(trace[90:]) >= 4  # after a probe or two, speculation pays again
+    assert min(trace[100:]) >= 4  # after a probe, speculation pays again
 
 
-def test_k_zero_probes_every_probe_every_steps():
+def test_probes_back_off_while_they_change_nothing():
     cfg = AutoConfig()
-    trace = simulate(Auto(3), 80, target=lambda n: 0.01 + 0.1 * n, draft=0.05, acceptance=lambda _: 0.0)
-    zeros = [i for i, k in enumerate(trace) if k == 0]
-    probes = [i for i in range(zeros[0], len(trace)) if trace[i] > 0]
-    assert probes and all(b - a == cfg.probe_every + 1 for a, b in zip(probes, probes[1:]))
+    trace = simulate(Auto(3), 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, acceptance=lambda _: 0.0)
+    probes = [i for i in range(4, len(trace)) if trace[i] > 0]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    waits = [cfg.probe_every * 2 ** min(i, cfg.probe_backoff) + 1 for i in range(1, len(gaps) + 1)]
+    assert len(probes) >= 4 and gaps == waits  # 17, 33, 65, 65: each failed probe doubles the wait, up to 8x
 
 
-def test_the_cost_fit_recovers_a_line_and_acceptance_follows_the_evidence():
-    cfg, state = AutoConfig(), AutoState(k0=4)
-    for n in [1, 50, 1, 2, 3, 5, 8, 2, 6]:  # the first forward (prefill, n=50) is not fitted
-        state = observe(state, 0, 0, StepCost(n, 0.2 + 0.03 * n, 0, 0.0), cfg)
+def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills():
+    cfg, state = AutoConfig(), AutoState(k0=4, prior=0.6)
+    for n, seconds in [(50, 9.0), (1, 0.4), (2, 0.8), (6, 1.2), (1, 0.4)]:  # the first forward is the prefill
+        state = observe(state, 0, 0, StepCost(n, seconds, 0, 0.0), cfg)
+    assert state.costs.measured() == (1, 2, 6)
+    curve = estimate(state, cfg).target_seconds
+    assert len(curve) == cfg.k_max + 2 and curve[0] == 0.0
+    assert curve[1:3] == pytest.approx((0.4, 0.8)) and curve[4] == pytest.approx(1.0)  # between 2 and 6: a line
+    assert curve[10] == pytest.approx(1.2 + 4 * 0.1)  # past 6: the last slope
+    state = observe(state, 0, 0, StepCost(4, 0.5, 0, 0.0), cfg)  # a noisy, too cheap timing at n = 4 ...
+    curve = estimate(state, cfg).target_seconds
+    assert curve[4] == pytest.approx(0.8) and all(b >= a for a, b in zip(curve, curve[1:]))  # ... cannot lower it
+    for seconds in [9.0, 0.02, 0.04]:  # the first drafting step holds the assistant's prefill
+        state = observe(state, 2, 2, StepCost(3, 1.0, 2, 2 * seconds), cfg)
+    assert state.costs.draft_per_token == pytest.approx(0.9 * 0.02 + 0.1 * 0.04)
+
+
+def test_acceptance_is_a_decayed_rate_with_a_prior():
+    cfg, state = AutoConfig(), AutoState(k0=4, prior=0.6)
     for _ in range(30):
-        state = observe(state, 4, 1, StepCost(5, 0.35, 4, 0.04), cfg)
-    est = estimate(state, cfg)
-    assert abs(est.target_fixed - 0.2) < 5e-3 and abs(est.target_per_token - 0.03) < 1e-3  # the ridge: a nudge
-    assert abs(est.draft_per_token - 0.01) < 1e-12
+        state = observe(state, 4, 1, None, cfg)
     weight = sum(cfg.acceptance_decay**i for i in range(30))  # 1 of 4 accepted per step, plus the prior
-    assert est.acceptance == pytest.approx((weight + cfg.acceptance_prior * cfg.prior_weight) / (4 * weight + 2))
+    assert estimate(state, cfg).acceptance == pytest.approx((weight + 0.6 * cfg.prior_weight) / (4 * weight + 2))
 
 
 def test_best_k_maximizes_expected_tokens_per_second():
-    flat = Estimates(target_fixed=0.1, target_per_token=0.0, draft_per_token=0.0, acceptance=0.5)
+    flat = Estimates(target_seconds=(0.0,) + (0.1,) * 17, draft_per_token=0.0, acceptance=0.5)
     assert flat.best_k(16) == 16  # free drafts, free verification: draft as much as allowed
-    steep = Estimates(target_fixed=0.0, target_per_token=0.1, draft_per_token=0.01, acceptance=0.9)
+    steep = Estimates(target_seconds=tuple(0.1 * n for n in range(18)), draft_per_token=0.01, acceptance=0.9)
     assert steep.best_k(16) == 0  # each verified token costs as much as decoding it
-    assert Estimates(0.1, 0.0, 0.01, 1.0).expected_tokens(3) == 4.0
-    assert Estimates(0.1, 0.0, 0.01, 0.5).expected_tokens(2) == 1.75
+    assert flat.expected_tokens(2) == 1.75 and Estimates(flat.target_seconds, 0.01, 1.0).expected_tokens(3) == 4.0
 
 
 def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
     cfg = AutoConfig()
-    assert choose(AutoState(k0=7), cfg) == 7
+    assert choose(AutoState(k0=7, prior=0.6), cfg) == 7
     policy = Auto(7)
-    for step in range(cfg.warmup + 1):
-        assert policy.k == (0 if step == 2 else 7)  # the warm-up times one plain step to fit the cost line
+    for step in range(3):
+        assert policy.k == (0 if step == 2 else 7)  # the warm-up times one plain step as well
         k = policy.k
         policy.update(k, k, StepCost(k + 1, 0.05, k, 0.0001 * k))
     assert choose(policy.state, cfg) == policy.k == cfg.k_max  # near-free drafts, everything accepted
+
+
+def test_what_a_call_learned_replaces_the_warm_up_of_the_next():
+    first = Auto(5)
+    simulate(first, 30, target=lambda n: 0.4 * n, draft=0.2, acceptance=lambda _: 0.3)
+    learned = first.learned()
+    assert learned.costs.measured() and learned.acceptance < 0.6
+    assert Auto(5, learned=learned).k == 0  # compute-bound verifier: plain decoding from the first step
+    cheap = Auto(5)
+    simulate(cheap, 30, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 0.95)
+    assert Auto(5, learned=cheap.learned()).k > 5  # no warm-up at the starting k either
+    assert isinstance(make_policy("auto", 5, learned), Auto) and make_policy("auto", 5, learned).k == 0

@@ -1,0 +1,105 @@
+"""What forwards cost on one device, measured online: the cost-aware policy's model of time.
+
+`CostTable` keeps a decayed mean of the target's forward seconds per n (tokens fed to one forward) and
+of the assistant's seconds per drafted token. The cost of verifying n tokens is not a line: on a CPU the
+step from 1 to 2 tokens can double it (matrix-vector becomes matrix-matrix) and later tokens add little,
+on a GPU it is flat up to a few dozen. So `curve` interpolates linearly between the n it has measured,
+extrapolates past the largest with the last slope, and never lets cost fall as n grows.
+
+Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps what a call
+learned for the next call on the same pair (`recall` / `memorize`, for the life of the process): only
+the first call on a pair pays the warm-up. `forget` clears it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+N_MAX = 64  # forwards over more tokens than this (prompt prefills) are not recorded
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Decayed means: target seconds per forward over n tokens, assistant seconds per drafted token."""
+
+    target: tuple[tuple[float, float], ...] = ((0.0, 0.0),) * (N_MAX + 1)  # [n] -> (mean seconds, weight)
+    draft_per_token: float | None = None  # None: not measured yet
+
+    def with_target(self, n: int, seconds: float, decay: float) -> CostTable:
+        """The table after one forward over n tokens took `seconds` (older timings at n fade by `decay`)."""
+        if not 0 < n <= N_MAX:
+            return self
+        mean, weight = self.target[n]
+        weight = decay * weight + 1.0
+        rows = list(self.target)
+        rows[n] = (mean + (seconds - mean) / weight, weight)
+        return replace(self, target=tuple(rows))
+
+    def with_draft(self, seconds_per_token: float, decay: float) -> CostTable:
+        old = self.draft_per_token
+        new = seconds_per_token if old is None else decay * old + (1 - decay) * seconds_per_token
+        return replace(self, draft_per_token=new)
+
+    def measured(self) -> tuple[int, ...]:
+        """The n with at least one timing."""
+        return tuple(n for n, (_, weight) in enumerate(self.target) if weight > 0)
+
+    def curve(self, n_max: int) -> tuple[float, ...]:
+        """Target seconds for n = 0..n_max ([0] = 0): interpolated, slope-extrapolated, non-decreasing."""
+        ns = self.measured()
+        if not ns:
+            return (0.0,) * (n_max + 1)
+        xs = np.array(ns, dtype=float)
+        ys = np.maximum.accumulate(np.array([self.target[n][0] for n in ns]))
+        grid = np.arange(n_max + 1, dtype=float)
+        out = np.interp(grid, xs, ys)
+        if len(ns) > 1:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            out = np.where(grid > xs[-1], ys[-1] + slope * (grid - xs[-1]), out)
+        out[0] = 0.0
+        return tuple(float(x) for x in out)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What one call leaves for the next on the same model pair and device."""
+
+    costs: CostTable
+    acceptance: float  # the call's final acceptance estimate: the next call's prior
+
+
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: (device key, Learned)}
+
+
+class _Alone:
+    """Stands for "no assistant" as a weak key."""
+
+
+_ALONE = _Alone()
+
+
+def _device_key(model) -> tuple:
+    p = next(model.parameters())
+    return str(p.device), str(p.dtype), torch.get_num_threads()
+
+
+def recall(target, assistant) -> Learned | None:
+    """What earlier calls learned on this pair, if the target still runs on the same device, dtype and threads."""
+    pairs = _MEMORY.get(target)
+    entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
+    return entry[1] if entry is not None and entry[0] == _device_key(target) else None
+
+
+def memorize(target, assistant, learned: Learned | None) -> None:
+    if learned is not None:
+        pairs = _MEMORY.setdefault(target, weakref.WeakKeyDictionary())
+        pairs[_ALONE if assistant is None else assistant] = (_device_key(target), learned)
+
+
+def forget() -> None:
+    """Drop every remembered cost (the next auto call on any pair warms up again)."""
+    _MEMORY.clear()
