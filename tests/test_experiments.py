@@ -8,7 +8,7 @@ import csv
 
 import pytest
 
-from experiments import demo, speedup, structured
+from experiments import demo, forward_cost, speedup, structured
 from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
 from tests.helpers_models import threads, tiny_llama
 
@@ -73,3 +73,19 @@ def test_structured_cell_end_to_end(tiny, tmp_path):
     structured.write(rows, structured.summarize(rows), args, tmp_path, "test")
     with open(tmp_path / "results.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
+
+
+def test_prepacked_linears_compute_the_same_logits_and_come_off_again(tiny):
+    import torch
+
+    model, tok = tiny
+    ids = torch.tensor([tok("The cat sat on the mat and looked around").input_ids])  # (1, n)
+    forwards = forward_cost.prepack(model)
+    with torch.inference_mode():
+        dense = model(input_ids=ids).logits
+        forward_cost.use(forwards, True)
+        packed, single = model(input_ids=ids).logits, model(input_ids=ids[:, :1]).logits  # oneDNN rows; dense row
+        forward_cost.use(forwards, False)
+        assert all("forward" not in m.__dict__ for m in forwards)
+        assert torch.allclose(packed, dense, atol=1e-4) and torch.equal(single, model(input_ids=ids[:, :1]).logits)
+        assert forward_cost.time_forward(model, ids, 3) > 0
