@@ -26,18 +26,18 @@ N_MAX = 64  # forwards over more tokens than this (prompt prefills) are not reco
 class CostTable:
     """Decayed means: target seconds per forward over n tokens, assistant seconds per drafted token."""
 
-    target: tuple[tuple[float, float], ...] = ((0.0, 0.0),) * (N_MAX + 1)  # [n] -> (mean seconds, weight)
+    target: tuple[tuple[int, float, float], ...] = ()  # (n, mean seconds, weight), sorted by n
     draft_per_token: float | None = None  # None: not measured yet
 
     def with_target(self, n: int, seconds: float, decay: float) -> CostTable:
         """The table after one forward over n tokens took `seconds` (older timings at n fade by `decay`)."""
         if not 0 < n <= N_MAX:
             return self
-        mean, weight = self.target[n]
+        rows = {m: (mean, weight) for m, mean, weight in self.target}
+        mean, weight = rows.get(n, (0.0, 0.0))
         weight = decay * weight + 1.0
-        rows = list(self.target)
         rows[n] = (mean + (seconds - mean) / weight, weight)
-        return replace(self, target=tuple(rows))
+        return replace(self, target=tuple((m, *rows[m]) for m in sorted(rows)))
 
     def with_draft(self, seconds_per_token: float, decay: float) -> CostTable:
         old = self.draft_per_token
@@ -46,22 +46,21 @@ class CostTable:
 
     def measured(self) -> tuple[int, ...]:
         """The n with at least one timing."""
-        return tuple(n for n, (_, weight) in enumerate(self.target) if weight > 0)
+        return tuple(n for n, _, _ in self.target)
 
-    def curve(self, n_max: int) -> tuple[float, ...]:
-        """Target seconds for n = 0..n_max ([0] = 0): interpolated, slope-extrapolated, non-decreasing."""
-        ns = self.measured()
-        if not ns:
-            return (0.0,) * (n_max + 1)
-        xs = np.array(ns, dtype=float)
-        ys = np.maximum.accumulate(np.array([self.target[n][0] for n in ns]))
+    def curve(self, n_max: int) -> np.ndarray:
+        """(n_max + 1,) target seconds for n = 0..n_max ([0] = 0): interpolated, slope-extrapolated, non-decreasing."""
+        if not self.target:
+            return np.zeros(n_max + 1)
+        xs = np.array([n for n, _, _ in self.target], dtype=float)
+        ys = np.maximum.accumulate(np.array([mean for _, mean, _ in self.target]))
         grid = np.arange(n_max + 1, dtype=float)
         out = np.interp(grid, xs, ys)
-        if len(ns) > 1:
+        if len(xs) > 1:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
             out = np.where(grid > xs[-1], ys[-1] + slope * (grid - xs[-1]), out)
         out[0] = 0.0
-        return tuple(float(x) for x in out)
+        return out
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
+
 from assisted.costs import CostTable, Learned
 
 
@@ -36,8 +38,7 @@ class Estimates:
 
     def expected_tokens(self, k: int) -> float:
         """Committed tokens of a step with k drafts: sum of acceptance^i for i in 0..k."""
-        a = self.acceptance
-        return k + 1.0 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+        return float(self._tokens(np.array([k]))[0])
 
     def seconds(self, k: int) -> float:
         """Cost of a step with k drafts: one target forward over k + 1 tokens and k assistant forwards."""
@@ -45,7 +46,13 @@ class Estimates:
 
     def best_k(self, k_max: int) -> int:
         """The k in 0..k_max with the most expected committed tokens per second (the smallest on ties)."""
-        return max(range(k_max + 1), key=lambda k: self.expected_tokens(k) / self.seconds(k))
+        ks = np.arange(k_max + 1)  # (k_max + 1,)
+        seconds = np.maximum(np.asarray(self.target_seconds[1 : k_max + 2]) + self.draft_per_token * ks, 1e-9)
+        return int(np.argmax(self._tokens(ks) / seconds))
+
+    def _tokens(self, ks: np.ndarray) -> np.ndarray:
+        a = self.acceptance
+        return ks + 1.0 if a >= 1.0 else (1.0 - a ** (ks + 1.0)) / (1.0 - a)
 
 
 class Policy(Protocol):
@@ -119,41 +126,34 @@ class AutoState:
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig) -> AutoState:
-    """The state after one step: acceptance from judged tokens, costs from the step's timings."""
-    probe = drafted and state.idle >= _wait(state, cfg)
-    if drafted:
-        d = cfg.acceptance_decay
-        state = replace(state, judged=d * state.judged + drafted, accepted=d * state.accepted + accepted, idle=0)
-    else:
-        state = replace(state, idle=state.idle + 1)
-    if cost is not None:
-        state = _observe_draft(_observe_target(state, cost, cfg), cost, cfg)
-    if drafted:
-        pays = estimate(state, cfg).best_k(cfg.k_max) > 0
-        state = replace(state, failed_probes=0 if pays else state.failed_probes + bool(probe))
-    return state
+    """The state after one step: acceptance from judged tokens, costs from the step's timings.
 
-
-def _observe_target(state: AutoState, cost: StepCost, cfg: AutoConfig) -> AutoState:
-    if not cost.target_tokens:
-        return state
-    if not state.prefilled:
-        return replace(state, prefilled=True)
-    return replace(state, costs=state.costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay))
-
-
-def _observe_draft(state: AutoState, cost: StepCost, cfg: AutoConfig) -> AutoState:
-    if not cost.drafted:
-        return state
-    if not state.drafted_before:
-        return replace(state, drafted_before=True)
-    return replace(state, costs=state.costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay))
+    The call's first target forward (the prompt's prefill) and first drafting step (the assistant's
+    prefill) are not recorded: they say nothing about the cost of a decoding step.
+    """
+    costs, prefilled, drafted_before = state.costs, state.prefilled, state.drafted_before
+    if cost is not None and cost.target_tokens:
+        costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay) if prefilled else costs
+        prefilled = True
+    if cost is not None and cost.drafted:
+        costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
+        drafted_before = True
+    d = cfg.acceptance_decay if drafted else 1.0
+    new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
+                  judged=d * state.judged + drafted, accepted=d * state.accepted + accepted,
+                  idle=0 if drafted else state.idle + 1)
+    if not drafted:
+        return new
+    probe = state.idle >= _wait(state, cfg)
+    pays = estimate(new, cfg).best_k(cfg.k_max) > 0
+    return replace(new, failed_probes=0 if pays else state.failed_probes + probe)
 
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     """Current beliefs: the target's cost curve, the assistant's cost per token, the acceptance rate."""
     acceptance = (state.accepted + state.prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
-    return Estimates(state.costs.curve(cfg.k_max + 1), state.costs.draft_per_token or 0.0, acceptance)
+    curve = tuple(state.costs.curve(cfg.k_max + 1).tolist())
+    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance)
 
 
 def _wait(state: AutoState, cfg: AutoConfig) -> int:

@@ -36,7 +36,7 @@ from experiments.tasks import count_forwards, set_eos, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
-RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")]  # README columns: hf s / ours s
+RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")] + [("ours-auto", "target")]  # y s / x s
 PROMPTS = Path(__file__).parent / "prompts" / "speedup.json"
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
           "tokens_per_forward", "acceptance_rate", "mean_k")
@@ -218,7 +218,7 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
     for c in sorted({c for c, _, _ in summary}):
         for t in sorted({t for _, t, _ in summary}):
             lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in SYSTEMS}))
-    lines += ["", "x/hf = hf seconds / x seconds (> 1: x faster). hf acceptance is estimated as "
+    lines += ["", "x/y = y seconds / x seconds (> 1: x faster). hf acceptance is estimated as "
               "(new tokens - target forwards) / assistant forwards. mean k: the k our policy chose, averaged over "
               "steps (ours-auto may choose 0, plain decoding).", "",
               "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
