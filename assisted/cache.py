@@ -24,17 +24,18 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 def output_device(model: torch.nn.Module) -> torch.device:
     """Where the model's logits come out (the head's device, also under device_map)."""
-    head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None and head.weight.device.type != "meta":
-        return head.weight.device
-    return input_device(model)
+    weight = _head_weight(model)
+    return weight.device if weight is not None and weight.device.type != "meta" else input_device(model)
 
 
 def logits_size(model: torch.nn.Module) -> int:
     """Length of the model's next-token logits (can exceed the tokenizer's length)."""
-    head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
+    weight = _head_weight(model)
+    if weight is not None:
+        return int(weight.shape[0])
+    out_features = getattr(model.get_output_embeddings(), "out_features", None)  # e.g. an int8 (packed) head
+    if isinstance(out_features, int):
+        return out_features
     return int(model.config.get_text_config().vocab_size)
 
 
@@ -50,3 +51,9 @@ def crop_to(cache: DynamicCache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+def _head_weight(model: torch.nn.Module) -> torch.Tensor | None:
+    """The output head's weight tensor, if it has one (quantized heads keep theirs packed)."""
+    weight = getattr(model.get_output_embeddings(), "weight", None)
+    return weight if isinstance(weight, torch.Tensor) else None

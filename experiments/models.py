@@ -341,6 +341,18 @@ def truncated(model, layers: int):
     return small.eval()
 
 
+def int8_copy(model):
+    """A copy of `model` with int8 weights in its Linear layers (dynamic quantization; CPU): a faster drafter.
+
+    On a CPU a forward reads every weight, so int8 weights make the assistant about 3x cheaper per token.
+    Only the drafts change: the target verifies them, so outputs stay exactly those of the target.
+    """
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor (torchao), not installed here
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
+
+
 def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     """A tiny randomly initialized model with `model`'s architecture and vocabulary: a deliberately bad assistant.
 

@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b",
                    help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)')
+    p.add_argument("--assistant-int8", action="store_true",
+                   help="draft with an int8 (dynamically quantized, CPU) copy of the assistant; the target stays as loaded")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
@@ -211,7 +213,7 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs)",
              f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
              f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
-             f"- target {args.target}, assistant {args.assistant}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
+             f"- target {args.target}, assistant {args.assistant}{' (int8 copy)' if getattr(args, 'assistant_int8', False) else ''}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
              _table_header()]
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.models import NotPreparedError, load, random_like
+    from experiments.models import NotPreparedError, int8_copy, load, random_like
     try:
         model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
         assistant = random_like(model) if args.assistant == "random" else load(args.assistant, dtype=args.dtype,
@@ -252,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     except (NotPreparedError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if args.assistant_int8:
+        assistant = int8_copy(assistant)
     set_eos(tokenizer, model, assistant)
     rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, args.per_class))
     out = args.out or default_out()

@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.structured", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--assistant", default=None)
+    p.add_argument("--assistant-int8", action="store_true",
+                   help="draft with an int8 (dynamically quantized, CPU) copy of the assistant")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -100,7 +102,8 @@ def write(rows, summary, args, out: Path, command: str) -> None:
     plot(summary, out)
     lines = [f"# Structured benchmark {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs: noisy)",
-             f"- target {args.target}, assistant {args.assistant} (schedule {getattr(args, 'schedule', 'heuristic')}), "
+             f"- target {args.target}, assistant {args.assistant}{' (int8 copy)' if getattr(args, 'assistant_int8', False) else ''} "
+             f"(schedule {getattr(args, 'schedule', 'heuristic')}), "
              f"fp32 CPU, torch threads {torch.get_num_threads()}",
              f"- torch {torch.__version__}, transformers {transformers.__version__}; greedy; max_new_tokens "
              f"{args.max_new_tokens}; repeats {args.repeats} (medians); modes interleaved per cell", "",
@@ -117,13 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.models import NotPreparedError, load
+    from experiments.models import NotPreparedError, int8_copy, load
     try:
         model, tokenizer = load(args.target)
         assistant = load(args.assistant)[0] if args.assistant else None
     except (NotPreparedError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    if assistant is not None and args.assistant_int8:
+        assistant = int8_copy(assistant)
     set_eos(tokenizer, model, assistant)
     tasks = [t for t in STRUCTURED_TASKS if args.tasks is None or t.name in args.tasks]
     rows = run(model, tokenizer, assistant, tasks, args.repeats, args.max_new_tokens, schedule=args.schedule)

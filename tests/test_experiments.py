@@ -89,3 +89,20 @@ def test_prepacked_linears_compute_the_same_logits_and_come_off_again(tiny):
         assert all("forward" not in m.__dict__ for m in forwards)
         assert torch.allclose(packed, dense, atol=1e-4) and torch.equal(single, model(input_ids=ids[:, :1]).logits)
         assert forward_cost.time_forward(model, ids, 3) > 0
+
+
+def test_int8_copy_drafts_losslessly(tiny):
+    import torch
+
+    from assisted import generate
+    from experiments.models import int8_copy
+
+    model, tok = tiny
+    helper = int8_copy(model)
+    assert helper is not model and isinstance(model.model.layers[0].mlp.up_proj, torch.nn.Linear)  # target untouched
+    assert not isinstance(helper.model.layers[0].mlp.up_proj, torch.nn.Linear)  # int8 weights
+    kw = dict(tokenizer=tok, prompt="The cat", max_new_tokens=12)
+    with threads(1):
+        out, ref = generate(model, helper, **kw), generate(model, **kw)
+    assert out.token_ids == ref.token_ids and out.stats.drafted > 0
+    assert speedup.parse_args(["--assistant-int8"]).assistant_int8 and structured.parse_args(["--assistant-int8"]).assistant_int8
