@@ -165,7 +165,8 @@ def choose(state: AutoState, cfg: AutoConfig) -> int:
 
     Warm-up: until the cost table holds a forward that verified drafts, the starting k; until it holds
     one that verified none, k = 0 (on a compute-bound device verifying k tokens costs nearly k steps).
-    A table remembered from an earlier call on the same pair skips both.
+    A table remembered from an earlier call on the same pair skips both; the call's first draft is then
+    at most `probe_k` tokens, since the remembered acceptance was measured on other text.
     """
     measured = state.costs.measured()
     if not any(n > 1 for n in measured):
@@ -174,6 +175,8 @@ def choose(state: AutoState, cfg: AutoConfig) -> int:
         return 0
     est = estimate(state, cfg)
     k = est.best_k(cfg.k_max)
+    if k and not state.drafted_before:
+        return min(k, cfg.probe_k)  # a remembered acceptance comes from other text: the call's first draft is a probe
     if k == 0 and state.idle >= _wait(state, cfg):
         hopeful = replace(est, acceptance=max(est.acceptance, cfg.probe_acceptance))
         return cfg.probe_k if hopeful.best_k(cfg.k_max) > 0 else 0

@@ -169,5 +169,7 @@ def test_what_a_call_learned_replaces_the_warm_up_of_the_next():
     assert Auto(5, learned=learned).k == 0  # compute-bound verifier: plain decoding from the first step
     cheap = Auto(5)
     simulate(cheap, 30, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 0.95)
-    assert Auto(5, learned=cheap.learned()).k > 5  # no warm-up at the starting k either
+    second = Auto(5, learned=cheap.learned())
+    trace = simulate(second, 3, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 1.0)
+    assert trace[0] == AutoConfig.probe_k and min(trace[1:]) > 5  # a short first draft (its acceptance is stale), no warm-up
     assert isinstance(make_policy("auto", 5, learned), Auto) and make_policy("auto", 5, learned).k == 0
