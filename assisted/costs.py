@@ -69,6 +69,7 @@ class Learned:
 
     costs: CostTable
     acceptance: float  # the call's final acceptance estimate: the next call's prior
+    failed_probes: int = 0  # probes in a row that changed nothing: later calls on the pair probe as rarely
 
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: (device key, Learned)}

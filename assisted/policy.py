@@ -194,7 +194,7 @@ class Auto:
     config : AutoConfig, optional
         Decays, priors, k_max and probing.
     learned : Learned, optional
-        Costs and acceptance left by an earlier call on the same model pair and device.
+        Costs, acceptance and probe back-off left by an earlier call on the same model pair and device.
 
     Notes
     -----
@@ -211,7 +211,8 @@ class Auto:
         if learned is None:
             self.state = AutoState(k0=k, prior=self.config.acceptance_prior)
         else:
-            self.state = AutoState(k0=k, prior=learned.acceptance, costs=learned.costs)
+            self.state = AutoState(k0=k, prior=learned.acceptance, costs=learned.costs,
+                                   failed_probes=learned.failed_probes)
         self.k = choose(self.state, self.config)
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None) -> None:
@@ -222,7 +223,7 @@ class Auto:
         return estimate(self.state, self.config)
 
     def learned(self) -> Learned:
-        return Learned(self.state.costs, self.estimates().acceptance)
+        return Learned(self.state.costs, self.estimates().acceptance, self.state.failed_probes)
 
 
 SCHEDULES = {"constant": Constant, "heuristic": Heuristic, "auto": Auto}

@@ -173,3 +173,13 @@ def test_what_a_call_learned_replaces_the_warm_up_of_the_next():
     trace = simulate(second, 3, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 1.0)
     assert trace[0] == AutoConfig.probe_k and min(trace[1:]) > 5  # a short first draft (its acceptance is stale), no warm-up
     assert isinstance(make_policy("auto", 5, learned), Auto) and make_policy("auto", 5, learned).k == 0
+
+
+def test_probe_back_off_carries_over_to_the_next_call():
+    cheap_verifier = dict(target=lambda n: 0.1 + 0.001 * n, draft=0.05, acceptance=lambda _: 0.0)
+    first = Auto(3)
+    simulate(first, 60, **cheap_verifier)
+    assert first.learned().failed_probes >= 2
+    trace = simulate(Auto(3, learned=first.learned()), 40, **cheap_verifier)
+    wait = AutoConfig.probe_every * 2 ** first.learned().failed_probes
+    assert trace[:wait] == [0] * wait  # a bad assistant: a later call starts at the longer wait, not after 8 steps
