@@ -18,6 +18,7 @@ README.md to --out.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed first generation of each system (ours-auto then warms up in the first cell)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild README.md and the plots from --out/results.csv (same arguments as the run)")
     return p.parse_args(argv)
 
 
@@ -242,10 +245,28 @@ def _table_row(c: str, t: float, g: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a results.csv written by `write`, with their types back."""
+    def typed(key: str, value: str):
+        if key in ("class", "prompt", "system"):
+            return value
+        return int(value) if key in ("repeat", "new_tokens", "target_forwards") else float(value)
+    with open(path, newline="") as f:
+        return [{k: typed(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    argv = list(argv if argv is not None else sys.argv[1:])
+    out = args.out or default_out()
+    if args.report_only:
+        rows = read_rows(out / "results.csv")
+        command = "python -m experiments.speedup " + " ".join(a for a in argv if a != "--report-only")
+        write(rows, summarize(rows), args, out, command)
+        print(f"rewrote {out}/README.md and plots")
+        return 0
     from experiments.models import NotPreparedError, int8_copy, load, random_like
     try:
         model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
@@ -258,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         assistant = int8_copy(assistant)
     set_eos(tokenizer, model, assistant)
     rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, args.per_class))
-    out = args.out or default_out()
-    write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv if argv is not None else sys.argv[1:]))
+    write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")
     return 0
 

@@ -60,6 +60,11 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     summary = speedup.summarize(rows)
     speedup.write(rows, summary, args, tmp_path / "out", "test")
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.csv", "greedy.png", "sampling.png", "README.md"}
+    (tmp_path / "out" / "README.md").unlink()
+    assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0  # rebuilt from results.csv alone
+    assert "ours-auto/target" in (tmp_path / "out" / "README.md").read_text()
+    back = speedup.read_rows(tmp_path / "out" / "results.csv")
+    assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [(r["system"], r["new_tokens"], r["repeat"]) for r in rows]
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
 
 
