@@ -53,6 +53,8 @@ def run(model, tokenizer, assistant, tasks, repeats: int, max_new_tokens: int, p
     cells = [(t, r) for r in range(repeats) for t in tasks]
     for t in tasks:
         run_mode("constrained", t, model, tokenizer, max_new_tokens=2)  # compile the index before timing
+    for mode in modes:  # untimed: allocators; schedule="auto" learns the costs, as in any process that generates twice
+        run_mode(mode, tasks[0], model, tokenizer, assistant, max_new_tokens=16, schedule=schedule)
     rows, bar = [], tqdm(total=len(cells) * len(modes), disable=not progress, desc="structured")
     for i, (task, r) in enumerate(cells):
         for mode in modes[i % len(modes):] + modes[: i % len(modes)]:
