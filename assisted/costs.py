@@ -6,9 +6,9 @@ step from 1 to 2 tokens can double it (matrix-vector becomes matrix-matrix) and 
 on a GPU it is flat up to a few dozen. So `curve` interpolates linearly between the n it has measured,
 extrapolates past the largest with the last slope, and never lets cost fall as n grows.
 
-Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps what a call
-learned for the next call on the same pair (`recall` / `memorize`, for the life of the process): only
-the first call on a pair pays the warm-up. `forget` clears it.
+Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's
+table for the next call on the same pair (`recall` / `memorize`, for the life of the process): only the
+first call on a pair pays the warm-up. Acceptance is not kept: it belongs to the text. `forget` clears it.
 """
 
 from __future__ import annotations
@@ -63,16 +63,7 @@ class CostTable:
         return out
 
 
-@dataclass(frozen=True)
-class Learned:
-    """What one call leaves for the next on the same model pair and device."""
-
-    costs: CostTable
-    acceptance: float  # the call's final acceptance estimate: the next call's prior
-    failed_probes: int = 0  # probes in a row that changed nothing: later calls on the pair probe as rarely
-
-
-_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: (device key, Learned)}
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: (device key, CostTable)}
 
 
 class _Alone:
@@ -87,17 +78,17 @@ def _device_key(model) -> tuple:
     return str(p.device), str(p.dtype), torch.get_num_threads()
 
 
-def recall(target, assistant) -> Learned | None:
-    """What earlier calls learned on this pair, if the target still runs on the same device, dtype and threads."""
+def recall(target, assistant) -> CostTable | None:
+    """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype and threads."""
     pairs = _MEMORY.get(target)
     entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
     return entry[1] if entry is not None and entry[0] == _device_key(target) else None
 
 
-def memorize(target, assistant, learned: Learned | None) -> None:
-    if learned is not None:
+def memorize(target, assistant, costs: CostTable | None) -> None:
+    if costs is not None:
         pairs = _MEMORY.setdefault(target, weakref.WeakKeyDictionary())
-        pairs[_ALONE if assistant is None else assistant] = (_device_key(target), learned)
+        pairs[_ALONE if assistant is None else assistant] = (_device_key(target), costs)
 
 
 def forget() -> None:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from assisted.costs import CostTable, Learned
+from assisted.costs import CostTable
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ class Policy(Protocol):
     def estimates(self) -> Estimates | None:
         """What a cost-aware policy believes now; None for the others."""
 
-    def learned(self) -> Learned | None:
-        """What the next call on the same model pair should start from; None for the others."""
+    def learned(self) -> CostTable | None:
+        """The costs the next call on the same model pair should start from; None for the others."""
 
 
 class Constant:
@@ -100,8 +100,8 @@ class AutoConfig:
     """Knobs of the cost-aware policy; each default is a plain, conservative choice."""
 
     k_max: int = 16  # never ask for more (expected tokens saturate below 1 / (1 - acceptance))
-    acceptance_prior: float = 0.6  # believed acceptance before any evidence (a remembered pair's replaces it) ...
-    prior_weight: float = 2.0  # ... worth this many judged tokens
+    acceptance_prior: float = 0.6  # believed acceptance before any evidence of the call ...
+    prior_weight: float = 1.0  # ... worth this many judged tokens (one accepted probe of 2 makes it 0.87)
     acceptance_decay: float = 0.8  # per judged step: the estimate follows the text (code, prose, JSON values)
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
     probe_every: int = 8  # at k = 0, draft again after this many steps without drafts ...
@@ -115,7 +115,6 @@ class AutoState:
     """What the policy has observed: costs (possibly from earlier calls) and decayed acceptance counts."""
 
     k0: int  # the starting k, used while the cost table lacks a timing with drafts
-    prior: float  # acceptance believed before this call's evidence
     costs: CostTable = CostTable()
     judged: float = 0.0  # decayed judged assistant tokens (the prior is added when estimating)
     accepted: float = 0.0  # decayed accepted assistant tokens
@@ -151,7 +150,7 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     """Current beliefs: the target's cost curve, the assistant's cost per token, the acceptance rate."""
-    acceptance = (state.accepted + state.prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
+    acceptance = (state.accepted + cfg.acceptance_prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
     curve = tuple(state.costs.curve(cfg.k_max + 1).tolist())
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance)
 
@@ -165,8 +164,7 @@ def choose(state: AutoState, cfg: AutoConfig) -> int:
 
     Warm-up: until the cost table holds a forward that verified drafts, the starting k; until it holds
     one that verified none, k = 0 (on a compute-bound device verifying k tokens costs nearly k steps).
-    A table remembered from an earlier call on the same pair skips both; the call's first draft is then
-    at most `probe_k` tokens, since the remembered acceptance was measured on other text.
+    A table remembered from an earlier call on the same pair skips both.
     """
     measured = state.costs.measured()
     if not any(n > 1 for n in measured):
@@ -175,8 +173,6 @@ def choose(state: AutoState, cfg: AutoConfig) -> int:
         return 0
     est = estimate(state, cfg)
     k = est.best_k(cfg.k_max)
-    if k and not state.drafted_before:
-        return min(k, cfg.probe_k)  # a remembered acceptance comes from other text: the call's first draft is a probe
     if k == 0 and state.idle >= _wait(state, cfg):
         hopeful = replace(est, acceptance=max(est.acceptance, cfg.probe_acceptance))
         return cfg.probe_k if hopeful.best_k(cfg.k_max) > 0 else 0
@@ -190,11 +186,11 @@ class Auto:
     ----------
     k : int
         Starting k, kept until a target forward that verified drafts has been timed (then one step at
-        k = 0 is timed too), unless `learned` already holds such timings.
+        k = 0 is timed too), unless `costs` already holds such timings.
     config : AutoConfig, optional
         Decays, priors, k_max and probing.
-    learned : Learned, optional
-        Costs, acceptance and probe back-off left by an earlier call on the same model pair and device.
+    costs : CostTable, optional
+        Costs measured by earlier calls on the same model pair and device (`assisted.costs.recall`).
 
     Notes
     -----
@@ -206,13 +202,9 @@ class Auto:
     pay at all on this device.
     """
 
-    def __init__(self, k: int, config: AutoConfig | None = None, learned: Learned | None = None):
+    def __init__(self, k: int, config: AutoConfig | None = None, costs: CostTable | None = None):
         self.config = config or AutoConfig()
-        if learned is None:
-            self.state = AutoState(k0=k, prior=self.config.acceptance_prior)
-        else:
-            self.state = AutoState(k0=k, prior=learned.acceptance, costs=learned.costs,
-                                   failed_probes=learned.failed_probes)
+        self.state = AutoState(k0=k, costs=costs or CostTable())
         self.k = choose(self.state, self.config)
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None) -> None:
@@ -222,13 +214,13 @@ class Auto:
     def estimates(self) -> Estimates:
         return estimate(self.state, self.config)
 
-    def learned(self) -> Learned:
-        return Learned(self.state.costs, self.estimates().acceptance, self.state.failed_probes)
+    def learned(self) -> CostTable:
+        return self.state.costs
 
 
 SCHEDULES = {"constant": Constant, "heuristic": Heuristic, "auto": Auto}
 
 
-def make_policy(schedule: str, k: int, learned: Learned | None = None) -> Policy:
-    """The policy named `schedule` (one of SCHEDULES), starting at `k`; `auto` also from what a pair `learned`."""
-    return Auto(k, learned=learned) if schedule == "auto" else SCHEDULES[schedule](k)
+def make_policy(schedule: str, k: int, costs: CostTable | None = None) -> Policy:
+    """The policy named `schedule` (one of SCHEDULES), starting at `k`; `auto` also from a pair's measured `costs`."""
+    return Auto(k, costs=costs) if schedule == "auto" else SCHEDULES[schedule](k)

@@ -189,7 +189,7 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
     ref = generate(models["llama"], **kw)
     policy = Scripted([2, 0, 0, 3, 0, 1, 0])
-    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda schedule, k, learned: policy)
+    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda schedule, k, costs: policy)
     out = generate(models["llama"], models["llama-other"], **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     steps = out.stats.steps
@@ -237,12 +237,12 @@ def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
     forget()
     first = generate(target, helper, **kw)
-    learned = recall(target, helper)
-    assert first.stats.k_trace[:3] == (5, 5, 0) and 1 in learned.costs.measured()
+    costs = recall(target, helper)
+    assert first.stats.k_trace[:3] == (5, 5, 0) and 1 in costs.measured()
     assert recall(target, None) is None and recall(helper, target) is None  # per ordered pair
     second = generate(target, helper, **kw)
     assert second.token_ids == first.token_ids
-    assert second.stats.k_trace[0] == Auto(5, learned=learned).k  # starts from what the first call learned
+    assert second.stats.k_trace[0] == Auto(5, costs=costs).k  # starts from the costs the first call measured
     with threads(torch.get_num_threads() + 1):
         assert recall(target, helper) is None  # timings on other threads (or device, dtype) do not carry
     forget()

@@ -118,7 +118,7 @@ def test_probes_back_off_while_they_change_nothing():
 
 
 def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills():
-    cfg, state = AutoConfig(), AutoState(k0=4, prior=0.6)
+    cfg, state = AutoConfig(), AutoState(k0=4)
     for n, seconds in [(50, 9.0), (1, 0.4), (2, 0.8), (6, 1.2), (1, 0.4)]:  # the first forward is the prefill
         state = observe(state, 0, 0, StepCost(n, seconds, 0, 0.0), cfg)
     assert state.costs.measured() == (1, 2, 6)
@@ -135,11 +135,12 @@ def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills()
 
 
 def test_acceptance_is_a_decayed_rate_with_a_prior():
-    cfg, state = AutoConfig(), AutoState(k0=4, prior=0.6)
+    cfg, state = AutoConfig(), AutoState(k0=4)
     for _ in range(30):
         state = observe(state, 4, 1, None, cfg)
     weight = sum(cfg.acceptance_decay**i for i in range(30))  # 1 of 4 accepted per step, plus the prior
-    assert estimate(state, cfg).acceptance == pytest.approx((weight + 0.6 * cfg.prior_weight) / (4 * weight + 2))
+    prior = cfg.acceptance_prior * cfg.prior_weight
+    assert estimate(state, cfg).acceptance == pytest.approx((weight + prior) / (4 * weight + cfg.prior_weight))
 
 
 def test_best_k_maximizes_expected_tokens_per_second():
@@ -152,7 +153,7 @@ def test_best_k_maximizes_expected_tokens_per_second():
 
 def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
     cfg = AutoConfig()
-    assert choose(AutoState(k0=7, prior=0.6), cfg) == 7
+    assert choose(AutoState(k0=7), cfg) == 7
     policy = Auto(7)
     for step in range(3):
         assert policy.k == (0 if step == 2 else 7)  # the warm-up times one plain step as well
@@ -161,25 +162,14 @@ def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
     assert choose(policy.state, cfg) == policy.k == cfg.k_max  # near-free drafts, everything accepted
 
 
-def test_what_a_call_learned_replaces_the_warm_up_of_the_next():
+def test_costs_a_call_measured_replace_the_warm_up_of_the_next():
     first = Auto(5)
     simulate(first, 30, target=lambda n: 0.4 * n, draft=0.2, acceptance=lambda _: 0.3)
-    learned = first.learned()
-    assert learned.costs.measured() and learned.acceptance < 0.6
-    assert Auto(5, learned=learned).k == 0  # compute-bound verifier: plain decoding from the first step
+    costs = first.learned()
+    assert costs.measured() and costs.draft_per_token == pytest.approx(0.2)
+    assert Auto(5, costs=costs).k == 0  # compute-bound verifier: plain decoding from the first step
     cheap = Auto(5)
     simulate(cheap, 30, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 0.95)
-    second = Auto(5, learned=cheap.learned())
-    trace = simulate(second, 3, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 1.0)
-    assert trace[0] == AutoConfig.probe_k and min(trace[1:]) > 5  # a short first draft (its acceptance is stale), no warm-up
-    assert isinstance(make_policy("auto", 5, learned), Auto) and make_policy("auto", 5, learned).k == 0
-
-
-def test_probe_back_off_carries_over_to_the_next_call():
-    cheap_verifier = dict(target=lambda n: 0.1 + 0.001 * n, draft=0.05, acceptance=lambda _: 0.0)
-    first = Auto(3)
-    simulate(first, 60, **cheap_verifier)
-    assert first.learned().failed_probes >= 2
-    trace = simulate(Auto(3, learned=first.learned()), 40, **cheap_verifier)
-    wait = AutoConfig.probe_every * 2 ** first.learned().failed_probes
-    assert trace[:wait] == [0] * wait  # a bad assistant: a later call starts at the longer wait, not after 8 steps
+    trace = simulate(Auto(5, costs=cheap.learned()), 3, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 1.0)
+    assert trace[0] > 5 and min(trace[1:]) > 5  # no warm-up at the starting k, no step at k = 0
+    assert isinstance(make_policy("auto", 5, costs), Auto) and make_policy("auto", 5, costs).k == 0
