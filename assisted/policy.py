@@ -141,9 +141,9 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
                   judged=d * state.judged + drafted, accepted=d * state.accepted + accepted,
                   idle=0 if drafted else state.idle + 1)
-    if not drafted:
-        return new
-    probe = state.idle >= _wait(state, cfg)
+    probe = drafted and state.idle >= _wait(state, cfg)
+    if not (probe or (drafted and state.failed_probes)):
+        return new  # the back-off only moves after a probe, or resets once drafting pays again
     pays = estimate(new, cfg).best_k(cfg.k_max) > 0
     return replace(new, failed_probes=0 if pays else state.failed_probes + probe)
 

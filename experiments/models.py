@@ -353,6 +353,12 @@ def int8_copy(model):
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
+def load_assistant(source: str, target, *, int8: bool = False, **load_options):
+    """The assistant for `target`: a model source (`load`) or "random" (`random_like`), as an int8 copy if asked."""
+    assistant = random_like(target) if source == "random" else load(source, **load_options)[0]
+    return int8_copy(assistant) if int8 else assistant
+
+
 def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     """A tiny randomly initialized model with `model`'s architecture and vocabulary: a deliberately bad assistant.
 

@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from experiments.tasks import count_forwards, set_eos, write_rows  # noqa: E402
+from experiments.tasks import assistant_label, count_forwards, set_eos, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -216,7 +216,7 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs)",
              f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
              f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
-             f"- target {args.target}, assistant {args.assistant}{' (int8 copy)' if getattr(args, 'assistant_int8', False) else ''}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
+             f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
              _table_header()]
@@ -267,16 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         write(rows, summarize(rows), args, out, command)
         print(f"rewrote {out}/README.md and plots")
         return 0
-    from experiments.models import NotPreparedError, int8_copy, load, random_like
+    from experiments.models import NotPreparedError, load, load_assistant
     try:
         model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
-        assistant = random_like(model) if args.assistant == "random" else load(args.assistant, dtype=args.dtype,
-                                                                                device=args.device)[0]
+        assistant = load_assistant(args.assistant, model, int8=args.assistant_int8, dtype=args.dtype, device=args.device)
     except (NotPreparedError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if args.assistant_int8:
-        assistant = int8_copy(assistant)
     set_eos(tokenizer, model, assistant)
     rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, args.per_class))
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments.tasks import (  # noqa: E402
-    MODES, STRUCTURED_TASKS, extract_json, run_mode, set_eos, validate, write_rows)
+    MODES, STRUCTURED_TASKS, assistant_label, extract_json, run_mode, set_eos, validate, write_rows)
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
           "tokens_per_s", "valid")
@@ -104,7 +104,7 @@ def write(rows, summary, args, out: Path, command: str) -> None:
     plot(summary, out)
     lines = [f"# Structured benchmark {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
              f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs: noisy)",
-             f"- target {args.target}, assistant {args.assistant}{' (int8 copy)' if getattr(args, 'assistant_int8', False) else ''} "
+             f"- target {args.target}, assistant {assistant_label(args)} "
              f"(schedule {getattr(args, 'schedule', 'heuristic')}), "
              f"fp32 CPU, torch threads {torch.get_num_threads()}",
              f"- torch {torch.__version__}, transformers {transformers.__version__}; greedy; max_new_tokens "
@@ -122,15 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.models import NotPreparedError, int8_copy, load
+    from experiments.models import NotPreparedError, load, load_assistant
     try:
         model, tokenizer = load(args.target)
-        assistant = load(args.assistant)[0] if args.assistant else None
+        assistant = load_assistant(args.assistant, model, int8=args.assistant_int8) if args.assistant else None
     except (NotPreparedError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if assistant is not None and args.assistant_int8:
-        assistant = int8_copy(assistant)
     set_eos(tokenizer, model, assistant)
     tasks = [t for t in STRUCTURED_TASKS if args.tasks is None or t.name in args.tasks]
     rows = run(model, tokenizer, assistant, tasks, args.repeats, args.max_new_tokens, schedule=args.schedule)

@@ -236,3 +236,9 @@ def write_rows(path, rows: list[dict], fields) -> None:
         w = csv.DictWriter(f, fields)
         w.writeheader()
         w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+
+
+def assistant_label(args) -> str:
+    """The assistant as a results README names it."""
+    int8 = " (int8 copy)" if getattr(args, "assistant_int8", False) else ""
+    return f"{args.assistant}{int8}"
