@@ -4,7 +4,8 @@
 of the assistant's seconds per drafted token. The cost of verifying n tokens is not a line: on a CPU the
 step from 1 to 2 tokens can double it (matrix-vector becomes matrix-matrix) and later tokens add little,
 on a GPU it is flat up to a few dozen. So `curve` interpolates linearly between the n it has measured,
-extrapolates past the largest with the last slope, and never lets cost fall as n grows.
+never lets cost fall as n grows, and past the largest measured n holds that cost: optimistic, so that a
+longer verification is tried once when the drafts look good, and is then measured.
 
 Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's
 table for the next call on the same pair (`recall` / `memorize`, for the life of the process): only the
@@ -20,6 +21,20 @@ import numpy as np
 import torch
 
 N_MAX = 64  # forwards over more tokens than this (prompt prefills) are not recorded
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Wall times of one decoding step, as the loop measured them around calls it makes anyway."""
+
+    target_tokens: int  # tokens fed to the target forward (uncached + draft; the bonus row is the last); 0: none
+    target_seconds: float  # that forward's wall time
+    drafted: int  # assistant tokens drafted (one assistant forward each), verified or cut
+    draft_seconds: float  # their wall time
+
+    @property
+    def seconds(self) -> float:
+        return self.target_seconds + self.draft_seconds
 
 
 @dataclass(frozen=True)
@@ -49,16 +64,12 @@ class CostTable:
         return tuple(n for n, _, _ in self.target)
 
     def curve(self, n_max: int) -> np.ndarray:
-        """(n_max + 1,) target seconds for n = 0..n_max ([0] = 0): interpolated, slope-extrapolated, non-decreasing."""
+        """(n_max + 1,) target seconds for n = 0..n_max ([0] = 0): interpolated, non-decreasing, flat past the data."""
         if not self.target:
             return np.zeros(n_max + 1)
         xs = np.array([n for n, _, _ in self.target], dtype=float)
         ys = np.maximum.accumulate(np.array([mean for _, mean, _ in self.target]))
-        grid = np.arange(n_max + 1, dtype=float)
-        out = np.interp(grid, xs, ys)
-        if len(xs) > 1:
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            out = np.where(grid > xs[-1], ys[-1] + slope * (grid - xs[-1]), out)
+        out = np.interp(np.arange(n_max + 1, dtype=float), xs, ys)
         out[0] = 0.0
         return out
 

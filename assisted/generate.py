@@ -13,9 +13,9 @@ import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.cache import crop_to, forward, new_cache, output_device
-from assisted.costs import memorize, recall
+from assisted.costs import StepCost, memorize, recall
 from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
-from assisted.policy import Policy, StepCost, make_policy
+from assisted.policy import Policy, make_policy
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.sampling import make_generator, masked, probs
 from drafting.assistant import AssistantDrafter
@@ -131,8 +131,8 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         return [], "final"
     while True:
         # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
-        k, spent = policy.k, (rec.target_seconds, source.seconds)
-        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1)
+        k, spent = policy.k, (rec.target_seconds, source.calls, source.seconds)
+        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut)
         # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
         ids = seq[cached:] + list(draft.tokens)
         if opts.coalesce and all(draft.forced) and draft.finished:
@@ -146,9 +146,9 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         cached = min(valid, len(seq) - 1)
         crop_to(cache, cached)
         source.rollback(valid)
-        # 4. adapt k on the judged assistant tokens and the step's timings, and record the step
-        cost = StepCost(len(ids), rec.target_seconds - spent[0], draft.model_drafted, source.seconds - spent[1])
-        policy.update(*_judged(draft.forced, n), cost)
+        # 4. adapt k on the judged model drafts and the step's timings, and record the step
+        cost = StepCost(len(ids), rec.target_seconds - spent[0], source.calls - spent[1], source.seconds - spent[2])
+        policy.update(*_judged(draft.forced, n), cost, draft.model_confidence)
         rec.step(k, draft.sources, n, opts.coalesce)
         if stop is not None:
             return seq[len(prompt) :], stop
@@ -179,9 +179,9 @@ def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tup
 
 
 def _judged(forced: tuple[bool, ...], n: int) -> tuple[int, int]:
-    """Assistant tokens the target judged (up to the first rejection) and how many it accepted.
+    """Model drafts the target judged (up to the first rejection) and how many it accepted.
 
-    Assistant tokens after a rejected forced token were never judged: they say nothing about k.
+    Model drafts after a rejected forced token were never judged: they say nothing about k.
     """
     judged = sum(not f for f in forced[: n + 1])
     return judged, judged - (n < len(forced) and not forced[n])

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from assisted.policy import Estimates
+from assisted.auto import Estimates
 
 StopReason = Literal["eos", "final", "length"]
 

@@ -25,8 +25,11 @@ class AssistantDrafter:
         self.masks = DeviceMasks(self.device)
         self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
 
-    def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None]:
-        """Draft the token after `seq`; returns (token, q row (1, V) or None when greedy)."""
+    def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
+        """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's probability of it).
+
+        The probability is the assistant's confidence, from which the cost-aware policy predicts acceptance.
+        """
         start = time.perf_counter()
         logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
@@ -34,9 +37,13 @@ class AssistantDrafter:
         mask = self.masks(mask)
         mask = None if mask is None else mask[None]  # (1, V)
         if not self.warp.do_sample:
-            return int(masked(logits, mask).argmax(dim=-1)), None
+            logits = masked(logits.float(), mask)[0]  # (V,)
+            top = logits.max()
+            confidence = torch.exp(top - torch.logsumexp(logits, dim=-1))
+            return int(logits.argmax()), None, confidence.item()
         q = probs(logits, mask, self.warp)  # (1, V)
-        return int(sample(q, self.generator)), q
+        token = int(sample(q, self.generator))
+        return token, q, q[0, token].item()
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""

@@ -22,12 +22,18 @@ class Draft:
     sources: tuple[str, ...]  # (k,) who proposed each: "forced" (the guide), "lookup" (the prompt), "assistant"
     masks: torch.Tensor | None  # (k+1, V) bool on CPU, guide mask before each token / after the last
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
+    confidence: tuple[float, ...]  # (k,) the assistant's probability of each of its tokens; NaN for the others
     finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows
 
     @property
     def forced(self) -> tuple[bool, ...]:
         """(k,) True where the guide forced the token."""
         return tuple(s == "forced" for s in self.sources)
+
+    @property
+    def model_confidence(self) -> tuple[float, ...]:
+        """The confidences of the model-drafted (assistant and prompt-lookup) tokens, in order."""
+        return tuple(c for c, s in zip(self.confidence, self.sources) if s != "forced")
 
     @property
     def model_drafted(self) -> int:
@@ -39,9 +45,14 @@ class DraftSource(Protocol):
     """Proposes drafts; told after each step how much of the sequence is committed."""
 
     seconds: float  # wall time of its model calls so far (what the cost-aware policy charges per draft)
+    calls: int  # its model calls so far
 
-    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int) -> Draft:
-        """Up to `k` model-drafted tokens (forced ones are free) and at most `limit` in all."""
+    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None) -> Draft:
+        """Up to `k` model-drafted tokens (forced ones are free) and at most `limit` in all.
+
+        `cut(confidences) -> int | None`, asked after each model-drafted token: None to go on, else how many
+        of the model-drafted tokens so far to keep (the draft ends there).
+        """
 
     def rollback(self, valid: int) -> None:
         """Only the first `valid` tokens of the last proposal's sequence+draft were committed."""

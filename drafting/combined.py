@@ -1,12 +1,15 @@
 """The draft source: the guide's forced run first, then prompt lookup, then the assistant, repeating.
 
 Forced tokens cost no model call and do not count against k; prompt-lookup tokens (free, but verified
-like the assistant's) and the assistant's tokens are added until there are k of them. Drafting stops early at EOS, at a final state that allows only EOS, or at
+like the assistant's) and the assistant's tokens are added until there are k of them, or until the
+policy's `cut` ends the draft. Drafting also stops at EOS, at a final state that allows only EOS, or at
 `limit` tokens in all. Without an assistant this yields forced runs only; without forced tokens
 either, empty drafts (plain decoding: one target forward per token).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -14,6 +17,9 @@ from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft
 from drafting.forced import ForcedTokens
 from drafting.lookup import PromptLookup
+
+
+NAN = math.nan
 
 
 class CombinedSource:
@@ -25,18 +31,18 @@ class CombinedSource:
         self.vocab_size, self.sampling = vocab_size, sampling
         self.device = assistant.device if assistant is not None else torch.device("cpu")
 
-    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int) -> Draft:
-        """Draft after `seq` from the committed guide state `cursor` (which this advances)."""
-        tokens, sources, rows, masks = [], [], [], [cursor.mask()]
+    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None) -> Draft:
+        """Draft after `seq` from the committed guide state `cursor` (which this advances); see DraftSource."""
+        tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
         run, copied, drafted, finished = ForcedTokens(), [], 0, cursor.finished()
         while len(tokens) < limit and not finished:
-            token, source = (run.next(cursor) if self.use_forced else None), "forced"
+            token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
             if token is None:
                 if drafted == k:
                     break
                 (token, copied), source = self._copy(seq + tokens, masks[-1], copied, k - drafted), "lookup"
             if token is None and self.assistant is not None:
-                token, q = self.assistant.next(seq + tokens, masks[-1])
+                token, q, c = self.assistant.next(seq + tokens, masks[-1])
                 rows.append(q)
                 source = "assistant"
             if token is None:
@@ -44,6 +50,7 @@ class CombinedSource:
             drafted += source != "forced"
             tokens.append(token)
             sources.append(source)
+            confidence.append(c)
             if token in cursor.eos:  # nothing follows EOS; the bonus row is never used
                 masks.append(masks[-1])
                 finished = True
@@ -51,7 +58,14 @@ class CombinedSource:
             cursor.advance(token)
             masks.append(cursor.mask())
             finished = cursor.finished()
-        return Draft(tuple(tokens), tuple(sources), _stack(masks), self._q(tokens, sources, rows), finished)
+            keep = None if cut is None or source == "forced" or finished else cut(_model_drafted(confidence, sources))
+            if keep is not None:
+                end = len(tokens) if keep == drafted else [i for i, s in enumerate(sources) if s != "forced"][keep]
+                tokens, sources, confidence, masks = tokens[:end], sources[:end], confidence[:end], masks[: end + 1]
+                rows = rows[: sources.count("assistant")]
+                break
+        return Draft(tuple(tokens), tuple(sources), _stack(masks), self._q(tokens, sources, rows), tuple(confidence),
+                     finished)
 
     def _copy(self, context: list[int], mask, copied: list[int], room: int) -> tuple[int | None, list[int]]:
         """The next prompt-lookup token if the guide allows it, and the rest of the copied run."""
@@ -67,6 +81,11 @@ class CombinedSource:
         """Wall time of the assistant's forward passes so far (0 without an assistant)."""
         return self.assistant.seconds if self.assistant is not None else 0.0
 
+    @property
+    def calls(self) -> int:
+        """The assistant's forward passes so far, cut drafts included (0 without an assistant)."""
+        return self.assistant.calls if self.assistant is not None else 0
+
     def rollback(self, valid: int) -> None:
         if self.assistant is not None:
             self.assistant.rollback(valid)
@@ -81,6 +100,10 @@ class CombinedSource:
         if rows:
             q[[i for i, s in enumerate(sources) if s == "assistant"]] = torch.cat(rows)
         return q
+
+
+def _model_drafted(confidence: list[float], sources: list[str]) -> tuple[float, ...]:
+    return tuple(c for c, s in zip(confidence, sources) if s != "forced")
 
 
 def _stack(masks: list[torch.Tensor | None]) -> torch.Tensor | None:

@@ -104,7 +104,7 @@ def test_assistant_feeds_tokens_it_did_not_produce_and_rolls_back(tok):
     source.rollback(len(seq) + 1)  # one draft token accepted, then the target's own token
     assert assistant.cache.get_seq_length() == assistant.cached == len(seq) + 1
     committed = seq + [draft.tokens[0], 7]
-    token, _ = assistant.next(committed, None)  # feeds [7]: a token the assistant did not draft
+    token, _, _ = assistant.next(committed, None)  # feeds [7]: a token the assistant did not draft
     full = forward(model, new_cache(), committed, 1)  # a fresh forward over the whole sequence
     assert token == int(full.argmax(-1))
     assert assistant.cache.get_seq_length() == len(committed)

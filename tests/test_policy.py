@@ -2,10 +2,12 @@
 
 import random
 
+import numpy as np
 import pytest
 
-from assisted.policy import (SCHEDULES, Auto, AutoConfig, AutoState, Constant, Estimates, Heuristic, StepCost, choose,
-                             estimate, make_policy, observe)
+from assisted.auto import AutoState, Calibration, choose, estimate, observe
+from assisted.policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
+from drafting.base import Draft
 
 
 def test_constant_never_moves():
@@ -49,7 +51,7 @@ def test_make_policy_starts_at_the_given_k(name):
     assert make_policy(name, 3).k == 3
 
 
-def test_only_assistant_tokens_up_to_the_first_rejection_are_judged():
+def test_only_model_drafts_up_to_the_first_rejection_are_judged():
     from assisted.generate import _judged
 
     assert _judged((False, False, False), 3) == (3, 3)  # all accepted
@@ -57,64 +59,109 @@ def test_only_assistant_tokens_up_to_the_first_rejection_are_judged():
     assert _judged((True, False, False), 0) == (0, 0)  # a forced token rejected first: no signal
     assert _judged((False, True, False), 1) == (1, 1)  # the forced token was rejected, not the assistant's
     assert _judged((), 0) == (0, 0)
+    draft = Draft((5, 6, 7), ("assistant", "forced", "lookup"), None, None, (0.5, float("nan"), float("nan")), False)
+    assert draft.model_confidence[0] == 0.5 and len(draft.model_confidence) == 2
 
 
 # --- the cost-aware policy on synthetic traces -------------------------------------------------------------
-# A simulated decode loop: the target's forward over n tokens costs target(n) seconds, each assistant token
-# `draft` seconds, and each assistant token is accepted with probability acceptance(step) (seeded, so every
-# trace is deterministic). Forced tokens are left out: they are free and never judged.
+# A simulated decode loop: the target's forward over n tokens costs target(n) seconds and each assistant token
+# `draft` seconds. The assistant's confidence in its i-th token of a step is confidence(step), and the target
+# accepts that token with probability acceptance(confidence) (a calibrated assistant by default). Draws are
+# seeded, so every trace is deterministic. Forced tokens are left out: they are free and never judged.
+
+CPU = dict(xs=[1, 2, 4, 8, 16], ys=[0.375, 0.722, 1.107, 1.271, 1.708])  # Qwen2.5-Coder-1.5B, this 2-core CPU
 
 
-def simulate(policy, steps, target, draft, acceptance, seed=0):
-    """Drive `policy` for `steps` steps; returns the k it chose at each step."""
+def cpu_target(n):
+    slope = (CPU["ys"][-1] - CPU["ys"][-2]) / (CPU["xs"][-1] - CPU["xs"][-2])
+    return float(np.interp(n, CPU["xs"], CPU["ys"])) + slope * max(n - CPU["xs"][-1], 0)
+
+
+def simulate(policy, steps, target, draft, confidence, acceptance=lambda c: c, seed=0):
+    """Drive `policy` for `steps` steps; returns (k asked, drafts verified) per step."""
     rng, trace = random.Random(seed), []
     for step in range(steps):
-        k = policy.k
-        trace.append(k)
+        k, drafts, kept = policy.k, [], None
+        while len(drafts) < k and kept is None:
+            drafts.append(confidence(step))
+            kept = policy.cut(tuple(drafts))
+        verified = drafts if kept is None else drafts[:kept]
         judged = accepted = 0
-        while judged < k:
+        while judged < len(verified):
             judged += 1
-            if rng.random() >= acceptance(step):
+            if rng.random() >= acceptance(verified[judged - 1]):
                 break
             accepted += 1
-        policy.update(judged, accepted, StepCost(k + 1, target(k + 1), k, draft * k))
+        cost = StepCost(len(verified) + 1, target(len(verified) + 1), len(drafts), draft * len(drafts))
+        policy.update(judged, accepted, cost, tuple(verified))
+        trace.append((k, len(verified)))
     return trace
 
 
-def test_cheap_verifier_and_good_acceptance_drive_k_up():
-    trace = simulate(Auto(5), 60, target=lambda n: 0.100, draft=0.005, acceptance=lambda _: 0.9)
-    assert trace[:3] == [5, 5, 0] and trace[3] > 5  # warm-up: prefill, a forward verifying drafts, one at k = 0
-    late = sorted(trace[20:])
-    assert late[0] >= 8 and late[len(late) // 2] >= 10 and late[-1] <= AutoConfig().k_max
+def test_cheap_verifier_and_a_confident_assistant_draft_long():
+    trace = simulate(Auto(5), 60, target=lambda n: 0.100, draft=0.005, confidence=lambda _: 0.9)
+    assert trace[:3] == [(5, 5), (5, 5), (0, 0)]  # warm-up: prefill, a forward verifying drafts, one at k = 0
+    verified = sorted(v for _, v in trace[4:])
+    assert verified[len(verified) // 2] >= 12 and verified[-1] <= AutoConfig().k_max
 
 
-def test_expensive_verifier_and_poor_acceptance_drive_k_to_zero_without_probes():
-    trace = simulate(Auto(5), 60, target=lambda n: 0.01 + 0.1 * n, draft=0.02, acceptance=lambda _: 0.2)
-    assert trace[3:] == [0] * 57  # verifying n tokens costs n steps: drafting cannot pay, so no probe either
-
-
-def test_cheap_verifier_and_poor_acceptance_decode_plainly_with_probes():
-    trace = simulate(Auto(5), 60, target=lambda n: 0.1 + 0.001 * n, draft=0.05, acceptance=lambda _: 0.1)
+def test_expensive_verifier_and_poor_acceptance_decode_plainly_and_probes_verify_nothing():
+    trace = simulate(Auto(5), 60, target=lambda n: 0.01 + 0.1 * n, draft=0.02, confidence=lambda _: 0.2)
     late = trace[10:]
-    assert late.count(0) >= 0.8 * len(late) and set(late) == {0, AutoConfig.probe_k}
+    assert [k for k, _ in late].count(0) >= 0.8 * len(late)
+    assert all(v == 0 for _, v in late)  # a probe's unsure draft is cut before it costs a verification
 
 
-def test_when_acceptance_returns_the_probes_notice_and_k_goes_back_up():
-    def acceptance(step):
+def test_on_this_cpu_confident_runs_pay_and_unsure_ones_do_not():
+    # fp32 Qwen2.5-Coder-0.5B drafts at 0.226 s a token, 0.6 of a 1.5B step: only long, sure runs pay
+    sure = simulate(Auto(5), 40, target=cpu_target, draft=0.226, confidence=lambda _: 0.995)
+    assert min(v for _, v in sure[4:]) >= 10
+    unsure = simulate(Auto(5), 40, target=cpu_target, draft=0.226, confidence=lambda _: 0.7)
+    assert [k for k, _ in unsure[4:]].count(0) >= 30 and all(v <= 1 for _, v in unsure[4:])
+
+
+def test_when_acceptance_returns_the_probes_notice_and_drafting_resumes():
+    def confidence(step):
         return 0.05 if step < 60 else 0.95
 
-    trace = simulate(Auto(5), 120, target=lambda n: 0.1 + 0.02 * n, draft=0.01, acceptance=acceptance)
-    assert trace[40:60].count(0) >= 15  # poor acceptance: k = 0 with probes
-    assert min(trace[100:]) >= 4  # after a probe, speculation pays again
+    trace = simulate(Auto(5), 120, target=lambda n: 0.1 + 0.02 * n, draft=0.01, confidence=confidence)
+    assert [k for k, _ in trace[40:60]].count(0) >= 15  # poor acceptance: k = 0 with probes
+    assert min(k for k, _ in trace[100:]) == AutoConfig().k_max  # after a probe, drafting pays again
 
 
 def test_probes_back_off_while_they_change_nothing():
     cfg = AutoConfig()
-    trace = simulate(Auto(3), 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, acceptance=lambda _: 0.0)
-    probes = [i for i in range(4, len(trace)) if trace[i] > 0]
+    trace = simulate(Auto(3), 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, confidence=lambda _: 0.0)
+    probes = [i for i in range(4, len(trace)) if trace[i][0] > 0]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     waits = [cfg.probe_every * 2 ** min(i, cfg.probe_backoff) + 1 for i in range(1, len(gaps) + 1)]
     assert len(probes) >= 4 and gaps == waits  # 17, 33, 65, 65: each failed probe doubles the wait, up to 8x
+
+
+def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
+    def beliefs(seconds, draft=0.01, acceptance=0.8, plain=None):
+        return Estimates(tuple(seconds), draft, acceptance, Calibration(), plain or 1 / seconds[1], None)
+
+    flat = beliefs([0.0] + [0.1] * 21)
+    assert flat.cut((0.9, 0.9), 20) is None  # verification is free: draft on
+    assert flat.cut((0.9,) * 20, 20) == 20  # at the cap: verify them all
+    assert flat.cut((0.9, 0.9, 0.01), 20) == 3  # an unsure token ends the draft, but verifying it is free
+    steep = beliefs([0.0] + [0.1 + 0.1 * n for n in range(1, 22)])
+    assert steep.cut((0.9, 0.9, 0.01), 20) == 2  # ... and is dropped when each verified token costs a step
+    assert steep.cut((0.05,), 20) == 0  # so is a lone unsure draft: the step decodes plainly
+    assert steep.cut((float("nan"),), 1) == 1  # a prompt-lookup draft: the mean acceptance (0.8) decides
+    assert beliefs(steep.target_seconds, acceptance=0.3).cut((float("nan"),), 1) == 0
+
+
+def test_calibration_learns_how_often_confident_drafts_are_accepted():
+    cal = Calibration()
+    assert cal.predict(np.array([0.9, 0.3]))[0] == pytest.approx(0.9)  # no evidence: the confidence itself
+    for _ in range(40):
+        cal = cal.observed((0.9, 0.9, 0.9, 0.9), 2, decay=0.95)  # overconfident: half of them accepted
+    low, high = cal.predict(np.array([0.3, 0.9]))
+    assert high == pytest.approx(0.5, abs=0.03) and low == pytest.approx(0.3)  # other bins keep their prior
+    assert np.isnan(cal.predict(np.array([float("nan")]))[0])
+    assert cal.observed((float("nan"),), 0, decay=0.5) == cal  # lookup drafts carry no confidence
 
 
 def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills():
@@ -125,13 +172,15 @@ def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills()
     curve = estimate(state, cfg).target_seconds
     assert len(curve) == cfg.k_max + 2 and curve[0] == 0.0
     assert curve[1:3] == pytest.approx((0.4, 0.8)) and curve[4] == pytest.approx(1.0)  # between 2 and 6: a line
-    assert curve[10] == pytest.approx(1.2 + 4 * 0.1)  # past 6: the last slope
+    assert curve[10] == pytest.approx(1.2)  # past 6: held until measured
     state = observe(state, 0, 0, StepCost(4, 0.5, 0, 0.0), cfg)  # a noisy, too cheap timing at n = 4 ...
     curve = estimate(state, cfg).target_seconds
     assert curve[4] == pytest.approx(0.8) and all(b >= a for a, b in zip(curve, curve[1:]))  # ... cannot lower it
     for seconds in [9.0, 0.02, 0.04]:  # the first drafting step holds the assistant's prefill
-        state = observe(state, 2, 2, StepCost(3, 1.0, 2, 2 * seconds), cfg)
+        state = observe(state, 2, 2, StepCost(3, 1.0, 2, 2 * seconds), cfg, (1.0, 1.0))  # sure, and right
     assert state.costs.draft_per_token == pytest.approx(0.9 * 0.02 + 0.1 * 0.04)
+    est = estimate(state, cfg)  # the two drafting steps after the assistant's prefill: 3 expected tokens in 1.04, 1.08 s
+    assert est.plain_rate == pytest.approx(1 / 0.4) and est.drafting_rate == pytest.approx(5.4 / (0.8 * 1.04 + 1.08))
 
 
 def test_acceptance_is_a_decayed_rate_with_a_prior():
@@ -143,33 +192,26 @@ def test_acceptance_is_a_decayed_rate_with_a_prior():
     assert estimate(state, cfg).acceptance == pytest.approx((weight + prior) / (4 * weight + cfg.prior_weight))
 
 
-def test_best_k_maximizes_expected_tokens_per_second():
-    flat = Estimates(target_seconds=(0.0,) + (0.1,) * 17, draft_per_token=0.0, acceptance=0.5)
-    assert flat.best_k(16) == 16  # free drafts, free verification: draft as much as allowed
-    steep = Estimates(target_seconds=tuple(0.1 * n for n in range(18)), draft_per_token=0.01, acceptance=0.9)
-    assert steep.best_k(16) == 0  # each verified token costs as much as decoding it
-    assert flat.expected_tokens(2) == 1.75 and Estimates(flat.target_seconds, 0.01, 1.0).expected_tokens(3) == 4.0
-
-
 def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
     cfg = AutoConfig()
     assert choose(AutoState(k0=7), cfg) == 7
     policy = Auto(7)
     for step in range(3):
-        assert policy.k == (0 if step == 2 else 7)  # the warm-up times one plain step as well
+        assert policy.k == (0 if step == 2 else 7) and policy.cut((0.01,)) is None  # no cut in the warm-up
         k = policy.k
-        policy.update(k, k, StepCost(k + 1, 0.05, k, 0.0001 * k))
+        policy.update(k, k, StepCost(k + 1, 0.05, k, 0.0001 * k), (0.99,) * k)
     assert choose(policy.state, cfg) == policy.k == cfg.k_max  # near-free drafts, everything accepted
 
 
 def test_costs_a_call_measured_replace_the_warm_up_of_the_next():
     first = Auto(5)
-    simulate(first, 30, target=lambda n: 0.4 * n, draft=0.2, acceptance=lambda _: 0.3)
+    simulate(first, 30, target=lambda n: 0.4 * n, draft=0.2, confidence=lambda _: 0.3)
     costs = first.learned()
     assert costs.measured() and costs.draft_per_token == pytest.approx(0.2)
-    assert Auto(5, costs=costs).k == 0  # compute-bound verifier: plain decoding from the first step
+    second = Auto(5, costs=costs)
+    assert second.k == AutoConfig().k_max and second.cut((0.3,)) == 0  # drafts to measure its rate, cut at once
     cheap = Auto(5)
-    simulate(cheap, 30, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 0.95)
-    trace = simulate(Auto(5, costs=cheap.learned()), 3, target=lambda n: 0.1, draft=0.001, acceptance=lambda _: 1.0)
-    assert trace[0] > 5 and min(trace[1:]) > 5  # no warm-up at the starting k, no step at k = 0
-    assert isinstance(make_policy("auto", 5, costs), Auto) and make_policy("auto", 5, costs).k == 0
+    simulate(cheap, 30, target=lambda n: 0.1, draft=0.001, confidence=lambda _: 0.95)
+    trace = simulate(Auto(5, costs=cheap.learned()), 3, target=lambda n: 0.1, draft=0.001, confidence=lambda _: 1.0)
+    assert all(k == AutoConfig().k_max and v > 5 for k, v in trace)  # no warm-up, no step at k = 0
+    assert isinstance(make_policy("auto", 5, costs), Auto)

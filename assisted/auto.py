@@ -1,0 +1,259 @@
+"""The cost-aware policy `Auto`: decode plainly, or draft and cut the draft where it stops paying.
+
+Two decisions, both on costs measured online (`assisted.costs.CostTable`):
+
+- Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
+  the drafting rate is measured over the call's drafting steps (decayed committed tokens / seconds of both
+  models, forced tokens left out). While plain decoding is faster, a drafting step is retried after a
+  wait that doubles each time it changes nothing.
+- Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
+  draft's acceptance is predicted from the assistant's confidence in it (its probability of the token),
+  calibrated online per confidence bin; tokens not drafted yet are predicted to be accepted as often as the
+  latest one. The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step
+  saves over plain decoding (in tokens): a confident run of code is drafted long, and an unsure draft is not
+  verified where verification is expensive. (Pricing a second at the measured drafting rate instead,
+  Dinkelbach's method, would maximize tokens per second exactly, but makes every cut hang on a noisy rate.)
+
+`observe` (state, step -> state), `choose` (state -> k) and `estimate` (state -> Estimates) are pure, so
+traces can be replayed and tested without models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from assisted.costs import CostTable, StepCost
+
+CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # lower edges of the calibration bins
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """P(the target accepts a draft | the assistant's confidence in it): decayed counts per confidence bin.
+
+    Each bin's estimate starts from the confidence itself, worth `prior_weight` judged tokens.
+    """
+
+    accepted: tuple[float, ...] = (0.0,) * len(CONFIDENCE_BINS)
+    judged: tuple[float, ...] = (0.0,) * len(CONFIDENCE_BINS)
+    prior_weight: float = 1.0
+
+    def observed(self, confidence: tuple[float, ...], accepted: int, decay: float) -> Calibration:
+        """After the target judged drafts of these confidences and accepted the first `accepted` (NaN: no confidence)."""
+        conf = np.asarray(confidence, dtype=float)  # (j,)
+        known = ~np.isnan(conf)
+        if not known.any():
+            return self
+        bins = _bins(conf[known])
+        hits = (np.arange(len(conf)) < accepted)[known].astype(float)
+        touched = np.bincount(bins, minlength=len(CONFIDENCE_BINS)) > 0
+        fade = np.where(touched, decay, 1.0)
+        acc = fade * np.asarray(self.accepted) + np.bincount(bins, hits, len(CONFIDENCE_BINS))
+        judged = fade * np.asarray(self.judged) + np.bincount(bins, minlength=len(CONFIDENCE_BINS))
+        return replace(self, accepted=tuple(acc.tolist()), judged=tuple(judged.tolist()))
+
+    def predict(self, confidence: np.ndarray) -> np.ndarray:
+        """(j,) acceptance probabilities for (j,) confidences; NaN stays NaN."""
+        known = ~np.isnan(confidence)
+        bins = _bins(np.where(known, confidence, 0.0))
+        acc, judged = np.asarray(self.accepted)[bins], np.asarray(self.judged)[bins]
+        return np.where(known, (acc + self.prior_weight * confidence) / (judged + self.prior_weight), np.nan)
+
+
+def _bins(confidence: np.ndarray) -> np.ndarray:
+    return np.clip(np.searchsorted(CONFIDENCE_BINS, confidence, side="right") - 1, 0, len(CONFIDENCE_BINS) - 1)
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """A cost-aware policy's beliefs: costs, acceptance, and the two modes' tokens per second."""
+
+    target_seconds: tuple[float, ...]  # [n]: seconds of a target forward over n tokens, n = 0..k_max + 1
+    draft_per_token: float  # seconds per assistant token (one assistant forward)
+    acceptance: float  # mean acceptance of verified drafts (decayed), for drafts without a confidence
+    calibration: Calibration  # acceptance given the assistant's confidence
+    plain_rate: float  # tokens per second of plain decoding, 1 / target(1): the price of a second in `cut`
+    drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
+
+    def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
+        """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
+
+        Value of verifying i drafts: sum of their survival probabilities - plain_rate * target(i + 1); of
+        drafting m more: all j survivals + survival_j * (a + ... + a^m) - plain_rate * (target(j + m + 1) +
+        m * draft), with a the latest draft's predicted acceptance. Drafting seconds already spent are sunk.
+        """
+        acc = self.accepts(confidence)  # (j,)
+        survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
+        seconds, j, rate = np.asarray(self.target_seconds), len(acc), self.plain_rate
+        keep = np.concatenate([[0.0], np.cumsum(survival)]) - rate * seconds[1 : j + 2]  # (j + 1,)
+        cap = min(k_max, len(seconds) - 2)
+        if j < cap:
+            m = np.arange(1, cap - j + 1)  # (M,)
+            a = min(float(acc[-1]), 1.0 - 1e-9)
+            more = survival.sum() + survival[-1] * a * (1.0 - a**m) / (1.0 - a)
+            more = more - rate * (seconds[j + 1 + m] + m * self.draft_per_token)
+            if more.max() > keep.max():
+                return None
+        return int(np.argmax(keep))
+
+    def accepts(self, confidence: tuple[float, ...]) -> np.ndarray:
+        """(j,) predicted acceptance of drafts with these confidences; the mean acceptance where NaN."""
+        acc = self.calibration.predict(np.asarray(confidence, dtype=float))
+        return np.where(np.isnan(acc), self.acceptance, acc)
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """Knobs of the cost-aware policy; each default is a plain, conservative choice."""
+
+    k_max: int = 20  # never draft more in one step (transformers' default draft length)
+    acceptance_prior: float = 0.6  # mean acceptance before any evidence of the call ...
+    prior_weight: float = 1.0  # ... worth this many judged tokens
+    acceptance_decay: float = 0.8  # per judged step: the estimate follows the text (code, prose, JSON values)
+    calibration_decay: float = 0.95  # per judged step, in the confidence bins it touches
+    rate_decay: float = 0.8  # per timed drafting step: the drafting rate follows the text
+    cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
+    probe_every: int = 8  # while plain decoding is faster, draft again after this many steps ...
+    probe_backoff: int = 3  # ... doubling the wait after each probe that changes nothing, at most this often
+
+
+@dataclass(frozen=True)
+class AutoState:
+    """What the policy has observed: costs (possibly from earlier calls), acceptance, the drafting rate."""
+
+    k0: int  # drafts per step while the cost table lacks a timing with drafts (no cut then)
+    costs: CostTable = CostTable()
+    judged: float = 0.0  # decayed judged drafts (the prior is added when estimating)
+    accepted: float = 0.0  # decayed accepted drafts
+    calibration: Calibration = field(default_factory=Calibration)
+    drafting_tokens: float = 0.0  # decayed expected tokens of timed drafting steps (forced tokens left out)
+    drafting_seconds: float = 0.0  # their decayed seconds, both models
+    prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
+    drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
+    idle: int = 0  # steps since the last drafting step
+    failed_probes: int = 0  # drafting steps in a row after a wait that left plain decoding faster
+
+
+def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
+            confidence: tuple[float, ...] = ()) -> AutoState:
+    """The state after one step: the target judged the first `drafted` of the verified drafts (the assistant's
+    confidence in each verified draft: `confidence`, NaN or missing for prompt-lookup drafts) and accepted
+    `accepted`. Timings update the costs and, for a drafting step, the drafting rate.
+
+    A drafting step counts its *expected* tokens, 1 + the verified drafts' survival probabilities under the
+    updated calibration: the same mean as the tokens it committed, without the luck of one rejection.
+    The call's first target forward (the prompt's prefill), its first assistant call (the assistant's
+    prefill) and the warm-up's uncut drafts are not recorded: they say nothing about a decoding step.
+    """
+    costs, prefilled, drafted_before = state.costs, state.prefilled, state.drafted_before
+    timed = cost is not None and cost.target_tokens > 0 and prefilled and (drafted_before or not cost.drafted)
+    timed = timed and warmed_up(state)
+    if cost is not None and cost.target_tokens:
+        costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay) if prefilled else costs
+        prefilled = True
+    if cost is not None and cost.drafted:
+        costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
+        drafted_before = True
+    d = cfg.acceptance_decay if drafted else 1.0
+    new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
+                  judged=d * state.judged + drafted, accepted=d * state.accepted + accepted,
+                  calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
+    drafting = drafted > 0 or (cost is not None and cost.drafted > 0)
+    if not drafting:
+        return replace(new, idle=state.idle + 1)
+    if timed:
+        verified = confidence + (math.nan,) * (drafted - len(confidence))
+        tokens = 1.0 + float(np.cumprod(estimate(new, cfg).accepts(verified)).sum())
+        new = replace(new, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
+                      drafting_seconds=cfg.rate_decay * state.drafting_seconds + cost.seconds)
+    faster = _drafting_pays(estimate(new, cfg))
+    probe = state.idle >= _wait(state, cfg)
+    return replace(new, idle=0, failed_probes=0 if faster else state.failed_probes + probe)
+
+
+def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
+    """Current beliefs: the target's cost curve, the assistant's cost, acceptance and both modes' rates."""
+    acceptance = (state.accepted + cfg.acceptance_prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
+    curve = tuple(state.costs.curve(cfg.k_max + 1).tolist())
+    plain = 1.0 / curve[1] if curve[1] > 0 else 0.0
+    drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
+    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting)
+
+
+def _drafting_pays(est: Estimates) -> bool:
+    return est.drafting_rate is None or est.drafting_rate >= est.plain_rate
+
+
+def _wait(state: AutoState, cfg: AutoConfig) -> int:
+    return cfg.probe_every * 2 ** min(state.failed_probes, cfg.probe_backoff)
+
+
+def warmed_up(state: AutoState) -> bool:
+    """The cost table holds a forward that verified drafts and one that verified none."""
+    measured = state.costs.measured()
+    return 1 in measured and any(n > 1 for n in measured)
+
+
+def choose(state: AutoState, cfg: AutoConfig) -> int:
+    """The draft cap for the next step: k_max (drafting, cut by `Estimates.cut`) or 0 (plain decoding).
+
+    Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
+    verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
+    call drafts until its drafting rate is measured, and keeps drafting while that rate is at least plain
+    decoding's.
+    """
+    measured = state.costs.measured()
+    if not any(n > 1 for n in measured):
+        return state.k0 or 1
+    if 1 not in measured:
+        return 0
+    if _drafting_pays(estimate(state, cfg)) or state.idle >= _wait(state, cfg):
+        return cfg.k_max
+    return 0
+
+
+class Auto:
+    """Cost-aware drafting: plain decoding or confidence-cut drafts, whichever commits more tokens per second.
+
+    Parameters
+    ----------
+    k : int
+        Drafts per step while the costs of verifying drafts have not been timed (the warm-up; then one
+        step at k = 0 is timed too), unless `costs` already holds such timings.
+    config : AutoConfig, optional
+        Decays, priors, k_max and probing.
+    costs : CostTable, optional
+        Costs measured by earlier calls on the same model pair and device (`assisted.costs.recall`).
+
+    Notes
+    -----
+    `k` is the cap the loop drafts up to (k_max or 0); after each drafted token the loop asks `cut`
+    whether to go on and how many drafts to verify. The module docstring gives the model.
+    """
+
+    def __init__(self, k: int, config: AutoConfig | None = None, costs: CostTable | None = None):
+        self.config = config or AutoConfig()
+        self.state = AutoState(k0=k, costs=costs or CostTable())
+        self._refresh()
+
+    def update(self, drafted: int, accepted: int, cost: StepCost | None = None,
+               confidence: tuple[float, ...] = ()) -> None:
+        self.state = observe(self.state, drafted, accepted, cost, self.config, confidence)
+        self._refresh()
+
+    def cut(self, confidence: tuple[float, ...]) -> int | None:
+        """None: draft another token; else verify the first this-many drafts (no cut during the warm-up)."""
+        return self._estimates.cut(confidence, self.config.k_max) if self._cuts else None
+
+    def estimates(self) -> Estimates:
+        return self._estimates
+
+    def learned(self) -> CostTable:
+        return self.state.costs
+
+    def _refresh(self) -> None:
+        self.k = choose(self.state, self.config)
+        self._estimates, self._cuts = estimate(self.state, self.config), warmed_up(self.state)
