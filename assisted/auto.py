@@ -4,12 +4,15 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 
 - Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
   the drafting rate is measured over the call's drafting steps (decayed committed tokens / seconds of both
-  models, forced tokens left out). While plain decoding is faster, a drafting step is retried after a
-  wait that doubles each time it changes nothing.
+  models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried
+  once the plain steps since the last drafting step took long enough that what that step lost against
+  plain decoding is at most `probe_budget` of their time: a probe cut at its first token costs one
+  assistant forward and comes back soon; a long draft that failed comes back rarely.
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
   draft's acceptance is predicted from the assistant's confidence in it (its probability of the token),
   calibrated online per confidence bin; tokens not drafted yet are predicted to be accepted as often as the
-  latest one. The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step
+  latest one or as the mean, whichever is higher (optimistic: an unsure token in code is often followed by
+  sure ones, and a draft that turns out unsure costs one assistant forward, since it is dropped unverified). The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step
   saves over plain decoding (in tokens): a confident run of code is drafted long, and an unsure draft is not
   verified where verification is expensive. (Pricing a second at the measured drafting rate instead,
   Dinkelbach's method, would maximize tokens per second exactly, but makes every cut hang on a noisy rate.)
@@ -83,7 +86,8 @@ class Estimates:
 
         Value of verifying i drafts: sum of their survival probabilities - plain_rate * target(i + 1); of
         drafting m more: all j survivals + survival_j * (a + ... + a^m) - plain_rate * (target(j + m + 1) +
-        m * draft), with a the latest draft's predicted acceptance. Drafting seconds already spent are sunk.
+        m * draft), with a = max(the latest draft's predicted acceptance, the mean acceptance). Drafting seconds
+        already spent are sunk.
         """
         acc = self.accepts(confidence)  # (j,)
         survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
@@ -92,7 +96,7 @@ class Estimates:
         cap = min(k_max, len(seconds) - 2)
         if j < cap:
             m = np.arange(1, cap - j + 1)  # (M,)
-            a = min(float(acc[-1]), 1.0 - 1e-9)
+            a = min(max(float(acc[-1]), self.acceptance), 1.0 - 1e-9)
             more = survival.sum() + survival[-1] * a * (1.0 - a**m) / (1.0 - a)
             more = more - rate * (seconds[j + 1 + m] + m * self.draft_per_token)
             if more.max() > keep.max():
@@ -116,8 +120,8 @@ class AutoConfig:
     calibration_decay: float = 0.95  # per judged step, in the confidence bins it touches
     rate_decay: float = 0.8  # per timed drafting step: the drafting rate follows the text
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
-    probe_every: int = 8  # while plain decoding is faster, draft again after this many steps ...
-    probe_backoff: int = 3  # ... doubling the wait after each probe that changes nothing, at most this often
+    min_drafting_steps: int = 2  # timed drafting steps of a call before plain decoding can win
+    probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
 
 
 @dataclass(frozen=True)
@@ -131,10 +135,11 @@ class AutoState:
     calibration: Calibration = field(default_factory=Calibration)
     drafting_tokens: float = 0.0  # decayed expected tokens of timed drafting steps (forced tokens left out)
     drafting_seconds: float = 0.0  # their decayed seconds, both models
+    drafting_steps: int = 0  # timed drafting steps so far
     prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the last drafting step
-    failed_probes: int = 0  # drafting steps in a row after a wait that left plain decoding faster
+    probe_loss: float = 0.0  # seconds the last drafting step lost against plain decoding (0 if it won)
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -164,14 +169,15 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     drafting = drafted > 0 or (cost is not None and cost.drafted > 0)
     if not drafting:
         return replace(new, idle=state.idle + 1)
-    if timed:
-        verified = confidence + (math.nan,) * (drafted - len(confidence))
-        tokens = 1.0 + float(np.cumprod(estimate(new, cfg).accepts(verified)).sum())
-        new = replace(new, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
-                      drafting_seconds=cfg.rate_decay * state.drafting_seconds + cost.seconds)
-    faster = _drafting_pays(estimate(new, cfg))
-    probe = state.idle >= _wait(state, cfg)
-    return replace(new, idle=0, failed_probes=0 if faster else state.failed_probes + probe)
+    if not timed:
+        return replace(new, idle=0)
+    verified = confidence + (math.nan,) * (drafted - len(confidence))
+    est = estimate(new, cfg)
+    tokens = 1.0 + float(np.cumprod(est.accepts(verified)).sum())
+    return replace(new, idle=0, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
+                   drafting_seconds=cfg.rate_decay * state.drafting_seconds + cost.seconds,
+                   drafting_steps=state.drafting_steps + 1,
+                   probe_loss=max(cost.seconds - (accepted + 1) * est.target_seconds[1], 0.0))
 
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
@@ -183,12 +189,15 @@ def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting)
 
 
-def _drafting_pays(est: Estimates) -> bool:
-    return est.drafting_rate is None or est.drafting_rate >= est.plain_rate
+def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:
+    est = estimate(state, cfg)
+    return state.drafting_steps < cfg.min_drafting_steps or est.drafting_rate >= est.plain_rate
 
 
 def _wait(state: AutoState, cfg: AutoConfig) -> int:
-    return cfg.probe_every * 2 ** min(state.failed_probes, cfg.probe_backoff)
+    """Plain steps before the next probe: enough that the last drafting step's loss is `probe_budget` of them."""
+    step = state.costs.curve(1)[1]
+    return max(1, math.ceil(state.probe_loss / (cfg.probe_budget * step))) if step > 0 else 1
 
 
 def warmed_up(state: AutoState) -> bool:
@@ -202,15 +211,15 @@ def choose(state: AutoState, cfg: AutoConfig) -> int:
 
     Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
     verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
-    call drafts until its drafting rate is measured, and keeps drafting while that rate is at least plain
-    decoding's.
+    call drafts until its drafting rate is measured over `min_drafting_steps` steps, and keeps drafting
+    while that rate is at least plain decoding's.
     """
     measured = state.costs.measured()
     if not any(n > 1 for n in measured):
         return state.k0 or 1
     if 1 not in measured:
         return 0
-    if _drafting_pays(estimate(state, cfg)) or state.idle >= _wait(state, cfg):
+    if _drafting_pays(state, cfg) or state.idle >= _wait(state, cfg):
         return cfg.k_max
     return 0
 

@@ -1,11 +1,12 @@
 """assisted.policy: constant, transformers' heuristic, and the cost-aware `Auto` candidate-length schedules."""
 
+import math
 import random
 
 import numpy as np
 import pytest
 
-from assisted.auto import AutoState, Calibration, choose, estimate, observe
+from assisted.auto import AutoState, Calibration, _wait, choose, estimate, observe
 from assisted.policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
 from drafting.base import Draft
 
@@ -129,13 +130,18 @@ def test_when_acceptance_returns_the_probes_notice_and_drafting_resumes():
     assert min(k for k, _ in trace[100:]) == AutoConfig().k_max  # after a probe, drafting pays again
 
 
-def test_probes_back_off_while_they_change_nothing():
+def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
     cfg = AutoConfig()
     trace = simulate(Auto(3), 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, confidence=lambda _: 0.0)
-    probes = [i for i in range(4, len(trace)) if trace[i][0] > 0]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    waits = [cfg.probe_every * 2 ** min(i, cfg.probe_backoff) + 1 for i in range(1, len(gaps) + 1)]
-    assert len(probes) >= 4 and gaps == waits  # 17, 33, 65, 65: each failed probe doubles the wait, up to 8x
+    probes = [i for i in range(6, len(trace)) if trace[i][0] > 0]
+    gaps = {b - a for a, b in zip(probes, probes[1:])}
+    assert all(v == 0 for _, v in trace[6:])  # every probe is cut at its first, unsure token ...
+    assert len(probes) >= 8 and gaps == {math.ceil(0.05 / (cfg.probe_budget * 0.101)) + 1}  # ... and loses 0.05 s
+
+    policy = Auto(3)
+    simulate(policy, 6, target=lambda n: 0.1, draft=0.05, confidence=lambda _: 0.0)
+    policy.update(10, 0, StepCost(11, 0.1, 10, 0.5), (0.9,) * 10)  # a long draft failed at once: lost 0.5 s
+    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(0.5 / (cfg.probe_budget * 0.1))
 
 
 def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
