@@ -2,20 +2,21 @@
 
 Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 
-- Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
-  the drafting rate is measured over the call's drafting steps (decayed committed tokens / seconds of both
-  models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried
-  once the plain steps since the last drafting step took long enough that what that step lost against
-  plain decoding is at most `probe_budget` of their time: a probe cut at its first token costs one
-  assistant forward and comes back soon; a long draft that failed comes back rarely.
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
   draft's acceptance is predicted from the assistant's confidence in it (its probability of the token),
   calibrated online per confidence bin; tokens not drafted yet are predicted to be accepted as often as the
   latest one or as the mean, whichever is higher (optimistic: an unsure token in code is often followed by
-  sure ones, and a draft that turns out unsure costs one assistant forward, since it is dropped unverified). The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step
-  saves over plain decoding (in tokens): a confident run of code is drafted long, and an unsure draft is not
+  sure ones, and a draft that turns out unsure costs one assistant forward: it is dropped unverified).
+  The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step saves
+  over plain decoding (in tokens): a confident run of code is drafted long, and an unsure draft is not
   verified where verification is expensive. (Pricing a second at the measured drafting rate instead,
   Dinkelbach's method, would maximize tokens per second exactly, but makes every cut hang on a noisy rate.)
+- Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
+  the drafting rate is measured over the call's drafting steps (decayed expected tokens / seconds of both
+  models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried
+  once the plain steps since the last drafting step took long enough that what that step lost against
+  plain decoding is at most `probe_budget` of their time: a probe cut at its first token costs one
+  assistant forward and comes back soon; a long draft that failed comes back rarely.
 
 `observe` (state, step -> state), `choose` (state -> k) and `estimate` (state -> Estimates) are pure, so
 traces can be replayed and tested without models.
@@ -154,8 +155,7 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     prefill) and the warm-up's uncut drafts are not recorded: they say nothing about a decoding step.
     """
     costs, prefilled, drafted_before = state.costs, state.prefilled, state.drafted_before
-    timed = cost is not None and cost.target_tokens > 0 and prefilled and (drafted_before or not cost.drafted)
-    timed = timed and warmed_up(state)
+    timed = cost is not None and cost.target_tokens > 0 and prefilled and drafted_before and warmed_up(state)
     if cost is not None and cost.target_tokens:
         costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay) if prefilled else costs
         prefilled = True
@@ -166,8 +166,7 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
                   judged=d * state.judged + drafted, accepted=d * state.accepted + accepted,
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
-    drafting = drafted > 0 or (cost is not None and cost.drafted > 0)
-    if not drafting:
+    if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
         return replace(new, idle=state.idle + 1)
     if not timed:
         return replace(new, idle=0)
@@ -252,6 +251,11 @@ class Auto:
                confidence: tuple[float, ...] = ()) -> None:
         self.state = observe(self.state, drafted, accepted, cost, self.config, confidence)
         self._refresh()
+
+    @property
+    def lookup_k(self) -> int:
+        """Prompt lookup drafts are free: they are offered even in plain decoding, and the cut weighs them."""
+        return self.config.k_max
 
     def cut(self, confidence: tuple[float, ...]) -> int | None:
         """None: draft another token; else verify the first this-many drafts (no cut during the warm-up)."""

@@ -79,9 +79,10 @@ def generate(
         Model-drafted tokens per step at the start (forced tokens do not count).
     schedule : {"heuristic", "constant", "auto"}
         "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed;
-        "auto": the k (0 = plain decoding) with the most expected tokens per second under an online
-        model of both models' costs and of the acceptance rate (see `assisted.policy.Auto`). The costs
-        are kept per model pair for later calls (`assisted.costs.forget` clears them).
+        "auto": drafts (up to 20) are cut after each token where the expected time saved over plain
+        decoding is largest, from measured costs and the assistant's confidence in each token (calibrated
+        online), and plain decoding (k = 0) takes over while it is measured faster (see
+        `assisted.auto`). The costs are kept per model pair for later calls (`assisted.costs.forget`).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
     prompt_lookup : bool
@@ -132,7 +133,7 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
     while True:
         # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
         k, spent = policy.k, (rec.target_seconds, source.calls, source.seconds)
-        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut)
+        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, policy.lookup_k)
         # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
         ids = seq[cached:] + list(draft.tokens)
         if opts.coalesce and all(draft.forced) and draft.finished:

@@ -20,6 +20,7 @@ __all__ = ["SCHEDULES", "Auto", "AutoConfig", "Constant", "Estimates", "Heuristi
 
 class Policy(Protocol):
     k: int  # model-drafted tokens to ask for next
+    lookup_k: int  # ... of which prompt lookup may draft this many (the assistant stops at k)
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None,
                confidence: tuple[float, ...] = ()) -> None:
@@ -41,6 +42,10 @@ class Constant:
 
     def __init__(self, k: int):
         self.k = k
+
+    @property
+    def lookup_k(self) -> int:
+        return self.k
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None,
                confidence: tuple[float, ...] = ()) -> None:

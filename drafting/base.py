@@ -47,8 +47,10 @@ class DraftSource(Protocol):
     seconds: float  # wall time of its model calls so far (what the cost-aware policy charges per draft)
     calls: int  # its model calls so far
 
-    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None) -> Draft:
-        """Up to `k` model-drafted tokens (forced ones are free) and at most `limit` in all.
+    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None, lookup_k: int | None = None
+                ) -> Draft:
+        """Up to `k` model-drafted tokens (forced ones are free; prompt lookup up to `lookup_k`, default k) and
+        at most `limit` in all.
 
         `cut(confidences) -> int | None`, asked after each model-drafted token: None to go on, else how many
         of the model-drafted tokens so far to keep (the draft ends there).

@@ -31,17 +31,21 @@ class CombinedSource:
         self.vocab_size, self.sampling = vocab_size, sampling
         self.device = assistant.device if assistant is not None else torch.device("cpu")
 
-    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None) -> Draft:
-        """Draft after `seq` from the committed guide state `cursor` (which this advances); see DraftSource."""
+    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None, lookup_k: int | None = None
+                ) -> Draft:
+        """Draft after `seq` from the committed guide state `cursor` (which this advances); see DraftSource.
+
+        The assistant drafts while fewer than `k` tokens are model-drafted, prompt lookup while fewer than
+        `lookup_k` (default: k).
+        """
+        lookup_k = k if lookup_k is None else lookup_k
         tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
         run, copied, drafted, finished = ForcedTokens(), [], 0, cursor.finished()
         while len(tokens) < limit and not finished:
             token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
-            if token is None:
-                if drafted == k:
-                    break
-                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, k - drafted), "lookup"
-            if token is None and self.assistant is not None:
+            if token is None and drafted < lookup_k:
+                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - drafted), "lookup"
+            if token is None and self.assistant is not None and drafted < k:
                 token, q, c = self.assistant.next(seq + tokens, masks[-1])
                 rows.append(q)
                 source = "assistant"

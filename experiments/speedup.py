@@ -8,7 +8,7 @@ Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates p
                (transformers 5.23: num_assistant_tokens=20, schedule "constant", confidence threshold 0.4)
   hf-heuristic the same with num_assistant_tokens=5, schedule "heuristic" (reset before every call)
   ours         assisted.generate(schedule="heuristic", num_assistant_tokens=5)
-  ours-auto    assisted.generate(schedule="auto", num_assistant_tokens=5): cost-aware k (0 = plain decoding)
+  ours-auto    assisted.generate(schedule="auto", num_assistant_tokens=5): confidence-cut drafts or plain decoding
 All systems stop on the same EOS set and use no top-k/top-p/repetition penalty. Before the timed cells each
 system runs once, untimed, on the first prompt (allocators, caches; ours-auto learns the pair's costs there,
 as it would in any process that generates more than once). Writes results.csv, greedy.png, sampling.png and
@@ -224,8 +224,8 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
         for t in sorted({t for _, t, _ in summary}):
             lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in SYSTEMS}))
     lines += ["", "x/y = y seconds / x seconds (> 1: x faster). hf acceptance is estimated as "
-              "(new tokens - target forwards) / assistant forwards. mean k: the k our policy chose, averaged over "
-              "steps (ours-auto may choose 0, plain decoding).", "",
+              "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
+              "over steps (ours-auto: 20 while drafting, each draft cut by its confidences; 0 for plain decoding).", "",
               "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
 

@@ -112,17 +112,22 @@ def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coale
         assert out.stats.target_forward_passes < ref.stats.target_forward_passes
 
 
+@pytest.mark.parametrize("schedule", ["heuristic", "auto"])
 @pytest.mark.parametrize("constraint", ["none", "regex"])
 @pytest.mark.parametrize("assistant", [None, "llama-other"])
-def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint):
+def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint, schedule):
     prompt = tok.encode("Describe a hero:")
     copyable = generate(models["llama"], tokenizer=tok, input_ids=prompt, max_new_tokens=30, **CONSTRAINTS[constraint])
     kw = dict(tokenizer=tok, input_ids=prompt + copyable.token_ids, max_new_tokens=30, coalesce=False,
               **CONSTRAINTS[constraint])
     ref = generate(models["llama"], **kw)
-    out = generate(models["llama"], models.get(assistant), prompt_lookup=True, **kw)
+    forget()
+    out = generate(models["llama"], models.get(assistant), prompt_lookup=True, schedule=schedule, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     assert out.stats.drafted_by_source["lookup"] > 0
+    if schedule == "auto" and assistant is not None and constraint == "none":  # the bad assistant is given up,
+        plain = [step for step in out.stats.steps[3:] if step.k == 0]  # but free lookup drafts are not
+        assert plain and sum(step.drafted for step in plain) > 0
 
 
 def test_a_different_random_assistant_accepts_almost_nothing(tok, models):
@@ -178,6 +183,10 @@ class Scripted:
 
     def cut(self, confidence):
         return None
+
+    @property
+    def lookup_k(self):
+        return self.k
 
     def estimates(self):
         return None
