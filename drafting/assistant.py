@@ -26,9 +26,11 @@ class AssistantDrafter:
         self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
 
     def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
-        """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's probability of it).
+        """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence).
 
-        The probability is the assistant's confidence, from which the cost-aware policy predicts acceptance.
+        The confidence is the largest probability of the assistant's (masked, warped) distribution: the
+        greedy token's probability. It depends on the distribution only, never on the token drawn from it,
+        so a draft cut by confidence keeps sampling lossless (see `CombinedSource.propose`).
         """
         start = time.perf_counter()
         logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
@@ -43,7 +45,7 @@ class AssistantDrafter:
             return int(logits.argmax()), None, confidence.item()
         q = probs(logits, mask, self.warp)  # (1, V)
         token = int(sample(q, self.generator))
-        return token, q, q[0, token].item()
+        return token, q, q.max().item()
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""

@@ -36,7 +36,10 @@ class CombinedSource:
         """Draft after `seq` from the committed guide state `cursor` (which this advances); see DraftSource.
 
         The assistant drafts while fewer than `k` tokens are model-drafted, prompt lookup while fewer than
-        `lookup_k` (default: k).
+        `lookup_k` (default: k). When sampling, `cut` may only drop the last token, and is asked after every
+        model-drafted token, EOS included: whether a position is verified must not depend on the token drawn
+        there (or on anything drafted after it), or the accepted tokens would lean towards likely ones.
+        Greedy drafts are deterministic: any cut is lossless.
         """
         lookup_k = k if lookup_k is None else lookup_k
         tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
@@ -55,18 +58,17 @@ class CombinedSource:
             tokens.append(token)
             sources.append(source)
             confidence.append(c)
-            if token in cursor.eos:  # nothing follows EOS; the bonus row is never used
-                masks.append(masks[-1])
-                finished = True
-                break
-            cursor.advance(token)
-            masks.append(cursor.mask())
-            finished = cursor.finished()
-            keep = None if cut is None or source == "forced" or finished else cut(_model_drafted(confidence, sources))
+            ends = token in cursor.eos  # nothing follows EOS; the bonus row is never used
+            if not ends:
+                cursor.advance(token)
+            masks.append(masks[-1] if ends else cursor.mask())
+            finished = ends or cursor.finished()
+            keep = None if cut is None or source == "forced" else cut(_model_drafted(confidence, sources))
             if keep is not None:
+                keep = max(keep, drafted - 1) if self.sampling else keep  # see above
                 end = len(tokens) if keep == drafted else [i for i, s in enumerate(sources) if s != "forced"][keep]
                 tokens, sources, confidence, masks = tokens[:end], sources[:end], confidence[:end], masks[: end + 1]
-                rows = rows[: sources.count("assistant")]
+                rows, finished = rows[: sources.count("assistant")], finished and keep == drafted
                 break
         return Draft(tuple(tokens), tuple(sources), _stack(masks), self._q(tokens, sources, rows), tuple(confidence),
                      finished)

@@ -6,6 +6,7 @@ The heavier statistical test of the acceptance layer itself is in test_acceptanc
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 
 import pytest
@@ -87,6 +88,46 @@ def test_sampled_generate_has_the_reference_joint_distribution(setup, case):
         copied += out.stats.drafted_by_source["lookup"]
     assert (copied > 0) == lookup  # the lookup case really drafts from the prompt
     expected = reference_two_tokens(tok, target, prompt, regex, warp_kwargs)
+    p_value, tv = compare(counts, expected, DRAWS)
+    assert p_value > 1e-3, f"chi-square p={p_value:.2g}, TV={tv:.3f}"
+    assert tv < 1.5 * sampling_noise_tv(expected, DRAWS), f"TV={tv:.3f}"
+
+
+class CutAtUnsure:
+    """A policy that always asks for 3 drafts and cuts every draft back before its first unsure token."""
+
+    k = lookup_k = 3
+
+    def __init__(self, below: float):
+        self.below, self.cuts = below, 0
+
+    def cut(self, confidence):
+        unsure = [i for i, c in enumerate(confidence) if c < self.below]
+        self.cuts += bool(unsure)
+        return unsure[0] if unsure else None
+
+    def update(self, drafted, accepted, cost=None, confidence=()):
+        pass
+
+    def estimates(self):
+        return None
+
+    def learned(self):
+        return None
+
+
+@pytest.mark.parametrize("drafter", ["itself", "bad-assistant"])
+def test_cutting_drafts_by_confidence_keeps_the_distribution(setup, monkeypatch, drafter):
+    """The cut sees the assistant's confidence in its distribution, not in the token it drew, and under
+    sampling it can only end a draft: a cut that looked at the drawn tokens would favour likely ones."""
+    tok, target, assistant = setup
+    policy = CutAtUnsure(below=0.5)
+    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda *args: policy)
+    helper = target if drafter == "itself" else assistant
+    kw = dict(tokenizer=tok, input_ids=PROMPT, max_new_tokens=4, do_sample=True, coalesce=False, temperature=1.0)
+    counts = Counter(tuple(generate(target, helper, seed=seed, **kw).token_ids[:2]) for seed in range(DRAWS))
+    assert policy.cuts > DRAWS / 4  # the cut really shortens drafts
+    expected = reference_two_tokens(tok, target, PROMPT, None, dict(temperature=1.0))
     p_value, tv = compare(counts, expected, DRAWS)
     assert p_value > 1e-3, f"chi-square p={p_value:.2g}, TV={tv:.3f}"
     assert tv < 1.5 * sampling_noise_tv(expected, DRAWS), f"TV={tv:.3f}"
