@@ -8,6 +8,7 @@ from assisted.cache import forward, new_cache
 from assisted.sampling import Warp, make_generator
 from drafting import AssistantDrafter, CombinedSource, Cursor, ForcedTokens
 from drafting.base import DeviceMasks
+from drafting.lookup import PromptLookup
 from tests.helpers_models import TINY_WORDS, boost, threads, tiny_llama, tiny_tokenizer
 
 EOS = 0
@@ -143,3 +144,38 @@ def test_device_masks_copy_each_mask_once():
     on_meta = DeviceMasks(torch.device("meta"))
     assert on_meta(mask).device.type == "meta" and on_meta(mask) is on_meta(mask)
     assert on_meta(None) is None
+
+
+def test_k_zero_still_offers_free_lookup_drafts_and_calls_no_assistant(tok):
+    seq = [1, 6, 7, 1, 6]  # "a cd ba a cd": the tail "acd" occurred before, followed by "ba"
+    assistant = AssistantDrafter(tiny_llama(len(tok), seed=4, eos=EOS), GREEDY, None)
+    source = CombinedSource(assistant, True, len(tok), sampling=False, lookup=PromptLookup(tok, seq))
+    draft = source.propose(seq, Cursor(None, frozenset([EOS])), k=0, limit=10, lookup_k=3)
+    assert draft.tokens and set(draft.sources) == {"lookup"} and assistant.calls == 0
+    assert source.propose(seq, Cursor(None, frozenset([EOS])), k=0, limit=10).tokens == ()  # lookup_k: k by default
+
+
+@pytest.mark.parametrize("warp", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
+def test_a_cut_ends_the_draft_and_under_sampling_drops_only_its_last_token(tok, warp):
+    model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)
+    asked = []
+
+    def cut(confidence):  # after the third draft: keep none of them
+        asked.append(confidence)
+        return 0 if len(confidence) == 3 else None
+
+    drafter = AssistantDrafter(model, warp, make_generator(torch.device("cpu"), 0))
+    source = CombinedSource(drafter, True, len(tok), sampling=warp.do_sample)
+    draft = source.propose([1], cursor(tok, "[abcd]{12}"), k=5, limit=10, cut=cut)
+    assert [len(c) for c in asked] == [1, 2, 3] and all(0 < c <= 1 for c in asked[-1])
+    assert len(draft.tokens) == (2 if warp.do_sample else 0) and not draft.finished
+    assert draft.masks.shape[0] == len(draft.tokens) + 1 and len(draft.confidence) == len(draft.tokens)
+    if warp.do_sample:  # the confidence is the distribution's, not the drawn token's
+        assert draft.q.shape[0] == 2 and list(draft.confidence) == pytest.approx(draft.q.max(-1).values.tolist())
+
+
+def test_the_cut_is_asked_after_eos_too(tok):
+    model = boost(tiny_llama(len(tok), seed=5, eos=EOS), EOS, 50.0)
+    source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
+    draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10, cut=lambda confidence: 0)
+    assert draft.tokens == () and not draft.finished
