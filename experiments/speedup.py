@@ -37,7 +37,7 @@ from experiments.tasks import assistant_label, count_forwards, set_eos, write_ro
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
-RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")] + [("ours-auto", "target")]  # y s / x s
+RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")] + [("ours-auto", "target")]  # y per token / x
 PROMPTS = Path(__file__).parent / "prompts" / "speedup.json"
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
           "tokens_per_forward", "acceptance_rate", "mean_k")
@@ -165,21 +165,27 @@ def _chat_ids(tokenizer, prompt: dict) -> list[int]:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """{(class, temperature, system): median seconds over prompts and repeats}."""
+    """{(class, temperature, system): medians over prompts and repeats}, latency per new token included."""
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["class"], r["temperature"], r["system"]), []).append(r)
     return {key: {"seconds": statistics.median(x["seconds"] for x in v),
+                  "per_token": statistics.median(_per_token(x) for x in v),
                   "tokens_per_forward": statistics.median(x["tokens_per_forward"] for x in v),
                   "acceptance_rate": statistics.median(x["acceptance_rate"] for x in v),
                   "mean_k": statistics.median(x["mean_k"] for x in v),
                   "speedups": [_speedup(rows, x) for x in v]} for key, v in groups.items()}
 
 
+def _per_token(row: dict) -> float:
+    """Seconds per new token: sampled systems write texts of different lengths, so latency is per token."""
+    return row["seconds"] / max(row["new_tokens"], 1)
+
+
 def _speedup(rows: list[dict], row: dict) -> float:
-    """Speedup of `row` over the target alone in the same cell."""
+    """Speedup of `row` over the target alone in the same cell, per new token."""
     base = next(r for r in rows if r["system"] == "target" and all(r[k] == row[k] for k in ("prompt", "temperature", "repeat")))
-    return base["seconds"] / row["seconds"]
+    return _per_token(base) / _per_token(row)
 
 
 def plot(summary: dict, out: Path) -> None:
@@ -191,10 +197,11 @@ def plot(summary: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(SYSTEMS)
     for j, s in enumerate(SYSTEMS):
-        ax.bar([i + j * width for i in range(len(classes))], [summary[(c, temps[0], s)]["seconds"] for c in classes],
-               width, label=s)
+        ax.bar([i + j * width for i in range(len(classes))],
+               [1000 * summary[(c, temps[0], s)]["per_token"] for c in classes], width, label=s)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(classes))], classes)
-    ax.set_ylabel("median latency (s)"), ax.set_title(f"greedy latency per prompt class (T={temps[0]})"), ax.legend()
+    ax.set_ylabel("median latency per new token (ms)")
+    ax.set_title(f"greedy latency per prompt class (T={temps[0]})"), ax.legend()
     fig.tight_layout(), fig.savefig(out / "greedy.png", dpi=110), plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in SYSTEMS[1:]:
@@ -223,7 +230,8 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
     for c in sorted({c for c, _, _ in summary}):
         for t in sorted({t for _, t, _ in summary}):
             lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in SYSTEMS}))
-    lines += ["", "x/y = y seconds / x seconds (> 1: x faster). hf acceptance is estimated as "
+    lines += ["", "Latency is per new token (sampled systems write texts of different lengths); x/y = y's seconds "
+              "per token / x's (> 1: x faster). hf acceptance is estimated as "
               "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
               "over steps (ours-auto: 20 while drafting, each draft cut by its confidences; 0 for plain decoding).", "",
               "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
@@ -232,14 +240,14 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
 
 def _table_header() -> str:
     drafted = SYSTEMS[1:]
-    cols = (["class", "T"] + [f"{s} s" for s in SYSTEMS] + [f"{o}/{hf}" for o, hf in RATIOS]
+    cols = (["class", "T"] + [f"{s} ms/tok" for s in SYSTEMS] + [f"{o}/{hf}" for o, hf in RATIOS]
             + [f"tok/fwd {s}" for s in drafted] + [f"accept {s}" for s in drafted] + [f"mean k {o}" for o in OURS])
     return "| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|"
 
 
 def _table_row(c: str, t: float, g: dict) -> str:
-    cells = ([c, str(t)] + [f"{g[s]['seconds']:.2f}" for s in SYSTEMS]
-             + [f"{g[hf]['seconds'] / g[o]['seconds']:.2f}" for o, hf in RATIOS]
+    cells = ([c, str(t)] + [f"{1000 * g[s]['per_token']:.0f}" for s in SYSTEMS]
+             + [f"{g[hf]['per_token'] / g[o]['per_token']:.2f}" for o, hf in RATIOS]
              + [f"{g[s]['tokens_per_forward']:.2f}" for s in SYSTEMS[1:]]
              + [f"{g[s]['acceptance_rate']:.2f}" for s in SYSTEMS[1:]] + [f"{g[o]['mean_k']:.1f}" for o in OURS])
     return "| " + " | ".join(cells) + " |"
