@@ -111,3 +111,12 @@ def test_int8_copy_drafts_losslessly(tiny):
         out, ref = generate(model, helper, **kw), generate(model, **kw)
     assert out.token_ids == ref.token_ids and out.stats.drafted > 0
     assert speedup.parse_args(["--assistant-int8"]).assistant_int8 and structured.parse_args(["--assistant-int8"]).assistant_int8
+
+
+def test_speedup_is_per_new_token():
+    cell = {"class": "prose", "prompt": "story", "temperature": 1.2, "repeat": 0, "tokens_per_forward": 1.0,
+            "acceptance_rate": float("nan"), "mean_k": float("nan"), "target_forwards": 1}
+    target = dict(cell, system="target", seconds=6.0, new_tokens=12)  # sampled: it stopped early
+    ours = dict(cell, system="ours", seconds=10.0, new_tokens=40)
+    assert speedup._speedup([target, ours], ours) == pytest.approx(2.0)  # 0.5 s per token against 0.25 s
+    assert speedup.summarize([target, ours])[("prose", 1.2, "ours")]["per_token"] == pytest.approx(0.25)
