@@ -1,8 +1,9 @@
 """What a draft is, who can propose one, and the guide as drafting and the loop see it.
 
 A `Draft` holds k proposed tokens, the guide's mask before each of them and after the last (the rows
-the target's logits are masked with), which tokens the guide forced, and — when sampling — the draft
-probabilities q (one-hot rows for forced tokens, which are point masses).
+the target's logits are masked with), which tokens the guide forced, the assistant's confidence in each
+of its tokens (the largest probability of its distribution there), and — when sampling — the draft
+probabilities q (one-hot rows for forced and lookup tokens, which are point masses).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class Draft:
     sources: tuple[str, ...]  # (k,) who proposed each: "forced" (the guide), "lookup" (the prompt), "assistant"
     masks: torch.Tensor | None  # (k+1, V) bool on CPU, guide mask before each token / after the last
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
-    confidence: tuple[float, ...]  # (k,) the assistant's probability of each of its tokens; NaN for the others
+    confidence: tuple[float, ...]  # (k,) max of the assistant's distribution at each of its tokens; NaN elsewhere
     finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows
 
     @property
