@@ -77,10 +77,11 @@ class Estimates:
 
     target_seconds: tuple[float, ...]  # [n]: seconds of a target forward over n tokens, n = 0..k_max + 1
     draft_per_token: float  # seconds per assistant token (one assistant forward)
-    acceptance: float  # mean acceptance of verified drafts (decayed), for drafts without a confidence
+    acceptance: float  # mean acceptance of the assistant's verified drafts (decayed)
     calibration: Calibration  # acceptance given the assistant's confidence
     plain_rate: float  # tokens per second of plain decoding, 1 / target(1): the price of a second in `cut`
     drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
+    lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
 
     def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
         """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
@@ -105,9 +106,9 @@ class Estimates:
         return int(np.argmax(keep))
 
     def accepts(self, confidence: tuple[float, ...]) -> np.ndarray:
-        """(j,) predicted acceptance of drafts with these confidences; the mean acceptance where NaN."""
+        """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft."""
         acc = self.calibration.predict(np.asarray(confidence, dtype=float))
-        return np.where(np.isnan(acc), self.acceptance, acc)
+        return np.where(np.isnan(acc), self.lookup_acceptance, acc)
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,10 @@ class AutoState:
 
     k0: int  # drafts per step while the cost table lacks a timing with drafts (no cut then)
     costs: CostTable = CostTable()
-    judged: float = 0.0  # decayed judged drafts (the prior is added when estimating)
-    accepted: float = 0.0  # decayed accepted drafts
+    judged: float = 0.0  # decayed judged assistant drafts (the prior is added when estimating)
+    accepted: float = 0.0  # decayed accepted assistant drafts
+    lookup_judged: float = 0.0  # the same for prompt-lookup drafts
+    lookup_accepted: float = 0.0
     calibration: Calibration = field(default_factory=Calibration)
     drafting_tokens: float = 0.0  # decayed expected tokens of timed drafting steps (forced tokens left out)
     drafting_seconds: float = 0.0  # their decayed seconds, both models
@@ -162,9 +165,13 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     if cost is not None and cost.drafted:
         costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
         drafted_before = True
-    d = cfg.acceptance_decay if drafted else 1.0
+    judged = np.asarray(confidence[:drafted] + (0.0,) * (drafted - len(confidence)), dtype=float)  # (drafted,)
+    lookup, ok = np.isnan(judged), np.arange(drafted) < accepted  # missing confidences: assistant drafts
+    d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
     new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
-                  judged=d * state.judged + drafted, accepted=d * state.accepted + accepted,
+                  judged=d * state.judged + int((~lookup).sum()), accepted=d * state.accepted + int((ok & ~lookup).sum()),
+                  lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
+                  lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
         return replace(new, idle=state.idle + 1)
@@ -181,11 +188,13 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     """Current beliefs: the target's cost curve, the assistant's cost, acceptance and both modes' rates."""
-    acceptance = (state.accepted + cfg.acceptance_prior * cfg.prior_weight) / (state.judged + cfg.prior_weight)
+    prior = cfg.acceptance_prior * cfg.prior_weight
+    acceptance = (state.accepted + prior) / (state.judged + cfg.prior_weight)
+    lookup = (state.lookup_accepted + prior) / (state.lookup_judged + cfg.prior_weight)
     curve = tuple(state.costs.curve(cfg.k_max + 1).tolist())
     plain = 1.0 / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
-    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting)
+    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:

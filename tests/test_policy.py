@@ -145,8 +145,8 @@ def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
 
 
 def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
-    def beliefs(seconds, draft=0.01, acceptance=0.8, plain=None):
-        return Estimates(tuple(seconds), draft, acceptance, Calibration(), plain or 1 / seconds[1], None)
+    def beliefs(seconds, draft=0.01, acceptance=0.8, plain=None, lookup=0.8):
+        return Estimates(tuple(seconds), draft, acceptance, Calibration(), plain or 1 / seconds[1], None, lookup)
 
     flat = beliefs([0.0] + [0.1] * 21)
     assert flat.cut((0.9, 0.9), 20) is None  # verification is free: draft on
@@ -155,8 +155,8 @@ def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
     steep = beliefs([0.0] + [0.1 + 0.1 * n for n in range(1, 22)])
     assert steep.cut((0.9, 0.9, 0.01), 20) == 2  # ... and is dropped when each verified token costs a step
     assert steep.cut((0.05,), 20) == 0  # so is a lone unsure draft: the step decodes plainly
-    assert steep.cut((float("nan"),), 1) == 1  # a prompt-lookup draft: the mean acceptance (0.8) decides
-    assert beliefs(steep.target_seconds, acceptance=0.3).cut((float("nan"),), 1) == 0
+    assert steep.cut((float("nan"),), 1) == 1  # a prompt-lookup draft: lookup's own acceptance (0.8) decides
+    assert beliefs(steep.target_seconds, lookup=0.3).cut((float("nan"),), 1) == 0
 
 
 def test_calibration_learns_how_often_confident_drafts_are_accepted():
@@ -189,13 +189,17 @@ def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills()
     assert est.plain_rate == pytest.approx(1 / 0.4) and est.drafting_rate == pytest.approx(5.4 / (0.8 * 1.04 + 1.08))
 
 
-def test_acceptance_is_a_decayed_rate_with_a_prior():
+def test_acceptance_is_a_decayed_rate_with_a_prior_kept_apart_for_prompt_lookup():
     cfg, state = AutoConfig(), AutoState(k0=4)
+    nan = float("nan")
     for _ in range(30):
-        state = observe(state, 4, 1, None, cfg)
+        state = observe(state, 4, 1, None, cfg, (0.9, 0.9, 0.9, 0.9))
+        state = observe(state, 3, 3, None, cfg, (nan, nan, nan))  # lookup drafts: all accepted
     weight = sum(cfg.acceptance_decay**i for i in range(30))  # 1 of 4 accepted per step, plus the prior
     prior = cfg.acceptance_prior * cfg.prior_weight
-    assert estimate(state, cfg).acceptance == pytest.approx((weight + prior) / (4 * weight + cfg.prior_weight))
+    est = estimate(state, cfg)
+    assert est.acceptance == pytest.approx((weight + prior) / (4 * weight + cfg.prior_weight))
+    assert est.lookup_acceptance == pytest.approx((3 * weight + prior) / (3 * weight + cfg.prior_weight))
 
 
 def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
