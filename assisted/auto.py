@@ -149,7 +149,7 @@ class AutoState:
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
             confidence: tuple[float, ...] = ()) -> AutoState:
     """The state after one step: the target judged the first `drafted` of the verified drafts (the assistant's
-    confidence in each verified draft: `confidence`, NaN or missing for prompt-lookup drafts) and accepted
+    confidence in each verified draft: `confidence`; NaN, or missing, for prompt-lookup drafts) and accepted
     `accepted`. Timings update the costs and, for a drafting step, the drafting rate.
 
     A drafting step counts its *expected* tokens, 1 + the verified drafts' survival probabilities under the
@@ -165,8 +165,8 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     if cost is not None and cost.drafted:
         costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
         drafted_before = True
-    judged = np.asarray(confidence[:drafted] + (0.0,) * (drafted - len(confidence)), dtype=float)  # (drafted,)
-    lookup, ok = np.isnan(judged), np.arange(drafted) < accepted  # missing confidences: assistant drafts
+    verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
+    lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
     d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
     new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
                   judged=d * state.judged + int((~lookup).sum()), accepted=d * state.accepted + int((ok & ~lookup).sum()),
@@ -177,7 +177,6 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
         return replace(new, idle=state.idle + 1)
     if not timed:
         return replace(new, idle=0)
-    verified = confidence + (math.nan,) * (drafted - len(confidence))
     est = estimate(new, cfg)
     tokens = 1.0 + float(np.cumprod(est.accepts(verified)).sum())
     return replace(new, idle=0, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
