@@ -46,7 +46,7 @@ class Calibration:
     prior_weight: float = 1.0
 
     def observed(self, confidence: tuple[float, ...], accepted: int, decay: float) -> Calibration:
-        """After the target judged drafts of these confidences and accepted the first `accepted` (NaN: no confidence)."""
+        """After the target judged drafts of these confidences (NaN: none) and accepted the first `accepted`."""
         conf = np.asarray(confidence, dtype=float)  # (j,)
         known = ~np.isnan(conf)
         if not known.any():
@@ -169,7 +169,8 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
     d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
     new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
-                  judged=d * state.judged + int((~lookup).sum()), accepted=d * state.accepted + int((ok & ~lookup).sum()),
+                  judged=d * state.judged + int((~lookup).sum()),
+                  accepted=d * state.accepted + int((ok & ~lookup).sum()),
                   lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
                   lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))

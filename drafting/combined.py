@@ -43,18 +43,20 @@ class CombinedSource:
         """
         lookup_k = k if lookup_k is None else lookup_k
         tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
-        run, copied, drafted, finished = ForcedTokens(), [], 0, cursor.finished()
+        run, copied, finished = ForcedTokens(), [], cursor.finished()
+        drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
         while len(tokens) < limit and not finished:
             token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
-            if token is None and drafted < lookup_k:
-                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - drafted), "lookup"
-            if token is None and self.assistant is not None and drafted < k:
+            if token is None and len(drafted) < lookup_k:
+                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - len(drafted)), "lookup"
+            if token is None and self.assistant is not None and len(drafted) < k:
                 token, q, c = self.assistant.next(seq + tokens, masks[-1])
                 rows.append(q)
                 source = "assistant"
             if token is None:
                 break
-            drafted += source != "forced"
+            if source != "forced":
+                drafted.append(c)
             tokens.append(token)
             sources.append(source)
             confidence.append(c)
@@ -63,12 +65,12 @@ class CombinedSource:
                 cursor.advance(token)
             masks.append(masks[-1] if ends else cursor.mask())
             finished = ends or cursor.finished()
-            keep = None if cut is None or source == "forced" else cut(_model_drafted(confidence, sources))
+            keep = None if cut is None or source == "forced" else cut(tuple(drafted))
             if keep is not None:
-                keep = max(keep, drafted - 1) if self.sampling else keep  # see above
-                end = len(tokens) if keep == drafted else [i for i, s in enumerate(sources) if s != "forced"][keep]
+                keep = max(keep, len(drafted) - 1) if self.sampling else keep  # see above
+                end = len(tokens) if keep == len(drafted) else [i for i, s in enumerate(sources) if s != "forced"][keep]
                 tokens, sources, confidence, masks = tokens[:end], sources[:end], confidence[:end], masks[: end + 1]
-                rows, finished = rows[: sources.count("assistant")], finished and keep == drafted
+                rows, finished = rows[: sources.count("assistant")], finished and keep == len(drafted)
                 break
         return Draft(tuple(tokens), tuple(sources), _stack(masks), self._q(tokens, sources, rows), tuple(confidence),
                      finished)
@@ -106,10 +108,6 @@ class CombinedSource:
         if rows:
             q[[i for i, s in enumerate(sources) if s == "assistant"]] = torch.cat(rows)
         return q
-
-
-def _model_drafted(confidence: list[float], sources: list[str]) -> tuple[float, ...]:
-    return tuple(c for c, s in zip(confidence, sources) if s != "forced")
 
 
 def _stack(masks: list[torch.Tensor | None]) -> torch.Tensor | None:
