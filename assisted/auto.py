@@ -3,8 +3,9 @@
 Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
-  draft's acceptance is predicted from the assistant's confidence in it (its probability of the token),
-  calibrated online per confidence bin; tokens not drafted yet are predicted to be accepted as often as the
+  draft's acceptance is predicted from the assistant's confidence in it (the max of its distribution),
+  calibrated online per confidence bin and read optimistically where a bin has little evidence (one unlucky
+  rejection must not stop drafting: a cut draft is never judged, so the estimate could not recover); tokens not drafted yet are predicted to be accepted as often as the
   latest one or as the mean, whichever is higher (optimistic: an unsure token in code is often followed by
   sure ones, and a draft that turns out unsure costs one assistant forward: it is dropped unverified).
   The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step saves
@@ -59,12 +60,20 @@ class Calibration:
         judged = fade * np.asarray(self.judged) + np.bincount(bins, minlength=len(CONFIDENCE_BINS))
         return replace(self, accepted=tuple(acc.tolist()), judged=tuple(judged.tolist()))
 
-    def predict(self, confidence: np.ndarray) -> np.ndarray:
-        """(j,) acceptance probabilities for (j,) confidences; NaN stays NaN."""
+    def predict(self, confidence: np.ndarray, optimism: float = 0.0) -> np.ndarray:
+        """(j,) acceptance probabilities for (j,) confidences; NaN stays NaN.
+
+        The mean of the bin's Beta posterior, plus `optimism` times its standard deviation: an optimistic
+        estimate is wide where the bin has little evidence, so one unlucky rejection cannot make a cut drop
+        every later draft of that confidence unverified (and so never judged again).
+        """
         known = ~np.isnan(confidence)
         bins = _bins(np.where(known, confidence, 0.0))
         acc, judged = np.asarray(self.accepted)[bins], np.asarray(self.judged)[bins]
-        return np.where(known, (acc + self.prior_weight * confidence) / (judged + self.prior_weight), np.nan)
+        evidence = judged + self.prior_weight
+        mean = (acc + self.prior_weight * confidence) / evidence
+        spread = np.sqrt(np.clip(mean * (1.0 - mean), 0.0, None) / (evidence + 1.0))
+        return np.where(known, np.minimum(mean + optimism * spread, 1.0), np.nan)
 
 
 def _bins(confidence: np.ndarray) -> np.ndarray:
@@ -82,6 +91,7 @@ class Estimates:
     plain_rate: float  # tokens per second of plain decoding, 1 / target(1): the price of a second in `cut`
     drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
     lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
+    optimism: float = 0.0  # the cut reads a draft's acceptance this many standard deviations above its mean
 
     def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
         """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
@@ -91,7 +101,7 @@ class Estimates:
         m * draft), with a = max(the latest draft's predicted acceptance, the mean acceptance). Drafting seconds
         already spent are sunk.
         """
-        acc = self.accepts(confidence)  # (j,)
+        acc = self.accepts(confidence, self.optimism)  # (j,)
         survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
         seconds, j, rate = np.asarray(self.target_seconds), len(acc), self.plain_rate
         keep = np.concatenate([[0.0], np.cumsum(survival)]) - rate * seconds[1 : j + 2]  # (j + 1,)
@@ -105,9 +115,9 @@ class Estimates:
                 return None
         return int(np.argmax(keep))
 
-    def accepts(self, confidence: tuple[float, ...]) -> np.ndarray:
+    def accepts(self, confidence: tuple[float, ...], optimism: float = 0.0) -> np.ndarray:
         """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft."""
-        acc = self.calibration.predict(np.asarray(confidence, dtype=float))
+        acc = self.calibration.predict(np.asarray(confidence, dtype=float), optimism)
         return np.where(np.isnan(acc), self.lookup_acceptance, acc)
 
 
@@ -124,6 +134,7 @@ class AutoConfig:
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
     min_drafting_steps: int = 2  # timed drafting steps of a call before plain decoding can win
     probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
+    optimism: float = 1.0  # standard deviations of the calibration's estimate the cut adds (see Calibration.predict)
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,8 @@ def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     curve = tuple(state.costs.curve(cfg.k_max + 1).tolist())
     plain = 1.0 / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
-    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup)
+    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
+                     cfg.optimism)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:

@@ -1,8 +1,10 @@
-"""The draft source: the guide's forced run first, then prompt lookup, then the assistant, repeating.
+"""The draft source: the guide's forced run first, then the assistant or prompt lookup, repeating.
 
-Forced tokens cost no model call and do not count against k; prompt-lookup tokens (free, but verified
-like the assistant's) and the assistant's tokens are added until there are k of them, or until the
-policy's `cut` ends the draft. Drafting also stops at EOS, at a final state that allows only EOS, or at
+Forced tokens cost no model call and count against no budget. The assistant drafts up to k tokens;
+prompt lookup (free, but verified like the assistant's) up to `lookup_k` more, where the assistant is
+not drafting: after its k tokens, or all of the draft at k = 0. Lookup goes second because its copies
+run on past the end of a copied value, and a failed copy would displace an assistant draft that is
+usually right. The policy's `cut` may end the draft sooner. Drafting also stops at EOS, at a final state that allows only EOS, or at
 `limit` tokens in all. Without an assistant this yields forced runs only; without forced tokens
 either, empty drafts (plain decoding: one target forward per token).
 """
@@ -35,10 +37,10 @@ class CombinedSource:
                 ) -> Draft:
         """Draft after `seq` from the committed guide state `cursor` (which this advances); see DraftSource.
 
-        The assistant drafts while fewer than `k` tokens are model-drafted, prompt lookup while fewer than
-        `lookup_k` (default: k). When sampling, `cut` may only drop the last token, and is asked after every
-        model-drafted token, EOS included: whether a position is verified must not depend on the token drawn
-        there (or on anything drafted after it), or the accepted tokens would lean towards likely ones.
+        The assistant drafts up to `k` tokens, then prompt lookup up to `lookup_k` (default: k). When sampling,
+        `cut` may only drop the last token, and is asked after every model-drafted token, EOS included:
+        whether a position is verified must not depend on the token drawn there (or on anything drafted
+        after it), or the accepted tokens would lean towards likely ones.
         Greedy drafts are deterministic: any cut is lossless.
         """
         lookup_k = k if lookup_k is None else lookup_k
@@ -47,9 +49,10 @@ class CombinedSource:
         drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
         while len(tokens) < limit and not finished:
             token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
-            if token is None and len(drafted) < lookup_k:
-                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - len(drafted)), "lookup"
-            if token is None and self.assistant is not None and len(drafted) < k:
+            assisting = self.assistant is not None and sources.count("assistant") < k
+            if token is None and not assisting and (looked := sources.count("lookup")) < lookup_k:
+                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - looked), "lookup"
+            if token is None and assisting:
                 token, q, c = self.assistant.next(seq + tokens, masks[-1])
                 rows.append(q)
                 source = "assistant"

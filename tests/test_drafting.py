@@ -155,6 +155,18 @@ def test_k_zero_still_offers_free_lookup_drafts_and_calls_no_assistant(tok):
     assert source.propose(seq, Cursor(None, frozenset([EOS])), k=0, limit=10).tokens == ()  # lookup_k: k by default
 
 
+def test_a_drafting_assistant_goes_before_lookup_which_extends_its_draft(tok):
+    seq = [1, 6, 7, 1, 6]  # "a cd ba a cd": lookup would copy "ba a cd"; this assistant drafts "ba"
+
+    def propose(k, lookup_k):
+        assistant = AssistantDrafter(boost(tiny_llama(len(tok), seed=4, eos=EOS), 7, 50.0), GREEDY, None)
+        source = CombinedSource(assistant, True, len(tok), sampling=False, lookup=PromptLookup(tok, seq))
+        return source.propose(seq, Cursor(None, frozenset([EOS])), k=k, limit=10, lookup_k=lookup_k).sources
+
+    assert propose(k=2, lookup_k=0) == ("assistant", "assistant")
+    assert propose(k=1, lookup_k=2) == ("assistant", "lookup", "lookup")
+
+
 @pytest.mark.parametrize("warp", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
 def test_a_cut_ends_the_draft_and_under_sampling_drops_only_its_last_token(tok, warp):
     model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)

@@ -124,7 +124,8 @@ def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint, s
     forget()
     out = generate(models["llama"], models.get(assistant), prompt_lookup=True, schedule=schedule, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
-    assert out.stats.drafted_by_source["lookup"] > 0
+    if assistant is None or schedule == "auto":  # lookup only extends an assistant's k >= 1 drafts, and copies
+        assert out.stats.drafted_by_source["lookup"] > 0  # rarely match after a random assistant's tokens
     if schedule == "auto":  # the assistant may be given up (k = 0); free lookup drafts are still offered
         assert make_policy("auto", 5).lookup_k == AutoConfig().k_max
 
