@@ -5,9 +5,10 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
   draft's acceptance is predicted from the assistant's confidence in it (the max of its distribution),
   calibrated online per confidence bin and read optimistically where a bin has little evidence (one unlucky
-  rejection must not stop drafting: a cut draft is never judged, so the estimate could not recover); tokens not drafted yet are predicted to be accepted as often as the
-  latest one or as the mean, whichever is higher (optimistic: an unsure token in code is often followed by
-  sure ones, and a draft that turns out unsure costs one assistant forward: it is dropped unverified).
+  rejection must not stop drafting: a cut draft is never judged, so the estimate could not recover); tokens
+  not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
+  (optimistic: an unsure token in code is often followed by sure ones, and a draft that turns out unsure
+  costs one assistant forward: it is dropped unverified).
   The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step saves
   over plain decoding (in tokens): a confident run of code is drafted long, and an unsure draft is not
   verified where verification is expensive. (Pricing a second at the measured drafting rate instead,

@@ -4,9 +4,9 @@ Forced tokens cost no model call and count against no budget. The assistant draf
 prompt lookup (free, but verified like the assistant's) up to `lookup_k` more, where the assistant is
 not drafting: after its k tokens, or all of the draft at k = 0. Lookup goes second because its copies
 run on past the end of a copied value, and a failed copy would displace an assistant draft that is
-usually right. The policy's `cut` may end the draft sooner. Drafting also stops at EOS, at a final state that allows only EOS, or at
-`limit` tokens in all. Without an assistant this yields forced runs only; without forced tokens
-either, empty drafts (plain decoding: one target forward per token).
+usually right. The policy's `cut` may end the draft sooner. Drafting also stops at EOS, at a final
+state that allows only EOS, or at `limit` tokens in all. Without an assistant this yields forced runs
+only; without forced tokens either, empty drafts (plain decoding: one target forward per token).
 """
 
 from __future__ import annotations
