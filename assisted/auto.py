@@ -8,7 +8,10 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
   rejection must not stop drafting: a cut draft is never judged, so the estimate could not recover); tokens
   not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
   (optimistic: an unsure token in code is often followed by sure ones, and a draft that turns out unsure
-  costs one assistant forward: it is dropped unverified).
+  costs one assistant forward: it is dropped unverified). A step drafts at most a window of twice the
+  previous drafting step's accepted run (k0 at a call's start), as TCP's slow start sizes its bets: the
+  calibration learns only from verified drafts, and early in a call (or where the assistant is sure but
+  the target is not: prose, high temperatures) one uncut 20-token draft costs several plain steps.
   The cut maximizes expected accepted tokens - plain_rate * seconds, the expected time the step saves
   over plain decoding (in tokens): a confident run of code is drafted long, and an unsure draft is not
   verified where verification is expensive. (Pricing a second at the measured drafting rate instead,
@@ -93,6 +96,7 @@ class Estimates:
     drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
     lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
     optimism: float = 0.0  # the cut reads a draft's acceptance this many standard deviations above its mean
+    window: int | None = None  # the most drafts of the next step: twice the last accepted run (None: k_max)
 
     def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
         """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
@@ -106,7 +110,7 @@ class Estimates:
         survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
         seconds, j, rate = np.asarray(self.target_seconds), len(acc), self.plain_rate
         keep = np.concatenate([[0.0], np.cumsum(survival)]) - rate * seconds[1 : j + 2]  # (j + 1,)
-        cap = min(k_max, len(seconds) - 2)
+        cap = min(k_max, len(seconds) - 2, k_max if self.window is None else self.window)
         if j < cap:
             m = np.arange(1, cap - j + 1)  # (M,)
             a = min(max(float(acc[-1]), self.acceptance), 1.0 - 1e-9)
@@ -156,6 +160,7 @@ class AutoState:
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the last drafting step
     probe_loss: float = 0.0  # seconds the last drafting step lost against plain decoding (0 if it won)
+    window: int = 0  # the most drafts of the next step: twice the last drafting step's accepted run (0: k0)
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -188,6 +193,7 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
         return replace(new, idle=state.idle + 1)
+    new = replace(new, window=2 * (accepted + 1))
     if not timed:
         return replace(new, idle=0)
     est = estimate(new, cfg)
@@ -207,7 +213,7 @@ def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     plain = 1.0 / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
-                     cfg.optimism)
+                     cfg.optimism, max(state.window, state.k0))
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:
@@ -252,7 +258,8 @@ class Auto:
     ----------
     k : int
         Drafts per step while the costs of verifying drafts have not been timed (the warm-up; then one
-        step at k = 0 is timed too), unless `costs` already holds such timings.
+        step at k = 0 is timed too), unless `costs` already holds such timings; then the most drafts of
+        the call's first drafting step (the window then follows the accepted runs).
     config : AutoConfig, optional
         Decays, priors, k_max and probing.
     costs : CostTable, optional
