@@ -234,7 +234,8 @@ def warmed_up(state: AutoState) -> bool:
 
 
 def choose(state: AutoState, cfg: AutoConfig) -> int:
-    """The draft cap for the next step: k_max (drafting, cut by `Estimates.cut`) or 0 (plain decoding).
+    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), or 0
+    (plain decoding).
 
     Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
     verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
@@ -247,7 +248,7 @@ def choose(state: AutoState, cfg: AutoConfig) -> int:
     if 1 not in measured:
         return 0
     if _drafting_pays(state, cfg) or state.idle >= _wait(state, cfg):
-        return cfg.k_max
+        return min(cfg.k_max, max(state.window, state.k0))
     return 0
 
 
@@ -267,7 +268,7 @@ class Auto:
 
     Notes
     -----
-    `k` is the cap the loop drafts up to (k_max or 0); after each drafted token the loop asks `cut`
+    `k` is the cap the loop drafts up to (the window, or 0); after each drafted token the loop asks `cut`
     whether to go on and how many drafts to verify. The module docstring gives the model.
     """
 

@@ -233,7 +233,8 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
     lines += ["", "Latency is per new token (sampled systems write texts of different lengths); x/y = y's seconds "
               "per token / x's (> 1: x faster). hf acceptance is estimated as "
               "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
-              "over steps (ours-auto: 20 while drafting, each draft cut by its confidences; 0 for plain decoding).", "",
+              "over steps (ours-auto: its window, at most 20, while drafting, each draft cut by its confidences; 0 for "
+              "plain decoding).", "",
               "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
 

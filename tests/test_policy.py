@@ -127,7 +127,8 @@ def test_when_acceptance_returns_the_probes_notice_and_drafting_resumes():
 
     trace = simulate(Auto(5), 120, target=lambda n: 0.1 + 0.02 * n, draft=0.01, confidence=confidence)
     assert [k for k, _ in trace[40:60]].count(0) >= 15  # poor acceptance: k = 0 with probes
-    assert min(k for k, _ in trace[100:]) == AutoConfig().k_max  # after a probe, drafting pays again
+    back = sorted(k for k, _ in trace[70:])  # after a probe, drafting pays again: every step drafts, mostly long
+    assert back[0] >= 5 and back[len(back) // 2] == AutoConfig().k_max
 
 
 def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
@@ -214,7 +215,7 @@ def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():
         assert policy.k == (0 if step == 2 else 7) and policy.cut((0.01,)) is None  # no cut in the warm-up
         k = policy.k
         policy.update(k, k, StepCost(k + 1, 0.05, k, 0.0001 * k), (0.99,) * k)
-    assert choose(policy.state, cfg) == policy.k == cfg.k_max  # near-free drafts, everything accepted
+    assert choose(policy.state, cfg) == policy.k == 16  # near-free drafts, all 7 accepted: the window doubles
 
 
 def test_costs_a_call_measured_replace_the_warm_up_of_the_next():
@@ -223,12 +224,12 @@ def test_costs_a_call_measured_replace_the_warm_up_of_the_next():
     costs = first.learned()
     assert costs.measured() and costs.draft_per_token == pytest.approx(0.2)
     second = Auto(5, costs=costs)
-    assert second.k == AutoConfig().k_max and second.cut((0.3,)) == 0  # drafts to measure its rate, cut at once
+    assert second.k == 5 and second.cut((0.3,)) == 0  # drafts (window k0) to measure its rate, cut at once
     cheap = Auto(5)
     simulate(cheap, 30, target=lambda n: 0.1, draft=0.001, confidence=lambda _: 0.95)
     trace = simulate(Auto(5, costs=cheap.learned()), 3, target=lambda n: 0.1, draft=0.001, confidence=lambda _: 1.0)
-    assert all(k == AutoConfig().k_max for k, _ in trace)  # no warm-up, no step at k = 0 ...
-    assert [v for _, v in trace] == [5, 12, 20]  # ... and the window starts at k0, then doubles the accepted run
+    assert trace == [(5, 5), (12, 12), (20, 20)]  # no warm-up, no step at k = 0; the window starts at k0, then
+    # doubles the accepted run
     assert isinstance(make_policy("auto", 5, costs), Auto)
 
 
