@@ -7,6 +7,9 @@ positions); it is never rebuilt. The caller tracks how many committed tokens eac
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers import DynamicCache
 
@@ -42,8 +45,14 @@ def logits_size(model: torch.nn.Module) -> int:
 def forward(model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
     """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V)."""
     x = torch.tensor([ids], dtype=torch.long, device=input_device(model))  # (1, m)
-    out = model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+    out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_argument(type(model)): cache})
     return out.logits[0, -keep:]
+
+
+@functools.cache
+def cache_argument(model_class: type) -> str:
+    """The name of the forward's cache argument: `cache` from transformers 5.24, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:

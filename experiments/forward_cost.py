@@ -23,6 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from assisted.cache import cache_argument  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.forward_cost", description=__doc__.split("\n")[0])
@@ -66,10 +68,10 @@ def time_forward(model, prefix: torch.Tensor, n: int) -> float:
     """Seconds of one forward over n tokens after `prefix` (1, p) is cached."""
     from transformers import DynamicCache
     cache = DynamicCache()
-    model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{cache_argument(type(model)): cache})
     x = prefix[:, :n]
     start = time.perf_counter()
-    model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=n)
+    model(input_ids=x, use_cache=True, logits_to_keep=n, **{cache_argument(type(model)): cache})
     return time.perf_counter() - start
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 
 import fsm
 from assisted import generate
+from assisted.cache import cache_argument
 from assisted.costs import forget, recall
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
@@ -454,7 +455,7 @@ def test_one_cache_per_model_cropped_to_the_committed_length(tok, models):
 
     def spy(name):
         def hook(module, args, kwargs):
-            cache = kwargs["past_key_values"]
+            cache = kwargs[cache_argument(type(module))]
             seen[name].append((id(cache), cache.get_seq_length(), kwargs["input_ids"].shape[1]))
         return hook
 
