@@ -74,7 +74,9 @@ def generate(
         Warpers applied after the mask, to target and assistant alike (temperature > 0 when sampling;
         top_k >= 1; top_p in (0, 1]).
     seed : int, optional
-        Seeds the sampling generators; None draws fresh entropy.
+        Seeds the sampling generators; None draws fresh entropy. A seed reproduces a sample under the
+        "constant" and "heuristic" schedules; under "auto" the draft lengths follow measured timings, so a
+        seeded sample can differ from run to run (its distribution does not).
     num_assistant_tokens : int
         Model-drafted tokens per step at the start (forced tokens do not count).
     schedule : {"heuristic", "constant", "auto"}
