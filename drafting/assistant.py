@@ -7,7 +7,7 @@ import time
 import torch
 
 from assisted.cache import crop_to, forward, input_device, new_cache
-from assisted.sampling import Warp, masked, probs, sample
+from assisted.sampling import Warp, masked, sample, warped
 from drafting.base import DeviceMasks
 
 
@@ -28,24 +28,24 @@ class AssistantDrafter:
     def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
         """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence).
 
-        The confidence is the largest probability of the assistant's (masked, warped) distribution: the
-        greedy token's probability. It depends on the distribution only, never on the token drawn from it,
-        so a draft cut by confidence keeps sampling lossless (see `CombinedSource.propose`).
+        The confidence is the greedy token's probability under the masked distribution before the warpers
+        (temperature 1): at a low sampling temperature the warped distribution is near one-hot wherever the
+        assistant is unsure, and would hide the positions where it disagrees with the target. It depends on
+        the distribution only, never on the token drawn from it, so a draft cut by confidence keeps sampling
+        lossless (see `CombinedSource.propose`).
         """
         start = time.perf_counter()
         logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
         self.cached = len(seq)
         mask = self.masks(mask)
-        mask = None if mask is None else mask[None]  # (1, V)
+        logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
+        top = logits.max()
+        confidence = torch.exp(top - torch.logsumexp(logits, dim=-1)).item()
         if not self.warp.do_sample:
-            logits = masked(logits.float(), mask)[0]  # (V,)
-            top = logits.max()
-            confidence = torch.exp(top - torch.logsumexp(logits, dim=-1))
-            return int(logits.argmax()), None, confidence.item()
-        q = probs(logits, mask, self.warp)  # (1, V)
-        token = int(sample(q, self.generator))
-        return token, q, q.max().item()
+            return int(logits.argmax()), None, confidence
+        q = warped(logits, self.warp).softmax(dim=-1)  # (1, V)
+        return int(sample(q, self.generator)), q, confidence
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""
