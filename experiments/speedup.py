@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from experiments.tasks import assistant_label, count_forwards, set_eos, write_rows  # noqa: E402
+from experiments.tasks import assistant_label, count_forwards, machine_lines, set_eos, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -220,7 +220,7 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
     write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
-             f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs)",
+             *machine_lines(),
              f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
              f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
              f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments.tasks import (  # noqa: E402
-    MODES, STRUCTURED_TASKS, assistant_label, extract_json, run_mode, set_eos, validate, write_rows)
+    MODES, STRUCTURED_TASKS, assistant_label, extract_json, machine_lines, run_mode, set_eos, validate, write_rows)
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
           "tokens_per_s", "valid")
@@ -103,7 +102,7 @@ def write(rows, summary, args, out: Path, command: str) -> None:
     write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
     lines = [f"# Structured benchmark {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
-             f"- machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, shared with other jobs: noisy)",
+             *machine_lines(),
              f"- target {args.target}, assistant {assistant_label(args)} "
              f"(schedule {getattr(args, 'schedule', 'heuristic')}), "
              f"fp32 CPU, torch threads {torch.get_num_threads()}",
