@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import platform
+import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -247,11 +251,6 @@ def assistant_label(args) -> str:
 def machine_lines() -> list[str]:
     """README lines naming the machine (the CPU and its vector ISA decide what a verification costs) and the
     code's commit, so a run can be compared only with runs like it."""
-    import os
-    import platform
-    import subprocess
-    from pathlib import Path
-
     cpuinfo = Path("/proc/cpuinfo")
     names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
              if ln.startswith("model name")] if cpuinfo.exists() else []
