@@ -7,7 +7,7 @@ import time
 import torch
 
 from assisted.cache import crop_to, forward, input_device, new_cache
-from assisted.sampling import Warp, masked, sample, warped
+from assisted.sampling import Warp, masked, probs, sample
 from drafting.base import DeviceMasks
 
 
@@ -44,7 +44,7 @@ class AssistantDrafter:
         confidence = torch.exp(top - torch.logsumexp(logits, dim=-1)).item()
         if not self.warp.do_sample:
             return int(logits.argmax()), None, confidence
-        q = warped(logits, self.warp).softmax(dim=-1)  # (1, V)
+        q = probs(logits, None, self.warp)  # (1, V), already masked
         return int(sample(q, self.generator)), q, confidence
 
     def rollback(self, valid: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -103,17 +102,14 @@ def _causes(failures: list[dict], setup: dict) -> list[dict]:
 
 
 def environment() -> dict:
+    import os
+
     import torch
     import transformers
 
+    from experiments.machine import cpu_name, git
 
-    repo = Path(__file__).resolve().parents[1]
-    git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    import os
-
-    return {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(),
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "numpy": np.__version__,
             "commit": git("rev-parse", "--short", "HEAD")}

@@ -33,7 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from experiments.tasks import assistant_label, count_forwards, machine_lines, set_eos, write_rows  # noqa: E402
+from experiments.machine import machine_lines  # noqa: E402
+from experiments.tasks import assistant_label, count_forwards, set_eos, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule

@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments.tasks import (  # noqa: E402
-    MODES, STRUCTURED_TASKS, assistant_label, extract_json, machine_lines, run_mode, set_eos, validate, write_rows)
+    MODES, STRUCTURED_TASKS, assistant_label, extract_json, run_mode, set_eos, validate, write_rows)
+from experiments.machine import machine_lines  # noqa: E402
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
           "tokens_per_s", "valid")

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import platform
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -246,18 +242,3 @@ def assistant_label(args) -> str:
     """The assistant as a results README names it."""
     int8 = " (int8 copy)" if getattr(args, "assistant_int8", False) else ""
     return f"{args.assistant}{int8}"
-
-
-def machine_lines() -> list[str]:
-    """README lines naming the machine (the CPU and its vector ISA decide what a verification costs) and the
-    code's commit, so a run can be compared only with runs like it."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
-             if ln.startswith("model name")] if cpuinfo.exists() else []
-    cpu = names[0] if names else platform.processor() or platform.machine()
-    isa = torch.backends.cpu.get_cpu_capability()
-    repo = Path(__file__).resolve().parents[1]
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=repo, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    return [f"- machine: {platform.node()} ({cpu}, torch CPU capability {isa}, {os.cpu_count()} CPUs, "
-            "shared with other jobs: noisy)", f"- code: commit {commit}"]
