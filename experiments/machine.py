@@ -1,0 +1,36 @@
+"""What a results README says about the machine and the code: runs compare only with runs like them."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo, else what `platform` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def git(*args: str) -> str:
+    """A git command's output in this repository ('' when git fails)."""
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def machine_lines() -> list[str]:
+    """README lines naming the machine (the CPU and its vector ISA decide what a verification costs) and the
+    code's commit."""
+    import torch
+
+    isa = torch.backends.cpu.get_cpu_capability()
+    commit = git("describe", "--always", "--dirty") or "unknown"
+    return [f"- machine: {platform.node()} ({cpu_name() or platform.machine()}, torch CPU capability {isa}, "
+            f"{os.cpu_count()} CPUs, shared with other jobs: noisy)", f"- code: commit {commit}"]
