@@ -19,9 +19,11 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 - Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
   the drafting rate is measured over the call's drafting steps (decayed expected tokens / seconds of both
   models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried
-  once the plain steps since the last drafting step took long enough that what that step lost against
-  plain decoding is at most `probe_budget` of their time: a probe cut at its first token costs one
-  assistant forward and comes back soon; a long draft that failed comes back rarely.
+  once the plain steps since the last drafting step took long enough that what a step like it is expected
+  to lose against plain decoding (its seconds times the rate deficit) is at most `probe_budget` of their
+  time: a probe cut at its first token costs one assistant forward and comes back soon, so does a near
+  tie (one unlucky rejection must not lock a call into plain decoding); a long draft far behind comes back
+  rarely.
 
 `observe` (state, step -> state), `choose` (state -> k) and `estimate` (state -> Estimates) are pure, so
 traces can be replayed and tested without models.
@@ -159,7 +161,7 @@ class AutoState:
     prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the last drafting step
-    probe_loss: float = 0.0  # seconds the last drafting step lost against plain decoding (0 if it won)
+    probe_loss: float = 0.0  # seconds a step as long as the last drafting step loses to plain decoding, expected
     window: int = 0  # the most drafts of the next step: twice the last drafting step's accepted run (0: k0)
 
 
@@ -196,12 +198,13 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     new = replace(new, window=2 * (accepted + 1))
     if not timed:
         return replace(new, idle=0)
+    tokens = 1.0 + float(np.cumprod(estimate(new, cfg).accepts(verified)).sum())
+    new = replace(new, idle=0, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
+                  drafting_seconds=cfg.rate_decay * state.drafting_seconds + cost.seconds,
+                  drafting_steps=state.drafting_steps + 1)
     est = estimate(new, cfg)
-    tokens = 1.0 + float(np.cumprod(est.accepts(verified)).sum())
-    return replace(new, idle=0, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
-                   drafting_seconds=cfg.rate_decay * state.drafting_seconds + cost.seconds,
-                   drafting_steps=state.drafting_steps + 1,
-                   probe_loss=max(cost.seconds - (accepted + 1) * est.target_seconds[1], 0.0))
+    deficit = 1.0 - est.drafting_rate / est.plain_rate if est.plain_rate > 0 else 0.0
+    return replace(new, probe_loss=cost.seconds * max(deficit, 0.0))
 
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
@@ -222,7 +225,7 @@ def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:
 
 
 def _wait(state: AutoState, cfg: AutoConfig) -> int:
-    """Plain steps before the next probe: enough that the last drafting step's loss is `probe_budget` of them."""
+    """Plain steps before the next probe: enough that a drafting step's expected loss is `probe_budget` of them."""
     step = state.costs.curve(1)[1]
     return max(1, math.ceil(state.probe_loss / (cfg.probe_budget * step))) if step > 0 else 1
 

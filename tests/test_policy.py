@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from assisted.auto import AutoState, Calibration, _wait, choose, estimate, observe
+from assisted.costs import CostTable
 from assisted.policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
 from drafting.base import Draft
 
@@ -142,7 +143,20 @@ def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
     policy = Auto(3)
     simulate(policy, 6, target=lambda n: 0.1, draft=0.05, confidence=lambda _: 0.0)
     policy.update(10, 0, StepCost(11, 0.1, 10, 0.5), (0.9,) * 10)  # a long draft failed at once: lost 0.5 s
-    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(0.5 / (cfg.probe_budget * 0.1))
+    est = estimate(policy.state, cfg)
+    expected_loss = 0.6 * (1.0 - est.drafting_rate / est.plain_rate)  # a step as long, at the rate deficit
+    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (cfg.probe_budget * 0.1))
+
+
+def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decoding():
+    cfg = AutoConfig()
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(11, 0.1, 0.9).with_draft(0.05, 0.9)
+    near_tie = AutoState(k0=3, costs=costs, drafting_tokens=9.5 * 5, drafting_seconds=1.0 * 5, drafting_steps=5,
+                         prefilled=True, drafted_before=True)  # drafting: 9.5 tokens/s, plain decoding: 10
+    state = observe(near_tie, 10, 0, StepCost(11, 0.1, 10, 0.5), cfg, (0.9,) * 10)  # 0.6 s for 1 token
+    lost = 0.6 - 0.1  # what that step lost against plain decoding
+    assert choose(state, cfg) == 0
+    assert _wait(state, cfg) <= math.ceil(lost / (cfg.probe_budget * 0.1)) / 4  # the next probe comes back soon
 
 
 def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
