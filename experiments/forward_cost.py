@@ -77,6 +77,8 @@ def time_forward(model, prefix: torch.Tensor, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.out:  # before the model loads: a bad path fails now, not after minutes of timing
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     from experiments.models import NotPreparedError, load
