@@ -161,7 +161,7 @@ class AutoState:
     prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the last drafting step
-    probe_loss: float = 0.0  # seconds a step as long as the last drafting step loses to plain decoding, expected
+    probe_loss: float = 0.0  # expected seconds a drafting step as long as the last one loses to plain decoding
     window: int = 0  # the most drafts of the next step: twice the last drafting step's accepted run (0: k0)
 
 
@@ -198,13 +198,13 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
     new = replace(new, window=2 * (accepted + 1))
     if not timed:
         return replace(new, idle=0)
-    tokens = 1.0 + float(np.cumprod(estimate(new, cfg).accepts(verified)).sum())
-    new = replace(new, idle=0, drafting_tokens=cfg.rate_decay * state.drafting_tokens + tokens,
-                  drafting_seconds=cfg.rate_decay * state.drafting_seconds + cost.seconds,
-                  drafting_steps=state.drafting_steps + 1)
     est = estimate(new, cfg)
-    deficit = 1.0 - est.drafting_rate / est.plain_rate if est.plain_rate > 0 else 0.0
-    return replace(new, probe_loss=cost.seconds * max(deficit, 0.0))
+    tokens = cfg.rate_decay * state.drafting_tokens + 1.0 + float(np.cumprod(est.accepts(verified)).sum())
+    seconds = cfg.rate_decay * state.drafting_seconds + cost.seconds
+    plain_tokens = seconds * est.plain_rate  # what plain decoding commits in the drafting steps' time
+    deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
+    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
+                   drafting_steps=state.drafting_steps + 1, probe_loss=cost.seconds * max(deficit, 0.0))
 
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
