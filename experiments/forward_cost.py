@@ -5,14 +5,14 @@
 After a 64-token prefill, times a forward over n more tokens (logits for all n, as verification needs) for
 each n, interleaved, `--repeats` times; prints the median seconds and the ratio to n = 1. On a GPU the
 curve is flat for small n, so drafts are nearly free to verify; on a CPU it is not, and that decides
-whether model drafting can pay. `--prepacked` also times the same model with every Linear's weight
-pre-packed for oneDNN (used for n > 1; n = 1 keeps the dense matrix-vector path), the layout a CPU
-matrix-matrix kernel otherwise rebuilds on every call.
+whether model drafting can pay. `--prepacked` also times the same model with its Linear weights
+pre-packed for oneDNN (`assisted.packing`: used for n > 1; n = 1 keeps the dense matrix-vector kernel).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import statistics
@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted.cache import cache_argument  # noqa: E402
+from assisted.packing import pack_linear_weights  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,31 +38,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prepacked", action="store_true", help="also time oneDNN pre-packed Linear weights (CPU)")
     p.add_argument("--out", default=None, help="CSV of every timing")
     return p.parse_args(argv)
-
-
-def prepack(model) -> dict:
-    """{Linear: forward} using oneDNN pre-packed weights for more than one row (CPU, float32)."""
-    import torch.utils.mkldnn as mkldnn
-
-    def packed_forward(linear):
-        packed = mkldnn.to_mkldnn(torch.nn.Sequential(linear))[0]
-
-        def forward(x):  # (..., in) -> (..., out)
-            rows = x.numel() // x.shape[-1]
-            if rows == 1:
-                return torch.nn.functional.linear(x, linear.weight, linear.bias)
-            return packed(x.reshape(rows, -1)).reshape(*x.shape[:-1], linear.out_features)
-        return forward
-
-    return {m: packed_forward(m) for m in model.modules() if isinstance(m, torch.nn.Linear)}
-
-
-def use(forwards: dict, on: bool) -> None:
-    for module, forward in forwards.items():
-        if on:
-            module.forward = forward
-        else:
-            module.__dict__.pop("forward", None)
 
 
 def time_forward(model, prefix: torch.Tensor, n: int) -> float:
@@ -89,17 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     prefix = tokenizer("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 4,
                        return_tensors="pt").input_ids[:, :64].to(model.device)
-    layouts = {"dense": {}} | ({"prepacked": prepack(model)} if args.prepacked else {})
+    packed = pack_linear_weights(model) if args.prepacked else None
+    layouts = {"dense": packed.dense if packed else contextlib.nullcontext}
+    layouts |= {"prepacked": contextlib.nullcontext} if packed else {}
     rows = []
     with torch.inference_mode():
         for repeat in range(args.repeats + 1):  # the first round warms up and is dropped
-            for layout, forwards in layouts.items():
-                use(forwards, True)
-                for n in args.ns:
-                    seconds = time_forward(model, prefix, n)
-                    if repeat:
-                        rows.append({"layout": layout, "n": n, "repeat": repeat, "seconds": seconds})
-                use(forwards, False)
+            for layout, context in layouts.items():
+                with context():
+                    for n in args.ns:
+                        seconds = time_forward(model, prefix, n)
+                        if repeat:
+                            rows.append({"layout": layout, "n": n, "repeat": repeat, "seconds": seconds})
     print(f"{args.model} {args.device} {args.dtype} threads={torch.get_num_threads()}: median seconds (x n = 1)")
     for layout in layouts:
         med = {n: statistics.median(r["seconds"] for r in rows if r["layout"] == layout and r["n"] == n) for n in args.ns}

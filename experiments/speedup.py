@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)')
     p.add_argument("--assistant-int8", action="store_true",
                    help="draft with an int8 (dynamically quantized, CPU) copy of the assistant; the target stays as loaded")
+    p.add_argument("--packed-target", action="store_true",
+                   help="pre-pack the target's Linear weights for multi-token forwards (assisted.packing; CPU): "
+                        "every system, the target alone included, runs on the same packed model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
@@ -277,11 +280,14 @@ def main(argv: list[str] | None = None) -> int:
         write(rows, summarize(rows), args, out, command)
         print(f"rewrote {out}/README.md and plots")
         return 0
+    from assisted.packing import pack_linear_weights
     from experiments.models import NotPreparedError, load, load_assistant
     try:
         model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
         assistant = load_assistant(args.assistant, model, int8=args.assistant_int8, dtype=args.dtype, device=args.device)
-    except (NotPreparedError, OSError) as error:
+        if args.packed_target:
+            pack_linear_weights(model)
+    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     set_eos(tokenizer, model, assistant)

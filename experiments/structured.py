@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--assistant", default=None)
     p.add_argument("--assistant-int8", action="store_true",
                    help="draft with an int8 (dynamically quantized, CPU) copy of the assistant")
+    p.add_argument("--packed-target", action="store_true",
+                   help="pre-pack the target's Linear weights for multi-token forwards (assisted.packing; CPU): "
+                        "every system, the target alone included, runs on the same packed model")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -122,11 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from assisted.packing import pack_linear_weights
     from experiments.models import NotPreparedError, load, load_assistant
     try:
         model, tokenizer = load(args.target)
         assistant = load_assistant(args.assistant, model, int8=args.assistant_int8) if args.assistant else None
-    except (NotPreparedError, OSError) as error:
+        if args.packed_target:
+            pack_linear_weights(model)
+    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     set_eos(tokenizer, model, assistant)

@@ -80,20 +80,24 @@ def test_structured_cell_end_to_end(tiny, tmp_path):
         assert len(list(csv.DictReader(f))) == 4
 
 
-def test_prepacked_linears_compute_the_same_logits_and_come_off_again(tiny):
+def test_a_packed_model_computes_the_same_logits_and_comes_off_again(tiny):
     import torch
+
+    from assisted.packing import pack_linear_weights
 
     model, tok = tiny
     ids = torch.tensor([tok("The cat sat on the mat and looked around").input_ids])  # (1, n)
-    forwards = forward_cost.prepack(model)
     with torch.inference_mode():
-        dense = model(input_ids=ids).logits
-        forward_cost.use(forwards, True)
-        packed, single = model(input_ids=ids).logits, model(input_ids=ids[:, :1]).logits  # oneDNN rows; dense row
-        forward_cost.use(forwards, False)
-        assert all("forward" not in m.__dict__ for m in forwards)
-        assert torch.allclose(packed, dense, atol=1e-4) and torch.equal(single, model(input_ids=ids[:, :1]).logits)
-        assert forward_cost.time_forward(model, ids, 3) > 0
+        dense, single = model(input_ids=ids).logits, model(input_ids=ids[:, :1]).logits
+        packed = pack_linear_weights(model)
+        try:
+            assert torch.allclose(model(input_ids=ids).logits, dense, atol=1e-4)  # oneDNN rows
+            assert torch.equal(model(input_ids=ids[:, :1]).logits, single)  # one row: the dense kernel
+            assert forward_cost.time_forward(model, ids, 3) > 0
+        finally:
+            packed.unpack()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert speedup.parse_args(["--packed-target"]).packed_target and structured.parse_args(["--packed-target"]).packed_target
 
 
 def test_int8_copy_drafts_losslessly(tiny):

@@ -1,0 +1,65 @@
+"""assisted.packing: packed Linear forwards agree with the dense ones, speculation on a packed target stays
+greedy-identical to plain decoding of the unpacked model, and unpackable models are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from assisted import generate
+from assisted.packing import pack_linear_weights
+from tests.helpers_models import smollm2_tokenizer, threads, tiny_llama
+
+V = 49152
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    with threads(1):
+        yield
+
+
+def test_packed_linear_agrees_with_dense_and_keeps_the_dense_kernel_below_min_rows():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32, bias=False))
+    xs = {rows: torch.randn(1, rows, 64) for rows in (1, 2, 3, 7)}  # (batch, rows, in)
+    with torch.inference_mode():
+        dense = {rows: model(x) for rows, x in xs.items()}
+        packed = pack_linear_weights(model, min_rows=3)
+        out = {rows: model(x) for rows, x in xs.items()}
+    for rows in xs:
+        assert out[rows].shape == dense[rows].shape == (1, rows, 32)
+        torch.testing.assert_close(out[rows], dense[rows], rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[1], dense[1]) and torch.equal(out[2], dense[2])  # below min_rows: the same kernel
+    assert all("forward" in m.__dict__ for m in model)
+    with packed.dense():
+        assert not any("forward" in m.__dict__ for m in model)
+    assert all("forward" in m.__dict__ for m in model)
+    packed.unpack()
+    assert not any("forward" in m.__dict__ for m in model)
+
+
+@pytest.mark.parametrize("assistant_seed", [0, 1], ids=["itself", "other"])
+def test_speculation_on_a_packed_target_is_greedy_identical_to_the_unpacked_model(assistant_seed):
+    tok = smollm2_tokenizer()
+    target, assistant = tiny_llama(V, seed=0, init=0.2), tiny_llama(V, seed=assistant_seed, init=0.2)
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40)
+    reference = generate(target, **kw)
+    packed = pack_linear_weights(target)
+    try:
+        out = generate(target, assistant, **kw)
+    finally:
+        packed.unpack()
+    assert out.token_ids == reference.token_ids
+    if assistant_seed == 0:  # drafting for itself: every draft accepted, multi-token (packed) verifications
+        assert out.stats.target_forward_passes < reference.stats.target_forward_passes
+
+
+@pytest.mark.parametrize("model, message", [
+    (torch.nn.Sequential(torch.nn.Linear(4, 4).half()), "0.weight is torch.float16"),
+    (torch.nn.Sequential(torch.nn.ReLU()), "no torch.nn.Linear"),
+])
+def test_unpackable_models_are_refused_with_the_module_named(model, message):
+    with pytest.raises(ValueError, match=message):
+        pack_linear_weights(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
