@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from assisted.packing import is_packed
+
 N_MAX = 64  # forwards over more tokens than this (prompt prefills) are not recorded
 
 
@@ -86,11 +88,12 @@ _ALONE = _Alone()
 
 def _device_key(model) -> tuple:
     p = next(model.parameters())
-    return str(p.device), str(p.dtype), torch.get_num_threads()
+    return str(p.device), str(p.dtype), torch.get_num_threads(), is_packed(model)
 
 
 def recall(target, assistant) -> CostTable | None:
-    """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype and threads."""
+    """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads
+    and weight layout (`assisted.packing`)."""
     pairs = _MEMORY.get(target)
     entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
     return entry[1] if entry is not None and entry[0] == _device_key(target) else None

@@ -18,22 +18,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+_PACKED: weakref.WeakSet = weakref.WeakSet()  # models whose Linear forwards run packed now
+
+
+def is_packed(model: torch.nn.Module) -> bool:
+    """Whether `model`'s Linear forwards run packed (costs measured on it differ from the dense model's)."""
+    return model in _PACKED
 
 
 @dataclass(frozen=True)
 class PackedLinears:
     """The Linear modules `pack_linear_weights` packed; `unpack()` restores their dense forward."""
 
+    model: torch.nn.Module
     modules: tuple[torch.nn.Linear, ...]
     forwards: tuple[Callable[[torch.Tensor], torch.Tensor], ...]  # the packed forward of each module
 
     def unpack(self) -> None:
+        _PACKED.discard(self.model)
         for module in self.modules:
             module.__dict__.pop("forward", None)
 
@@ -44,8 +53,12 @@ class PackedLinears:
         try:
             yield
         finally:
-            for module, forward in zip(self.modules, self.forwards):
-                module.forward = forward
+            self._install()
+
+    def _install(self) -> None:
+        for module, forward in zip(self.modules, self.forwards):
+            module.forward = forward
+        _PACKED.add(self.model)
 
 
 def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: int = 8) -> PackedLinears:
@@ -92,9 +105,8 @@ def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: i
             raise ValueError(f"pack_linear_weights: {name or 'model'}.weight is {w.dtype} on {w.device}; "
                              f"packing needs float32 or bfloat16 on the CPU")
     modules = tuple(m for _, m in linears)
-    packed = PackedLinears(modules, tuple(_packed_forward(m, min_rows, batch_hint) for m in modules))
-    for module, forward in zip(packed.modules, packed.forwards):
-        module.forward = forward
+    packed = PackedLinears(model, modules, tuple(_packed_forward(m, min_rows, batch_hint) for m in modules))
+    packed._install()
     return packed
 
 

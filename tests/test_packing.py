@@ -63,3 +63,17 @@ def test_unpackable_models_are_refused_with_the_module_named(model, message):
     with pytest.raises(ValueError, match=message):
         pack_linear_weights(model)
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_costs_measured_on_the_dense_model_do_not_carry_to_the_packed_one():
+    from assisted.costs import CostTable, memorize, recall
+
+    target, assistant = tiny_llama(256, seed=0), tiny_llama(256, seed=1)
+    memorize(target, assistant, CostTable().with_target(1, 0.5, 0.9))
+    assert recall(target, assistant) is not None
+    packed = pack_linear_weights(target)
+    assert recall(target, assistant) is None  # another weight layout: other costs
+    with packed.dense():
+        assert recall(target, assistant) is not None
+    packed.unpack()
+    assert recall(target, assistant) is not None
