@@ -5,6 +5,7 @@
 """
 
 from assisted.generate import generate
+from assisted.packing import pack_linear_weights
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord
 
-__all__ = ["generate", "GenerationResult", "Stats", "Seconds", "StepRecord"]
+__all__ = ["generate", "pack_linear_weights", "GenerationResult", "Stats", "Seconds", "StepRecord"]
