@@ -16,9 +16,9 @@ within rounding of each other, the same caveat as verification with the dense ma
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +78,7 @@ def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: i
     Returns
     -------
     PackedLinears
-        The packed modules; call `.unpack()` to restore the dense forward and free the copies.
+        The packed modules; `.unpack()` restores the dense forward (the copies go with the handle).
 
     Raises
     ------
