@@ -5,8 +5,10 @@ bandwidth), but a verification multiplies 2-20 rows, and the dense matrix-matrix
 step on small row counts (measured on an AVX2 EPYC, one thread: 1536x8960 MLP weight 4.3 ms for 1 row,
 9.0 ms for 2, 15 ms for 4). oneDNN runs the same product from a copy of the weight reordered once into its
 blocked layout at 7.8 ms for 2 rows and 7.4 ms for 4 (and the 151936x1536 output head at 139 ms instead of
-291 ms for 4 rows). `pack_linear_weights` keeps the dense weight for one row, where the matrix-vector
-kernel is faster, and uses the packed copy for more: a model that decodes as before and verifies cheaply.
+291 ms for 4 rows). Where the packed kernel starts to win depends on the machine (on an AVX-512 Xeon the
+dense kernel costs the same for 1-3 rows and doubles at 4), so by default `pack_linear_weights` times both
+kernels once per weight shape and uses the packed copy from the smallest row count where it is faster:
+a model that decodes as before and verifies cheaply.
 
 The cost is memory: every packed Linear keeps a second copy of its weight (a 1.5B float32 model: +6 GB).
 Outputs agree with the dense kernel to float rounding (a different summation order, as any change of
@@ -16,8 +18,10 @@ within rounding of each other, the same caveat as verification with the dense ma
 
 from __future__ import annotations
 
+import statistics
+import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -25,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+CALIBRATION_ROWS = (2, 3, 4, 8, 16)  # row counts timed per weight shape when min_rows is measured
 _PACKED: weakref.WeakSet = weakref.WeakSet()  # models whose Linear forwards run packed now
 
 
@@ -40,6 +45,7 @@ class PackedLinears:
     model: torch.nn.Module
     modules: tuple[torch.nn.Linear, ...]
     forwards: tuple[Callable[[torch.Tensor], torch.Tensor], ...]  # the packed forward of each module
+    min_rows: Mapping[tuple[int, int], int | None]  # weight shape (out, in) -> rows from which it runs packed
 
     def unpack(self) -> None:
         _PACKED.discard(self.model)
@@ -61,7 +67,7 @@ class PackedLinears:
         _PACKED.add(self.model)
 
 
-def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: int = 8) -> PackedLinears:
+def pack_linear_weights(model: torch.nn.Module, min_rows: int | None = None, batch_hint: int = 8) -> PackedLinears:
     """Give every CPU Linear of `model` a oneDNN pre-packed copy of its weight for forwards over `min_rows`
     or more rows (tokens); fewer rows keep the dense kernel.
 
@@ -70,15 +76,19 @@ def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: i
     model : torch.nn.Module
         A model on the CPU with float32 or bfloat16 Linear weights (typically the target: the assistant
         drafts one row at a time and would only pay the memory). Quantized modules are left alone.
-    min_rows : int
-        Forwards over at least this many rows use the packed weight.
+    min_rows : int or None
+        Forwards over at least this many rows use the packed weight. None (the default) measures it once
+        per weight shape on this machine: both kernels are timed at `CALIBRATION_ROWS` (a few seconds for
+        a 1.5B model) and the packed one is used from the smallest row count where it is at least 5%
+        faster at every larger count timed; a shape where it never is stays dense, without a copy.
     batch_hint : int
         The row count oneDNN chooses the packed layout for.
 
     Returns
     -------
     PackedLinears
-        The packed modules; `.unpack()` restores the dense forward (the copies go with the handle).
+        The packed modules and the row threshold chosen per weight shape; `.unpack()` restores the dense
+        forward (the copies go with the handle).
 
     Raises
     ------
@@ -90,9 +100,9 @@ def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: i
     Notes
     -----
     The copies are a snapshot: pack after loading, moving and converting the model, and pack again after
-    changing its weights.
+    changing its weights. Measure with the thread count generation will use.
     """
-    if min_rows < 1:
+    if min_rows is not None and min_rows < 1:
         raise ValueError(f"min_rows must be at least 1, got {min_rows}")
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         raise RuntimeError("pack_linear_weights needs a torch build with oneDNN (MKL-DNN) linear ops")
@@ -104,15 +114,59 @@ def pack_linear_weights(model: torch.nn.Module, min_rows: int = 2, batch_hint: i
         if w.device.type != "cpu" or w.dtype not in PACKABLE_DTYPES:
             raise ValueError(f"pack_linear_weights: {name or 'model'}.weight is {w.dtype} on {w.device}; "
                              f"packing needs float32 or bfloat16 on the CPU")
-    modules = tuple(m for _, m in linears)
-    packed = PackedLinears(model, modules, tuple(_packed_forward(m, min_rows, batch_hint) for m in modules))
+    thresholds: dict[tuple[int, int], int | None] = {}
+    modules, forwards = [], []
+    with torch.inference_mode():
+        for _, module in linears:
+            shape = tuple(module.weight.shape)
+            unknown = shape not in thresholds
+            if not (unknown or thresholds[shape]):
+                continue  # this shape stays dense
+            packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), batch_hint)
+            if unknown:
+                thresholds[shape] = min_rows or _measure_min_rows(module, packed_weight)
+            if thresholds[shape]:
+                modules.append(module)
+                forwards.append(_packed_forward(module, packed_weight, thresholds[shape]))
+    packed = PackedLinears(model, tuple(modules), tuple(forwards), thresholds)
     packed._install()
     return packed
 
 
-def _packed_forward(module: torch.nn.Linear, min_rows: int, batch_hint: int):
+def smallest_winning_rows(dense: Mapping[int, float], packed: Mapping[int, float], margin: float = 0.95) -> int | None:
+    """The smallest row count from which the packed kernel's seconds are within `margin` x the dense
+    kernel's at every larger count timed; None where it loses at the largest."""
+    winning = None
+    for rows in sorted(dense, reverse=True):
+        if packed[rows] > margin * dense[rows]:
+            break
+        winning = rows
+    return winning
+
+
+def _measure_min_rows(module: torch.nn.Linear, packed_weight: torch.Tensor, repeats: int = 3) -> int | None:
+    weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()
+    dense, packed = {}, {}
+    for rows in CALIBRATION_ROWS:
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)  # (rows, in)
+        dense[rows] = _median_seconds(lambda: F.linear(x, weight, bias), repeats)
+        packed[rows] = _median_seconds(
+            lambda: torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], ""), repeats)
+    return smallest_winning_rows(dense, packed)
+
+
+def _median_seconds(call: Callable[[], object], repeats: int) -> float:
+    call()  # warm-up: first-call dispatch and allocation
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor, min_rows: int):
     weight, bias = module.weight, module.bias  # (out, in), (out,) or None
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
     packed_bias = None if bias is None else bias.detach()
 
     def forward(x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)

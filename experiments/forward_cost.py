@@ -6,7 +6,7 @@ After a 64-token prefill, times a forward over n more tokens (logits for all n, 
 each n, interleaved, `--repeats` times; prints the median seconds and the ratio to n = 1. On a GPU the
 curve is flat for small n, so drafts are nearly free to verify; on a CPU it is not, and that decides
 whether model drafting can pay. `--prepacked` also times the same model with its Linear weights
-pre-packed for oneDNN (`assisted.packing`: used for n > 1; n = 1 keeps the dense matrix-vector kernel).
+pre-packed for oneDNN (`assisted.packing`: used from the row count where it wins on this machine, timed per weight shape).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     prefix = tokenizer("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 4,
                        return_tensors="pt").input_ids[:, :64].to(model.device)
     packed = pack_linear_weights(model) if args.prepacked else None
+    if packed:
+        print("packed from rows, per weight shape:", {f"{o}x{i}": r for (o, i), r in packed.min_rows.items()})
     layouts = {"dense": packed.dense if packed else contextlib.nullcontext}
     layouts |= {"prepacked": contextlib.nullcontext} if packed else {}
     rows = []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.packing import pack_linear_weights
+from assisted.packing import CALIBRATION_ROWS, pack_linear_weights, smallest_winning_rows
 from tests.helpers_models import smollm2_tokenizer, threads, tiny_llama
 
 V = 49152
@@ -39,13 +39,41 @@ def test_packed_linear_agrees_with_dense_and_keeps_the_dense_kernel_below_min_ro
     assert not any("forward" in m.__dict__ for m in model)
 
 
+@pytest.mark.parametrize("packed, expected", [
+    ({2: 0.9, 4: 0.5, 8: 0.6}, 2),  # wins everywhere
+    ({2: 1.2, 4: 1.0, 8: 1.0}, 4),  # the Xeon's shape: dense is as cheap up to 3 rows
+    ({2: 0.5, 4: 2.1, 8: 2.0}, 8),  # a loss above a win: only the top counts
+    ({2: 0.5, 4: 0.5, 8: 3.1}, None),  # loses at the largest count: never packed
+    ({2: 0.99, 4: 1.9, 8: 2.9}, None),  # within the 5% margin is no win
+])
+def test_packing_starts_at_the_smallest_row_count_it_wins_from(packed, expected):
+    dense = {2: 1.0, 4: 2.0, 8: 3.0}
+    assert smallest_winning_rows(dense, packed) == expected
+
+
+def test_measured_thresholds_are_per_shape_and_shapes_left_dense_keep_their_forward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256), torch.nn.Linear(256, 512))
+    x = torch.randn(1, 16, 256)  # (batch, rows, in)
+    with torch.inference_mode():
+        dense = model(x)
+        packed = pack_linear_weights(model)
+        torch.testing.assert_close(model(x), dense, rtol=1e-5, atol=1e-5)
+    assert set(packed.min_rows) == {(512, 256), (256, 512)}
+    assert all(rows is None or rows in CALIBRATION_ROWS for rows in packed.min_rows.values())
+    for module in model:  # a module has a packed forward exactly when its shape got a threshold
+        assert ("forward" in module.__dict__) == (packed.min_rows[tuple(module.weight.shape)] is not None)
+    packed.unpack()
+    assert not any("forward" in m.__dict__ for m in model)
+
+
 @pytest.mark.parametrize("assistant_seed", [0, 1], ids=["itself", "other"])
 def test_speculation_on_a_packed_target_is_greedy_identical_to_the_unpacked_model(assistant_seed):
     tok = smollm2_tokenizer()
     target, assistant = tiny_llama(V, seed=0, init=0.2), tiny_llama(V, seed=assistant_seed, init=0.2)
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40)
     reference = generate(target, **kw)
-    packed = pack_linear_weights(target)
+    packed = pack_linear_weights(target, min_rows=2)
     try:
         out = generate(target, assistant, **kw)
     finally:
@@ -71,7 +99,7 @@ def test_costs_measured_on_the_dense_model_do_not_carry_to_the_packed_one():
     target, assistant = tiny_llama(256, seed=0), tiny_llama(256, seed=1)
     memorize(target, assistant, CostTable().with_target(1, 0.5, 0.9))
     assert recall(target, assistant) is not None
-    packed = pack_linear_weights(target)
+    packed = pack_linear_weights(target, min_rows=2)
     assert recall(target, assistant) is None  # another weight layout: other costs
     with packed.dense():
         assert recall(target, assistant) is not None
