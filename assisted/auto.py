@@ -177,11 +177,15 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
 
     A drafting step counts its *expected* tokens, 1 + the verified drafts' survival probabilities under the
     updated calibration: the same mean as the tokens it committed, without the luck of one rejection.
-    The call's first target forward (the prompt's prefill), its first assistant call (the assistant's
-    prefill) and the warm-up's uncut drafts are not recorded: they say nothing about a decoding step.
+    The timings of the call's first target forward (the prompt's prefill) and first assistant call (the
+    assistant's prefill) say nothing about a decoding step and are not recorded; a drafting step that holds
+    one still counts toward the drafting rate, at the seconds the cost table predicts for it (its tokens are
+    evidence like any other step's: a call that starts with a lucky or an unlucky draft is not judged on the
+    two steps after it alone). The warm-up's uncut drafts are not recorded.
     """
     costs, prefilled, drafted_before = state.costs, state.prefilled, state.drafted_before
-    timed = cost is not None and cost.target_tokens > 0 and prefilled and drafted_before and warmed_up(state)
+    step_seconds = _step_seconds(state, cost, len(confidence))
+    timed = step_seconds is not None and warmed_up(state)
     if cost is not None and cost.target_tokens:
         costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay) if prefilled else costs
         prefilled = True
@@ -204,11 +208,24 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
         return replace(new, idle=0)
     est = estimate(new, cfg)
     tokens = cfg.rate_decay * state.drafting_tokens + 1.0 + float(np.cumprod(est.accepts(verified)).sum())
-    seconds = cfg.rate_decay * state.drafting_seconds + cost.seconds
+    seconds = cfg.rate_decay * state.drafting_seconds + step_seconds
     plain_tokens = seconds * est.plain_rate  # what plain decoding commits in the drafting steps' time
     deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
     return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
-                   drafting_steps=state.drafting_steps + 1, probe_loss=cost.seconds * max(deficit, 0.0))
+                   drafting_steps=state.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
+
+
+def _step_seconds(state: AutoState, cost: StepCost | None, verified: int) -> float | None:
+    """The step's seconds without prefills: as measured, or for a step that holds a prefill as the cost table
+    predicts for its forward over `verified` drafts and its drafted tokens (None: no target forward, or no
+    assistant timing to predict with)."""
+    if cost is None or not cost.target_tokens:
+        return None
+    if state.prefilled and state.drafted_before:
+        return cost.seconds
+    if state.costs.draft_per_token is None:
+        return None
+    return float(state.costs.curve(verified + 1)[verified + 1]) + cost.drafted * state.costs.draft_per_token
 
 
 def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:

@@ -220,6 +220,24 @@ def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills()
     assert est.plain_rate == pytest.approx(1 / 0.4) and est.drafting_rate == pytest.approx(5.4 / (0.8 * 1.04 + 1.08))
 
 
+def test_a_calls_first_drafting_step_counts_at_the_seconds_the_remembered_costs_predict():
+    cfg = AutoConfig()
+    costs = CostTable().with_target(1, 0.42, 0.9).with_target(8, 0.55, 0.9).with_draft(0.06, 0.9)  # an earlier call's
+    state = AutoState(k0=5, costs=costs)
+    state = observe(state, 5, 5, StepCost(60, 6.0, 5, 1.5), cfg, (0.9,) * 5)  # both prefills: 7.5 s measured
+    assert state.drafting_steps == 1
+    assert state.drafting_seconds == pytest.approx(float(costs.curve(6)[6]) + 5 * 0.06)  # predicted, not 7.5 s
+    for drafted, accepted in [(7, 1), (5, 0)]:  # then two unlucky steps (the essay prompt on the Xeon)
+        state = observe(state, drafted, accepted, StepCost(drafted + 1, 0.5, drafted, drafted * 0.06), cfg,
+                        (0.9,) * drafted)
+    assert choose(state, cfg) > 0  # three steps of evidence: drafting still pays
+    unlucky_start = AutoState(k0=5, costs=costs)
+    for drafted, accepted, seconds in [(5, 0, 6.0), (7, 1, 0.5), (5, 0, 0.5)]:
+        unlucky_start = observe(unlucky_start, drafted, accepted, StepCost(drafted + 1, seconds, drafted,
+                                                                          drafted * 0.06), cfg, (0.9,) * drafted)
+    assert choose(unlucky_start, cfg) == 0  # three unlucky steps: plain decoding
+
+
 def test_acceptance_is_a_decayed_rate_with_a_prior_kept_apart_for_prompt_lookup():
     cfg, state = AutoConfig(), AutoState(k0=4)
     nan = float("nan")
