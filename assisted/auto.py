@@ -4,9 +4,8 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
   draft's acceptance is predicted from the assistant's confidence in it (the max of its distribution),
-  calibrated online per confidence bin and read optimistically where a bin has little evidence (one unlucky
-  rejection must not stop drafting: a cut draft is never judged, so the estimate could not recover); tokens
-  not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
+  calibrated online per confidence bin (each bin starts from the confidence itself, worth one judged draft:
+  for the Qwen pair the acceptance per bin is the confidence or a little above it); tokens not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
   (optimistic: an unsure token in code is often followed by sure ones, and a draft that turns out unsure
   costs one assistant forward: it is dropped unverified). A step drafts at most a window of twice the
   previous drafting step's accepted run (k0 at a call's start), as TCP's slow start sizes its bets: the
@@ -101,7 +100,7 @@ class Estimates:
     plain_rate: float  # tokens per second of plain decoding, 1 / target(1)
     drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
     lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
-    optimism: float = 0.0  # the cut reads a draft's acceptance this many standard deviations above its mean
+    optimism: float = 0.0  # where the cut would verify nothing, it rereads acceptance this many stds above the mean
     window: int | None = None  # the most drafts of the next step: twice the last accepted run (None: k_max)
 
     def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
@@ -111,8 +110,17 @@ class Estimates:
         drafting m more: all j survivals + survival_j * (a + ... + a^m) - price * (target(j + m + 1) +
         m * draft), with a = max(the latest draft's predicted acceptance, the mean acceptance) and price the
         better of the plain and the drafting rate (tokens per second). Drafting seconds already spent are sunk.
+        Acceptance is read at the calibration's mean; where that would verify nothing, at `optimism`
+        standard deviations above it, and the drafts so far are verified if that pays: a draft that is not
+        verified is never judged, so an estimate that one unlucky rejection pushed down could not recover.
         """
-        acc = self.accepts(confidence, self.optimism)  # (j,)
+        decision = self._cut(self.accepts(confidence), k_max)
+        if decision == 0 and self.optimism:
+            hopeful = self._cut(self.accepts(confidence, self.optimism), k_max)
+            decision = len(confidence) if hopeful is None else hopeful
+        return decision
+
+    def _cut(self, acc: np.ndarray, k_max: int) -> int | None:
         survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
         seconds, j, rate = np.asarray(self.target_seconds), len(acc), max(self.plain_rate, self.drafting_rate or 0.0)
         keep = np.concatenate([[0.0], np.cumsum(survival)]) - rate * seconds[1 : j + 2]  # (j + 1,)
@@ -145,7 +153,7 @@ class AutoConfig:
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
     min_drafting_steps: int = 2  # timed drafting steps of a call before plain decoding can win
     probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
-    optimism: float = 1.0  # standard deviations of the calibration's estimate the cut adds (see Calibration.predict)
+    optimism: float = 1.0  # standard deviations above the calibration's mean where a cut would verify nothing
 
 
 @dataclass(frozen=True)

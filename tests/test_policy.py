@@ -105,7 +105,9 @@ def test_cheap_verifier_and_a_confident_assistant_draft_long():
     trace = simulate(Auto(5), 60, target=lambda n: 0.100, draft=0.005, confidence=lambda _: 0.9)
     assert trace[:3] == [(5, 5), (5, 5), (0, 0)]  # warm-up: prefill, a forward verifying drafts, one at k = 0
     verified = sorted(v for _, v in trace[4:])
-    assert verified[len(verified) // 2] >= 12 and verified[-1] <= AutoConfig().k_max
+    # a = 0.9 and flat costs: 13-15 drafts commit the most per second; the window (twice the last accepted
+    # run) holds a step after a rejection shorter
+    assert verified[len(verified) // 2] >= 10 and 13 <= verified[-1] <= AutoConfig().k_max
 
 
 def test_expensive_verifier_and_poor_acceptance_decode_plainly_and_probes_verify_nothing():

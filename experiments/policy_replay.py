@@ -1,0 +1,308 @@
+"""Replay candidate-length policies on recorded acceptance traces: policy comparisons without timing noise.
+
+    python -m experiments.policy_replay collect --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b \
+        --assistant-int8 --packed-target --threads 1 --out experiments/results/<run>
+    python -m experiments.policy_replay replay --out experiments/results/<run>
+
+A sampled cell of the speedup experiment is one sample per prompt and system, and samples differ per system
+(a lucky text is accepted at 0.9, an unlucky one at 0.3), so cells move by 30% between runs and a policy
+change of 5% is invisible. Here the text and the costs are fixed and only the policy varies.
+
+`collect` samples texts from the target alone (`--paths` per prompt and sampled temperature; greedy has one),
+then runs each model once over prompt + text and records per position t:
+  acceptance[t]  the chance that the assistant's draft at t is accepted: sum_x min(p_t(x), q_t(x)) when
+                 sampling (speculative sampling), 1 if the argmaxes agree else 0 when greedy;
+  confidence[t]  the assistant's confidence there, as `AssistantDrafter` computes it (max of q at T = 1).
+It also times the target's forward over n = 1..k_max + 1 tokens and the assistant's forward over one token.
+
+`replay` drives each policy through every trace `--seeds` times: a step drafts from the current position
+with the trace's confidences (asking the policy's `cut` after each, as the loop does: when sampling a cut
+only drops the last draft), the target accepts draft i with probability acceptance[pos + i] until the first
+rejection, and the step costs target(verified + 1) + drafted * assistant + `--overhead`, times lognormal
+noise of `--noise`. Greedy replays are exact up to the drafts after a rejection (they follow the text
+here, the assistant's own continuation in a real run; they are never judged either way). Sampled replays
+draw acceptance independently per position: a draft's acceptance and the text after it are not coupled.
+Besides our policies, two stand-ins for transformers' schedules run in the same model of time (they are
+not transformers' code, whose per-step overhead is larger): "constant-20" and "heuristic-5", each
+stopping a draft after a token the assistant is less than 0.4 sure of (transformers' defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from assisted.auto import Auto, AutoConfig  # noqa: E402
+from assisted.costs import CostTable, StepCost  # noqa: E402
+from assisted.policy import Constant, Heuristic, Policy  # noqa: E402
+
+CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One text and what each position offers a drafting policy."""
+
+    cls: str
+    prompt: str
+    temperature: float
+    path: int
+    acceptance: tuple[float, ...]  # [t]: P(the assistant's draft at t is accepted | the text before t)
+    confidence: tuple[float, ...]  # [t]: the assistant's confidence at t
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds of a target forward over n tokens ([n], n = 0..) and of one assistant token."""
+
+    target: tuple[float, ...]
+    draft: float
+
+    def table(self, cost_decay: float = 0.9) -> CostTable:
+        """The table a warmed process would hold (every n measured once)."""
+        table = CostTable()
+        for n, seconds in enumerate(self.target[1:], start=1):
+            table = table.with_target(n, seconds, cost_decay)
+        return table.with_draft(self.draft, cost_decay)
+
+
+# ---- replay (pure; no models) ------------------------------------------------------------------------------
+
+class ConfidenceStop:
+    """A policy that also stops a draft after a token the assistant is less than `threshold` sure of."""
+
+    def __init__(self, policy: Policy, threshold: float = CONFIDENCE_STOP):
+        self.policy, self.threshold = policy, threshold
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def cut(self, confidence: tuple[float, ...]) -> int | None:
+        return len(confidence) if confidence[-1] < self.threshold else None
+
+
+def make_policies(costs: Costs, config: AutoConfig | None = None) -> dict:
+    """name -> factory of a fresh policy (auto starts from the costs a warmed process would remember)."""
+    return {"plain": lambda: Constant(0),
+            "heuristic": lambda: Heuristic(5),
+            "auto": lambda: Auto(5, config, costs.table()),
+            "constant-20": lambda: ConfidenceStop(Constant(20)),
+            "heuristic-5": lambda: ConfidenceStop(Heuristic(5))}
+
+
+def replay(policy: Policy, trace: Trace, costs: Costs, uniforms: list[float], sampling: bool, overhead: float = 0.0,
+           noise: float = 0.0, rng: random.Random | None = None) -> tuple[int, float, int]:
+    """Decode the trace's text with `policy`; returns (tokens, seconds, target forwards).
+
+    A draft at position t is accepted when uniforms[t] < acceptance[t]: every policy replayed with the same
+    uniforms meets the same luck at each position (common random numbers), so their difference is the policy's.
+    `rng` draws the timing noise.
+    """
+    acc, conf, n_max = trace.acceptance, trace.confidence, len(costs.target) - 2
+    pos = seconds = forwards = 0
+    while pos < len(acc):
+        k, drafts, kept = min(policy.k, n_max, len(acc) - pos - 1), [], None
+        while len(drafts) < k and kept is None:
+            drafts.append(conf[pos + len(drafts)])
+            kept = policy.cut(tuple(drafts))
+            if kept is not None and sampling:
+                kept = max(kept, len(drafts) - 1)
+        verified = len(drafts) if kept is None else kept
+        accepted = 0
+        while accepted < verified and uniforms[pos + accepted] < acc[pos + accepted]:
+            accepted += 1
+        judged = min(accepted + 1, verified)
+        jitter = math.exp(rng.gauss(0.0, noise)) if noise and rng is not None else 1.0
+        target, draft = costs.target[verified + 1] * jitter, costs.draft * len(drafts) * jitter
+        policy.update(judged, accepted, StepCost(verified + 1, target, len(drafts), draft), tuple(drafts[:verified]))
+        pos, seconds, forwards = pos + accepted + 1, seconds + target + draft + overhead, forwards + 1
+    return len(acc), seconds, forwards
+
+
+def replay_all(traces: list[Trace], costs: Costs, policies: dict, seeds: int, overhead: float, noise: float
+               ) -> list[dict]:
+    """One row per (trace, seed, policy): seconds per token and target forwards."""
+    rows = []
+    for trace in traces:
+        for seed in range(1 if trace.temperature == 0 and not noise else seeds):
+            key = zlib.crc32(f"{trace.prompt} {trace.temperature} {trace.path} {seed}".encode())
+            draws = random.Random(key)
+            uniforms = [draws.random() for _ in trace.acceptance]
+            for name, make in policies.items():
+                tokens, seconds, forwards = replay(make(), trace, costs, uniforms, trace.temperature > 0, overhead,
+                                                   noise, random.Random(key + 1))
+                rows.append({"class": trace.cls, "prompt": trace.prompt, "temperature": trace.temperature,
+                             "path": trace.path, "seed": seed, "policy": name, "per_token": seconds / tokens,
+                             "forwards": forwards, "tokens": tokens})
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    """{(class, temperature, policy): mean seconds per token}: every cell replays the same texts and draws."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["class"], r["temperature"], r["policy"]), []).append(r["per_token"])
+    return {key: statistics.fmean(v) for key, v in groups.items()}
+
+
+def report(summary: dict, policies: list[str]) -> list[str]:
+    """Markdown: each policy's speedup over plain decoding per cell, and auto over the best other policy."""
+    others = [p for p in policies if p not in ("plain", "auto")]
+    lines = ["| class | T | " + " | ".join(p for p in policies if p != "plain") + " | auto / best other |",
+             "|---" * (len(policies) + 2) + "|"]
+    for c in sorted({c for c, _, _ in summary}):
+        for t in sorted({t for _, t, _ in summary}):
+            plain = summary[(c, t, "plain")]
+            speedups = [f"{plain / summary[(c, t, p)]:.2f}" for p in policies if p != "plain"]
+            best = min(summary[(c, t, p)] for p in others)
+            lines.append(f"| {c} | {t} | " + " | ".join(speedups) + f" | {best / summary[(c, t, 'auto')]:.2f} |")
+    return lines
+
+
+# ---- collect (models) --------------------------------------------------------------------------------------
+
+def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[int], temperature: float
+             ) -> tuple[list, list]:
+    """(acceptance, confidence) per position of `text` after the prompt `ids`, whose first len(ids) - 1
+    tokens each model's cache in `prompt_caches` holds (cropped back to that afterwards)."""
+    from assisted.cache import crop_to, forward
+    rows = []
+    for m, cache in zip((model, assistant), prompt_caches):
+        rows.append(forward(m, cache, ids[-1:] + text, len(text) + 1)[:-1].float())  # (L, V): rows predicting text
+        crop_to(cache, len(ids) - 1)
+    v = min(r.shape[-1] for r in rows)
+    p_logits, q_logits = rows[0][:, :v], rows[1][:, :v]
+    confidence = q_logits.softmax(-1).max(-1).values  # (L,)
+    if temperature == 0:
+        acceptance = (p_logits.argmax(-1) == q_logits.argmax(-1)).float()
+    else:
+        p, q = (p_logits / temperature).softmax(-1), (q_logits / temperature).softmax(-1)
+        acceptance = torch.minimum(p, q).sum(-1).clamp(max=1.0)
+    return acceptance.tolist(), confidence.tolist()
+
+
+def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -> Costs:
+    """Median seconds of target forwards over n = 1..n_max tokens after the prompt, and of one assistant token."""
+    from assisted.cache import crop_to, forward, new_cache
+
+    def timed(m, cache, tokens):
+        start = time.perf_counter()
+        forward(m, cache, tokens, len(tokens))
+        seconds = time.perf_counter() - start
+        crop_to(cache, len(ids))
+        return seconds
+
+    caches = {}
+    for name, m in (("target", model), ("assistant", assistant)):
+        caches[name] = new_cache()
+        forward(m, caches[name], ids, 1)
+    target = [0.0] + [statistics.median(timed(model, caches["target"], ids[:n]) for _ in range(repeats))
+                      for n in range(1, n_max + 1)]
+    draft = statistics.median(timed(assistant, caches["assistant"], ids[:1]) for _ in range(5 * repeats))
+    return Costs(tuple(target), draft)
+
+
+def collect(args) -> int:
+    from assisted import generate, pack_linear_weights
+    from experiments.models import NotPreparedError, load, load_assistant
+    from experiments.speedup import _chat_ids, load_prompts
+    from experiments.tasks import set_eos
+    try:
+        model, tokenizer = load(args.target)
+        assistant = load_assistant(args.assistant, model, int8=args.assistant_int8)
+        if args.packed_target:
+            pack_linear_weights(model)
+    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    set_eos(tokenizer, model, assistant)
+    prompts = load_prompts(args.prompts, args.per_class)
+    traces = []
+    from assisted.cache import forward, new_cache
+    with torch.inference_mode():
+        costs = time_costs(model, assistant, _chat_ids(tokenizer, prompts[0]), AutoConfig().k_max + 1)
+        torch.set_num_threads(os.cpu_count() or 1)  # the texts and traces need no timing
+        for p in prompts:
+            ids = _chat_ids(tokenizer, p)
+            caches = (new_cache(), new_cache())
+            for m, cache in zip((model, assistant), caches):
+                forward(m, cache, ids[:-1], 1)
+            for t in args.temperatures:
+                for path in range(1 if t == 0 else args.paths):
+                    # assisted sampling is lossless: the texts are the target's, written faster
+                    out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids,
+                                   max_new_tokens=args.max_new_tokens, do_sample=t > 0,
+                                   temperature=t if t > 0 else 1.0, seed=2000 + path)
+                    acceptance, confidence = trace_of(model, assistant, caches, ids, list(out.token_ids), t)
+                    traces.append(Trace(p["class"], p["name"], t, path, tuple(acceptance), tuple(confidence)))
+                    print(f"{p['name']} T{t} path {path}: {len(acceptance)} tokens, "
+                          f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from experiments.machine import machine_lines
+    (args.out / "traces.json").write_text(json.dumps({"costs": asdict(costs), "command": " ".join(sys.argv),
+                                                      "date": str(datetime.date.today()), "machine": machine_lines(),
+                                                      "traces": [asdict(t) for t in traces]}))
+    print(f"wrote {args.out / 'traces.json'}")
+    return 0
+
+
+def load_traces(path: Path) -> tuple[Costs, list[Trace]]:
+    data = json.loads(Path(path).read_text())
+    costs = Costs(tuple(data["costs"]["target"]), data["costs"]["draft"])
+    return costs, [Trace(**{**t, "acceptance": tuple(t["acceptance"]), "confidence": tuple(t["confidence"])})
+                   for t in data["traces"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.policy_replay", description=__doc__.split("\n")[0])
+    p.add_argument("mode", choices=("collect", "replay"))
+    p.add_argument("--out", type=Path, required=True, help="folder of traces.json (collect writes it, replay reads it)")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
+    p.add_argument("--assistant-int8", action="store_true")
+    p.add_argument("--packed-target", action="store_true")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--prompts", type=Path, default=Path(__file__).parent / "prompts" / "speedup.json")
+    p.add_argument("--per-class", type=int, default=None)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
+    p.add_argument("--paths", type=int, default=4, help="sampled texts per prompt and temperature")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--seeds", type=int, default=50, help="replays per sampled text (acceptance draws)")
+    p.add_argument("--overhead", type=float, default=0.002, help="seconds of loop overhead per step")
+    p.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of each step's timing")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.mode == "collect":
+        return collect(args)
+    costs, traces = load_traces(args.out / "traces.json")
+    collected = json.loads((args.out / "traces.json").read_text())
+    policies = make_policies(costs)
+    rows = replay_all(traces, costs, policies, args.seeds, args.overhead, args.noise)
+    lines = [f"# Policy replay {args.out.name}", "", f"- command: `python -m experiments.policy_replay {' '.join(argv or sys.argv[1:])}`",
+             f"- traces: `{collected['command']}` on {collected['date']}", *collected["machine"],
+             f"- {len(traces)} texts; target seconds over n = 1, 2, 4, 8, 16 tokens: "
+             + ", ".join(f"{costs.target[n]:.3f}" for n in (1, 2, 4, 8, 16)) + f"; assistant token {costs.draft:.3f}",
+             "", "Speedup over plain decoding (mean seconds per token over texts and draws; every policy replays the "
+             "same texts with the same draws):", "", *report(summarize(rows), list(policies)), ""]
+    (args.out / "README.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The policy replay (experiments.policy_replay): its model of a decoding step, without models."""
+
+import random
+
+from experiments.policy_replay import (ConfidenceStop, Costs, Trace, make_policies, replay, replay_all, report,
+                                       summarize)
+from assisted.policy import Constant, Heuristic
+
+COSTS = Costs(target=(0.0,) + tuple(0.1 + 0.01 * n for n in range(1, 23)), draft=0.02)
+
+
+def trace(acceptance, confidence=None, temperature=0.0):
+    confidence = confidence or [0.9] * len(acceptance)
+    return Trace("code", "p", temperature, 0, tuple(acceptance), tuple(confidence))
+
+
+def test_plain_decoding_pays_one_single_token_forward_per_token():
+    tokens, seconds, forwards = replay(Constant(0), trace([1.0] * 12), COSTS, [0.5] * 12, sampling=False)
+    assert (tokens, forwards) == (12, 12)
+    assert abs(seconds - 12 * COSTS.target[1]) < 1e-9
+
+
+def test_accepted_drafts_commit_k_plus_one_tokens_per_forward_at_the_costs_of_the_table():
+    tokens, seconds, forwards = replay(Constant(3), trace([1.0] * 12), COSTS, [0.5] * 12, sampling=False)
+    assert (tokens, forwards) == (12, 3)  # 4 + 4 + 4
+    assert abs(seconds - 3 * (COSTS.target[4] + 3 * COSTS.draft)) < 1e-9
+
+
+def test_a_rejected_position_ends_the_step_and_the_target_writes_that_token():
+    acceptance = [1.0, 0.0] + [1.0] * 8  # position 1 is always rejected
+    _, _, forwards = replay(Constant(3), trace(acceptance), COSTS, [0.5] * 10, sampling=False)
+    assert forwards == 3  # positions 0-1 (1 rejected, the target writes it), 2-5 and 6-9 (3 drafts + bonus)
+    rejected = replay(Heuristic(3), trace([0.0] * 10), COSTS, [0.5] * 10, sampling=False)
+    assert rejected[2] == 10
+
+
+def test_the_same_uniforms_give_every_policy_the_same_luck_at_each_position():
+    acceptance = [0.5] * 30
+    uniforms = [random.Random(1).random() for _ in range(30)]
+    lucky = [u < 0.5 for u in uniforms]
+    _, _, forwards = replay(Constant(1), trace(acceptance, temperature=0.6), COSTS, uniforms, sampling=True)
+    # k = 1 from every position: a step commits 2 tokens exactly when its position is lucky
+    pos, expected = 0, 0
+    while pos < 30:
+        pos, expected = pos + (2 if pos < 29 and lucky[pos] else 1), expected + 1
+    assert forwards == expected
+
+
+def test_confidence_stop_ends_a_draft_after_an_unsure_token():
+    policy = ConfidenceStop(Constant(20))
+    assert policy.cut((0.9, 0.9)) is None
+    assert policy.cut((0.9, 0.3)) == 2  # the unsure token is still verified, as in transformers
+    assert policy.k == 20
+
+
+def test_a_sampled_replay_lets_a_cut_drop_only_the_last_draft():
+    class CutToZero(Constant):
+        def cut(self, confidence):
+            return 0 if len(confidence) == 3 else None
+
+    # 4 positions: three drafts cut to 2 verified (+ the bonus), then the last position plainly
+    _, seconds, forwards = replay(CutToZero(5), trace([1.0] * 4, temperature=1.0), COSTS, [0.5] * 4, sampling=True)
+    assert forwards == 2 and abs(seconds - (COSTS.target[3] + 3 * COSTS.draft + COSTS.target[1])) < 1e-9
+    # greedy: all three dropped (the target writes position 0), then two drafts and the bonus
+    _, seconds, _ = replay(CutToZero(5), trace([1.0] * 4), COSTS, [0.5] * 4, sampling=False)
+    assert abs(seconds - (COSTS.target[1] + 3 * COSTS.draft + COSTS.target[3] + 2 * COSTS.draft)) < 1e-9
+
+
+def test_report_compares_auto_with_the_best_other_policy_per_cell():
+    traces = [trace([1.0] * 30), trace([0.7] * 30, temperature=0.6)]
+    policies = make_policies(COSTS)
+    rows = replay_all(traces, COSTS, policies, seeds=3, overhead=0.0, noise=0.0)
+    summary = summarize(rows)
+    assert summary[("code", 0.0, "heuristic")] < summary[("code", 0.0, "plain")]  # all drafts accepted: drafting pays
+    lines = report(summary, list(policies))
+    assert len(lines) == 4 and lines[2].startswith("| code | 0.0 |")
