@@ -4,8 +4,9 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
 
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
   draft's acceptance is predicted from the assistant's confidence in it (the max of its distribution),
-  calibrated online per confidence bin (each bin starts from the confidence itself, worth one judged draft:
-  for the Qwen pair the acceptance per bin is the confidence or a little above it); tokens not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
+  calibrated online per confidence bin (each bin starts from what earlier calls on the pair with the same
+  sampling learned, or else from the confidence itself, worth one judged draft; for the Qwen pair the
+  acceptance per bin is the confidence or a little above it); tokens not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
   (optimistic: an unsure token in code is often followed by sure ones, and a draft that turns out unsure
   costs one assistant forward: it is dropped unverified). A step drafts at most a window of twice the
   previous drafting step's accepted run (k0 at a call's start), as TCP's slow start sizes its bets: the
@@ -153,7 +154,7 @@ class AutoConfig:
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
     min_drafting_steps: int = 2  # timed drafting steps of a call before plain decoding can win
     probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
-    optimism: float = 1.0  # standard deviations above the calibration's mean where a cut would verify nothing
+    optimism: float = 0.5  # standard deviations above the calibration's mean where a cut would verify nothing
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,9 @@ class Auto:
         Decays, priors, k_max and probing.
     costs : CostTable, optional
         Costs measured by earlier calls on the same model pair and device (`assisted.costs.recall`).
+    calibration : Calibration, optional
+        Acceptance per confidence bin learned by earlier calls on the pair with the same sampling
+        (`assisted.costs.recall_calibration`); each bin starts from the confidence itself otherwise.
 
     Notes
     -----
@@ -304,9 +308,10 @@ class Auto:
     whether to go on and how many drafts to verify. The module docstring gives the model.
     """
 
-    def __init__(self, k: int, config: AutoConfig | None = None, costs: CostTable | None = None):
+    def __init__(self, k: int, config: AutoConfig | None = None, costs: CostTable | None = None,
+                 calibration: Calibration | None = None):
         self.config = config or AutoConfig()
-        self.state = AutoState(k0=k, costs=costs or CostTable())
+        self.state = AutoState(k0=k, costs=costs or CostTable(), calibration=calibration or Calibration())
         self._refresh()
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None,
@@ -328,6 +333,9 @@ class Auto:
 
     def learned(self) -> CostTable:
         return self.state.costs
+
+    def calibration(self) -> Calibration:
+        return self.state.calibration
 
     def _refresh(self) -> None:
         self.k = choose(self.state, self.config)

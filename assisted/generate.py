@@ -13,7 +13,7 @@ import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.cache import crop_to, forward, new_cache, output_device
-from assisted.costs import StepCost, memorize, recall
+from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
 from assisted.policy import Policy, make_policy
 from assisted.result import GenerationResult, Recorder, StopReason
@@ -84,7 +84,8 @@ def generate(
         "auto": drafts (up to 20) are cut after each token where the expected time saved over plain
         decoding is largest, from measured costs and the assistant's confidence in each token (calibrated
         online), and plain decoding (k = 0) takes over while it is measured faster (see
-        `assisted.auto`). The costs are kept per model pair for later calls (`assisted.costs.forget`).
+        `assisted.auto`). The costs are kept per model pair for later calls, and the confidence calibration
+        per pair and sampling setting (`assisted.costs.forget` clears both).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
     prompt_lookup : bool
@@ -113,10 +114,11 @@ def generate(
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
     lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup)
-    policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model))
+    policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model),
+                         recall_calibration(model, assistant_model, opts.warp))
     with torch.inference_mode():
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
-    memorize(model, assistant_model, policy.learned())
+    memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, stop)
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from assisted.auto import Auto, AutoConfig, Estimates
+from assisted.auto import Auto, AutoConfig, Calibration, Estimates
 from assisted.costs import CostTable, StepCost
 
 __all__ = ["SCHEDULES", "Auto", "AutoConfig", "Constant", "Estimates", "Heuristic", "Policy", "StepCost",
@@ -35,6 +35,10 @@ class Policy(Protocol):
 
     def learned(self) -> CostTable | None:
         """The costs the next call on the same model pair should start from; None for the others."""
+
+    def calibration(self) -> Calibration | None:
+        """What the next call on the pair with the same sampling should start its acceptance model from; None
+        for the others."""
 
 
 class Constant:
@@ -60,6 +64,9 @@ class Constant:
     def learned(self) -> None:
         return None
 
+    def calibration(self) -> None:
+        return None
+
 
 class Heuristic(Constant):
     """transformers' original assisted generation: +2 when every draft was accepted, else -1 (min 1).
@@ -76,6 +83,8 @@ class Heuristic(Constant):
 SCHEDULES = {"constant": Constant, "heuristic": Heuristic, "auto": Auto}
 
 
-def make_policy(schedule: str, k: int, costs: CostTable | None = None) -> Policy:
-    """The policy named `schedule` (one of SCHEDULES), starting at `k`; `auto` also from a pair's measured `costs`."""
-    return Auto(k, costs=costs) if schedule == "auto" else SCHEDULES[schedule](k)
+def make_policy(schedule: str, k: int, costs: CostTable | None = None, calibration: Calibration | None = None
+                ) -> Policy:
+    """The policy named `schedule` (one of SCHEDULES), starting at `k`; `auto` also from a pair's measured `costs`
+    and the `calibration` of its earlier calls with the same sampling."""
+    return Auto(k, costs=costs, calibration=calibration) if schedule == "auto" else SCHEDULES[schedule](k)

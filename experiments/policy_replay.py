@@ -30,6 +30,7 @@ stopping a draft after a token the assistant is less than 0.4 sure of (transform
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import math
@@ -44,6 +45,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from assisted.auto import Auto, AutoConfig  # noqa: E402
@@ -95,13 +97,27 @@ class ConfidenceStop:
         return len(confidence) if confidence[-1] < self.threshold else None
 
 
+class Remembering:
+    """Makes `Auto` policies as `generate` does in one process: each starts from the costs of a warmed process
+    and the calibration the last call at the same temperature ended with (`assisted.costs.recall_calibration`)."""
+
+    def __init__(self, costs: Costs, config: AutoConfig | None = None):
+        self.costs, self.config, self.last = costs.table(), config, {}
+
+    def __call__(self, trace: Trace) -> Auto:
+        earlier = self.last.get(trace.temperature)
+        policy = Auto(5, self.config, self.costs, None if earlier is None else earlier.calibration())
+        self.last[trace.temperature] = policy  # replayed next: its calibration is final when the next call asks
+        return policy
+
+
 def make_policies(costs: Costs, config: AutoConfig | None = None) -> dict:
-    """name -> factory of a fresh policy (auto starts from the costs a warmed process would remember)."""
-    return {"plain": lambda: Constant(0),
-            "heuristic": lambda: Heuristic(5),
-            "auto": lambda: Auto(5, config, costs.table()),
-            "constant-20": lambda: ConfidenceStop(Constant(20)),
-            "heuristic-5": lambda: ConfidenceStop(Heuristic(5))}
+    """name -> factory of a fresh policy for a trace."""
+    return {"plain": lambda _: Constant(0),
+            "heuristic": lambda _: Heuristic(5),
+            "auto": Remembering(costs, config),
+            "constant-20": lambda _: ConfidenceStop(Constant(20)),
+            "heuristic-5": lambda _: ConfidenceStop(Heuristic(5))}
 
 
 def replay(policy: Policy, trace: Trace, costs: Costs, uniforms: list[float], sampling: bool, overhead: float = 0.0,
@@ -143,7 +159,7 @@ def replay_all(traces: list[Trace], costs: Costs, policies: dict, seeds: int, ov
             draws = random.Random(key)
             uniforms = [draws.random() for _ in trace.acceptance]
             for name, make in policies.items():
-                tokens, seconds, forwards = replay(make(), trace, costs, uniforms, trace.temperature > 0, overhead,
+                tokens, seconds, forwards = replay(make(trace), trace, costs, uniforms, trace.temperature > 0, overhead,
                                                    noise, random.Random(key + 1))
                 rows.append({"class": trace.cls, "prompt": trace.prompt, "temperature": trace.temperature,
                              "path": trace.path, "seed": seed, "policy": name, "per_token": seconds / tokens,
@@ -248,7 +264,8 @@ def collect(args) -> int:
                                    max_new_tokens=args.max_new_tokens, do_sample=t > 0,
                                    temperature=t if t > 0 else 1.0, seed=2000 + path)
                     acceptance, confidence = trace_of(model, assistant, caches, ids, list(out.token_ids), t)
-                    traces.append(Trace(p["class"], p["name"], t, path, tuple(acceptance), tuple(confidence)))
+                    traces.append(Trace(p["class"], p["name"], t, path, tuple(round(a, 4) for a in acceptance),
+                                        tuple(round(c, 4) for c in confidence)))
                     print(f"{p['name']} T{t} path {path}: {len(acceptance)} tokens, "
                           f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -260,11 +277,29 @@ def collect(args) -> int:
     return 0
 
 
-def load_traces(path: Path) -> tuple[Costs, list[Trace]]:
+def costs_from_timings(path: Path, layout: str, draft: float, n_max: int) -> Costs:
+    """Target costs from an `experiments.forward_cost` timings.csv (median per n of `layout`, interpolated,
+    past the largest n extended at the last slope) and the assistant's seconds per token."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["layout"] == layout]
+    if not rows:
+        raise ValueError(f"{path} has no timings of layout {layout!r}")
+    by_n: dict = {}
+    for r in rows:
+        by_n.setdefault(int(r["n"]), []).append(float(r["seconds"]))
+    xs = sorted(by_n)
+    ys = [statistics.median(by_n[n]) for n in xs]
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    target = [0.0] + [float(np.interp(n, xs, ys)) + slope * max(n - xs[-1], 0) for n in range(1, n_max + 1)]
+    return Costs(tuple(target), draft)
+
+
+def load_traces(path: Path) -> tuple[Costs, list[Trace], dict]:
+    """The costs timed at collection, the traces, and the whole file (command, date, machine)."""
     data = json.loads(Path(path).read_text())
     costs = Costs(tuple(data["costs"]["target"]), data["costs"]["draft"])
     return costs, [Trace(**{**t, "acceptance": tuple(t["acceptance"]), "confidence": tuple(t["confidence"])})
-                   for t in data["traces"]]
+                   for t in data["traces"]], data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,25 +319,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=50, help="replays per sampled text (acceptance draws)")
     p.add_argument("--overhead", type=float, default=0.002, help="seconds of loop overhead per step")
     p.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of each step's timing")
+    p.add_argument("--timings", type=Path, default=None,
+                   help="replay at the target costs of this experiments.forward_cost timings.csv instead of the "
+                        "costs timed when the traces were collected")
+    p.add_argument("--layout", default="prepacked", help="the timings' layout to replay (dense or prepacked)")
+    p.add_argument("--report", default="README.md", help="file name of the report written to --out")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.mode == "collect":
         return collect(args)
-    costs, traces = load_traces(args.out / "traces.json")
-    collected = json.loads((args.out / "traces.json").read_text())
+    return replay_report(args, "python -m experiments.policy_replay " + " ".join(argv or sys.argv[1:]))
+
+
+def replay_report(args, command: str) -> int:
+    costs, traces, collected = load_traces(args.out / "traces.json")
+    if args.timings:
+        costs = costs_from_timings(args.timings, args.layout, costs.draft, len(costs.target) - 1)
     policies = make_policies(costs)
     rows = replay_all(traces, costs, policies, args.seeds, args.overhead, args.noise)
-    lines = [f"# Policy replay {args.out.name}", "", f"- command: `python -m experiments.policy_replay {' '.join(argv or sys.argv[1:])}`",
+    timed = ", ".join(f"{costs.target[n]:.3f}" for n in (1, 2, 4, 8, 16))
+    lines = [f"# Policy replay {args.out.name}", "", f"- command: `{command}`",
              f"- traces: `{collected['command']}` on {collected['date']}", *collected["machine"],
-             f"- {len(traces)} texts; target seconds over n = 1, 2, 4, 8, 16 tokens: "
-             + ", ".join(f"{costs.target[n]:.3f}" for n in (1, 2, 4, 8, 16)) + f"; assistant token {costs.draft:.3f}",
+             f"- {len(traces)} texts; target seconds over n = 1, 2, 4, 8, 16 tokens: {timed}; "
+             f"assistant token {costs.draft:.3f} s; {args.seeds} draws per sampled text",
              "", "Speedup over plain decoding (mean seconds per token over texts and draws; every policy replays the "
              "same texts with the same draws):", "", *report(summarize(rows), list(policies)), ""]
-    (args.out / "README.md").write_text("\n".join(lines))
+    (args.out / args.report).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,8 @@ from pydantic import BaseModel, Field
 import fsm
 from assisted import generate
 from assisted.cache import cache_argument
-from assisted.costs import forget, recall
+from assisted.costs import forget, recall, recall_calibration
+from assisted.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
 
@@ -195,6 +196,9 @@ class Scripted:
     def learned(self):
         return None
 
+    def calibration(self):
+        return None
+
 
 @pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
@@ -202,7 +206,7 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
     ref = generate(models["llama"], **kw)
     policy = Scripted([2, 0, 0, 3, 0, 1, 0])
-    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda schedule, k, costs: policy)
+    monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda *args: policy)
     out = generate(models["llama"], models["llama-other"], **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     steps = out.stats.steps
@@ -262,6 +266,26 @@ def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
         assert recall(target, helper) is None  # timings on other threads (or device, dtype) do not carry
     forget()
     assert recall(target, helper) is None
+
+
+def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, models):
+    target, helper = models["llama"], models["llama"]  # drafting for itself: every draft is accepted
+    kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
+    forget()
+    greedy = generate(target, helper, **kw)
+    learned = recall_calibration(target, helper, Warp())
+    assert learned is not None and sum(learned.judged) > 0  # the drafts the target judged, per confidence bin
+    assert learned == greedy.stats.estimates.calibration
+    assert recall_calibration(target, helper, Warp(do_sample=True, temperature=0.7)) is None  # other sampling
+    sampled = generate(target, helper, do_sample=True, temperature=0.7, seed=0, **kw)
+    assert recall_calibration(target, helper, Warp()) == learned  # each setting keeps its own
+    assert recall_calibration(target, helper, Warp(do_sample=True, temperature=0.7)) == sampled.stats.estimates.calibration
+    second = generate(target, helper, **kw)
+    assert second.token_ids == greedy.token_ids  # still lossless
+    # it started from the first call's counts: a fresh start ends with at most the drafts it judged itself
+    assert sum(second.stats.estimates.calibration.judged) > second.stats.drafted_by_source["assistant"] + 1
+    forget()
+    assert recall_calibration(target, helper, Warp()) is None
 
 
 def test_heuristic_and_constant_report_no_estimates(tok, models):

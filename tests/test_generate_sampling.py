@@ -116,6 +116,9 @@ class CutAtUnsure:
     def learned(self):
         return None
 
+    def calibration(self):
+        return None
+
 
 @pytest.mark.parametrize("drafter", ["itself", "bad-assistant"])
 def test_cutting_drafts_by_confidence_keeps_the_distribution(setup, monkeypatch, drafter):

@@ -74,3 +74,12 @@ def test_report_compares_auto_with_the_best_other_policy_per_cell():
     assert summary[("code", 0.0, "heuristic")] < summary[("code", 0.0, "plain")]  # all drafts accepted: drafting pays
     lines = report(summary, list(policies))
     assert len(lines) == 4 and lines[2].startswith("| code | 0.0 |")
+
+
+def test_auto_replays_start_from_the_calibration_of_the_last_call_at_the_same_temperature():
+    remembering = make_policies(COSTS)["auto"]
+    first = remembering(trace([1.0] * 30, temperature=0.6))
+    replay(first, trace([1.0] * 30, temperature=0.6), COSTS, [0.5] * 30, sampling=True)
+    assert sum(first.calibration().judged) > 0
+    assert remembering(trace([1.0] * 30, temperature=0.6)).calibration() == first.calibration()
+    assert sum(remembering(trace([1.0] * 30)).calibration().judged) == 0  # greedy: nothing learned yet
