@@ -99,15 +99,19 @@ class ConfidenceStop:
 
 class Remembering:
     """Makes `Auto` policies as `generate` does in one process: each starts from the costs of a warmed process
-    and the calibration the last call at the same temperature ended with (`assisted.costs.recall_calibration`)."""
+    and the calibration (`assisted.costs.recall_calibration`) that the latest call at the same temperature on
+    another prompt ended with: replays of one text never learn from each other."""
 
     def __init__(self, costs: Costs, config: AutoConfig | None = None):
-        self.costs, self.config, self.last = costs.table(), config, {}
+        self.costs, self.config, self.last = costs.table(), config, {}  # temperature -> {prompt: latest policy}
 
     def __call__(self, trace: Trace) -> Auto:
-        earlier = self.last.get(trace.temperature)
+        others = {p: policy for p, policy in self.last.get(trace.temperature, {}).items() if p != trace.prompt}
+        earlier = list(others.values())[-1] if others else None
         policy = Auto(5, self.config, self.costs, None if earlier is None else earlier.calibration())
-        self.last[trace.temperature] = policy  # replayed next: its calibration is final when the next call asks
+        latest = self.last.setdefault(trace.temperature, {})
+        latest.pop(trace.prompt, None)
+        latest[trace.prompt] = policy  # replayed next: its calibration is final when a later call asks
         return policy
 
 

@@ -76,10 +76,15 @@ def test_report_compares_auto_with_the_best_other_policy_per_cell():
     assert len(lines) == 4 and lines[2].startswith("| code | 0.0 |")
 
 
-def test_auto_replays_start_from_the_calibration_of_the_last_call_at_the_same_temperature():
+def test_auto_replays_start_from_the_calibration_of_the_latest_call_on_another_prompt_at_the_same_temperature():
     remembering = make_policies(COSTS)["auto"]
-    first = remembering(trace([1.0] * 30, temperature=0.6))
-    replay(first, trace([1.0] * 30, temperature=0.6), COSTS, [0.5] * 30, sampling=True)
+    story = Trace("prose", "story", 0.6, 0, (1.0,) * 30, (0.9,) * 30)
+    first = remembering(story)
+    replay(first, story, COSTS, [0.5] * 30, sampling=True)
     assert sum(first.calibration().judged) > 0
-    assert remembering(trace([1.0] * 30, temperature=0.6)).calibration() == first.calibration()
+    again = remembering(story)
+    assert sum(again.calibration().judged) == 0  # the same text: nothing carried
+    replay(again, story, COSTS, [0.5] * 30, sampling=True)
+    essay = Trace("prose", "essay", 0.6, 0, (1.0,) * 30, (0.9,) * 30)
+    assert remembering(essay).calibration() == again.calibration()  # the latest call on another prompt
     assert sum(remembering(trace([1.0] * 30)).calibration().judged) == 0  # greedy: nothing learned yet
