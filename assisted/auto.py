@@ -6,9 +6,11 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
   draft's acceptance is predicted from the assistant's confidence in it (the max of its distribution),
   calibrated online per confidence bin (each bin starts from what earlier calls on the pair with the same
   sampling learned, or else from the confidence itself, worth one judged draft; for the Qwen pair the
-  acceptance per bin is the confidence or a little above it); tokens not drafted yet are predicted to be accepted as often as the latest one or as the mean, whichever is higher
-  (optimistic: an unsure token in code is often followed by sure ones, and a draft that turns out unsure
-  costs one assistant forward: it is dropped unverified). A step drafts at most a window of twice the
+  acceptance per bin is the confidence or a little above it); tokens not drafted yet are predicted to be
+  accepted as often as the latest one or as the mean, whichever is higher (optimistic: an unsure token in
+  code is often followed by sure ones, and a draft that turns out unsure costs one assistant forward: it is
+  dropped unverified). Choices between policies like these were measured with `experiments.policy_replay`
+  (recorded acceptance traces, no timing noise). A step drafts at most a window of twice the
   previous drafting step's accepted run (k0 at a call's start), as TCP's slow start sizes its bets: the
   calibration learns only from verified drafts, and early in a call (or where the assistant is sure but
   the target is not: prose, high temperatures) one uncut 20-token draft costs several plain steps.

@@ -8,8 +8,9 @@ A sampled cell of the speedup experiment is one sample per prompt and system, an
 (a lucky text is accepted at 0.9, an unlucky one at 0.3), so cells move by 30% between runs and a policy
 change of 5% is invisible. Here the text and the costs are fixed and only the policy varies.
 
-`collect` samples texts from the target alone (`--paths` per prompt and sampled temperature; greedy has one),
-then runs each model once over prompt + text and records per position t:
+`collect` samples the target's texts (`--paths` per prompt and sampled temperature; greedy has one; written
+with the assistant's help, which is lossless: the same texts, faster), then runs each model once over
+prompt + text and records per position t:
   acceptance[t]  the chance that the assistant's draft at t is accepted: sum_x min(p_t(x), q_t(x)) when
                  sampling (speculative sampling), 1 if the argmaxes agree else 0 when greedy;
   confidence[t]  the assistant's confidence there, as `AssistantDrafter` computes it (max of q at T = 1).
@@ -22,6 +23,9 @@ rejection, and the step costs target(verified + 1) + drafted * assistant + `--ov
 noise of `--noise`. Greedy replays are exact up to the drafts after a rejection (they follow the text
 here, the assistant's own continuation in a real run; they are never judged either way). Sampled replays
 draw acceptance independently per position: a draft's acceptance and the text after it are not coupled.
+`--timings` replays at the costs of an `experiments.forward_cost` table instead (another machine, or the
+same one in another state). `auto` starts each call from the costs of a warmed process and the calibration
+of the latest call at the same temperature on another prompt, as `generate` would in one process.
 Besides our policies, two stand-ins for transformers' schedules run in the same model of time (they are
 not transformers' code, whose per-step overhead is larger): "constant-20" and "heuristic-5", each
 stopping a draft after a token the assistant is less than 0.4 sure of (transformers' defaults).
