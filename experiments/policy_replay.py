@@ -241,22 +241,15 @@ def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -
 
 
 def collect(args) -> int:
-    from assisted import generate, pack_linear_weights
-    from experiments.models import NotPreparedError, load, load_assistant
-    from experiments.speedup import _chat_ids, load_prompts
-    from experiments.tasks import set_eos
-    try:
-        model, tokenizer = load(args.target)
-        assistant = load_assistant(args.assistant, model, int8=args.assistant_int8)
-        if args.packed_target:
-            pack_linear_weights(model)
-    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    set_eos(tokenizer, model, assistant)
-    prompts = load_prompts(args.prompts, args.per_class)
-    traces = []
+    from assisted import generate
     from assisted.cache import forward, new_cache
+    from experiments.speedup import _chat_ids, load_prompts
+    from experiments.tasks import load_pair
+    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)
+    if loaded is None:
+        return 1
+    model, tokenizer, assistant = loaded
+    prompts, traces = load_prompts(args.prompts, args.per_class), []
     with torch.inference_mode():
         costs = time_costs(model, assistant, _chat_ids(tokenizer, prompts[0]), AutoConfig().k_max + 1)
         torch.set_num_threads(os.cpu_count() or 1)  # the texts and traces need no timing

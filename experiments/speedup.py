@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
-from experiments.tasks import assistant_label, count_forwards, set_eos, write_rows  # noqa: E402
+from experiments.tasks import assistant_label, count_forwards, load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -280,17 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         write(rows, summarize(rows), args, out, command)
         print(f"rewrote {out}/README.md and plots")
         return 0
-    from assisted.packing import pack_linear_weights
-    from experiments.models import NotPreparedError, load, load_assistant
-    try:
-        model, tokenizer = load(args.target, dtype=args.dtype, device=args.device)
-        assistant = load_assistant(args.assistant, model, int8=args.assistant_int8, dtype=args.dtype, device=args.device)
-        if args.packed_target:
-            pack_linear_weights(model)
-    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8,
+                       packed=args.packed_target, dtype=args.dtype, device=args.device)
+    if loaded is None:
         return 1
-    set_eos(tokenizer, model, assistant)
+    model, tokenizer, assistant = loaded
     rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, args.per_class))
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")

@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments.tasks import (  # noqa: E402
-    MODES, STRUCTURED_TASKS, assistant_label, extract_json, run_mode, set_eos, validate, write_rows)
+    MODES, STRUCTURED_TASKS, assistant_label, extract_json, load_pair, run_mode, validate, write_rows)
 from experiments.machine import machine_lines  # noqa: E402
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
@@ -125,17 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from assisted.packing import pack_linear_weights
-    from experiments.models import NotPreparedError, load, load_assistant
-    try:
-        model, tokenizer = load(args.target)
-        assistant = load_assistant(args.assistant, model, int8=args.assistant_int8) if args.assistant else None
-        if args.packed_target:
-            pack_linear_weights(model)
-    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)
+    if loaded is None:
         return 1
-    set_eos(tokenizer, model, assistant)
+    model, tokenizer, assistant = loaded
     tasks = [t for t in STRUCTURED_TASKS if args.tasks is None or t.name in args.tasks]
     rows = run(model, tokenizer, assistant, tasks, args.repeats, args.max_new_tokens, schedule=args.schedule)
     name = args.target.replace("/", "_") + (f"+{args.assistant}" if args.assistant else "")

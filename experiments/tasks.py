@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -135,6 +136,25 @@ def set_eos(tokenizer, *models) -> list[int]:
             if model.generation_config.pad_token_id is None:
                 model.generation_config.pad_token_id = ids[0]
     return ids
+
+
+def load_pair(target: str, assistant: str | None = None, *, int8: bool = False, packed: bool = False,
+              **load_options) -> tuple | None:
+    """(target, tokenizer, assistant or None) as the experiments run them: the assistant as an int8 copy if
+    asked, the target's Linear weights packed if asked (`assisted.packing`), both stopping on the same EOS
+    set; None, after printing why to stderr, when a model is not prepared or cannot be loaded or packed."""
+    from assisted.packing import pack_linear_weights
+    from experiments.models import NotPreparedError, load, load_assistant
+    try:
+        model, tokenizer = load(target, **load_options)
+        helper = None if assistant is None else load_assistant(assistant, model, int8=int8, **load_options)
+        if packed:
+            pack_linear_weights(model)
+    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+    set_eos(tokenizer, model, helper)
+    return model, tokenizer, helper
 
 
 # ---------------------------------------------------------------- timed runs
