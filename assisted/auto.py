@@ -214,7 +214,8 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
         return replace(new, idle=state.idle + 1)
-    new = replace(new, window=2 * (accepted + 1))
+    if drafted:  # a step whose cut verified nothing says nothing about the run the target would accept
+        new = replace(new, window=2 * (accepted + 1))
     if not timed:
         return replace(new, idle=0)
     est = estimate(new, cfg)

@@ -292,3 +292,14 @@ def test_an_early_confident_miss_does_not_stop_drafting_for_the_rest_of_the_call
         trace = run(Auto(5, costs=earlier.learned()), seed)
         stuck += [seed] if sum(v for _, v in trace[20:]) < 20 else []
     assert not stuck
+
+
+def test_a_step_whose_cut_verified_nothing_keeps_the_window():
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(8, 0.2, 0.9).with_draft(0.01, 0.9)
+    policy = Auto(5, costs=costs)
+    policy.update(6, 6, StepCost(7, 0.2, 6, 0.06), (0.99,) * 6)
+    assert policy.state.window == 14
+    policy.update(0, 0, StepCost(1, 0.1, 1, 0.01), ())  # one unsure draft, dropped unverified
+    assert policy.state.window == 14
+    policy.update(3, 1, StepCost(4, 0.15, 3, 0.03), (0.99,) * 3)  # judged: rejected at the second draft
+    assert policy.state.window == 4
