@@ -110,10 +110,9 @@ class Remembering:
         self.costs, self.config, self.last = costs.table(), config, {}  # temperature -> {prompt: latest policy}
 
     def __call__(self, trace: Trace) -> Auto:
-        others = {p: policy for p, policy in self.last.get(trace.temperature, {}).items() if p != trace.prompt}
-        earlier = list(others.values())[-1] if others else None
+        latest = self.last.setdefault(trace.temperature, {})  # insertion order: the latest call per prompt last
+        earlier = next((p for name, p in reversed(latest.items()) if name != trace.prompt), None)
         policy = Auto(5, self.config, self.costs, None if earlier is None else earlier.calibration())
-        latest = self.last.setdefault(trace.temperature, {})
         latest.pop(trace.prompt, None)
         latest[trace.prompt] = policy  # replayed next: its calibration is final when a later call asks
         return policy
@@ -230,13 +229,12 @@ def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -
         crop_to(cache, len(ids))
         return seconds
 
-    caches = {}
-    for name, m in (("target", model), ("assistant", assistant)):
-        caches[name] = new_cache()
-        forward(m, caches[name], ids, 1)
-    target = [0.0] + [statistics.median(timed(model, caches["target"], ids[:n]) for _ in range(repeats))
+    target_cache, assistant_cache = new_cache(), new_cache()
+    forward(model, target_cache, ids, 1)
+    forward(assistant, assistant_cache, ids, 1)
+    target = [0.0] + [statistics.median(timed(model, target_cache, ids[:n]) for _ in range(repeats))
                       for n in range(1, n_max + 1)]
-    draft = statistics.median(timed(assistant, caches["assistant"], ids[:1]) for _ in range(5 * repeats))
+    draft = statistics.median(timed(assistant, assistant_cache, ids[:1]) for _ in range(5 * repeats))
     return Costs(tuple(target), draft)
 
 
@@ -271,7 +269,7 @@ def collect(args) -> int:
                           f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     from experiments.machine import machine_lines
-    (args.out / "traces.json").write_text(json.dumps({"costs": asdict(costs), "command": " ".join(sys.argv),
+    (args.out / "traces.json").write_text(json.dumps({"costs": asdict(costs), "command": "python -m experiments.policy_replay " + " ".join(sys.argv[1:]),
                                                       "date": str(datetime.date.today()), "machine": machine_lines(),
                                                       "traces": [asdict(t) for t in traces]}))
     print(f"wrote {args.out / 'traces.json'}")

@@ -36,7 +36,8 @@ def test_a_rejected_position_ends_the_step_and_the_target_writes_that_token():
 
 def test_the_same_uniforms_give_every_policy_the_same_luck_at_each_position():
     acceptance = [0.5] * 30
-    uniforms = [random.Random(1).random() for _ in range(30)]
+    draws = random.Random(1)
+    uniforms = [draws.random() for _ in range(30)]
     lucky = [u < 0.5 for u in uniforms]
     _, _, forwards = replay(Constant(1), trace(acceptance, temperature=0.6), COSTS, uniforms, sampling=True)
     # k = 1 from every position: a step commits 2 tokens exactly when its position is lucky
