@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--num-assistant-tokens", type=int, default=5, help="ours: starting k")
+    p.add_argument("--seed", type=int, default=1000,
+                   help="repeat r samples with seed + r, the same for every system (another seed: other texts)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed first generation of each system (ours-auto then warms up in the first cell)")
     p.add_argument("--out", type=Path, default=None)
@@ -154,7 +156,7 @@ def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -
         ids = _chat_ids(tokenizer, p)
         order = SYSTEMS[i % len(SYSTEMS):] + SYSTEMS[: i % len(SYSTEMS)]
         for system in order:
-            res = run_one(system, model, assistant, tokenizer, ids, t, 1000 + r, args.max_new_tokens,
+            res = run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
                           args.num_assistant_tokens, defaults)
             rows.append({"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system, **res})
             bar.update(1)
