@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
+from experiments.stats import paired_ratio  # noqa: E402
 from experiments.tasks import assistant_label, count_forwards, load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
@@ -240,7 +241,7 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> Non
               "per token / x's (> 1: x faster). hf acceptance is estimated as "
               "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
               "over steps (ours-auto: its window, at most 20, while drafting, each draft cut by its confidences; 0 for "
-              "plain decoding).", "",
+              "plain decoding).", "", *_against_table(rows, summary), "",
               "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
 
@@ -258,6 +259,33 @@ def _table_row(c: str, t: float, g: dict) -> str:
              + [f"{g[s]['tokens_per_forward']:.2f}" for s in SYSTEMS[1:]]
              + [f"{g[s]['acceptance_rate']:.2f}" for s in SYSTEMS[1:]] + [f"{g[o]['mean_k']:.1f}" for o in OURS])
     return "| " + " | ".join(cells) + " |"
+
+
+def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -> list[str]:
+    """Markdown: `system` against each other system per cell, paired per (prompt, repeat) unit, with intervals."""
+    others = [s for s in SYSTEMS if s != system]
+    drafting = [s for s in others if s != "target"]
+    cells: dict = {}  # (class, T) -> (prompt, repeat) -> {system: seconds per token}
+    for r in rows:
+        cells.setdefault((r["class"], r["temperature"]), {}).setdefault((r["prompt"], r["repeat"]), {})[r["system"]] = _per_token(r)
+    lines = [f"{system} paired with each system: geometric mean over the cell's (prompt, repeat) units of the other's "
+             f"seconds per token / {system}'s (> 1: {system} faster), with a 90% t-interval. 'best other' is the "
+             "drafting system with the lowest median in the cell.", "",
+             "| class | T | units | " + " | ".join(others) + " | best other |", "|---" * (len(others) + 4) + "|"]
+    verdicts, pooled = [], []
+    for (c, t), units in sorted(cells.items()):
+        best = min(drafting, key=lambda s: summary[(c, t, s)]["per_token"])
+        pairs = {s: [(u[s], u[system]) for u in units.values()] for s in others}
+        spans = [paired_ratio(pairs[s]) for s in others]
+        r, lo, hi = paired_ratio(pairs[best])
+        verdicts.append(1 if lo > 1 else -1 if hi < 1 else 0)
+        pooled += pairs[best]
+        lines.append(f"| {c} | {t} | {len(units)} | " + " | ".join(f"{x:.2f} [{a:.2f}, {b:.2f}]" for x, a, b in spans)
+                     + f" | {best} {r:.2f} [{lo:.2f}, {hi:.2f}] |")
+    r, lo, hi = paired_ratio(pooled)
+    return lines + ["", f"Against the best other drafting system, {system}'s interval lies above 1 in {verdicts.count(1)} "
+                        f"of {len(cells)} cells and below 1 in {verdicts.count(-1)}; over all {len(pooled)} units: "
+                        f"{r:.2f} [{lo:.2f}, {hi:.2f}]."]
 
 
 def read_rows(path: Path) -> list[dict]:

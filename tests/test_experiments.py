@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import math
 
 import pytest
 
 from experiments import demo, forward_cost, speedup, structured
+from experiments.stats import paired_ratio
 from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
 from tests.helpers_models import threads, tiny_llama
 
@@ -62,10 +64,23 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"results.csv", "greedy.png", "sampling.png", "README.md"}
     (tmp_path / "out" / "README.md").unlink()
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0  # rebuilt from results.csv alone
-    assert "ours-auto/target" in (tmp_path / "out" / "README.md").read_text()
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "ours-auto/target" in readme and "| best other |" in readme
     back = speedup.read_rows(tmp_path / "out" / "results.csv")
     assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [(r["system"], r["new_tokens"], r["repeat"]) for r in rows]
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
+
+
+def test_paired_ratio_is_a_geometric_mean_with_a_student_t_interval():
+    assert paired_ratio([(2.0, 1.0), (4.0, 2.0), (1.0, 0.5)]) == pytest.approx((2.0, 2.0, 2.0))  # no spread
+    ratio, low, high = paired_ratio([(2.0, 1.0), (1.0, 1.0)])  # log ratios 0 and log 2: t with 1 dof, 6.314
+    half = 6.3138 * math.log(2) / 2  # t * sd / sqrt(n), sd = log 2 / sqrt(2)
+    assert (ratio, low, high) == pytest.approx((math.sqrt(2), math.sqrt(2) * math.exp(-half), math.sqrt(2) * math.exp(half)), rel=1e-4)
+    ratio, low, high = paired_ratio([(1.1, 1.0), (0.9, 1.0), (1.0, 1.0), (1.05, 1.0)])
+    assert low < 1.0 < high  # a difference within the spread is not called
+    assert math.isnan(paired_ratio([(3.0, 1.0)])[1])
+    with pytest.raises(ValueError, match="at least one pair"):
+        paired_ratio([])
 
 
 def test_structured_cell_end_to_end(tiny, tmp_path):
