@@ -221,16 +221,18 @@ def plot(summary: dict, out: Path) -> None:
     fig.tight_layout(), fig.savefig(out / "sampling.png", dpi=110), plt.close(fig)
 
 
-def write(rows: list[dict], summary: dict, args, out: Path, command: str) -> None:
+def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: list[str] | None = None) -> None:
+    """results.csv, the plots and README.md; `kept`: the README lines of the run's date, machine, commit and
+    versions when a report is rebuilt (else this process's)."""
     import transformers
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
-    lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", f"- date: {datetime.date.today()}",
-             *machine_lines(),
-             f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
-             f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
-             f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}",
+    run = [f"- date: {datetime.date.today()}", *machine_lines(),
+           f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
+           f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
+           f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}"]
+    lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", *(kept or run),
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
              _table_header()]
@@ -291,6 +293,15 @@ def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -
                         f"{len(pooled['best other'])} units: {overall}."]
 
 
+def _run_lines(readme: Path) -> list[str] | None:
+    """An earlier README's lines on its run (date, machine, commit, versions: its first list without the
+    command), so a rebuilt report names the code that ran (None: no README)."""
+    if not readme.exists():
+        return None
+    header = readme.read_text().split("\n\n")[1].splitlines()  # title, blank, then the run's list
+    return [line for line in header if not line.startswith("- command:")]
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of a results.csv written by `write`, with their types back."""
     def typed(key: str, value: str):
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         rows = read_rows(out / "results.csv")
         command = "python -m experiments.speedup " + " ".join(a for a in argv if a != "--report-only")
-        write(rows, summarize(rows), args, out, command)
+        write(rows, summarize(rows), args, out, command, _run_lines(out / "README.md"))
         print(f"rewrote {out}/README.md and plots")
         return 0
     loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8,

@@ -66,6 +66,9 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0  # rebuilt from results.csv alone
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "ours-auto/target" in readme and "| best other |" in readme
+    (tmp_path / "out" / "README.md").write_text(readme.replace("- code: commit", "- code: commit 1234567 was"))
+    assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0
+    assert "- code: commit 1234567 was" in (tmp_path / "out" / "README.md").read_text()  # the run's commit, kept
     back = speedup.read_rows(tmp_path / "out" / "results.csv")
     assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [(r["system"], r["new_tokens"], r["repeat"]) for r in rows]
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
