@@ -8,7 +8,10 @@ interval on the mean log ratio says whether a difference is larger than that.
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -36,3 +39,37 @@ def paired_ratio(pairs: list[tuple[float, float]], level: float = 0.9) -> tuple[
         return math.exp(mean), math.nan, math.nan
     half = stats.t.ppf((1 + level) / 2, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
+    """Markdown: `system` paired with each other system over the units of several speedup runs, by group."""
+    from experiments.speedup import SYSTEMS, _per_token, read_rows
+
+    units: dict = {}  # (run, class, T, prompt, repeat) -> {system: seconds per token}
+    for folder in folders:
+        for r in read_rows(folder / "results.csv"):
+            units.setdefault((folder.name, r["class"], r["temperature"], r["prompt"], r["repeat"]), {})[r["system"]] = _per_token(r)
+    others = [s for s in SYSTEMS if s != system]
+    classes, temperatures = sorted({k[1] for k in units}), sorted({k[2] for k in units})
+    groups = [("all", lambda k: True), *((c, lambda k, c=c: k[1] == c) for c in classes),
+              *((f"T = {t}", lambda k, t=t: k[2] == t) for t in temperatures)]
+    lines = ["| units | n | " + " | ".join(others) + " |", "|---" * (len(others) + 2) + "|"]
+    for name, member in groups:
+        chosen = [u for k, u in units.items() if member(k)]
+        cells = (paired_ratio([(u[s], u[system]) for u in chosen]) for s in others)
+        lines.append(f"| {name} | {len(chosen)} | " + " | ".join(f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.stats",
+                                description="ours-auto paired with each system over the units of speedup runs "
+                                            "(geometric mean of the other's seconds per token / ours-auto's, 90% t-interval)")
+    p.add_argument("runs", type=Path, nargs="+", help="speedup result folders (each with a results.csv)")
+    args = p.parse_args(argv)
+    print("\n".join(pooled_table(args.runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,10 +6,11 @@ import argparse
 import copy
 import csv
 import math
+import shutil
 
 import pytest
 
-from experiments import demo, forward_cost, speedup, structured
+from experiments import demo, forward_cost, speedup, stats, structured
 from experiments.stats import paired_ratio
 from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
 from tests.helpers_models import threads, tiny_llama
@@ -69,6 +70,9 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     (tmp_path / "out" / "README.md").write_text(readme.replace("- code: commit", "- code: commit 1234567 was"))
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0
     assert "- code: commit 1234567 was" in (tmp_path / "out" / "README.md").read_text()  # the run's commit, kept
+    shutil.copytree(tmp_path / "out", tmp_path / "again")
+    pooled = stats.pooled_table([tmp_path / "out", tmp_path / "again"])
+    assert pooled[2].startswith("| all | 8 |") and len(pooled) == 2 + 1 + 2 + 2  # all, 2 classes, 2 temperatures
     back = speedup.read_rows(tmp_path / "out" / "results.csv")
     assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [(r["system"], r["new_tokens"], r["repeat"]) for r in rows]
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
