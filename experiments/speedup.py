@@ -269,29 +269,37 @@ def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -
     others = [s for s in SYSTEMS if s != system]
     drafting = [s for s in others if s != "target"]
     cells: dict = {}  # (class, T) -> (prompt, repeat) -> {system: seconds per token}
-    for r in rows:
-        cells.setdefault((r["class"], r["temperature"]), {}).setdefault((r["prompt"], r["repeat"]), {})[r["system"]] = _per_token(r)
+    for (c, t, prompt, repeat), unit in units(rows).items():
+        cells.setdefault((c, t), {})[(prompt, repeat)] = unit
     lines = [f"{system} paired with each system: geometric mean over the cell's (prompt, repeat) units of the other's "
              f"seconds per token / {system}'s (> 1: {system} faster), with a 90% t-interval. 'best other' is the "
              "drafting system with the lowest median in the cell.", "",
              "| class | T | units | " + " | ".join(others) + " | best other |", "|---" * (len(others) + 4) + "|"]
     verdicts, pooled = [], {s: [] for s in [*others, "best other"]}
-    for (c, t), units in sorted(cells.items()):
+    for (c, t), cell in sorted(cells.items()):
         best = min(drafting, key=lambda s: summary[(c, t, s)]["per_token"])
-        pairs = {s: [(u[s], u[system]) for u in units.values()] for s in others}
+        pairs = {s: [(u[s], u[system]) for u in cell.values()] for s in others}
         spans = [paired_ratio(pairs[s]) for s in others]
         r, lo, hi = paired_ratio(pairs[best])
         verdicts.append(1 if lo > 1 else -1 if hi < 1 else 0)
         for s in others:
             pooled[s] += pairs[s]
         pooled["best other"] += pairs[best]
-        lines.append(f"| {c} | {t} | {len(units)} | " + " | ".join(f"{x:.2f} [{a:.2f}, {b:.2f}]" for x, a, b in spans)
+        lines.append(f"| {c} | {t} | {len(cell)} | " + " | ".join(f"{x:.2f} [{a:.2f}, {b:.2f}]" for x, a, b in spans)
                      + f" | {best} {r:.2f} [{lo:.2f}, {hi:.2f}] |")
     overall = ", ".join(f"{s} {r:.2f} [{lo:.2f}, {hi:.2f}]" for s, (r, lo, hi) in
                         ((s, paired_ratio(v)) for s, v in pooled.items()))
     return lines + ["", f"Against the best other drafting system, {system}'s interval lies above 1 in {verdicts.count(1)} "
                         f"of {len(cells)} cells and below 1 in {verdicts.count(-1)}. Over all "
                         f"{len(pooled['best other'])} units: {overall}."]
+
+
+def units(rows: list[dict]) -> dict:
+    """{(class, T, prompt, repeat): {system: seconds per token}}: the runs that can be paired."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["class"], r["temperature"], r["prompt"], r["repeat"]), {})[r["system"]] = _per_token(r)
+    return out
 
 
 def _run_lines(readme: Path) -> list[str] | None:

@@ -43,12 +43,10 @@ def paired_ratio(pairs: list[tuple[float, float]], level: float = 0.9) -> tuple[
 
 def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
     """Markdown: `system` paired with each other system over the units of several speedup runs, by group."""
-    from experiments.speedup import SYSTEMS, _per_token, read_rows
+    from experiments.speedup import SYSTEMS, read_rows, units as units_of
 
-    units: dict = {}  # (run, class, T, prompt, repeat) -> {system: seconds per token}
-    for folder in folders:
-        for r in read_rows(folder / "results.csv"):
-            units.setdefault((folder.name, r["class"], r["temperature"], r["prompt"], r["repeat"]), {})[r["system"]] = _per_token(r)
+    units = {(folder.name, *key): unit for folder in folders  # (run, class, T, prompt, repeat) -> {system: s/token}
+             for key, unit in units_of(read_rows(folder / "results.csv")).items()}
     others = [s for s in SYSTEMS if s != system]
     classes, temperatures = sorted({k[1] for k in units}), sorted({k[2] for k in units})
     groups = [("all", lambda k: True), *((c, lambda k, c=c: k[1] == c) for c in classes),
