@@ -348,5 +348,6 @@ def replay_report(args, command: str) -> int:
     print("\n".join(lines))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
