@@ -64,7 +64,7 @@ class Calibration:
         known = ~np.isnan(conf)
         if not known.any():
             return self
-        bins = _bins(conf[known])
+        bins = confidence_bins(conf[known])
         hits = (np.arange(len(conf)) < accepted)[known].astype(float)
         touched = np.bincount(bins, minlength=len(CONFIDENCE_BINS)) > 0
         fade = np.where(touched, decay, 1.0)
@@ -80,7 +80,7 @@ class Calibration:
         every later draft of that confidence unverified (and so never judged again).
         """
         known = ~np.isnan(confidence)
-        bins = _bins(np.where(known, confidence, 0.0))
+        bins = confidence_bins(np.where(known, confidence, 0.0))
         acc, judged = np.asarray(self.accepted)[bins], np.asarray(self.judged)[bins]
         evidence = judged + self.prior_weight
         mean = (acc + self.prior_weight * confidence) / evidence
@@ -88,7 +88,8 @@ class Calibration:
         return np.where(known, np.minimum(mean + optimism * spread, 1.0), np.nan)
 
 
-def _bins(confidence: np.ndarray) -> np.ndarray:
+def confidence_bins(confidence: np.ndarray) -> np.ndarray:
+    """(j,) index into CONFIDENCE_BINS of each of (j,) confidences."""
     return np.clip(np.searchsorted(CONFIDENCE_BINS, confidence, side="right") - 1, 0, len(CONFIDENCE_BINS) - 1)
 
 

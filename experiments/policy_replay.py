@@ -28,7 +28,10 @@ same one in another state). `auto` starts each call from the costs of a warmed p
 of the latest call at the same temperature on another prompt, as `generate` would in one process.
 Besides our policies, two stand-ins for transformers' schedules run in the same model of time (they are
 not transformers' code, whose per-step overhead is larger): "constant-20" and "heuristic-5", each
-stopping a draft after a token the assistant is less than 0.4 sure of (transformers' defaults).
+stopping a draft after a token the assistant is less than 0.4 sure of (transformers' defaults). Two references
+bracket them (`planned`, dynamic programming over each text): the "bound" knows every position's acceptance,
+and the "confidence plan" knows every position's confidence and the calibration over all texts at its
+temperature, which a causal policy learns only by drafting.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from assisted.auto import Auto, AutoConfig  # noqa: E402
+from assisted.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # noqa: E402
 from assisted.costs import CostTable, StepCost  # noqa: E402
 from assisted.policy import Constant, Heuristic, Policy  # noqa: E402
 
@@ -156,11 +159,65 @@ def replay(policy: Policy, trace: Trace, costs: Costs, uniforms: list[float], sa
     return len(acc), seconds, forwards
 
 
+def planned(trace: Trace, costs: Costs, overhead: float = 0.0, belief: np.ndarray | None = None) -> float:
+    """Expected seconds to decode the trace with the draft lengths that are best if each position's acceptance
+    were `belief` (default: the trace's own acceptance).
+
+    Dynamic programming from the end: from position t a step drafts k tokens (k = 0..n_max, no cut) and
+    commits a + 1 tokens, a the accepted run, P(a) = acc[t] ... acc[t+a-1] (1 - acc[t+a]). The k per position
+    is chosen under `belief`, and the seconds are expected under the trace's acceptance. With the trace's own
+    acceptance this is a bound: no causal policy does better in the replay's model of time (greedy, it knows
+    where the target disagrees; sampling, each position's chance, not the draw).
+    """
+    acc = np.asarray(trace.acceptance, dtype=float)
+    plan = _draft_lengths(acc if belief is None else np.asarray(belief, dtype=float), costs, overhead)
+    rest = np.zeros(len(acc) + 1)  # [t]: expected seconds from position t to the end
+    for t in range(len(acc) - 1, -1, -1):
+        rest[t] = _step(acc, rest, t, plan[t], costs, overhead)
+    return float(rest[0])
+
+
+def _draft_lengths(acc: np.ndarray, costs: Costs, overhead: float) -> list[int]:
+    """[t]: the draft length that minimizes the expected seconds from position t to the end, acceptance `acc`."""
+    n_max, rest, plan = len(costs.target) - 2, np.zeros(len(acc) + 1), [0] * len(acc)
+    for t in range(len(acc) - 1, -1, -1):
+        ks = range(min(n_max, len(acc) - t - 1) + 1)
+        rest[t], plan[t] = min((_step(acc, rest, t, k, costs, overhead), k) for k in ks)
+    return plan
+
+
+def _step(acc: np.ndarray, rest: np.ndarray, t: int, k: int, costs: Costs, overhead: float) -> float:
+    """Expected seconds of a k-draft step from position t plus those from where it ends (`rest`)."""
+    survival = np.concatenate([[1.0], np.cumprod(acc[t : t + k])])  # [a]: P(the first a drafts accepted)
+    runs = survival * np.append(1.0 - acc[t : t + k], 1.0)  # [a]: P(exactly a accepted), a = 0..k
+    return costs.target[k + 1] + k * costs.draft + overhead + float(runs @ rest[t + 1 : t + k + 2])
+
+
+def calibrated(traces: list[Trace]) -> list[np.ndarray]:
+    """Per trace, [t]: the mean acceptance of its confidence bin (`assisted.auto.CONFIDENCE_BINS`) over all
+    traces at its temperature: what a policy that knew the calibration exactly would believe."""
+    tables = {}
+    for temperature in {t.temperature for t in traces}:
+        same = [t for t in traces if t.temperature == temperature]
+        acc = np.concatenate([t.acceptance for t in same])
+        bins = confidence_bins(np.concatenate([t.confidence for t in same]))
+        tables[temperature] = np.bincount(bins, acc, len(CONFIDENCE_BINS)) / np.maximum(
+            np.bincount(bins, minlength=len(CONFIDENCE_BINS)), 1)
+    return [tables[t.temperature][confidence_bins(np.asarray(t.confidence))] for t in traces]
+
+
 def replay_all(traces: list[Trace], costs: Costs, policies: dict, seeds: int, overhead: float, noise: float
                ) -> list[dict]:
-    """One row per (trace, seed, policy): seconds per token and target forwards."""
+    """One row per (trace, seed, policy): seconds per token and target forwards; and per trace, expected
+    seconds per token (no draws) of the "bound" and of the "confidence plan" (`planned` with the trace's own
+    acceptance, and with the `calibrated` acceptance of its confidences)."""
     rows = []
-    for trace in traces:
+    for trace, belief in zip(traces, calibrated(traces)):
+        for name, seconds in (("bound", planned(trace, costs, overhead)),
+                              ("confidence plan", planned(trace, costs, overhead, belief))):
+            rows.append({"class": trace.cls, "prompt": trace.prompt, "temperature": trace.temperature,
+                         "path": trace.path, "seed": 0, "policy": name, "per_token": seconds / len(trace.acceptance),
+                         "forwards": math.nan, "tokens": len(trace.acceptance)})
         for seed in range(1 if trace.temperature == 0 and not noise else seeds):
             key = zlib.crc32(f"{trace.prompt} {trace.temperature} {trace.path} {seed}".encode())
             draws = random.Random(key)
@@ -183,16 +240,20 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def report(summary: dict, policies: list[str]) -> list[str]:
-    """Markdown: each policy's speedup over plain decoding per cell, and auto over the best other policy."""
+    """Markdown: each policy's speedup over plain decoding per cell, auto over the best other policy, and the
+    share of the confidence plan's and of the bound's speed that auto reaches."""
     others = [p for p in policies if p not in ("plain", "auto")]
-    lines = ["| class | T | " + " | ".join(p for p in policies if p != "plain") + " | auto / best other |",
-             "|---" * (len(policies) + 2) + "|"]
+    shown = [p for p in policies if p != "plain"] + ["confidence plan", "bound"]
+    lines = ["| class | T | " + " | ".join(shown) + " | auto / best other | auto / confidence plan | auto / bound |",
+             "|---" * (len(shown) + 5) + "|"]
     for c in sorted({c for c, _, _ in summary}):
         for t in sorted({t for _, t, _ in summary}):
-            plain = summary[(c, t, "plain")]
-            speedups = [f"{plain / summary[(c, t, p)]:.2f}" for p in policies if p != "plain"]
+            plain, auto = summary[(c, t, "plain")], summary[(c, t, "auto")]
+            speedups = [f"{plain / summary[(c, t, p)]:.2f}" for p in shown]
             best = min(summary[(c, t, p)] for p in others)
-            lines.append(f"| {c} | {t} | " + " | ".join(speedups) + f" | {best / summary[(c, t, 'auto')]:.2f} |")
+            plan, limit = summary[(c, t, "confidence plan")], summary[(c, t, "bound")]
+            lines.append(f"| {c} | {t} | " + " | ".join(speedups)
+                         + f" | {best / auto:.2f} | {plan / auto:.2f} | {limit / auto:.2f} |")
     return lines
 
 

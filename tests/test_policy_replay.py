@@ -2,8 +2,8 @@
 
 import random
 
-from experiments.policy_replay import (ConfidenceStop, Costs, Trace, make_policies, replay, replay_all, report,
-                                       summarize)
+from experiments.policy_replay import (ConfidenceStop, Costs, Trace, calibrated, make_policies, planned, replay,
+                                       replay_all, report, summarize)
 from assisted.policy import Constant, Heuristic
 
 COSTS = Costs(target=(0.0,) + tuple(0.1 + 0.01 * n for n in range(1, 23)), draft=0.02)
@@ -67,6 +67,42 @@ def test_a_sampled_replay_lets_a_cut_drop_only_the_last_draft():
     assert abs(seconds - (COSTS.target[1] + 3 * COSTS.draft + COSTS.target[3] + 2 * COSTS.draft)) < 1e-9
 
 
+def test_the_bound_drafts_exactly_as_far_as_it_pays_when_it_knows_the_acceptance():
+    assert abs(planned(trace([1.0] * 4), COSTS) - (COSTS.target[4] + 3 * COSTS.draft)) < 1e-12  # one step of 3 drafts
+    assert abs(planned(trace([0.0] * 5), COSTS) - 5 * COSTS.target[1]) < 1e-12  # nothing accepted: plain decoding
+    # sampling at a fixed chance a: one draft per step is worth it here, and the bound's recursion agrees
+    a, one = 0.5, COSTS.target[2] + COSTS.draft  # 2 positions: draft 1 (commit 2 w.p. a, else 1 + a plain step)
+    assert abs(planned(trace([a, a], temperature=0.6), COSTS) - min(2 * COSTS.target[1], one + (1 - a) * COSTS.target[1])
+               ) < 1e-12
+
+
+def test_a_plan_from_a_wrong_belief_costs_more_than_the_bound():
+    acceptance = [1.0] * 6 + [0.0] + [1.0] * 6
+    limit = planned(trace(acceptance), COSTS)
+    assert abs(planned(trace(acceptance), COSTS, belief=[0.0] * 13) - 13 * COSTS.target[1]) < 1e-12  # plain decoding
+    assert limit < planned(trace(acceptance), COSTS, belief=[1.0] * 13) < 13 * COSTS.target[1]
+
+
+def test_the_calibrated_belief_is_the_mean_acceptance_of_each_confidence_bin_at_the_same_temperature():
+    traces = [trace([1.0, 0.0, 1.0], [0.99, 0.2, 0.999]), trace([0.5, 0.25], [0.2, 0.2]),
+              trace([0.3], [0.2], temperature=0.6)]
+    beliefs = calibrated(traces)
+    assert [b.tolist() for b in beliefs] == [[1.0, 0.25, 1.0], [0.25, 0.25], [0.3]]  # (0 + 0.5 + 0.25) / 3
+
+
+def test_no_greedy_policy_beats_the_bound():
+    draws = random.Random(7)
+    for _ in range(5):
+        acceptance = [float(draws.random() < 0.8) for _ in range(40)]
+        confidence = [draws.random() for _ in range(40)]
+        limit = planned(trace(acceptance, confidence), COSTS)
+        assert limit <= planned(trace(acceptance, confidence), COSTS, belief=[0.8] * 40) + 1e-12
+        for name, make in make_policies(COSTS).items():
+            _, seconds, _ = replay(make(trace(acceptance, confidence)), trace(acceptance, confidence), COSTS,
+                                   [0.5] * 40, sampling=False)
+            assert limit <= seconds + 1e-12, name
+
+
 def test_report_compares_auto_with_the_best_other_policy_per_cell():
     traces = [trace([1.0] * 30), trace([0.7] * 30, temperature=0.6)]
     policies = make_policies(COSTS)
@@ -75,6 +111,7 @@ def test_report_compares_auto_with_the_best_other_policy_per_cell():
     assert summary[("code", 0.0, "heuristic")] < summary[("code", 0.0, "plain")]  # all drafts accepted: drafting pays
     lines = report(summary, list(policies))
     assert len(lines) == 4 and lines[2].startswith("| code | 0.0 |")
+    assert all(summary[("code", 0.0, "bound")] <= summary[("code", 0.0, p)] + 1e-12 for p in policies)
 
 
 def test_auto_replays_start_from_the_calibration_of_the_latest_call_on_another_prompt_at_the_same_temperature():
