@@ -41,31 +41,77 @@ def paired_ratio(pairs: list[tuple[float, float]], level: float = 0.9) -> tuple[
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
-def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
-    """Markdown: `system` paired with each other system over the units of several speedup runs, by group."""
+def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], list[tuple[str, int, dict]]]:
+    """`system` paired with each other system over the units of several speedup runs, by group.
+
+    Returns
+    -------
+    (others, groups) : the other systems, and per group ("all", each class, "T = t" per temperature) its name,
+    its number of units and {other: (ratio, low, high)} from `paired_ratio`.
+    """
     from experiments.speedup import SYSTEMS, read_rows, units as units_of
 
     units = {(folder.name, *key): unit for folder in folders  # (run, class, T, prompt, repeat) -> {system: s/token}
              for key, unit in units_of(read_rows(folder / "results.csv")).items()}
     others = [s for s in SYSTEMS if s != system]
     classes, temperatures = sorted({k[1] for k in units}), sorted({k[2] for k in units})
-    groups = [("all", lambda k: True), *((c, lambda k, c=c: k[1] == c) for c in classes),
-              *((f"T = {t}", lambda k, t=t: k[2] == t) for t in temperatures)]
-    lines = ["| units | n | " + " | ".join(others) + " |", "|---" * (len(others) + 2) + "|"]
-    for name, member in groups:
+    members = [("all", lambda k: True), *((c, lambda k, c=c: k[1] == c) for c in classes),
+               *((f"T = {t}", lambda k, t=t: k[2] == t) for t in temperatures)]
+    groups = []
+    for name, member in members:
         chosen = [u for k, u in units.items() if member(k)]
-        cells = (paired_ratio([(u[s], u[system]) for u in chosen]) for s in others)
-        lines.append(f"| {name} | {len(chosen)} | " + " | ".join(f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in cells) + " |")
+        groups.append((name, len(chosen), {s: paired_ratio([(u[s], u[system]) for u in chosen]) for s in others}))
+    return others, groups
+
+
+def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
+    """Markdown of `pooled`: one row per group, one column per other system."""
+    others, groups = pooled(folders, system)
+    lines = ["| units | n | " + " | ".join(others) + " |", "|---" * (len(others) + 2) + "|"]
+    for name, n, ratios in groups:
+        cells = ("{:.2f} [{:.2f}, {:.2f}]".format(*ratios[s]) for s in others)
+        lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
     return lines
+
+
+def plot_pooled(folders: list[Path], out: Path, system: str = "ours-auto") -> None:
+    """A PNG of `pooled`: per class and per temperature, `system`'s speedup over each other drafting system (the
+    paired geometric mean) with its 90% interval, against a line at 1. The target alone is left out (the speedup
+    plots show it): its scale would flatten the rest."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    others, groups = pooled(folders, system)
+    others = [s for s in others if s != "target"]
+    panels = [[g for g in groups if g[0] != "all" and not g[0].startswith("T = ")],
+              [g for g in groups if g[0].startswith("T = ")]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, gridspec_kw={"width_ratios": [3, 5]})
+    for ax, panel in zip(axes, panels):
+        for j, other in enumerate(others):
+            x = [i + (j - (len(others) - 1) / 2) * 0.12 for i in range(len(panel))]
+            ratio, low, high = np.array([g[2][other] for g in panel]).T  # (groups,) each
+            ax.errorbar(x, ratio, yerr=[ratio - low, high - ratio], fmt="o", capsize=3, label=other)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks(range(len(panel)), [f"{g[0]}\n({g[1]} units)" for g in panel])
+    axes[0].set_ylabel(f"{system}'s speedup over each system\n(paired geometric mean, 90% interval)")
+    axes[1].legend(title="over", fontsize=8)
+    fig.suptitle(f"{system} paired with each system over {groups[0][1]} units of {len(folders)} runs")
+    fig.tight_layout(), fig.savefig(out, dpi=110), plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.stats",
                                 description="ours-auto paired with each system over the units of speedup runs "
-                                            "(geometric mean of the other's seconds per token / ours-auto's, 90% t-interval)")
+                                            "(geometric mean of the other's seconds per token / ours-auto's, "
+                                            "90% t-interval)")
     p.add_argument("runs", type=Path, nargs="+", help="speedup result folders (each with a results.csv)")
+    p.add_argument("--plot", type=Path, default=None, help="also write the table as a PNG plot to this path")
     args = p.parse_args(argv)
     print("\n".join(pooled_table(args.runs)))
+    if args.plot:
+        plot_pooled(args.runs, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -73,6 +73,8 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     shutil.copytree(tmp_path / "out", tmp_path / "again")
     pooled = stats.pooled_table([tmp_path / "out", tmp_path / "again"])
     assert pooled[2].startswith("| all | 8 |") and len(pooled) == 2 + 1 + 2 + 2  # all, 2 classes, 2 temperatures
+    assert stats.main([str(tmp_path / "out"), str(tmp_path / "again"), "--plot", str(tmp_path / "paired.png")]) == 0
+    assert (tmp_path / "paired.png").stat().st_size > 0
     back = speedup.read_rows(tmp_path / "out" / "results.csv")
     assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [(r["system"], r["new_tokens"], r["repeat"]) for r in rows]
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards

@@ -72,8 +72,8 @@ def test_the_bound_drafts_exactly_as_far_as_it_pays_when_it_knows_the_acceptance
     assert abs(planned(trace([0.0] * 5), COSTS) - 5 * COSTS.target[1]) < 1e-12  # nothing accepted: plain decoding
     # sampling at a fixed chance a: one draft per step is worth it here, and the bound's recursion agrees
     a, one = 0.5, COSTS.target[2] + COSTS.draft  # 2 positions: draft 1 (commit 2 w.p. a, else 1 + a plain step)
-    assert abs(planned(trace([a, a], temperature=0.6), COSTS) - min(2 * COSTS.target[1], one + (1 - a) * COSTS.target[1])
-               ) < 1e-12
+    expected = min(2 * COSTS.target[1], one + (1 - a) * COSTS.target[1])
+    assert abs(planned(trace([a, a], temperature=0.6), COSTS) - expected) < 1e-12
 
 
 def test_a_plan_from_a_wrong_belief_costs_more_than_the_bound():
