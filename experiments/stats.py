@@ -66,7 +66,10 @@ def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], l
 
 def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
     """Markdown of `pooled`: one row per group, one column per other system."""
-    others, groups = pooled(folders, system)
+    return _table(*pooled(folders, system))
+
+
+def _table(others: list[str], groups: list[tuple[str, int, dict]]) -> list[str]:
     lines = ["| units | n | " + " | ".join(others) + " |", "|---" * (len(others) + 2) + "|"]
     for name, n, ratios in groups:
         cells = ("{:.2f} [{:.2f}, {:.2f}]".format(*ratios[s]) for s in others)
@@ -74,15 +77,15 @@ def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
     return lines
 
 
-def plot_pooled(folders: list[Path], out: Path, system: str = "ours-auto") -> None:
-    """A PNG of `pooled`: per class and per temperature, `system`'s speedup over each other drafting system (the
-    paired geometric mean) with its 90% interval, against a line at 1. The target alone is left out (the speedup
-    plots show it): its scale would flatten the rest."""
+def plot_pooled(others: list[str], groups: list[tuple[str, int, dict]], out: Path, title: str,
+                system: str = "ours-auto") -> None:
+    """A PNG of `pooled`'s (others, groups): per class and per temperature, `system`'s speedup over each other
+    drafting system (the paired geometric mean) with its 90% interval, against a line at 1. The target alone is
+    left out (the speedup plots show it): its scale would flatten the rest."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    others, groups = pooled(folders, system)
     others = [s for s in others if s != "target"]
     panels = [[g for g in groups if g[0] != "all" and not g[0].startswith("T = ")],
               [g for g in groups if g[0].startswith("T = ")]]
@@ -96,7 +99,7 @@ def plot_pooled(folders: list[Path], out: Path, system: str = "ours-auto") -> No
         ax.set_xticks(range(len(panel)), [f"{g[0]}\n({g[1]} units)" for g in panel])
     axes[0].set_ylabel(f"{system}'s speedup over each system\n(paired geometric mean, 90% interval)")
     axes[1].legend(title="over", fontsize=8)
-    fig.suptitle(f"{system} paired with each system over {groups[0][1]} units of {len(folders)} runs")
+    fig.suptitle(title)
     fig.tight_layout(), fig.savefig(out, dpi=110), plt.close(fig)
 
 
@@ -108,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", type=Path, nargs="+", help="speedup result folders (each with a results.csv)")
     p.add_argument("--plot", type=Path, default=None, help="also write the table as a PNG plot to this path")
     args = p.parse_args(argv)
-    print("\n".join(pooled_table(args.runs)))
+    others, groups = pooled(args.runs)  # read once for the table and the plot
+    print("\n".join(_table(others, groups)))
     if args.plot:
-        plot_pooled(args.runs, args.plot)
+        plot_pooled(others, groups, args.plot,
+                    f"ours-auto paired with each system over {groups[0][1]} units of {len(args.runs)} runs")
         print(f"wrote {args.plot}")
     return 0
 
