@@ -41,7 +41,7 @@ def generate(
     top_p: float | None = None,
     seed: int | None = None,
     num_assistant_tokens: int = 5,
-    schedule: str = "heuristic",
+    schedule: str | None = None,
     coalesce: bool = True,
     prompt_lookup: bool = False,
 ) -> GenerationResult:
@@ -79,7 +79,8 @@ def generate(
         seeded sample can differ from run to run (its distribution does not).
     num_assistant_tokens : int
         Model-drafted tokens per step at the start (forced tokens do not count).
-    schedule : {"heuristic", "constant", "auto"}
+    schedule : {"auto", "heuristic", "constant"}, optional
+        Default (None): "auto"; "heuristic" when sampling with a `seed`, so that the seed reproduces the sample.
         "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed;
         "auto": drafts (up to 20) are cut after each token where the expected time saved over plain
         decoding is largest, from measured costs and the assistant's confidence in each token (calibrated

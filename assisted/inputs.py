@@ -47,6 +47,8 @@ def check_options(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if seed is not None:
         _int("seed", seed, low=0)
+    if schedule is None:  # auto's draft lengths follow timings: a seeded sample would not repeat under it
+        schedule = "heuristic" if do_sample and seed is not None else "auto"
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(map(repr, SCHEDULES))}")
     warp = Warp(bool(do_sample), float(temperature), top_k, None if top_p is None else float(top_p))

@@ -21,6 +21,7 @@ import fsm
 from assisted import generate
 from assisted.cache import cache_argument
 from assisted.costs import forget, recall, recall_calibration
+from assisted.inputs import check_options
 from assisted.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
@@ -134,10 +135,17 @@ def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint, s
 
 def test_a_different_random_assistant_accepts_almost_nothing(tok, models):
     out = generate(models["llama"], models["llama-other"], tokenizer=tok, prompt="Hi", max_new_tokens=30,
-                   coalesce=False)
+                   coalesce=False, schedule="heuristic")
     assert out.stats.acceptance_rate < 0.2
     assert all(step.k >= 1 for step in out.stats.steps)
     assert out.stats.steps[-1].k == 1  # the heuristic backed off to a single draft token
+
+
+@pytest.mark.parametrize("sampling, schedule", [({}, "auto"), ({"do_sample": True}, "auto"),
+                                                ({"do_sample": True, "seed": 3}, "heuristic")])
+def test_the_default_schedule_is_auto_unless_a_seeded_sample_must_repeat(sampling, schedule):
+    assert check_options(8, temperature=1.0, top_k=None, top_p=None, num_assistant_tokens=5, schedule=None,
+                         coalesce=True, **{"do_sample": False, "seed": None, **sampling}).schedule == schedule
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -150,14 +158,15 @@ def test_target_passes_with_a_perfect_assistant_are_new_tokens_over_k_plus_one(t
     assert [s.k for s in out.stats.steps] == [k] * len(out.stats.steps)
     assert out.stats.accepted == out.stats.drafted == out.stats.drafted_by_source["assistant"]
     assert out.stats.assistant_forward_passes == out.stats.drafted
-    heuristic = generate(model, model, tokenizer=tok, prompt="Once", max_new_tokens=36, num_assistant_tokens=k)
+    heuristic = generate(model, model, tokenizer=tok, prompt="Once", max_new_tokens=36, num_assistant_tokens=k,
+                         schedule="heuristic")
     assert heuristic.stats.target_forward_passes <= out.stats.target_forward_passes
     assert [s.k for s in heuristic.stats.steps][:3] == [k, k + 2, k + 4]
 
 
 def test_statistics_add_up(tok, models):
     out = generate(models["llama"], models["llama-other"], tokenizer=tok, prompt="Go", schema=Character,
-                   max_new_tokens=40, coalesce=False)
+                   max_new_tokens=40, coalesce=False, schedule="heuristic")
     s = out.stats
     assert s.new_tokens == len(out.token_ids)
     assert s.drafted == sum(s.drafted_by_source.values()) == sum(step.drafted for step in s.steps)
@@ -289,7 +298,7 @@ def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, model
 
 
 def test_heuristic_and_constant_report_no_estimates(tok, models):
-    out = generate(models["llama"], models["llama"], tokenizer=tok, prompt="Hi", max_new_tokens=8)
+    out = generate(models["llama"], models["llama"], tokenizer=tok, prompt="Hi", max_new_tokens=8, schedule="heuristic")
     assert out.stats.estimates is None and out.stats.k_trace[:2] == (5, 7)
 
 
