@@ -64,12 +64,8 @@ def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], l
     return others, groups
 
 
-def pooled_table(folders: list[Path], system: str = "ours-auto") -> list[str]:
-    """Markdown of `pooled`: one row per group, one column per other system."""
-    return _table(*pooled(folders, system))
-
-
-def _table(others: list[str], groups: list[tuple[str, int, dict]]) -> list[str]:
+def table(others: list[str], groups: list[tuple[str, int, dict]]) -> list[str]:
+    """Markdown of `pooled`'s (others, groups): one row per group, one column per other system."""
     lines = ["| units | n | " + " | ".join(others) + " |", "|---" * (len(others) + 2) + "|"]
     for name, n, ratios in groups:
         cells = ("{:.2f} [{:.2f}, {:.2f}]".format(*ratios[s]) for s in others)
@@ -100,7 +96,9 @@ def plot_pooled(others: list[str], groups: list[tuple[str, int, dict]], out: Pat
     axes[0].set_ylabel(f"{system}'s speedup over each system\n(paired geometric mean, 90% interval)")
     axes[1].legend(title="over", fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout(), fig.savefig(out, dpi=110), plt.close(fig)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", type=Path, default=None, help="also write the table as a PNG plot to this path")
     args = p.parse_args(argv)
     others, groups = pooled(args.runs)  # read once for the table and the plot
-    print("\n".join(_table(others, groups)))
+    print("\n".join(table(others, groups)))
     if args.plot:
         plot_pooled(others, groups, args.plot,
                     f"ours-auto paired with each system over {groups[0][1]} units of {len(args.runs)} runs")

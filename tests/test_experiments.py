@@ -71,7 +71,7 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0
     assert "- code: commit 1234567 was" in (tmp_path / "out" / "README.md").read_text()  # the run's commit, kept
     shutil.copytree(tmp_path / "out", tmp_path / "again")
-    pooled = stats.pooled_table([tmp_path / "out", tmp_path / "again"])
+    pooled = stats.table(*stats.pooled([tmp_path / "out", tmp_path / "again"]))
     assert pooled[2].startswith("| all | 8 |") and len(pooled) == 2 + 1 + 2 + 2  # all, 2 classes, 2 temperatures
     assert stats.main([str(tmp_path / "out"), str(tmp_path / "again"), "--plot", str(tmp_path / "paired.png")]) == 0
     assert (tmp_path / "paired.png").stat().st_size > 0
