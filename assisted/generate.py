@@ -144,8 +144,7 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         if opts.coalesce and all(draft.forced) and draft.finished:
             n, token, ids = len(draft.tokens), None, []  # only coalesced tokens up to the end: nothing to decide
         else:
-            logits = _target_forward(model, cache, ids, len(draft.tokens) + 1, rec)
-            n, token = _accept(logits, draft, opts, generator)  # the step's one host sync
+            n, token = _verify(model, cache, ids, draft, opts, generator, rec)
         # 3. commit the accepted prefix and the target's token; crop both caches to what was committed
         valid = len(seq) + n
         stop = _commit(seq, cursor, [*draft.tokens[:n], *([] if token is None else [token])], end)
@@ -160,13 +159,17 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
             return seq[len(prompt) :], stop
 
 
-def _target_forward(model, cache, ids: list[int], keep: int, rec: Recorder) -> torch.Tensor:
-    """Timed target forward; logits of the last `keep` positions, (keep, V)."""
+def _verify(model, cache, ids: list[int], draft: Draft, opts: Options, generator, rec: Recorder) -> tuple[int, int]:
+    """One timed target forward over `ids` and the acceptance test; (accepted drafts, the target's token).
+
+    The clock stops after the acceptance's host sync, so on a GPU it times the forward's kernels, not their launch.
+    """
     start = time.perf_counter()
-    logits = forward(model, cache, ids, keep)
+    logits = forward(model, cache, ids, len(draft.tokens) + 1)  # (k+1, V)
+    n, token = _accept(logits, draft, opts, generator)  # the step's one host sync
     rec.target_passes += 1
     rec.target_seconds += time.perf_counter() - start
-    return logits
+    return n, token
 
 
 def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tuple[int, int]:

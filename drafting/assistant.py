@@ -36,16 +36,16 @@ class AssistantDrafter:
         """
         start = time.perf_counter()
         logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
-        self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
         self.cached = len(seq)
         mask = self.masks(mask)
         logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
-        top = logits.max()
-        confidence = torch.exp(top - torch.logsumexp(logits, dim=-1)).item()
-        if not self.warp.do_sample:
-            return int(logits.argmax()), None, confidence
-        q = probs(logits, None, self.warp)  # (1, V), already masked
-        return int(sample(q, self.generator)), q, confidence
+        confidence = torch.exp(logits.max() - torch.logsumexp(logits, dim=-1))  # (1,)
+        q = probs(logits, None, self.warp) if self.warp.do_sample else None  # (1, V), already masked
+        token = sample(q, self.generator) if q is not None else logits.argmax(-1)  # (1,)
+        token, confidence = torch.cat([token.double(), confidence.double()]).tolist()  # the one host sync
+        # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
+        self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
+        return int(token), q, confidence
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""
