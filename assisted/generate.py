@@ -114,7 +114,8 @@ def generate(
         seed2 = None if opts.seed is None else opts.seed + 1
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
     lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
-    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup)
+    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
+                            output_device(model))
     policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model),
                          recall_calibration(model, assistant_model, opts.warp))
     with torch.inference_mode():
@@ -175,7 +176,7 @@ def _verify(model, cache, ids: list[int], draft: Draft, opts: Options, generator
 def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tuple[int, int]:
     """Mask the target's rows with the guide states of the draft and apply the acceptance rule."""
     device = logits.device
-    masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V)
+    masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V), already there unless offloaded
     tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
     auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
     if opts.warp.do_sample:

@@ -21,7 +21,7 @@ class Draft:
 
     tokens: tuple[int, ...]  # (k,) proposed ids in order
     sources: tuple[str, ...]  # (k,) who proposed each: "forced" (the guide), "lookup" (the prompt), "assistant"
-    masks: torch.Tensor | None  # (k+1, V) bool on CPU, guide mask before each token / after the last
+    masks: torch.Tensor | None  # (k+1, V) bool on the target's device, guide mask before each token / after the last
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
     confidence: tuple[float, ...]  # (k,) max of the assistant's distribution at each of its tokens; NaN elsewhere
     finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows

@@ -16,7 +16,7 @@ import math
 import torch
 
 from drafting.assistant import AssistantDrafter
-from drafting.base import Cursor, Draft
+from drafting.base import Cursor, DeviceMasks, Draft
 from drafting.forced import ForcedTokens
 from drafting.lookup import PromptLookup
 
@@ -28,10 +28,11 @@ class CombinedSource:
     """Forced tokens (when `use_forced`), then prompt lookup and an assistant, each optional."""
 
     def __init__(self, assistant: AssistantDrafter | None, use_forced: bool, vocab_size: int, sampling: bool,
-                 lookup: PromptLookup | None = None):
+                 lookup: PromptLookup | None = None, mask_device: torch.device | str = "cpu"):
         self.assistant, self.use_forced, self.lookup = assistant, use_forced, lookup
         self.vocab_size, self.sampling = vocab_size, sampling
         self.device = assistant.device if assistant is not None else torch.device("cpu")
+        self.target_masks = DeviceMasks(mask_device)  # each guide mask is copied to the target's device once
 
     def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None, lookup_k: int | None = None
                 ) -> Draft:
@@ -75,7 +76,7 @@ class CombinedSource:
                 tokens, sources, confidence, masks = tokens[:end], sources[:end], confidence[:end], masks[: end + 1]
                 rows, finished = rows[: sources.count("assistant")], finished and keep == len(drafted)
                 break
-        return Draft(tuple(tokens), tuple(sources), _stack(masks), self._q(tokens, sources, rows), tuple(confidence),
+        return Draft(tuple(tokens), tuple(sources), self._stack(masks), self._q(tokens, sources, rows), tuple(confidence),
                      finished)
 
     def _copy(self, context: list[int], mask, copied: list[int], room: int) -> tuple[int | None, list[int]]:
@@ -101,6 +102,10 @@ class CombinedSource:
         if self.assistant is not None:
             self.assistant.rollback(valid)
 
+    def _stack(self, masks: list[torch.Tensor | None]) -> torch.Tensor | None:
+        """(k+1, V) bool on the target's device, or None without a constraint."""
+        return None if masks[0] is None else torch.stack([self.target_masks(m) for m in masks])
+
     def _q(self, tokens: list[int], sources: list[str], rows: list) -> torch.Tensor | None:
         """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup)."""
         if not self.sampling:
@@ -111,8 +116,3 @@ class CombinedSource:
         if rows:
             q[[i for i, s in enumerate(sources) if s == "assistant"]] = torch.cat(rows)
         return q
-
-
-def _stack(masks: list[torch.Tensor | None]) -> torch.Tensor | None:
-    """(k+1, V) bool, or None without a constraint."""
-    return None if masks[0] is None else torch.stack(masks)
