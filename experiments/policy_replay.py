@@ -121,13 +121,14 @@ class Remembering:
         return policy
 
 
-def make_policies(costs: Costs, config: AutoConfig | None = None) -> dict:
-    """name -> factory of a fresh policy for a trace."""
-    return {"plain": lambda _: Constant(0),
-            "heuristic": lambda _: Heuristic(5),
-            "auto": Remembering(costs, config),
-            "constant-20": lambda _: ConfidenceStop(Constant(20)),
-            "heuristic-5": lambda _: ConfidenceStop(Heuristic(5))}
+def make_policies(costs: Costs, config: AutoConfig | None = None, fixed: tuple[int, ...] = ()) -> dict:
+    """name -> factory of a fresh policy for a trace; `fixed` adds "fixed-k" (k drafts every step, no cut)."""
+    policies = {"plain": lambda _: Constant(0),
+                "heuristic": lambda _: Heuristic(5),
+                "auto": Remembering(costs, config),
+                "constant-20": lambda _: ConfidenceStop(Constant(20)),
+                "heuristic-5": lambda _: ConfidenceStop(Heuristic(5))}
+    return policies | {f"fixed-{k}": (lambda _, k=k: Constant(k)) for k in fixed}
 
 
 def replay(policy: Policy, trace: Trace, costs: Costs, uniforms: list[float], sampling: bool, overhead: float = 0.0,
@@ -337,13 +338,22 @@ def collect(args) -> int:
     return 0
 
 
-def costs_from_timings(path: Path, layout: str, draft: float, n_max: int) -> Costs:
+def costs_from_timings(path: Path, layout: str, draft: float, n_max: int, where: dict | None = None,
+                       draft_where: dict | None = None) -> Costs:
     """Target costs from an `experiments.forward_cost` timings.csv (median per n of `layout`, interpolated,
-    past the largest n extended at the last slope) and the assistant's seconds per token."""
+    past the largest n extended at the last slope) and the assistant's seconds per token: `draft`, or the
+    median n = 1 timing of the rows matching `draft_where`. `where` keeps only the target's rows in a table of
+    several (`experiments.gpu_check`'s costs.csv has model, dtype and context columns)."""
     with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["layout"] == layout]
+        table = [r for r in csv.DictReader(f) if r["layout"] == layout]
+    if draft_where:
+        ones = [float(r["seconds"]) for r in _matching(table, draft_where, path) if int(r["n"]) == 1]
+        if not ones:
+            raise ValueError(f"{path} has no n = 1 timing where {draft_where}")
+        draft = statistics.median(ones)
+    rows = _matching(table, where or {}, path)
     if not rows:
-        raise ValueError(f"{path} has no timings of layout {layout!r}")
+        raise ValueError(f"{path} has no timings of layout {layout!r} where {where or {}}")
     by_n: dict = {}
     for r in rows:
         by_n.setdefault(int(r["n"]), []).append(float(r["seconds"]))
@@ -352,6 +362,22 @@ def costs_from_timings(path: Path, layout: str, draft: float, n_max: int) -> Cos
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
     target = [0.0] + [float(np.interp(n, xs, ys)) + slope * max(n - xs[-1], 0) for n in range(1, n_max + 1)]
     return Costs(tuple(target), draft)
+
+
+def _matching(rows: list[dict], where: dict, path: Path) -> list[dict]:
+    """The rows whose columns hold every value in `where`."""
+    missing = [k for k in where if rows and k not in rows[0]]
+    if missing:
+        raise ValueError(f"{path} has no column {missing[0]!r}")
+    return [r for r in rows if all(r[k] == v for k, v in where.items())]
+
+
+def _pairs(items: list[str] | None) -> dict:
+    """["model=x", "context=200"] -> {"model": "x", "context": "200"}."""
+    pairs = dict(item.split("=", 1) for item in items or [] if "=" in item)
+    if len(pairs) != len(items or []):
+        raise SystemExit(f"error: expected column=value, got {items}")
+    return pairs
 
 
 def load_traces(path: Path) -> tuple[Costs, list[Trace], dict]:
@@ -383,6 +409,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay at the target costs of this experiments.forward_cost timings.csv instead of the "
                         "costs timed when the traces were collected")
     p.add_argument("--layout", default="prepacked", help="the timings' layout to replay (dense or prepacked)")
+    p.add_argument("--traces", type=Path, default=None, help="replay: traces.json to read (default: --out's)")
+    p.add_argument("--where", nargs="+", default=None, metavar="COLUMN=VALUE",
+                   help="with --timings: the target's rows (e.g. model=qwen2.5-coder-1.5b dtype=bfloat16 context=200)")
+    p.add_argument("--draft-where", nargs="+", default=None, metavar="COLUMN=VALUE",
+                   help="with --timings: the assistant's rows, whose n = 1 median is the seconds per drafted token")
+    p.add_argument("--fixed", type=int, nargs="*", default=[], help="also replay fixed-k schedules (k drafts, no cut)")
     p.add_argument("--report", default="README.md", help="file name of the report written to --out")
     args = p.parse_args(argv)
     if args.threads:
@@ -393,16 +425,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def replay_report(args, command: str) -> int:
-    costs, traces, collected = load_traces(args.out / "traces.json")
+    costs, traces, collected = load_traces(args.traces or args.out / "traces.json")
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.timings:
-        costs = costs_from_timings(args.timings, args.layout, costs.draft, len(costs.target) - 1)
-    policies = make_policies(costs)
+        costs = costs_from_timings(args.timings, args.layout, costs.draft, len(costs.target) - 1, _pairs(args.where),
+                                   _pairs(args.draft_where))
+    policies = make_policies(costs, fixed=tuple(args.fixed))
     rows = replay_all(traces, costs, policies, args.seeds, args.overhead, args.noise)
-    timed = ", ".join(f"{costs.target[n]:.3f}" for n in (1, 2, 4, 8, 16))
+    timed = ", ".join(f"{costs.target[n]:.4f}" for n in (1, 2, 4, 8, 16))
     lines = [f"# Policy replay {args.out.name}", "", f"- command: `{command}`",
              f"- traces: `{collected['command']}` on {collected['date']}", *collected["machine"],
              f"- {len(traces)} texts; target seconds over n = 1, 2, 4, 8, 16 tokens: {timed}; "
-             f"assistant token {costs.draft:.3f} s; {args.seeds} draws per sampled text",
+             f"assistant token {costs.draft:.4f} s; {args.overhead:.4f} s loop overhead per step; "
+             f"{args.seeds} draws per sampled text",
              "", "Speedup over plain decoding (mean seconds per token over texts and draws; every policy replays the "
              "same texts with the same draws):", "", *report(summarize(rows), list(policies)), ""]
     (args.out / args.report).write_text("\n".join(lines))
