@@ -2,6 +2,9 @@
 
 import random
 
+import pytest
+
+from experiments import policy_replay as pr
 from experiments.policy_replay import (ConfidenceStop, Costs, Trace, calibrated, make_policies, planned, replay,
                                        replay_all, report, summarize)
 from assisted.policy import Constant, Heuristic
@@ -126,3 +129,37 @@ def test_auto_replays_start_from_the_calibration_of_the_latest_call_on_another_p
     essay = Trace("prose", "essay", 0.6, 0, (1.0,) * 30, (0.9,) * 30)
     assert remembering(essay).calibration() == again.calibration()  # the latest call on another prompt
     assert sum(remembering(trace([1.0] * 30)).calibration().judged) == 0  # greedy: nothing learned yet
+
+
+def test_a_multi_model_cost_table_gives_the_target_curve_and_the_assistant_token_it_is_asked_for(tmp_path):
+    path = tmp_path / "costs.csv"
+    rows = ["model,dtype,context,layout,n,repeat,seconds"]
+    rows += [f"big,bf16,{c},dense,{n},{r},{c / 100 + n / 1000 + r / 1e6}" for c in (200, 1000) for n in (1, 2, 4)
+             for r in (1, 2, 3)]
+    rows += [f"small,bf16,200,dense,1,{r},{0.003 + r / 1e6}" for r in (1, 2, 3)]
+    path.write_text("\n".join(rows) + "\n")
+    costs = pr.costs_from_timings(path, "dense", 9.0, 5, {"model": "big", "context": "1000"}, {"model": "small"})
+    assert costs.draft == pytest.approx(0.003002)
+    assert costs.target[1] == pytest.approx(10.001002) and costs.target[4] == pytest.approx(10.004002)
+    assert costs.target[5] == pytest.approx(10.005002)  # past the largest n: the last slope
+    with pytest.raises(ValueError, match="no column 'gpu'"):
+        pr.costs_from_timings(path, "dense", 9.0, 5, {"gpu": "h100"})
+    with pytest.raises(ValueError, match="no n = 1 timing"):
+        pr.costs_from_timings(path, "dense", 9.0, 5, {"model": "big"}, {"model": "missing"})
+
+
+def test_fixed_schedules_draft_k_tokens_every_step():
+    policies = pr.make_policies(pr.Costs((0.0,) + (1.0,) * 22, 0.1), fixed=(3,))
+    trace = pr.Trace("code", "p", 0.0, 0, (1.0,) * 12, (0.9,) * 12)
+    tokens, _, forwards = pr.replay(policies["fixed-3"](trace), trace, pr.Costs((0.0,) + (1.0,) * 22, 0.1),
+                                    [0.0] * 12, sampling=False)
+    assert (tokens, forwards) == (12, 3)  # 4 tokens a step; the last step drafts only what is left (3)
+
+
+def test_the_bandwidth_bound_estimate_reads_every_weight_once_whatever_n():
+    from experiments import gpu_estimate as ge
+    assert 1.50e9 < ge.weights_read("qwen2.5-coder-1.5b", ge.VOCAB) < 1.58e9  # 1.78B minus the 0.23B embedding
+    assert 0.48e9 < ge.weights_read("qwen2.5-coder-0.5b", ge.VOCAB) < 0.51e9  # tied: the head is the embedding
+    one, many = ge.seconds("qwen2.5-coder-1.5b", 1, 200), ge.seconds("qwen2.5-coder-1.5b", 32, 200)
+    assert one == pytest.approx(many, rel=0.01) and 0.8e-3 < one < 1.0e-3
+    assert ge.seconds("qwen2.5-coder-1.5b", 4096, 200) > 2 * one  # far past the ridge, arithmetic decides
