@@ -154,6 +154,62 @@ def plot_costs(check: Check) -> None:
     plt.close(fig)
 
 
+# ---- graphs --------------------------------------------------------------------------------------------------
+
+def section_graphs(check: Check) -> None:
+    """Forward cost with a static KV cache, eager and replayed from a captured CUDA graph (no launch overhead)."""
+    rows = []
+    for name in (TARGET, ASSISTANT):
+        model, context = check.model(name), check.contexts[0]
+        for n in (1, 2, 4, 8, 16, 32) if not check.args.smoke else (1, 2):
+            rows += graph_rows(check, model, name, context, n)
+        del model
+    check.write_csv("graphs.csv", rows)
+    medians = {}
+    for r in rows:
+        medians.setdefault(f"{r['model']} {r['layout']}", {}).setdefault(r["n"], []).append(r["seconds"])
+    check.summary["graphs"] = {k: {n: statistics.median(v) for n, v in by_n.items()} for k, by_n in medians.items()}
+
+
+def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dict]:
+    """Timings of one n: "static" (eager forward into a StaticCache) and, on CUDA, "graph" (its captured replay)."""
+    from transformers import StaticCache
+    tokenizer = check.tokenizers["qwen2"]
+    cache = StaticCache(config=model.config, max_cache_len=context + 64)
+    prompt = torch.tensor([random_prompt(tokenizer, context, seed=n)], device=check.device)
+    ids = torch.tensor([random_prompt(tokenizer, n, seed=1000 + n)], device=check.device)  # (1, n)
+    positions = torch.arange(context, context + n, device=check.device)  # (n,)
+    with torch.inference_mode():
+        model(input_ids=prompt, cache_position=torch.arange(context, device=check.device), past_key_values=cache,
+              use_cache=True, logits_to_keep=1)
+    step = lambda: model(input_ids=ids, cache_position=positions, past_key_values=cache,  # noqa: E731
+                         use_cache=True, logits_to_keep=n).logits
+    rounds = 2 * check.args.repeats + 1
+    with torch.inference_mode():
+        step()
+        timings = {"static": [check.timed(step)[0] for _ in range(rounds)]}
+        if check.device.type == "cuda":
+            graph = capture(step)
+            graph.replay()
+            timings["graph"] = [check.timed(graph.replay)[0] for _ in range(rounds)]
+    return [{"model": name, "dtype": "bfloat16", "context": context, "layout": layout, "n": n, "repeat": r,
+             "seconds": sec} for layout, values in timings.items() for r, sec in enumerate(values, start=1)]
+
+
+def capture(step):
+    """A CUDA graph of `step` (warmed up on a side stream first, as capture requires)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 # ---- generate ------------------------------------------------------------------------------------------------
 
 def hf_generate(model, ids: list[int], new: int, assistant=None) -> int:
@@ -331,6 +387,13 @@ def write_readme(check: Check) -> None:
         lines += [f"| {label} | " + " | ".join(f"{1e3 * by_n[n]:.2f}" for n in ns) + " |"
                   for label, by_n in s["costs"].items()]
         lines += ["", "![costs](costs.png)", ""]
+    if "graphs" in s:
+        lines += ["## Static cache: eager forward vs CUDA graph replay (median ms)", "", "| model, layout | "
+                  + " | ".join(f"n={n}" for n in next(iter(s["graphs"].values()))) + " |",
+                  "|---" * (len(next(iter(s["graphs"].values()))) + 1) + "|"]
+        lines += [f"| {label} | " + " | ".join(f"{1e3 * v:.2f}" for v in by_n.values()) + " |"
+                  for label, by_n in s["graphs"].items()]
+        lines.append("")
     if "generate" in s:
         lines += ["## Greedy generation, target Qwen2.5-Coder-1.5B architecture (bf16)", "",
                   "| system | ms per token | x target | mean k | loop overhead ms/step |", "|---|---|---|---|---|"]
@@ -377,11 +440,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-scale", type=float, default=6.0, help="output head multiplier: a trained model's peaks")
     p.add_argument("--identity-prompts", type=int, default=None, help="prompts per setting (default 4; 2 with --smoke)")
     p.add_argument("--budget-s", type=float, default=420.0, help="no section starts after this many seconds")
-    p.add_argument("--sections", nargs="+", default=["costs", "generate", "identity", "masks"])
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     return p.parse_args(argv)
 
 
-SECTIONS = {"costs": section_costs, "generate": section_generate, "identity": section_identity, "masks": section_masks}
+SECTIONS = {"costs": section_costs, "graphs": section_graphs, "generate": section_generate, "identity": section_identity,
+            "masks": section_masks}
 
 
 def main(argv: list[str] | None = None) -> int:
