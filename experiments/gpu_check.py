@@ -182,8 +182,13 @@ def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dic
     with torch.inference_mode():
         model(input_ids=prompt, cache_position=torch.arange(context, device=check.device), past_key_values=cache,
               use_cache=True, logits_to_keep=1)
-    step = lambda: model(input_ids=ids, cache_position=positions, past_key_values=cache,  # noqa: E731
-                         use_cache=True, logits_to_keep=n).logits
+
+    def step():  # rewinds the cache's own write counters (newer StaticCache layers keep one on the device) first
+        for layer in getattr(cache, "layers", ()):
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.fill_(context)
+        return model(input_ids=ids, cache_position=positions, past_key_values=cache, use_cache=True,
+                     logits_to_keep=n).logits
     rounds = 2 * check.args.repeats + 1
     with torch.inference_mode():
         step()
