@@ -97,6 +97,8 @@ def generate(
     -------
     GenerationResult
         ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length") and ``stats``.
+        ``value`` is a validated instance of `schema` (pydantic, or `jsonschema` for a dict) or None: never a
+        parsed prefix of a text the budget cut.
 
     Raises
     ------
@@ -121,7 +123,7 @@ def generate(
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    value = parse_value(schema, text, stop)
+    value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
     stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates())
     return GenerationResult(text, new, value, stop, stats)

@@ -10,6 +10,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
 import pydantic
 import torch
 
@@ -173,15 +174,28 @@ def make_cursor(schema, regex, tokenizer, vocab_size: int, eos: frozenset[int]) 
     return Cursor(guide, frozenset(guide.eos_token_ids))
 
 
-def parse_value(schema, text: str, stop_reason: str) -> Any:
-    """The output as a pydantic instance (pydantic class) or parsed JSON (JSON Schema), else None."""
-    if schema is None:
+def parse_value(schema, text: str, complete: bool) -> Any:
+    """The output as a validated instance of `schema`, or None when the text is not complete.
+
+    Completeness comes from the guide (`complete`: it accepts the text as a whole match), validity from the
+    schema's own validator: pydantic for a pydantic class, `jsonschema` (the draft the schema's `$schema` names,
+    else 2020-12) for a dict or a JSON string. A text cut by the token budget before it was complete gives None,
+    never a parsed prefix ("1" for an integer of at least 1000).
+
+    Raises
+    ------
+    ValueError
+        When the guide accepted a text that the schema's validator rejects (a bug of the guide: never silent).
+    """
+    if schema is None or not complete:
         return None
-    try:
-        if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
-            return schema.model_validate_json(text)
-        return json.loads(text)
-    except ValueError:  # pydantic.ValidationError and JSONDecodeError are ValueErrors
-        if stop_reason == "length":
-            return None  # cut by the budget before the JSON was complete
-        raise
+    if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
+        return schema.model_validate_json(text)
+    value = json.loads(text)
+    schema = json.loads(schema) if isinstance(schema, str) else schema
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = jsonschema.exceptions.best_match(validator(schema).iter_errors(value))
+    if error is not None:
+        raise ValueError(f"the guide accepted {text[:80]!r}, which the schema rejects at "
+                         f"{error.json_path}: {error.message}")
+    return value

@@ -13,6 +13,7 @@ import json
 from typing import Literal
 
 import jsonschema
+import pydantic
 import pytest
 import torch
 from pydantic import BaseModel, Field
@@ -21,7 +22,7 @@ import fsm
 from assisted import generate
 from assisted.cache import cache_argument
 from assisted.costs import forget, recall, recall_calibration
-from assisted.inputs import check_options
+from assisted.inputs import check_options, parse_value
 from assisted.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
@@ -343,6 +344,25 @@ def test_value_is_none_for_regex_and_for_json_cut_by_the_budget(tok, models):
     assert regex.value is None and regex.stop_reason == "final"
     cut = generate(models["llama"], tokenizer=tok, prompt="Q:", schema=Character, max_new_tokens=4)
     assert cut.stop_reason == "length" and cut.value is None and len(cut.token_ids) == 4
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 1000}, json.dumps({"type": "integer", "minimum": 1000}),
+                                    {"type": "array", "items": {"type": "integer"}, "minItems": 3}])
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_text_cut_by_the_budget_gives_no_value_even_when_its_prefix_parses(tok, models, schema, budget):
+    out = generate(models["llama"], tokenizer=tok, prompt="Q:", schema=schema, max_new_tokens=budget)
+    assert out.stop_reason == "length" and len(out.token_ids) == budget
+    assert out.value is None
+
+
+def test_value_is_checked_by_the_schemas_own_validator():
+    schema = {"type": "integer", "minimum": 1000}
+    assert parse_value(schema, "1234", complete=True) == 1234
+    assert parse_value(schema, "1", complete=False) is None
+    with pytest.raises(ValueError, match=r"the guide accepted '1', which the schema rejects at \$: 1 is less than"):
+        parse_value(schema, "1", complete=True)  # a guide bug would surface, never pass as a value
+    with pytest.raises(pydantic.ValidationError):
+        parse_value(Character, '{"name": "x"}', complete=True)
 
 
 def test_prompt_forms_agree(tok, models):
