@@ -210,6 +210,31 @@ class Scripted:
         return None
 
 
+class CutAfter(Scripted):
+    """Drafts up to 20 tokens a step and cuts the draft after `n` model drafts, keeping them all."""
+
+    def __init__(self, n):
+        super().__init__([20])
+        self.n = n
+
+    def cut(self, confidence):
+        return len(confidence) if len(confidence) >= self.n else None
+
+
+@pytest.mark.parametrize("constraint", ["schema", "regex"])
+@pytest.mark.parametrize("pair", [("llama", "llama"), ("llama", "llama-other"), ("gpt2", "gpt2")])
+def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(tok, models, monkeypatch, pair, constraint):
+    """A cut just before a forced run still commits the forced run's canonical tokens, as the reference does:
+    the ids never depend on where the policy cut (auto cuts where measured timings say)."""
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=True, **CONSTRAINTS[constraint])
+    outputs = {"reference": generate(models[pair[0]], **kw).token_ids}
+    for n in [None, 1, 2, 3, 4, 5]:
+        policy = Scripted([20]) if n is None else CutAfter(n)
+        monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda *args: policy)
+        outputs[n] = generate(models[pair[0]], models[pair[1]], **kw).token_ids
+    assert len(set(map(tuple, outputs.values()))) == 1, outputs
+
+
 @pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
 def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkeypatch, constraint, coalesce):
