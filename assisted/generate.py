@@ -86,7 +86,7 @@ def generate(
         decoding is largest, from measured costs and the assistant's confidence in each token (calibrated
         online), and plain decoding (k = 0) takes over while it is measured faster (see
         `assisted.auto`). The costs are kept per model pair for later calls, and the confidence calibration
-        per pair and sampling setting (`assisted.costs.forget` clears both).
+        per pair and sampling setting (`assisted.reset_remembered_state()` clears both).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
     prompt_lookup : bool

@@ -25,6 +25,7 @@ from assisted.costs import forget, recall, recall_calibration
 from assisted.inputs import check_options, parse_value
 from assisted.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
+from tests.helpers_clock import pin_clock
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
 
 V = 49152
@@ -51,6 +52,12 @@ CONSTRAINTS = {"none": {}, "schema": {"schema": Character}, "regex": {"regex": R
 def one_thread():
     with threads(1):
         yield
+
+
+@pytest.fixture
+def pinned_clock(monkeypatch):
+    """Equality tests run `auto` on a pinned clock: its decisions never follow the machine's load."""
+    return pin_clock(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +111,7 @@ def test_reference_is_plain_decoding(tok, models, constraint):
 @pytest.mark.parametrize("constraint", list(CONSTRAINTS))
 @pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other"),
                                   ("gpt2", "gpt2"), ("llama", "gpt2")])
+@pytest.mark.usefixtures("pinned_clock")
 def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coalesce):
     target, assistant = models[pair[0]], models[pair[1]]
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
@@ -119,6 +127,7 @@ def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coale
 @pytest.mark.parametrize("schedule", ["heuristic", "auto"])
 @pytest.mark.parametrize("constraint", ["none", "regex"])
 @pytest.mark.parametrize("assistant", [None, "llama-other"])
+@pytest.mark.usefixtures("pinned_clock")
 def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint, schedule):
     prompt = tok.encode("Describe a hero:")
     copyable = generate(models["llama"], tokenizer=tok, input_ids=prompt, max_new_tokens=30, **CONSTRAINTS[constraint])
@@ -255,6 +264,7 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
 
 @pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other")])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
+@pytest.mark.usefixtures("pinned_clock")
 def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models, pair, constraint):
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=False, **CONSTRAINTS[constraint])
     ref = generate(models[pair[0]], **kw)
