@@ -14,7 +14,8 @@ import torch
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.cache import crop_to, forward, new_cache, output_device
 from assisted.costs import StepCost, memorize, recall, recall_calibration
-from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
+from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
+                             prompt_ids)
 from assisted.policy import Policy, make_policy
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.sampling import make_generator, masked, probs
@@ -67,7 +68,8 @@ def generate(
     regex : str, optional
         Regex the output must fully match. At most one of `schema` and `regex`.
     max_new_tokens : int
-        Budget of new tokens (>= 1), EOS included.
+        Budget of new tokens (>= 1), EOS included; cut to what the models' position limits leave after the
+        prompt (stop reason "length" there).
     do_sample : bool
         Sample instead of taking the argmax.
     temperature, top_k, top_p : float, int, float
@@ -109,6 +111,7 @@ def generate(
                          schedule, coalesce)
     vocab_size = check_models(model, assistant_model, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
+    opts = fit_positions(opts, len(ids), model, assistant_model)
     cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer))
     recorder = Recorder()
     assistant = None

@@ -501,6 +501,21 @@ BAD = [
     (dict(prompt=None, input_ids=[V + 5]), ValueError, "outside the vocabulary"),
     (dict(schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True}), fsm.SchemaError, "uniqueItems"),
     (dict(regex=r"(a)\1"), fsm.RegexError, ""),
+    (dict(do_sample=True, temperature=float("nan")), ValueError, "temperature must be a finite number, got nan"),
+    (dict(temperature=float("inf")), ValueError, "temperature must be a finite number, got inf"),
+    (dict(top_p=float("nan")), ValueError, "top_p must be a finite number"),
+    (dict(seed=2**70), ValueError, f"seed must be <= {2**64 - 2}, got {2**70}"),
+    (dict(schema={"type": 5}), fsm.SchemaError, "must be a type name or a non-empty list of them, not 5 (keyword 'type' at #)"),
+    (dict(assistant_model="gpt2"), TypeError, "assistant_model must be a loaded causal LM (a torch.nn.Module), got str"),
+    (dict(tokenizer=None), TypeError, "tokenizer must be the model's transformers tokenizer, got NoneType"),
+    (dict(prompt=None, messages=[{"role": "user", "content": None}]), TypeError, "messages[0] needs a str 'role' and"),
+    (dict(prompt=None, input_ids=torch.tensor([5.7, 6.2])), TypeError, "input_ids must be a tensor of integer ids, got dtype torch.float32"),
+    (dict(do_sample="no"), TypeError, "do_sample must be True or False, got str 'no'"),
+    (dict(coalesce=None), TypeError, "coalesce must be True or False"),
+    (dict(prompt=None, input_ids=[5] * 2048), ValueError, "the prompt has 2048 tokens but model takes at most 2048 positions"),
+    (dict(schema={"type": "object", "properties": {"q": {"type": "string", "pattern": '^say \\"hi\\"$'}}, "required": ["q"]}),
+     fsm.SchemaError, "character JSON must escape ('\"', '\\' or a control character); patterns over escaped characters "
+     "are not supported (keyword 'pattern' at #/properties/q)"),
 ]
 
 
@@ -510,12 +525,21 @@ def test_bad_input_is_refused_before_any_model_call(tok, models, kwargs, error, 
     (t_calls, t_hook), (a_calls, a_hook) = count_calls(target), count_calls(assistant)
     try:
         with pytest.raises(error) as raised:
-            generate(target, assistant, tokenizer=tok, **{"prompt": "hi", **kwargs})
+            generate(target, **{"assistant_model": assistant, "tokenizer": tok, "prompt": "hi", **kwargs})
         assert message in str(raised.value)
         assert t_calls == [] and a_calls == []
     finally:
         t_hook.remove()
         a_hook.remove()
+
+
+@pytest.mark.parametrize("assistant", [None, "gpt2-other"])
+def test_a_budget_past_the_position_limit_stops_there_keeping_the_output(tok, models, assistant):
+    target, helper = models["gpt2"], models.get(assistant)  # learned positions: 512 of them
+    ids = (tok("Describe a hero:")["input_ids"] * 512)[: 512 - 12]
+    out = generate(target, helper, tokenizer=tok, input_ids=ids, max_new_tokens=40)
+    assert out.stop_reason == "length" and len(out.token_ids) == 12
+    assert out.token_ids == generate(target, tokenizer=tok, input_ids=ids, max_new_tokens=12).token_ids
 
 
 def test_an_assistant_with_another_vocabulary_is_refused(tok, models):
