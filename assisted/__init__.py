@@ -4,8 +4,10 @@
     out = generate(model, assistant_model, tokenizer=tok, prompt="...", schema=Character)
 """
 
+from assisted.costs import forget as reset_remembered_state
 from assisted.generate import generate
 from assisted.packing import pack_linear_weights
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord
 
-__all__ = ["generate", "pack_linear_weights", "GenerationResult", "Stats", "Seconds", "StepRecord"]
+__all__ = ["generate", "reset_remembered_state", "pack_linear_weights", "GenerationResult", "Stats", "Seconds",
+           "StepRecord"]

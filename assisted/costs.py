@@ -15,11 +15,14 @@ table for the next call on the same pair (`recall` / `memorize`, for the life of
 first call on a pair pays the warm-up. The mean acceptance is not kept: it belongs to the text. How often a
 draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (measured on the
 Qwen pair: per confidence bin, code, extraction and prose differ little), so the policy's calibration is
-kept per pair and sampling setting (`recall_calibration`). `forget` clears both.
+kept per pair and sampling setting (`recall_calibration`). `forget` (public as
+`assisted.reset_remembered_state`) clears both. One lock guards both registries: concurrent `generate` calls
+from several threads read and write them safely (the last call to finish on a pair is remembered).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, replace
 
@@ -84,6 +87,7 @@ class CostTable:
 
 _MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: (device key, CostTable)}
 _CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: {warp: calibration}}
+_LOCK = threading.Lock()  # guards _MEMORY and _CALIBRATIONS
 
 
 class _Alone:
@@ -101,29 +105,38 @@ def _device_key(model) -> tuple:
 def recall(target, assistant) -> CostTable | None:
     """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads
     and weight layout (`assisted.packing`)."""
-    pairs = _MEMORY.get(target)
-    entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
+    with _LOCK:
+        pairs = _MEMORY.get(target)
+        entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
     return entry[1] if entry is not None and entry[0] == _device_key(target) else None
 
 
 def recall_calibration(target, assistant, warp) -> object | None:
     """What earlier calls on this pair, sampling with `warp`, learned about how often drafts of a given confidence
     are accepted (any device: it belongs to the models and the sampling, not to the hardware)."""
-    pairs = _CALIBRATIONS.get(target)
-    entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
-    return None if entry is None else entry.get(warp)
+    with _LOCK:
+        pairs = _CALIBRATIONS.get(target)
+        entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
+        return None if entry is None else entry.get(warp)
 
 
 def memorize(target, assistant, costs: CostTable | None, calibration: object | None = None, warp=None) -> None:
     """Keep a call's costs (and its policy's calibration under `warp`) for the next call on the pair."""
-    key = _ALONE if assistant is None else assistant
-    if costs is not None:
-        _MEMORY.setdefault(target, weakref.WeakKeyDictionary())[key] = (_device_key(target), costs)
-    if calibration is not None:
-        _CALIBRATIONS.setdefault(target, weakref.WeakKeyDictionary()).setdefault(key, {})[warp] = calibration
+    key, device = (_ALONE if assistant is None else assistant), _device_key(target)
+    with _LOCK:
+        if costs is not None:
+            _MEMORY.setdefault(target, weakref.WeakKeyDictionary())[key] = (device, costs)
+        if calibration is not None:
+            _CALIBRATIONS.setdefault(target, weakref.WeakKeyDictionary()).setdefault(key, {})[warp] = calibration
 
 
 def forget() -> None:
-    """Drop every remembered cost and calibration (the next auto call on any pair warms up again)."""
-    _MEMORY.clear()
-    _CALIBRATIONS.clear()
+    """Drop every remembered cost and calibration, for every model pair (public as
+    `assisted.reset_remembered_state`).
+
+    The next `schedule="auto"` call on any pair warms up again, as the first call in a fresh process does.
+    Safe to call while other threads generate: their calls remember what they measure when they finish.
+    """
+    with _LOCK:
+        _MEMORY.clear()
+        _CALIBRATIONS.clear()

@@ -14,7 +14,8 @@ import torch
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.cache import crop_to, forward, new_cache, output_device
 from assisted.costs import StepCost, memorize, recall, recall_calibration
-from assisted.inputs import Options, check_models, check_options, eos_ids, make_cursor, parse_value, prompt_ids
+from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
+                             prompt_ids)
 from assisted.policy import Policy, make_policy
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.sampling import make_generator, masked, probs
@@ -67,7 +68,8 @@ def generate(
     regex : str, optional
         Regex the output must fully match. At most one of `schema` and `regex`.
     max_new_tokens : int
-        Budget of new tokens (>= 1), EOS included.
+        Budget of new tokens (>= 1), EOS included; cut to what the models' position limits leave after the
+        prompt (stop reason "length" there).
     do_sample : bool
         Sample instead of taking the argmax.
     temperature, top_k, top_p : float, int, float
@@ -86,7 +88,7 @@ def generate(
         decoding is largest, from measured costs and the assistant's confidence in each token (calibrated
         online), and plain decoding (k = 0) takes over while it is measured faster (see
         `assisted.auto`). The costs are kept per model pair for later calls, and the confidence calibration
-        per pair and sampling setting (`assisted.costs.forget` clears both).
+        per pair and sampling setting (`assisted.reset_remembered_state()` clears both).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
     prompt_lookup : bool
@@ -97,6 +99,8 @@ def generate(
     -------
     GenerationResult
         ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length") and ``stats``.
+        ``value`` is a validated instance of `schema` (pydantic, or `jsonschema` for a dict) or None: never a
+        parsed prefix of a text the budget cut.
 
     Raises
     ------
@@ -107,6 +111,7 @@ def generate(
                          schedule, coalesce)
     vocab_size = check_models(model, assistant_model, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
+    opts = fit_positions(opts, len(ids), model, assistant_model)
     cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer))
     recorder = Recorder()
     assistant = None
@@ -122,7 +127,7 @@ def generate(
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    value = parse_value(schema, text, stop)
+    value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
     stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates())
     return GenerationResult(text, new, value, stop, stats)

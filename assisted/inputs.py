@@ -6,10 +6,13 @@ Errors name the argument and what was wrong with it. Schema and regex errors com
 from __future__ import annotations
 
 import json
+import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import jsonschema
+import numpy as np
 import pydantic
 import torch
 
@@ -38,6 +41,8 @@ def check_options(
     """Validate the scalar options; raises ValueError/TypeError naming the argument."""
     _int("max_new_tokens", max_new_tokens, low=1)
     _int("num_assistant_tokens", num_assistant_tokens, low=1)
+    _bool("do_sample", do_sample)
+    _bool("coalesce", coalesce)
     _real("temperature", temperature)
     if do_sample and temperature <= 0:
         raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature}")
@@ -46,7 +51,7 @@ def check_options(
     if top_p is not None and not (_real("top_p", top_p) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if seed is not None:
-        _int("seed", seed, low=0)
+        _int("seed", seed, low=0, high=MAX_SEED)
     if schedule is None:  # auto's draft lengths follow timings: a seeded sample would not repeat under it
         schedule = "heuristic" if do_sample and seed is not None else "auto"
     if schedule not in SCHEDULES:
@@ -55,21 +60,39 @@ def check_options(
     return Options(max_new_tokens, warp, seed, num_assistant_tokens, schedule, bool(coalesce))
 
 
-def _int(name: str, value, low: int) -> None:
+MAX_SEED = 2**64 - 2  # torch generators take 64 bits; the assistant's is seeded with seed + 1
+
+
+def _int(name: str, value, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}")
 
 
 def _real(name: str, value) -> bool:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
     return True
+
+
+def _bool(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):  # "no" or 0.0 must not pass as a truth value
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
 
 
 def check_models(model, assistant_model, tokenizer) -> int:
     """The target's logits size, after checking that the assistant and tokenizer share the vocabulary."""
+    for name, value in (("model", model), ("assistant_model", assistant_model)):
+        if value is not None and not isinstance(value, torch.nn.Module):
+            raise TypeError(f"{name} must be a loaded causal LM (a torch.nn.Module), got {type(value).__name__} "
+                            f"{value!r:.60}: load it first, e.g. AutoModelForCausalLM.from_pretrained(name)")
+    if not all(callable(getattr(tokenizer, m, None)) for m in ("__call__", "__len__", "decode")):
+        raise TypeError(f"tokenizer must be the model's transformers tokenizer, got {type(tokenizer).__name__}")
     size = logits_size(model)
     if len(tokenizer) > size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's logits only {size}")
@@ -126,6 +149,10 @@ def _from_messages(tokenizer, messages) -> list[int]:
         messages = messages[0]
     if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
         raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m["role"], str) or not isinstance(m["content"], (str, list)):
+            raise TypeError(f"messages[{i}] needs a str 'role' and a str (or list of parts) 'content', "
+                            f"got role {m['role']!r}, content {m['content']!r:.60}")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("messages need a chat template, and this tokenizer has none: pass prompt= instead")
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
@@ -140,6 +167,8 @@ def _from_ids(input_ids) -> list[int]:
             input_ids = input_ids[0]
         if input_ids.dim() != 1:
             raise ValueError(f"input_ids must have shape (n,) or (1, n), got {tuple(input_ids.shape)}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be a tensor of integer ids, got dtype {input_ids.dtype}")
         return [int(i) for i in input_ids.tolist()]
     ids = list(input_ids)
     if ids and all(isinstance(row, (list, tuple)) for row in ids):
@@ -149,6 +178,23 @@ def _from_ids(input_ids) -> list[int]:
     if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in ids):
         raise TypeError("input_ids must be ints (a list, a 1-D tensor or a (1, n) tensor)")
     return [int(i) for i in ids]
+
+
+def fit_positions(opts: Options, prompt_length: int, *models) -> Options:
+    """`opts` with the budget cut so that prompt + output fit every model's position limit
+    (`config.max_position_embeddings`, GPT-2's `n_positions`): generation then stops with "length" at the
+    limit, keeping what it generated, instead of failing inside a forward. Raises ValueError when the prompt
+    alone leaves no room."""
+    limits = [(getattr(getattr(m, "config", None), "max_position_embeddings", None), name)
+              for m, name in zip(models, ("model", "assistant_model")) if m is not None]
+    limits = [(limit, name) for limit, name in limits if isinstance(limit, int) and limit > 0]
+    if not limits:
+        return opts
+    limit, name = min(limits, key=lambda pair: pair[0])
+    if prompt_length >= limit:
+        raise ValueError(f"the prompt has {prompt_length} tokens but {name} takes at most {limit} positions "
+                         "(config.max_position_embeddings): no room for a new token; shorten the prompt")
+    return replace(opts, max_new_tokens=min(opts.max_new_tokens, limit - prompt_length))
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -173,15 +219,28 @@ def make_cursor(schema, regex, tokenizer, vocab_size: int, eos: frozenset[int]) 
     return Cursor(guide, frozenset(guide.eos_token_ids))
 
 
-def parse_value(schema, text: str, stop_reason: str) -> Any:
-    """The output as a pydantic instance (pydantic class) or parsed JSON (JSON Schema), else None."""
-    if schema is None:
+def parse_value(schema, text: str, complete: bool) -> Any:
+    """The output as a validated instance of `schema`, or None when the text is not complete.
+
+    Completeness comes from the guide (`complete`: it accepts the text as a whole match), validity from the
+    schema's own validator: pydantic for a pydantic class, `jsonschema` (the draft the schema's `$schema` names,
+    else 2020-12) for a dict or a JSON string. A text cut by the token budget before it was complete gives None,
+    never a parsed prefix ("1" for an integer of at least 1000).
+
+    Raises
+    ------
+    ValueError
+        When the guide accepted a text that the schema's validator rejects (a bug of the guide: never silent).
+    """
+    if schema is None or not complete:
         return None
-    try:
-        if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
-            return schema.model_validate_json(text)
-        return json.loads(text)
-    except ValueError:  # pydantic.ValidationError and JSONDecodeError are ValueErrors
-        if stop_reason == "length":
-            return None  # cut by the budget before the JSON was complete
-        raise
+    if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
+        return schema.model_validate_json(text)
+    value = json.loads(text)
+    schema = json.loads(schema) if isinstance(schema, str) else schema
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = jsonschema.exceptions.best_match(validator(schema).iter_errors(value))
+    if error is not None:
+        raise ValueError(f"the guide accepted {text[:80]!r}, which the schema rejects at "
+                         f"{error.json_path}: {error.message}")
+    return value

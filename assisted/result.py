@@ -76,8 +76,9 @@ class GenerationResult:
     token_ids : list[int]
         The new token ids, including the EOS id when `stop_reason == "eos"`.
     value : Any
-        The pydantic instance (schema was a pydantic class), the parsed JSON (JSON Schema), or None
-        (regex, no constraint, or output cut by the token budget before it was complete).
+        The validated pydantic instance (schema was a pydantic class), the parsed JSON validated by
+        `jsonschema` (JSON Schema), or None (regex, no constraint, or a text the guide does not accept as
+        complete: cut by the token budget, stop reason "length"). Never a parsed prefix.
     stop_reason : {"eos", "final", "length"}
         EOS emitted; the guide reached a final state that allows nothing else; or the budget ran out.
     stats : Stats

@@ -98,6 +98,10 @@ class Cursor:
         if self.guide is not None:
             self._timed(self.guide.advance, token)
 
+    def accepting(self) -> bool:
+        """The text so far is a complete match of the constraint (False without one)."""
+        return self.guide is not None and self._timed(self.guide.is_final)
+
     def finished(self) -> bool:
         """Final, and nothing but EOS is allowed: the output is complete."""
         if self.guide is None or not self._timed(self.guide.is_final):

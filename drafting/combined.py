@@ -4,9 +4,11 @@ Forced tokens cost no model call and count against no budget. The assistant draf
 prompt lookup (free, but verified like the assistant's) up to `lookup_k` more, where the assistant is
 not drafting: after its k tokens, or all of the draft at k = 0. Lookup goes second because its copies
 run on past the end of a copied value, and a failed copy would displace an assistant draft that is
-usually right. The policy's `cut` may end the draft sooner. Drafting also stops at EOS, at a final
-state that allows only EOS, or at `limit` tokens in all. Without an assistant this yields forced runs
-only; without forced tokens either, empty drafts (plain decoding: one target forward per token).
+usually right. The policy's `cut` may end the model drafting sooner; a forced run right after the
+last kept draft is still appended, so that a forced position always gets the canonical tokens whatever
+the cut (as without one, and as plain decoding with coalescence does). Drafting also stops at EOS, at a
+final state that allows only EOS, or at `limit` tokens in all. Without an assistant this yields forced
+runs only; without forced tokens either, empty drafts (plain decoding: one target forward per token).
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ class CombinedSource:
         lookup_k = k if lookup_k is None else lookup_k
         tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
         run, copied, finished = ForcedTokens(), [], cursor.finished()
+        closed = False  # a cut kept every model draft: only the forced run that follows is still appended
         drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
         while len(tokens) < limit and not finished:
             token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
-            assisting = self.assistant is not None and sources.count("assistant") < k
-            if token is None and not assisting and (looked := sources.count("lookup")) < lookup_k:
+            assisting = not closed and self.assistant is not None and sources.count("assistant") < k
+            if token is None and not assisting and not closed and (looked := sources.count("lookup")) < lookup_k:
                 (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - looked), "lookup"
             if token is None and assisting:
                 token, q, c = self.assistant.next(seq + tokens, masks[-1])
@@ -72,9 +75,12 @@ class CombinedSource:
             keep = None if cut is None or source == "forced" else cut(tuple(drafted))
             if keep is not None:
                 keep = max(keep, len(drafted) - 1) if self.sampling else keep  # see above
-                end = len(tokens) if keep == len(drafted) else [i for i, s in enumerate(sources) if s != "forced"][keep]
+                if keep == len(drafted):  # the forced run after the last draft is canonical, as without a cut
+                    closed = True
+                    continue
+                end = [i for i, s in enumerate(sources) if s != "forced"][keep]
                 tokens, sources, confidence, masks = tokens[:end], sources[:end], confidence[:end], masks[: end + 1]
-                rows, finished = rows[: sources.count("assistant")], finished and keep == len(drafted)
+                rows, finished = rows[: sources.count("assistant")], False
                 break
         return Draft(tuple(tokens), tuple(sources), self._stack(masks), self._q(tokens, sources, rows), tuple(confidence),
                      finished)

@@ -23,9 +23,12 @@ def typed(c, schema: dict, pointer: str) -> rx.Rx:
     if types is None:  # every type, as validators read it (keywords constrain only their own type)
         types = list(ALL_TYPES)
     types = [types] if isinstance(types, str) else types
-    unknown = [t for t in types if t not in ALL_TYPES]
-    if unknown or not types or not isinstance(types, list):
-        raise SchemaError(f"unknown type {unknown[0] if unknown else types!r}", keyword="type", pointer=pointer)
+    if not isinstance(types, list) or not types:
+        raise SchemaError(f"must be a type name or a non-empty list of them, not {types!r}", keyword="type",
+                          pointer=pointer)
+    unknown = [t for t in types if not isinstance(t, str) or t not in ALL_TYPES]
+    if unknown:
+        raise SchemaError(f"unknown type {unknown[0]!r} (known: {', '.join(ALL_TYPES)})", keyword="type", pointer=pointer)
     if "integer" in types and "number" in types:
         types = [t for t in types if t != "integer"]
     from fsm.schema_objects import type_object
@@ -84,7 +87,19 @@ def type_string(c, schema: dict, pointer: str) -> rx.Rx:
     if not content:
         return jt.string(low, high)
     inside = rx.inter(rx.star(jt.PLAIN_CHAR), rx.repeat(ANY_CHAR, low, high), *content)  # no escapes
+    if patterns and _proved_empty(inside) and not _proved_empty(rx.inter(rx.repeat(ANY_CHAR, low, high), *content)):
+        raise SchemaError("matches only strings with a character JSON must escape ('\"', '\\' or a control "
+                          "character); patterns over escaped characters are not supported", keyword="pattern",
+                          pointer=pointer)
     return rx.seq(jt.QUOTE, inside, jt.QUOTE)
+
+
+def _proved_empty(term: rx.Rx, limit: int = 2_000) -> bool:
+    """True only when a bounded search proves `term` empty (False when unsure)."""
+    try:
+        return rx.is_empty(term, limit=limit)
+    except ValueError:
+        return False
 
 
 def _format(c, name, pointer: str) -> list[rx.Rx]:

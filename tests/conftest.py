@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def clean_remembered_state():
+    """Every test starts with no costs or calibration remembered by `schedule="auto"`: one test's timings never
+    steer the next one's draft lengths. (Without `assisted` imported there is nothing to clear.)"""
+    assisted = sys.modules.get("assisted")
+    if assisted is not None:
+        assisted.reset_remembered_state()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -263,6 +263,11 @@ def test_annotations_are_ignored():
         ({"type": "string", "minLength": 5, "maxLength": 2}, "maxLength", "#"),
         ({"type": "string", "maxLength": "3"}, "maxLength", "#"),
         ({"type": "strin"}, "type", "#"),
+        ({"type": 5}, "type", "#"),
+        ({"type": ["string", {}]}, "type", "#"),
+        ({"type": "object", "properties": {"q": {"type": "string", "pattern": '^"$'}}, "required": ["q"]}, "pattern",
+         "#/properties/q"),
+        ({"type": "string", "pattern": "^a\\\\b$"}, "pattern", "#"),  # a backslash JSON writes escaped
         ({"$ref": "#/$defs/missing"}, "$ref", "#"),
         ({"$ref": "https://example.com/schema.json"}, "$ref", "#"),
         ({"type": "string", "pattern": "(?<=a)b"}, "pattern", "#"),

@@ -13,6 +13,7 @@ import json
 from typing import Literal
 
 import jsonschema
+import pydantic
 import pytest
 import torch
 from pydantic import BaseModel, Field
@@ -21,9 +22,10 @@ import fsm
 from assisted import generate
 from assisted.cache import cache_argument
 from assisted.costs import forget, recall, recall_calibration
-from assisted.inputs import check_options
+from assisted.inputs import check_options, parse_value
 from assisted.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
+from tests.helpers_clock import pin_clock
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
 
 V = 49152
@@ -50,6 +52,12 @@ CONSTRAINTS = {"none": {}, "schema": {"schema": Character}, "regex": {"regex": R
 def one_thread():
     with threads(1):
         yield
+
+
+@pytest.fixture
+def pinned_clock(monkeypatch):
+    """Equality tests run `auto` on a pinned clock: its decisions never follow the machine's load."""
+    return pin_clock(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +111,7 @@ def test_reference_is_plain_decoding(tok, models, constraint):
 @pytest.mark.parametrize("constraint", list(CONSTRAINTS))
 @pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other"),
                                   ("gpt2", "gpt2"), ("llama", "gpt2")])
+@pytest.mark.usefixtures("pinned_clock")
 def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coalesce):
     target, assistant = models[pair[0]], models[pair[1]]
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
@@ -118,6 +127,7 @@ def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coale
 @pytest.mark.parametrize("schedule", ["heuristic", "auto"])
 @pytest.mark.parametrize("constraint", ["none", "regex"])
 @pytest.mark.parametrize("assistant", [None, "llama-other"])
+@pytest.mark.usefixtures("pinned_clock")
 def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint, schedule):
     prompt = tok.encode("Describe a hero:")
     copyable = generate(models["llama"], tokenizer=tok, input_ids=prompt, max_new_tokens=30, **CONSTRAINTS[constraint])
@@ -209,6 +219,31 @@ class Scripted:
         return None
 
 
+class CutAfter(Scripted):
+    """Drafts up to 20 tokens a step and cuts the draft after `n` model drafts, keeping them all."""
+
+    def __init__(self, n):
+        super().__init__([20])
+        self.n = n
+
+    def cut(self, confidence):
+        return len(confidence) if len(confidence) >= self.n else None
+
+
+@pytest.mark.parametrize("constraint", ["schema", "regex"])
+@pytest.mark.parametrize("pair", [("llama", "llama"), ("llama", "llama-other"), ("gpt2", "gpt2")])
+def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(tok, models, monkeypatch, pair, constraint):
+    """A cut just before a forced run still commits the forced run's canonical tokens, as the reference does:
+    the ids never depend on where the policy cut (auto cuts where measured timings say)."""
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=True, **CONSTRAINTS[constraint])
+    outputs = {"reference": generate(models[pair[0]], **kw).token_ids}
+    for n in [None, 1, 2, 3, 4, 5]:
+        policy = Scripted([20]) if n is None else CutAfter(n)
+        monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda *args: policy)
+        outputs[n] = generate(models[pair[0]], models[pair[1]], **kw).token_ids
+    assert len(set(map(tuple, outputs.values()))) == 1, outputs
+
+
 @pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
 def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkeypatch, constraint, coalesce):
@@ -229,6 +264,7 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
 
 @pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other")])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
+@pytest.mark.usefixtures("pinned_clock")
 def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models, pair, constraint):
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=False, **CONSTRAINTS[constraint])
     ref = generate(models[pair[0]], **kw)
@@ -345,6 +381,25 @@ def test_value_is_none_for_regex_and_for_json_cut_by_the_budget(tok, models):
     assert cut.stop_reason == "length" and cut.value is None and len(cut.token_ids) == 4
 
 
+@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 1000}, json.dumps({"type": "integer", "minimum": 1000}),
+                                    {"type": "array", "items": {"type": "integer"}, "minItems": 3}])
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_text_cut_by_the_budget_gives_no_value_even_when_its_prefix_parses(tok, models, schema, budget):
+    out = generate(models["llama"], tokenizer=tok, prompt="Q:", schema=schema, max_new_tokens=budget)
+    assert out.stop_reason == "length" and len(out.token_ids) == budget
+    assert out.value is None
+
+
+def test_value_is_checked_by_the_schemas_own_validator():
+    schema = {"type": "integer", "minimum": 1000}
+    assert parse_value(schema, "1234", complete=True) == 1234
+    assert parse_value(schema, "1", complete=False) is None
+    with pytest.raises(ValueError, match=r"the guide accepted '1', which the schema rejects at \$: 1 is less than"):
+        parse_value(schema, "1", complete=True)  # a guide bug would surface, never pass as a value
+    with pytest.raises(pydantic.ValidationError):
+        parse_value(Character, '{"name": "x"}', complete=True)
+
+
 def test_prompt_forms_agree(tok, models):
     model = models["llama"]
     ids = tok("Tell me")["input_ids"]
@@ -446,6 +501,21 @@ BAD = [
     (dict(prompt=None, input_ids=[V + 5]), ValueError, "outside the vocabulary"),
     (dict(schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True}), fsm.SchemaError, "uniqueItems"),
     (dict(regex=r"(a)\1"), fsm.RegexError, ""),
+    (dict(do_sample=True, temperature=float("nan")), ValueError, "temperature must be a finite number, got nan"),
+    (dict(temperature=float("inf")), ValueError, "temperature must be a finite number, got inf"),
+    (dict(top_p=float("nan")), ValueError, "top_p must be a finite number"),
+    (dict(seed=2**70), ValueError, f"seed must be <= {2**64 - 2}, got {2**70}"),
+    (dict(schema={"type": 5}), fsm.SchemaError, "must be a type name or a non-empty list of them, not 5 (keyword 'type' at #)"),
+    (dict(assistant_model="gpt2"), TypeError, "assistant_model must be a loaded causal LM (a torch.nn.Module), got str"),
+    (dict(tokenizer=None), TypeError, "tokenizer must be the model's transformers tokenizer, got NoneType"),
+    (dict(prompt=None, messages=[{"role": "user", "content": None}]), TypeError, "messages[0] needs a str 'role' and"),
+    (dict(prompt=None, input_ids=torch.tensor([5.7, 6.2])), TypeError, "input_ids must be a tensor of integer ids, got dtype torch.float32"),
+    (dict(do_sample="no"), TypeError, "do_sample must be True or False, got str 'no'"),
+    (dict(coalesce=None), TypeError, "coalesce must be True or False"),
+    (dict(prompt=None, input_ids=[5] * 2048), ValueError, "the prompt has 2048 tokens but model takes at most 2048 positions"),
+    (dict(schema={"type": "object", "properties": {"q": {"type": "string", "pattern": '^say \\"hi\\"$'}}, "required": ["q"]}),
+     fsm.SchemaError, "character JSON must escape ('\"', '\\' or a control character); patterns over escaped characters "
+     "are not supported (keyword 'pattern' at #/properties/q)"),
 ]
 
 
@@ -455,12 +525,21 @@ def test_bad_input_is_refused_before_any_model_call(tok, models, kwargs, error, 
     (t_calls, t_hook), (a_calls, a_hook) = count_calls(target), count_calls(assistant)
     try:
         with pytest.raises(error) as raised:
-            generate(target, assistant, tokenizer=tok, **{"prompt": "hi", **kwargs})
+            generate(target, **{"assistant_model": assistant, "tokenizer": tok, "prompt": "hi", **kwargs})
         assert message in str(raised.value)
         assert t_calls == [] and a_calls == []
     finally:
         t_hook.remove()
         a_hook.remove()
+
+
+@pytest.mark.parametrize("assistant", [None, "gpt2-other"])
+def test_a_budget_past_the_position_limit_stops_there_keeping_the_output(tok, models, assistant):
+    target, helper = models["gpt2"], models.get(assistant)  # learned positions: 512 of them
+    ids = (tok("Describe a hero:")["input_ids"] * 512)[: 512 - 12]
+    out = generate(target, helper, tokenizer=tok, input_ids=ids, max_new_tokens=40)
+    assert out.stop_reason == "length" and len(out.token_ids) == 12
+    assert out.token_ids == generate(target, tokenizer=tok, input_ids=ids, max_new_tokens=12).token_ids
 
 
 def test_an_assistant_with_another_vocabulary_is_refused(tok, models):

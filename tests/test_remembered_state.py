@@ -1,0 +1,109 @@
+"""What `schedule="auto"` remembers per model pair: cleared before every test, reset by a public call, and
+safe under concurrent `generate` calls from several threads."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import assisted
+from assisted import generate
+from assisted.costs import CostTable, memorize, recall, recall_calibration
+from assisted.sampling import Warp
+from tests.helpers_models import smollm2_tokenizer, threads, tiny_gpt2
+
+V = 49152
+GREEDY = Warp()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    with threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_gpt2(V, seed=2), tiny_gpt2(V, seed=3)
+
+
+def run_auto(tok, target, assistant, max_new_tokens=10):
+    return generate(target, assistant, tokenizer=tok, prompt="Hi", max_new_tokens=max_new_tokens, schedule="auto")
+
+
+def test_a_call_remembers_its_costs_and_calibration(tok, pair):  # the next test sees them cleared
+    run_auto(tok, *pair)
+    assert recall(*pair) is not None and recall_calibration(*pair, GREEDY) is not None
+
+
+def test_every_test_starts_with_nothing_remembered(pair):
+    assert recall(*pair) is None and recall_calibration(*pair, GREEDY) is None
+
+
+def test_reset_remembered_state_clears_every_pair(tok, pair):
+    run_auto(tok, *pair)
+    run_auto(tok, pair[0], None)
+    assisted.reset_remembered_state()
+    assert recall(*pair) is None and recall(pair[0], None) is None and recall_calibration(*pair, GREEDY) is None
+    assert run_auto(tok, *pair).stats.k_trace[:3] == (5, 5, 0)  # warms up again, as in a fresh process
+
+
+@pytest.fixture
+def busy_switching():
+    """Threads switch every microsecond: races show up in a few rounds."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_concurrent_calls_give_the_sequential_ids_and_leave_a_consistent_memory(tok, pair, busy_switching):
+    target, helper = pair
+    expected = generate(target, tokenizer=tok, prompt="Hi", max_new_tokens=10).token_ids  # greedy: cuts are lossless
+    assistants = [helper, target, None]
+    with ThreadPoolExecutor(6) as pool:
+        outputs = list(pool.map(lambda i: run_auto(tok, target, assistants[i % 3]).token_ids, range(12)))
+    assert outputs == [expected] * 12
+    for assistant in assistants:
+        assert recall(target, assistant) is not None
+
+
+def test_the_registry_survives_threads_that_memorize_recall_and_reset_at_once(busy_switching):
+    targets = [torch.nn.Linear(2, 2) for _ in range(4)]
+    assistants = [torch.nn.Linear(2, 2) for _ in range(4)]
+    errors, start = [], threading.Barrier(9)
+
+    def writer(t):
+        start.wait()
+        try:
+            for round_ in range(200):
+                for a in assistants:
+                    memorize(targets[t], a, CostTable(draft_per_token=float(round_)), object(), GREEDY)
+                    recall(targets[t], a)
+                    recall_calibration(targets[t], a, GREEDY)
+        except Exception as error:  # noqa: BLE001 - any exception is the failure this test looks for
+            errors.append(error)
+
+    def resetter():
+        start.wait()
+        for _ in range(50):
+            assisted.reset_remembered_state()
+
+    workers = [threading.Thread(target=writer, args=(t % 4,)) for t in range(8)] + [threading.Thread(target=resetter)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    for t in targets:  # the registry still works after the storm
+        memorize(t, assistants[0], CostTable(draft_per_token=1.0))
+        assert recall(t, assistants[0]).draft_per_token == 1.0
