@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime
 import json
 import platform
@@ -9,6 +10,12 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
 
 # Published on JSONSchemaBench (Geng et al. 2025, 11,306 schemas; MaskBench is a 2,778-schema sample).
 ANCHORS = {"llguidance": {"covered": 0.79}, "XGrammar": {"covered": 0.72},
@@ -135,7 +142,6 @@ def write_report(out: Path, totals: dict, setup: dict) -> dict:
 
 def rebuild(out: Path) -> dict:
     """Re-render summary.md/png/json from schemas.csv, failures.csv and the old summary.json."""
-    from experiments.coverage import read_csv
 
     old = json.loads((out / "summary.json").read_text())
     totals = {"rows": read_csv(out / "schemas.csv"), "failures": read_csv(out / "failures.csv"),

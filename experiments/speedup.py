@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
-from experiments.stats import paired_ratio  # noqa: E402
+from experiments.intervals import paired_ratio  # noqa: E402
 from experiments.tasks import assistant_label, count_forwards, load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from experiments import demo, forward_cost, speedup, stats, structured
-from experiments.stats import paired_ratio
+from experiments.intervals import paired_ratio
 from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
 from tests.helpers_models import threads, tiny_llama
 
