@@ -6,6 +6,7 @@
 
 from assisted.generate import generate
 from assisted.packing import pack_linear_weights
+from assisted.processor import GuideLogitsProcessor, logits_processor
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord
 
-__all__ = ["generate", "pack_linear_weights", "GenerationResult", "Stats", "Seconds", "StepRecord"]
+__all__ = ["generate", "logits_processor", "GuideLogitsProcessor", "pack_linear_weights", "GenerationResult", "Stats", "Seconds", "StepRecord"]
