@@ -263,8 +263,7 @@ def cached(name: str, *, tokenizer_only: bool = False) -> Path:
         gguf = _installed_gguf(SOURCES[name])
         if gguf is None:
             raise NotPreparedError(f"model source {name!r} has not been prepared (no cache in "
-                                   f"{cache_root() / name}). Prepare it once with:\n"
-                                   f"    structspec prepare {name}")
+                                   f"{cache_root() / name}); prepare it once with: structspec prepare {name}")
         print(f"converting {gguf.name} once into {cache_root() / name} ...", file=sys.stderr)
         _convert(SOURCES[name], gguf, model=not tokenizer_only)
     return folder

@@ -8,7 +8,6 @@ re-exported under the names the experiments and tests use, plus drafters made fo
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
@@ -59,24 +58,11 @@ def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     return AutoModelForCausalLM.from_config(config).to(model.dtype).to(model.device).eval()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line: ``prepare NAME...`` and ``list``."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.models", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", help="fetch, verify and convert named sources once")
-    prep.add_argument("names", nargs="+", choices=list(SOURCES))
-    prep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    prep.add_argument("--force", action="store_true", help="rebuild an existing cache")
-    commands.add_parser("list", help="show named sources and whether they are ready")
-    args = parser.parse_args(argv)
-    if args.command == "prepare":
-        for name in args.names:
-            print(f"{name}: ready in {prepare(name, dtype=args.dtype, force=args.force)}")
-    else:
-        print(f"cache: {cache_root()}")
-        for name, source in SOURCES.items():
-            print(f"{name:20} {status(name)}\n{'':20} {source.description}")
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``prepare NAME...`` and ``list`` (the same as ``structspec prepare`` / ``structspec list``)."""
+    from assisted.cli import main as structspec
+    return structspec(argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
