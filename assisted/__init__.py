@@ -6,7 +6,8 @@
 
 from assisted.generate import generate
 from assisted.packing import pack_linear_weights
+from assisted.prefix import PrefixCache
 from assisted.processor import GuideLogitsProcessor, logits_processor
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord
 
-__all__ = ["generate", "logits_processor", "GuideLogitsProcessor", "pack_linear_weights", "GenerationResult", "Stats", "Seconds", "StepRecord"]
+__all__ = ["generate", "logits_processor", "GuideLogitsProcessor", "PrefixCache", "pack_linear_weights", "GenerationResult", "Stats", "Seconds", "StepRecord"]

@@ -152,7 +152,7 @@ def stats_record(stats) -> dict:
     s = stats.seconds
     return {
         "new_tokens": stats.new_tokens,
-        "prefill_tokens": getattr(stats, "prefill_tokens", None),
+        "prefill_tokens": stats.prefill_tokens,
         "target_forward_passes": stats.target_forward_passes,
         "assistant_forward_passes": stats.assistant_forward_passes,
         "drafted": stats.drafted,

@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     many.add_argument("--input", type=Path, required=True, help='JSONL: {"id", "prompt"} or {"id", "messages"}')
     many.add_argument("--output", type=Path, required=True, help="JSONL, appended to; a rerun skips ids done")
     many.add_argument("--no-progress", action="store_true", help="no progress bar")
+    many.add_argument("--no-prefix-cache", action="store_true",
+                      help="prefill every prompt in full (default: reuse the KV cache of the prefix shared with the "
+                           "previous document)")
     prep = commands.add_parser("prepare", help="fetch, verify and convert named offline sources once")
     prep.add_argument("names", nargs="+")
     prep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -170,14 +173,15 @@ def command_generate(args, load: Callable) -> int:
 
 
 def command_batch(args, load: Callable) -> int:
-    from assisted import generate
+    from assisted import PrefixCache, generate
     constraint, decoding = constraint_of(args), decoding_of(args)
     documents, bad = read_input(args.input)
     read_output(args.output)  # not ours: refuse before loading anything
     model, tokenizer, assistant = load(args)
+    reuse = PrefixCache() if not args.no_prefix_cache else None  # the shared instruction is prefilled once
 
     def generate_one(document: Document):
-        return generate(model, assistant, tokenizer=tokenizer, **constraint, **decoding,
+        return generate(model, assistant, tokenizer=tokenizer, **constraint, **decoding, prefix_cache=reuse,
                         **_prompt_of(document.prompt, document.messages, args.chat))
 
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731

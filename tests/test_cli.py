@@ -96,7 +96,8 @@ def test_a_rerun_skips_done_ids_and_rewrites_nothing(pair, files, capsys):
 
 
 def untimed(record):
-    del record["stats"]["seconds"]
+    """The record without what a rerun may change: timings, and prefill (its prefix cache starts empty)."""
+    del record["stats"]["seconds"], record["stats"]["prefill_tokens"]
     return record
 
 
@@ -217,3 +218,16 @@ def test_smollm2_generate_and_batch_through_the_real_loader(files, capsys):
     assert [r["id"] for r in rows] == ["d0", "d1", "d2", "d3"]
     for row in rows:
         jsonschema.validate(row["value"], POINT)
+
+
+def test_batch_reuses_the_shared_instruction_and_writes_the_same_lines(pair, files, tmp_path):
+    schema, docs, out = files
+    instruction = "Extract the point as JSON with keys x and tag. " * 5
+    docs.write_text("".join(json.dumps({"id": i, "prompt": f"{instruction}Doc {i}:"}) + "\n" for i in range(3)))
+    plain = tmp_path / "plain.jsonl"
+    assert main(batch(schema, docs, out), load=injected(pair)) == 0
+    assert main(batch(schema, docs, plain, "--no-prefix-cache"), load=injected(pair)) == 0
+    reused, full = records(out), records(plain)
+    assert [r["text"] for r in reused] == [r["text"] for r in full]
+    prefill = [r["stats"]["prefill_tokens"] for r in reused]
+    assert prefill[0] == full[0]["stats"]["prefill_tokens"] and max(prefill[1:]) < prefill[0] // 2
