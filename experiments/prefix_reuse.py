@@ -44,8 +44,6 @@ EXAMPLES = [
      '{"name":"Kenji Sato","age":29,"city":"Osaka","occupation":"research engineer"}'),
     ("The bakery on Rue Oberkampf in Paris belongs to Claire Dubois, 55, who has been a baker since she was 17.",
      '{"name":"Claire Dubois","age":55,"city":"Paris","occupation":"baker"}'),
-    ("Retired teacher Samuel Okafor (71) spends his mornings in a Lagos library, reading to children.",
-     '{"name":"Samuel Okafor","age":71,"city":"Lagos","occupation":"retired teacher"}'),
 ]
 INSTRUCTION = (
     "You are a careful information extraction system. Read the document the user gives you and extract exactly "
@@ -138,13 +136,20 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def shared_prefix(tokenizer, first: str, second: str) -> int:
+    """Tokens the prompts of two documents have in common (the instruction and the chat template's start)."""
+    a, b = (tokenizer(tokenizer.apply_chat_template(messages(d), tokenize=False, add_generation_prompt=True),
+                      add_special_tokens=False)["input_ids"] for d in (first, second))
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def write(args, rows: list[dict], tokenizer, argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    shared = len(tokenizer.apply_chat_template(messages(""), tokenize=True, add_generation_prompt=True))
+    shared = shared_prefix(tokenizer, DOCUMENTS[0], DOCUMENTS[1])
     readme = [f"# Prefix reuse {args.out.name}", "",
               f"- command: `python -m experiments.prefix_reuse {' '.join(argv)}`",
               f"- date: {datetime.date.today().isoformat()}", *machine_lines(),
@@ -152,8 +157,8 @@ def write(args, rows: list[dict], tokenizer, argv: list[str]) -> None:
               f"torch threads {torch.get_num_threads()}",
               f"- target {args.model}, assistant {args.assistant or 'none'}{' (int8)' if args.int8_assistant else ''}, "
               f"greedy, schema-constrained (coalesced forced tokens), max_new_tokens {args.max_new_tokens}",
-              f"- {len({r['document'] for r in rows})} documents behind one shared system instruction with four "
-              f"few-shot examples (about {shared} prompt tokens before the document)", "",
+              f"- {len({r['document'] for r in rows})} documents behind one shared system instruction with three "
+              f"few-shot examples ({shared} prompt tokens shared by every document's prompt)", "",
               *summary(rows), "",
               "Both modes run every document, interleaved with alternating order; plain prefills the whole prompt,",
               "reuse keeps the previous document's KV cache and prefills only what follows the shared prefix.",
