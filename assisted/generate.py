@@ -8,6 +8,7 @@ guide cursor (the state after `seq`). Drafts run ahead on a copy of the cursor.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -17,6 +18,7 @@ from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
                              prompt_ids)
 from assisted.policy import Policy, make_policy
+from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.sampling import make_generator, masked, probs
 from drafting.assistant import AssistantDrafter
@@ -45,6 +47,7 @@ def generate(
     schedule: str | None = None,
     coalesce: bool = True,
     prompt_lookup: bool = False,
+    prefix_cache: PrefixCache | None = None,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
@@ -94,6 +97,9 @@ def generate(
     prompt_lookup : bool
         Also draft by copying from the prompt what followed the latest occurrence of the text just written
         (free, verified like the assistant's tokens, counted in k); strong when the output quotes the input.
+    prefix_cache : assisted.PrefixCache, optional
+        Reuse the target's and the assistant's KV caches for the longest token prefix this prompt shares with
+        a kept earlier call, and keep this call's caches there (``stats.prefill_tokens`` counts what ran).
 
     Returns
     -------
@@ -124,21 +130,36 @@ def generate(
     policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model),
                          recall_calibration(model, assistant_model, opts.warp))
     with torch.inference_mode():
-        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder)
+        cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids)
+        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached)
+        if prefix_cache is not None:
+            prefix_cache.put(model, assistant_model, ids + new, cache, assistant and assistant.cache)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
     stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates())
+    stats = replace(stats, prefill_tokens=len(ids) - cached)
     return GenerationResult(text, new, value, stop, stats)
 
 
+def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int]):
+    """(target cache, tokens it holds): empty, or a kept prefix of `ids` (the drafter gets its own too)."""
+    if prefix_cache is None:
+        return new_cache(), 0
+    if not isinstance(prefix_cache, PrefixCache):
+        raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
+    cache, cached, helper_cache, helper_cached = prefix_cache.take(model, assistant_model, ids)
+    if drafter is not None and helper_cache is not None:
+        drafter.cache, drafter.cached = helper_cache, helper_cached
+    return cache, cached
+
+
 def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
-            rec: Recorder):
-    """The decode loop; returns (new token ids, stop reason)."""
-    cache = new_cache()
+            rec: Recorder, cache, cached: int):
+    """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
-    seq, end, cached = list(prompt), len(prompt) + opts.max_new_tokens, 0  # target cache holds seq[:cached]
+    seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
     if cursor.finished():
         return [], "final"
     while True:

@@ -54,6 +54,7 @@ class Stats:
     seconds: Seconds
     steps: tuple[StepRecord, ...]
     estimates: Estimates | None = None  # schedule="auto": final cost model and acceptance estimate
+    prefill_tokens: int = 0  # prompt tokens the target ran (the rest came from a prefix cache)
 
     @property
     def acceptance_rate(self) -> float:

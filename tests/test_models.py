@@ -63,7 +63,7 @@ def test_assemble_needs_exactly_one_data_member(tmp_path):
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
 def test_unprepared_source_says_which_command_prepares_it(name):
     for loader in (models.load, models.load_tokenizer):
-        with pytest.raises(models.NotPreparedError, match=f"python -m experiments.models prepare {name}"):
+        with pytest.raises(models.NotPreparedError, match=f"structspec prepare {name}"):
             loader(name)
 
 

@@ -1,0 +1,7 @@
+"""`python -m assisted ...` runs the `structspec` command."""
+
+import sys
+
+from assisted.cli import main
+
+sys.exit(main())

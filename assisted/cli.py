@@ -1,0 +1,247 @@
+"""The `structspec` command: generate once, over a JSONL batch, or prepare the named offline models.
+
+    structspec generate --model smollm2-135m --schema person.json --prompt "Ada, 36, engineer:" --stats
+    structspec batch --model M --assistant A --schema s.json --input docs.jsonl --output out.jsonl
+    structspec prepare qwen2.5-coder-1.5b          structspec list
+
+Every argument and file is checked before a model is loaded; a problem that stops the run is one line on
+stderr and a non-zero exit status. In a batch, a bad input line is reported and written as an error line,
+and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from assisted.batch import BatchError, Document, read_input, read_output, result_record, run_batch, stats_record
+
+EXIT_ERROR = 2
+
+
+class CliError(ValueError):
+    """A one-line error that stops the run."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="structspec", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("generate", help="generate once and print the output")
+    _model_options(one)
+    prompt = one.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt text (see --chat)")
+    prompt.add_argument("--messages", type=Path, help="a JSON file with a list of {role, content} chat messages")
+    one.add_argument("--stats", action="store_true", help="also print the run's statistics (JSON, on stderr)")
+    many = commands.add_parser("batch", help="generate for every line of a JSONL file, resumable")
+    _model_options(many)
+    many.add_argument("--input", type=Path, required=True, help='JSONL: {"id", "prompt"} or {"id", "messages"}')
+    many.add_argument("--output", type=Path, required=True, help="JSONL, appended to; a rerun skips ids done")
+    many.add_argument("--no-progress", action="store_true", help="no progress bar")
+    many.add_argument("--no-prefix-cache", action="store_true",
+                      help="prefill every prompt in full (default: reuse the KV cache of the prefix shared with the "
+                           "previous document)")
+    prep = commands.add_parser("prepare", help="fetch, verify and convert named offline sources once")
+    prep.add_argument("names", nargs="+")
+    prep.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    prep.add_argument("--force", action="store_true", help="rebuild an existing cache")
+    commands.add_parser("list", help="show the named offline sources and whether they are ready")
+    return parser.parse_args(argv)
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    models = parser.add_argument_group("models")
+    models.add_argument("--model", required=True, help="hub id, local folder, .gguf file or named offline source")
+    models.add_argument("--assistant", help="drafting model with the same vocabulary (same forms as --model)")
+    models.add_argument("--device", default="cpu")
+    models.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto")
+    models.add_argument("--int8-assistant", action="store_true", help="int8 copy of the assistant (CPU)")
+    models.add_argument("--pack", action="store_true", help="pack the target's Linear weights (CPU)")
+    models.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    constraint = parser.add_mutually_exclusive_group()
+    constraint.add_argument("--schema", type=Path, help="a JSON Schema file")
+    constraint.add_argument("--pydantic", help="a pydantic model class, module:Class")
+    constraint.add_argument("--regex", help="a regex the output must fully match")
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument("--chat", action="store_true", help="format --prompt / prompts as one user chat message")
+    decoding.add_argument("--max-new-tokens", type=int, default=512)
+    decoding.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
+    decoding.add_argument("--top-k", type=int)
+    decoding.add_argument("--top-p", type=float)
+    decoding.add_argument("--seed", type=int)
+    decoding.add_argument("--num-assistant-tokens", type=int, default=5)
+    decoding.add_argument("--schedule", choices=["auto", "heuristic", "constant"])
+    decoding.add_argument("--lossless", action="store_true", help="verify forced tokens too (coalesce=False)")
+    decoding.add_argument("--prompt-lookup", action="store_true", help="also draft by copying from the prompt")
+
+
+def constraint_of(args: argparse.Namespace) -> dict:
+    """{"schema": ...} / {"regex": ...} / {} from the arguments, compiled once to fail early (CliError)."""
+    import fsm
+    try:
+        if args.regex is not None:
+            fsm.compile_regex(args.regex)
+            return {"regex": args.regex}
+        if args.schema is not None:
+            schema = _schema_file(args.schema)
+        elif args.pydantic is not None:
+            schema = _pydantic_class(args.pydantic)
+        else:
+            return {}
+        fsm.compile_schema(schema)
+    except (fsm.SchemaError, fsm.RegexError) as error:
+        where = "--regex" if args.regex is not None else f"--schema {args.schema}" if args.schema else "--pydantic"
+        raise CliError(f"{where}: {error}") from error
+    return {"schema": schema}
+
+
+def _schema_file(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise CliError(f"--schema {path}: cannot read it ({error.strerror or error})") from error
+    except ValueError as error:
+        raise CliError(f"--schema {path}: not JSON ({error})") from error
+
+
+def _pydantic_class(spec: str):
+    import pydantic
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise CliError(f"--pydantic {spec!r}: expected module:Class")
+    sys.path.insert(0, os.getcwd())  # as `python -m` would: modules next to the data
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001  any import failure is the user's module's, reported as such
+        raise CliError(f"--pydantic {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})") from error
+    finally:
+        sys.path.remove(os.getcwd())
+    found = getattr(module, name, None)
+    if not (isinstance(found, type) and issubclass(found, pydantic.BaseModel)):
+        raise CliError(f"--pydantic {spec!r}: {module_name} has no pydantic model class {name!r}")
+    return found
+
+
+def decoding_of(args: argparse.Namespace) -> dict:
+    """generate()'s decoding keywords from the arguments."""
+    return {"max_new_tokens": args.max_new_tokens, "do_sample": args.temperature > 0,
+            "temperature": args.temperature if args.temperature > 0 else 1.0, "top_k": args.top_k,
+            "top_p": args.top_p, "seed": args.seed, "num_assistant_tokens": args.num_assistant_tokens,
+            "schedule": args.schedule, "coalesce": not args.lossless, "prompt_lookup": args.prompt_lookup}
+
+
+def load_models(args: argparse.Namespace):
+    """(model, tokenizer, assistant or None) by `assisted.loading.load_pair`."""
+    from assisted.loading import load_pair
+    return load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
+                     int8_assistant=args.int8_assistant, pack=args.pack)
+
+
+def _messages_file(path: Path) -> list:
+    try:
+        messages = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise CliError(f"--messages {path}: cannot read it ({error.strerror or error})") from error
+    except ValueError as error:
+        raise CliError(f"--messages {path}: not JSON ({error})") from error
+    if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+        raise CliError(f"--messages {path}: expected a non-empty list of {{role, content}} objects")
+    return messages
+
+
+def _prompt_of(prompt: str | None, messages: list | None, chat: bool) -> dict:
+    if prompt is not None and chat:
+        return {"messages": [{"role": "user", "content": prompt}]}
+    return {"prompt": prompt} if prompt is not None else {"messages": messages}
+
+
+def command_generate(args, load: Callable) -> int:
+    from assisted import generate
+    constraint, decoding = constraint_of(args), decoding_of(args)
+    messages = None if args.messages is None else _messages_file(args.messages)
+    model, tokenizer, assistant = load(args)
+    result = generate(model, assistant, tokenizer=tokenizer, **_prompt_of(args.prompt, messages, args.chat),
+                      **constraint, **decoding)
+    print(result.text)
+    if args.stats:
+        print(json.dumps({"stop_reason": result.stop_reason, **stats_record(result.stats)}), file=sys.stderr)
+    return 0
+
+
+def command_batch(args, load: Callable) -> int:
+    from assisted import PrefixCache, generate
+    constraint, decoding = constraint_of(args), decoding_of(args)
+    documents, bad = read_input(args.input)
+    read_output(args.output)  # not ours: refuse before loading anything
+    model, tokenizer, assistant = load(args)
+    reuse = PrefixCache() if not args.no_prefix_cache else None  # the shared instruction is prefilled once
+
+    def generate_one(document: Document):
+        return generate(model, assistant, tokenizer=tokenizer, **constraint, **decoding, prefix_cache=reuse,
+                        **_prompt_of(document.prompt, document.messages, args.chat))
+
+    report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
+    summary = run_batch(documents, bad, args.output, generate_one, report, progress=not args.no_progress)
+    print(f"{args.output}: {summary.written} written, {summary.skipped} already done, {summary.bad} bad input "
+          f"lines, {summary.failed} failed, {summary.tokens} new tokens", file=sys.stderr)
+    return 0
+
+
+def command_sources(args) -> int:
+    from assisted import sources
+    if args.command == "list":
+        print(f"cache: {sources.cache_root()}")
+        for name, source in sources.SOURCES.items():
+            print(f"{name:20} {sources.status(name)}\n{'':20} {source.description}")
+        return 0
+    unknown = [n for n in args.names if n not in sources.SOURCES]
+    if unknown:
+        raise CliError(f"unknown source {unknown[0]!r}; named sources: {', '.join(sources.SOURCES)}")
+    for name in args.names:
+        print(f"{name}: ready in {sources.prepare(name, dtype=args.dtype, force=args.force)}")
+    return 0
+
+
+def main(argv: list[str] | None = None, *, load: Callable | None = None) -> int:
+    """Run the command line; returns the exit status. `load(args)` -> (model, tokenizer, assistant) for tests."""
+    args = parse_args(argv)
+    try:
+        if args.command in ("prepare", "list"):
+            return command_sources(args)
+        _check_numbers(args)
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        command = command_generate if args.command == "generate" else command_batch
+        return command(args, load or load_models)
+    except (CliError, BatchError) as error:
+        print(f"structspec: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as error:  # a model that cannot be found or loaded (NotPreparedError is a RuntimeError)
+        print(f"structspec: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except (RuntimeError, ValueError, TypeError) as error:
+        print(f"structspec: error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+              file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("structspec: interrupted; every line written is kept, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+def _check_numbers(args) -> None:
+    """The numeric options generate() would refuse, refused before loading a model."""
+    from assisted.inputs import check_options
+    check_options(args.max_new_tokens, args.temperature > 0, args.temperature if args.temperature > 0 else 1.0,
+                  args.top_k, args.top_p, args.seed, args.num_assistant_tokens, args.schedule, True)
+    if args.temperature < 0:
+        raise CliError(f"--temperature must be >= 0, got {args.temperature}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Load what `generate` needs: a target, its tokenizer and an assistant, from wherever they are.
+
+A model source is a named offline source (`assisted.sources.SOURCES`, converted once into a cache), a
+hub id or local folder (`from_pretrained`; offline under ``HF_HUB_OFFLINE=1``) or a ``.gguf`` file
+(de-quantized on every load). The assistant may be loaded as an int8 copy (CPU), and the target's
+Linear weights packed for cheaper verification forwards (`assisted.packing`).
+
+    from assisted.loading import load_pair
+    model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", int8_assistant=True)
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from assisted.packing import pack_linear_weights
+from assisted.sources import SOURCES, _gguf_tokenizer, _to_dtype, cached
+
+# Qwen's generation_config lists only <|im_end|>; <|endoftext|> also ends a turn.
+EXTRA_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def load_tokenizer(source: str | os.PathLike):
+    """Load only the tokenizer of `source` (a named source, a hub id / folder, or a .gguf file).
+
+    Named sources use their cached tokenizer folder; it does not need converted weights. An unknown
+    source raises OSError naming it and listing the named sources.
+    """
+    from transformers import AutoTokenizer
+    if str(source) in SOURCES:
+        return AutoTokenizer.from_pretrained(cached(str(source), tokenizer_only=True))
+    if str(source).endswith(".gguf"):
+        if not Path(source).is_file():
+            raise OSError(f"no GGUF file at {str(source)!r}")
+        return _gguf_tokenizer(Path(source))
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise OSError(f"cannot load {str(source)!r} as a local folder or cached hub id ({first}); "
+                      f"named offline sources: {', '.join(SOURCES)}") from error
+
+
+def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",
+               device: str | torch.device = "cpu", device_map: str | dict | None = None):
+    """Load a causal language model in eval mode.
+
+    Parameters
+    ----------
+    source : str or PathLike
+        A named source, a hub id or local folder, or a path to a ``.gguf`` file.
+    dtype : str or torch.dtype
+        Dtype of the loaded weights, e.g. ``"float32"``, ``"bfloat16"``, ``"auto"``.
+    device : str or torch.device
+        Where to put the model when `device_map` is None.
+    device_map : str or dict, optional
+        Passed to ``from_pretrained`` (e.g. ``"auto"``); the model is then not moved.
+
+    Raises
+    ------
+    assisted.sources.NotPreparedError
+        For a named source that needs ``structspec prepare <name>`` first.
+    """
+    from transformers import AutoModelForCausalLM
+    kwargs = {"dtype": _to_dtype(dtype), "device_map": device_map}
+    if str(source) in SOURCES:
+        model = AutoModelForCausalLM.from_pretrained(cached(str(source)), **kwargs)
+    elif str(source).endswith(".gguf"):
+        path = Path(source)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    if device_map is None:
+        model = model.to(device)
+    return model.eval()
+
+
+def int8_copy(model):
+    """A copy of `model` with int8 weights in its Linear layers (dynamic quantization; CPU): a faster drafter.
+
+    On a CPU a forward reads every weight, so int8 weights make the assistant about 3x cheaper per token.
+    Only the drafts change: the target verifies them, so outputs stay exactly those of the target.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor (torchao), not installed here
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
+
+
+def eos_set(tokenizer, model=None) -> list[int]:
+    """EOS ids: the tokenizer's, the model's generation config's, and Qwen's two turn enders if present."""
+    ids = {tokenizer.eos_token_id}
+    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(found if isinstance(found, (list, tuple)) else [found])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in EXTRA_EOS_TOKENS if t in vocab)
+    return sorted(i for i in ids if i is not None)
+
+
+def set_eos(tokenizer, *models) -> list[int]:
+    """Make every model's generation_config stop on the same EOS set (`generate` reads it from there)."""
+    ids = eos_set(tokenizer, models[0])
+    for model in models:
+        if model is not None:
+            model.generation_config.eos_token_id = list(ids)
+            if model.generation_config.pad_token_id is None:
+                model.generation_config.pad_token_id = ids[0]
+    return ids
+
+
+def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = None, *,
+              dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+              device_map: str | dict | None = None, int8_assistant: bool = False, pack: bool = False):
+    """Load a target, its tokenizer and an optional assistant, ready for `assisted.generate`.
+
+    Parameters
+    ----------
+    target, assistant : str or PathLike
+        Model sources (see `load_model`); the assistant must share the target's vocabulary. The same
+        source twice loads one model and uses it for both.
+    dtype, device, device_map
+        As for `load_model`, for both models.
+    int8_assistant : bool
+        Use an int8 copy of the assistant (dynamic quantization, CPU only).
+    pack : bool
+        Pack the target's Linear weights (`assisted.pack_linear_weights`; CPU, float32/bfloat16).
+
+    Returns
+    -------
+    (model, tokenizer, assistant or None)
+        Both models stop on the same EOS set (`set_eos`).
+
+    Raises
+    ------
+    ValueError
+        For options that do not fit the device, before loading anything.
+    OSError, assisted.sources.NotPreparedError
+        For a source that cannot be found.
+    """
+    on_cpu = device_map is None and torch.device(device).type == "cpu"
+    if int8_assistant and (assistant is None or not on_cpu):
+        raise ValueError("int8_assistant needs an assistant on the CPU (dynamic int8 quantization is CPU-only)")
+    if pack and not on_cpu:
+        raise ValueError("pack needs the target on the CPU (packed oneDNN weights are a CPU kernel)")
+    tokenizer = load_tokenizer(target)  # first: cheap, and its errors are the clear ones
+    if assistant is not None and str(assistant) != str(target):
+        load_tokenizer(assistant)
+    options = {"dtype": dtype, "device": device, "device_map": device_map}
+    model = load_model(target, **options)
+    helper = None
+    if assistant is not None:
+        helper = model if str(assistant) == str(target) else load_model(assistant, **options)
+        helper = int8_copy(helper) if int8_assistant else helper
+    if pack:
+        pack_linear_weights(model)
+    set_eos(tokenizer, model, helper)
+    return model, tokenizer, helper

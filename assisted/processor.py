@@ -1,0 +1,141 @@
+"""A `transformers.LogitsProcessor` that constrains `model.generate(...)` with a schema or regex.
+
+Each row's guide state is a function of the tokens that row generated after the prompt, looked up in a
+dictionary keyed by those tokens (filled on first sight by advancing the parent prefix's state). Nothing
+depends on the order of calls, so the processor is correct under batching with left padding, sampling,
+beam search (rows reorder between calls) and transformers' assisted generation (called for candidate
+positions that are later rejected, and by the assistant's own drafting loop).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessor
+
+import fsm
+from fsm.index import FINISHED
+from fsm.lazy_dfa import DEAD
+
+
+class GuideLogitsProcessor(LogitsProcessor):
+    """Sets the scores of tokens the constraint does not allow to -inf, row by row.
+
+    The prompt is what the first call of a `generate` call sees: all rows share its length (left padding).
+    A call whose prompt rows differ from those seen first starts afresh; before reusing the processor for
+    prompts that merely extend the earlier ones, call `reset()` (or build a new processor).
+    Rows past EOS, and rows holding a token the constraint forbids (a beam search's dead beams, padding
+    after EOS), get only EOS.
+    """
+
+    def __init__(self, term, tokenizer, eos_token_ids: tuple[int, ...]):
+        self._term, self._tokenizer, self._eos = term, tokenizer, eos_token_ids
+        self._index = None  # fsm.TokenIndex for the scores' width, built at the first call
+        self._blocked: dict[int, torch.Tensor] = {}  # guide state -> (V,) True where a token is not allowed
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the prompt; the next call starts a new generation."""
+        self._prompts: torch.Tensor | None = None  # (B, P) prompt rows of the current generation
+        self._states: dict[tuple[int, ...], int] = {(): 0}  # generated ids -> guide state
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._begin(input_ids, scores.shape[-1])
+        rows = input_ids[:, self._prompts.shape[1] :].tolist()  # (B, generated) ids after the prompt
+        blocked = torch.stack([self._blocked_of(self._state(tuple(row)), scores.device) for row in rows])  # (B, V)
+        return scores.masked_fill(blocked, float("-inf"))
+
+    def _begin(self, input_ids: torch.Tensor, width: int) -> None:
+        """Build the index on the first call; take the prompt rows at the first call of each generation."""
+        if self._index is None:
+            guide = fsm.Guide.from_rx(self._term, self._tokenizer, vocab_size=width, eos_token_ids=self._eos)
+            self._index = guide.index
+        if width != self._index.vocab_size:
+            raise ValueError(f"scores have {width} columns but the processor was built for {self._index.vocab_size}")
+        prompts = self._prompts
+        same = (
+            prompts is not None
+            and input_ids.shape[0] == prompts.shape[0]
+            and input_ids.shape[1] >= prompts.shape[1]
+            and torch.equal(input_ids[:, : prompts.shape[1]], prompts)
+        )
+        if not same:
+            self.reset()
+            self._prompts = input_ids.clone()
+
+    def _state(self, generated: tuple[int, ...]) -> int:
+        """The guide state after `generated`: one dict lookup, or a walk from the longest known prefix."""
+        state = self._states.get(generated)
+        if state is not None:
+            return state
+        known = len(generated) - 1
+        while generated[:known] not in self._states:
+            known -= 1
+        state = self._states[generated[:known]]
+        for end in range(known + 1, len(generated) + 1):
+            state = self._next(state, generated[end - 1])
+            self._states[generated[:end]] = state
+        return state
+
+    def _next(self, state: int, token: int) -> int:
+        if state == DEAD:
+            return DEAD
+        return self._index.next_state(state, token)
+
+    def _blocked_of(self, state: int, device: torch.device) -> torch.Tensor:
+        found = self._blocked.get(state)
+        if found is None or found.device != device:
+            mask = self._index.info(FINISHED if state == DEAD else state).mask  # dead rows: EOS only
+            found = self._blocked[state] = (~mask).to(device)
+        return found
+
+
+def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, **guide_options) -> GuideLogitsProcessor:
+    """A logits processor that constrains `model.generate(...)` to a JSON Schema or a regex.
+
+        from assisted import logits_processor
+        proc = logits_processor(tok, schema=Character)
+        out = model.generate(**tok(prompts, return_tensors="pt", padding=True), logits_processor=[proc])
+
+    Parameters
+    ----------
+    tokenizer : transformers tokenizer
+        The model's tokenizer.
+    schema : pydantic class | dict | str, optional
+        JSON Schema the output must satisfy (compact JSON unless `whitespace` says otherwise).
+    regex : str, optional
+        Regex the output must fully match. Exactly one of `schema` and `regex`.
+    eos_token_ids : sequence of int, optional
+        Ids that end the output (allowed where the text is complete); default: the tokenizer's EOS. Pass the
+        model's ``generation_config.eos_token_id`` if it differs.
+    **guide_options
+        For `schema`: `fsm.compile_schema` options (whitespace, additional_properties, property_order,
+        max_recursion_depth).
+
+    Returns
+    -------
+    GuideLogitsProcessor
+        Works with greedy search, sampling, beam search, batches (left padding) and ``assistant_model=``.
+        Its state after a generation describes that generation: call ``reset()`` or build a new one before
+        reusing it for prompts that extend the earlier ones.
+
+    Raises
+    ------
+    fsm.SchemaError, fsm.RegexError, ValueError, TypeError
+        For a bad constraint or argument, before any model call.
+    """
+    if (schema is None) == (regex is None):
+        raise ValueError("pass exactly one of schema and regex")
+    if regex is not None:
+        if not isinstance(regex, str):
+            raise TypeError(f"regex must be a str, got {type(regex).__name__}")
+        if guide_options:
+            raise TypeError(f"options {sorted(guide_options)} apply to schema=, not regex=")
+        term = fsm.compile_regex(regex).root
+    else:
+        term = fsm.compile_schema(schema, **guide_options)
+    eos = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
+    if isinstance(eos, int):
+        eos = [eos]
+    if not eos or any(not isinstance(i, int) or i is None for i in eos):
+        raise ValueError(f"eos_token_ids must be a non-empty list of ints, got {eos!r} (the tokenizer has no EOS?)")
+    return GuideLogitsProcessor(term, tokenizer, tuple(sorted(set(eos))))

@@ -1,0 +1,87 @@
+"""assisted.loading: the library's loader (folders, named sources, int8 assistant, packing) and the layering rule."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from assisted import generate
+from assisted.loading import load_pair, load_tokenizer
+from assisted.packing import is_packed
+from assisted.sources import NotPreparedError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRUCTSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A 1-layer random Llama with a 6-word tokenizer, saved with save_pretrained."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "a", "b", "c", "d"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, eos_token_id=1)
+    folder = tmp_path / "tiny"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_load_pair_from_a_folder_runs_generate(tiny_folder):
+    model, tokenizer, assistant = load_pair(tiny_folder, tiny_folder)
+    assert assistant is model and not model.training  # the same source twice: one model
+    assert model.generation_config.eos_token_id == [1]
+    out = generate(model, assistant, tokenizer=tokenizer, prompt="a b", regex="[abcd]{3}", max_new_tokens=5)
+    assert out.stop_reason == "final" and len(out.text.replace(" ", "")) == 3
+
+
+def test_int8_assistant_and_packed_target(tiny_folder):
+    model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), int8_assistant=True, pack=True)
+    assert assistant is not model and is_packed(model) and not is_packed(assistant)
+    assert any("quantized" in type(m).__module__ for m in assistant.modules())
+    ref = generate(model, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
+    out = generate(model, assistant, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
+    assert out.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"int8_assistant": True}, "int8_assistant needs an assistant"),
+    ({"assistant": "x", "int8_assistant": True, "device": "meta"}, "CPU"),
+    ({"pack": True, "device_map": "auto"}, "pack needs the target on the CPU"),
+])
+def test_options_that_do_not_fit_fail_before_loading(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        load_pair("no-such-model", **kwargs)
+
+
+def test_unknown_and_unprepared_sources_say_which(tmp_path):
+    with pytest.raises(OSError, match="'no/such-model'.*named offline sources: smollm2-135m") as error:
+        load_tokenizer("no/such-model")
+    assert "\n" not in str(error.value)
+    with pytest.raises(OSError, match="no GGUF file"):
+        load_pair(str(tmp_path / "x.gguf"))
+    with pytest.raises(NotPreparedError, match="structspec prepare qwen2.5-coder-0.5b"):
+        load_pair("qwen2.5-coder-0.5b")
+
+
+@pytest.mark.parametrize("package", ["fsm", "drafting", "assisted"])
+def test_the_library_never_imports_experiments(package):
+    for path in (ROOT / package).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "experiments" or n.startswith("experiments.") for n in names), path
