@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from assisted.sampling import sample
+from drafting.sampling import sample
 
 
 def greedy_accept(logits: torch.Tensor, draft: torch.Tensor, auto: torch.Tensor) -> torch.Tensor:

@@ -13,14 +13,14 @@ from dataclasses import replace
 import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
-from assisted.cache import crop_to, forward, new_cache, output_device
+from drafting.cache import crop_to, forward, new_cache, output_device
 from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
                              prompt_ids)
 from assisted.policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
-from assisted.sampling import make_generator, masked, probs
+from drafting.sampling import make_generator, masked, probs
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource
 from drafting.combined import CombinedSource

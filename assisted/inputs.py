@@ -17,9 +17,9 @@ import pydantic
 import torch
 
 import fsm
-from assisted.cache import logits_size
+from drafting.cache import logits_size
 from assisted.policy import SCHEDULES
-from assisted.sampling import Warp
+from drafting.sampling import Warp
 from drafting.base import Cursor
 
 

@@ -1,6 +1,6 @@
-"""drafting: who proposes the next tokens — forced tokens from the guide, prompt lookup, an assistant model."""
-
-import assisted  # noqa: F401  first: drafting uses assisted's cache and sampling helpers, assisted uses drafting
+"""drafting: who proposes the next tokens — forced tokens from the guide, prompt lookup, an assistant model —
+and what both the drafters and the loop above use: KV-cache helpers (`cache`), warpers (`sampling`) and the
+cursor over a guide (`base.Cursor`)."""
 
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource

@@ -6,8 +6,8 @@ import time
 
 import torch
 
-from assisted.cache import crop_to, forward, input_device, new_cache
-from assisted.sampling import Warp, masked, probs, sample
+from drafting.cache import crop_to, forward, input_device, new_cache
+from drafting.sampling import Warp, masked, probs, sample
 from drafting.base import DeviceMasks
 
 

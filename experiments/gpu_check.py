@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from assisted.cache import crop_to, forward, new_cache  # noqa: E402
+from drafting.cache import crop_to, forward, new_cache  # noqa: E402
 from experiments.gpu_models import build, random_prompt, truncated_copy  # noqa: E402
 
 TARGET, ASSISTANT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"

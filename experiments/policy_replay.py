@@ -264,7 +264,7 @@ def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[
              ) -> tuple[list, list]:
     """(acceptance, confidence) per position of `text` after the prompt `ids`, whose first len(ids) - 1
     tokens each model's cache in `prompt_caches` holds (cropped back to that afterwards)."""
-    from assisted.cache import crop_to, forward
+    from drafting.cache import crop_to, forward
     rows = []
     for m, cache in zip((model, assistant), prompt_caches):
         rows.append(forward(m, cache, ids[-1:] + text, len(text) + 1)[:-1].float())  # (L, V): rows predicting text
@@ -282,7 +282,7 @@ def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[
 
 def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -> Costs:
     """Median seconds of target forwards over n = 1..n_max tokens after the prompt, and of one assistant token."""
-    from assisted.cache import crop_to, forward, new_cache
+    from drafting.cache import crop_to, forward, new_cache
 
     def timed(m, cache, tokens):
         start = time.perf_counter()
@@ -302,7 +302,7 @@ def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -
 
 def collect(args) -> int:
     from assisted import generate
-    from assisted.cache import forward, new_cache
+    from drafting.cache import forward, new_cache
     from experiments.speedup import _chat_ids, load_prompts
     from experiments.tasks import load_pair
     loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)

@@ -19,7 +19,7 @@ import torch
 from scipy.stats import chisquare
 
 from assisted.acceptance import greedy_accept, speculative_accept
-from assisted.sampling import Warp, make_generator, probs, sample
+from drafting.sampling import Warp, make_generator, probs, sample
 from tests.helpers_models import threads
 from tests.test_sampling import hf_probs
 

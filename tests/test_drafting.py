@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fsm
-from assisted.cache import forward, new_cache
-from assisted.sampling import Warp, make_generator
+from drafting.cache import forward, new_cache
+from drafting.sampling import Warp, make_generator
 from drafting import AssistantDrafter, CombinedSource, Cursor, ForcedTokens
 from drafting.base import DeviceMasks
 from drafting.lookup import PromptLookup

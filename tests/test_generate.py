@@ -20,10 +20,10 @@ from pydantic import BaseModel, Field
 
 import fsm
 from assisted import generate
-from assisted.cache import cache_argument
+from drafting.cache import cache_argument
 from assisted.costs import forget, recall, recall_calibration
 from assisted.inputs import check_options, parse_value
-from assisted.sampling import Warp
+from drafting.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_clock import pin_clock
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama

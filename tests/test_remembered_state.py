@@ -13,7 +13,7 @@ import torch
 import assisted
 from assisted import generate
 from assisted.costs import CostTable, memorize, recall, recall_calibration
-from assisted.sampling import Warp
+from drafting.sampling import Warp
 from tests.helpers_models import smollm2_tokenizer, threads, tiny_gpt2
 
 V = 49152

@@ -1,4 +1,4 @@
-"""assisted.sampling: mask first, then transformers' warpers, exactly; seeded draws."""
+"""drafting.sampling: mask first, then transformers' warpers, exactly; seeded draws."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from assisted.sampling import Warp, make_generator, masked, probs, sample, warped
+from drafting.sampling import Warp, make_generator, masked, probs, sample, warped
 
 
 def hf_probs(logits, mask, temperature=1.0, top_k=None, top_p=None):
