@@ -1,4 +1,4 @@
-"""Pure acceptance rules on (k+1, V) tensors (DESIGN.md section 1).
+"""Pure acceptance rules on (k+1, V) tensors (docs/design.md, section 1).
 
 Row i of the target's output scores draft token i; row k is the bonus position after the whole draft.
 Both functions return a (2,) long tensor `[n, token]` on the logits' device — n accepted draft tokens,

@@ -14,16 +14,13 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
   the previous drafting step committed (its accepted run + 1; k0 at a call's start), as TCP's slow start
   sizes its bets: the calibration learns only from verified drafts, and early in a call (or where the
   assistant is sure but the target is not: prose, high temperatures) one uncut 20-token draft costs several
-  plain steps. (Twice held long sure runs of code back: the replay put four times 0.2-1.9% faster at each
-  of five cost tables; no window at all lost up to 3% at two of them.)
+  plain steps.
   The cut maximizes expected accepted tokens - price * seconds: a confident run of code is drafted long,
   and an unsure draft is not verified where verification is expensive. A second is priced at what the
   call can commit in it, the better of plain decoding's rate and the measured drafting rate (Dinkelbach's
   method for the best ratio of tokens to seconds; the drafting rate is decayed over steps, so one lucky
-  step barely moves it). Priced at plain decoding's rate alone, a draft goes on while it saves time over
-  plain decoding, even where the time would commit more in a shorter draft and the next step: measured
-  on an AVX-512 Xeon with a packed target (verifying 16 tokens 1.7x a step), that drafted 10-12 tokens a
-  step where transformers' +2/-1 heuristic drafted 6-7 and was faster.
+  step barely moves it). Priced at plain decoding's rate alone, a draft would go on while it saves time over
+  plain decoding, even where the time would commit more in a shorter draft and the next step.
 - Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
   the drafting rate is measured over the call's drafting steps (decayed expected tokens / seconds of both
   models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried

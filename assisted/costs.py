@@ -3,8 +3,8 @@
 `CostTable` keeps a decayed mean of the target's forward seconds per n (tokens fed to one forward) and
 of the assistant's seconds per drafted token. The cost of verifying n tokens is not a line: on a CPU the
 step from 1 to 2 tokens can double it (matrix-vector becomes matrix-matrix) and later tokens add little,
-on a GPU it is flat up to a few dozen; with packed weights (`assisted.packing`) it can even fall (measured on
-an AVX-512 EPYC: a forward over 4-6 tokens 0.29 s, over one token 0.38 s). So `curve` interpolates linearly
+on a GPU it is flat up to a few dozen; with packed weights (`assisted.packing`) it can even fall (a packed
+forward over a few tokens can cost less than a dense one-token step). So `curve` interpolates linearly
 between the n it has measured, as measured (a dip is kept: there, verifying a few more drafts is cheaper than
 verifying none), and past the largest measured n holds that cost: optimistic, so that a longer verification
 is tried once when the drafts look good, and is then measured. A timing that noise made too cheap corrects
@@ -13,8 +13,8 @@ itself, as the policy then verifies that many tokens and times them again.
 Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's
 table for the next call on the same pair (`recall` / `memorize`, for the life of the process): only the
 first call on a pair pays the warm-up. The mean acceptance is not kept: it belongs to the text. How often a
-draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (measured on the
-Qwen pair: per confidence bin, code, extraction and prose differ little), so the policy's calibration is
+draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (per confidence
+bin, code, extraction and prose differ little), so the policy's calibration is
 kept per pair and sampling setting (`recall_calibration`). `forget` (public as
 `assisted.reset_remembered_state`) clears both. One lock guards both registries: concurrent `generate` calls
 from several threads read and write them safely (the last call to finish on a pair is remembered).

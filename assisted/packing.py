@@ -1,15 +1,12 @@
 """Pre-packed CPU weights: cheaper multi-token target forwards, the forwards that verify drafts.
 
 On a CPU one decoding step multiplies one row by each weight matrix (matrix-vector, bound by memory
-bandwidth), but a verification multiplies 2-20 rows, and the dense matrix-matrix kernel then costs 2-4x a
-step on small row counts (measured on an AVX2 EPYC, one thread: 1536x8960 MLP weight 4.3 ms for 1 row,
-9.0 ms for 2, 15 ms for 4). oneDNN runs the same product from a copy of the weight reordered once into its
-blocked layout at 7.8 ms for 2 rows and 7.4 ms for 4 (and the 151936x1536 output head at 139 ms instead of
-291 ms for 4 rows). Where the packed kernel starts to win depends on the machine (on an AVX-512 Xeon the
-dense kernel costs the same for 1-3 rows and doubles at 4; on the same machine later in the day, sharing its
-cores, the dense kernel ran a single row 1.8x slower and the packed one won from 1 row), so by default
-`pack_linear_weights` times both kernels once per weight shape, from 1 row, and uses the packed copy from
-the smallest row count where it is faster: a model that decodes at least as fast and verifies cheaply.
+bandwidth), but a verification multiplies 2-20 rows, and the dense matrix-matrix kernel then costs several
+steps on small row counts. oneDNN runs the same product from a copy of the weight reordered once into its
+blocked layout, often at about the cost of one row. Where the packed kernel starts to win depends on the
+machine and its load, so by default `pack_linear_weights` times both kernels once per weight shape, from 1
+row, and uses the packed copy from the smallest row count where it is faster: a model that decodes at least as
+fast and verifies cheaply (`docs/results.md` has the measured curves).
 
 The cost is memory: every packed Linear keeps a second copy of its weight (a 1.5B float32 model: +6 GB).
 Outputs agree with the dense kernel to float rounding (a different summation order, as any change of

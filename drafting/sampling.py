@@ -1,7 +1,7 @@
 """Logits -> probabilities: the guide's mask first, then temperature, top-k and top-p; seeded draws.
 
 Target and assistant go through the same `probs()`, so "p" and "q" in the acceptance test are both
-distributions after the mask and the warpers, as DESIGN.md section 1 requires. The warpers follow
+distributions after the mask and the warpers, as docs/design.md (section 1) requires. The warpers follow
 transformers' TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper (ties at the top-k
 threshold are kept; top-p keeps the smallest set whose mass exceeds `top_p`, at least one token).
 """
