@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 import fsm
@@ -103,3 +104,53 @@ def test_int64_bounds_walked_through_the_guide(smol_tokenizer):
                 break
             guide.advance(token)
         assert (ok and guide.is_final()) == (-(2**63) <= value <= 2**63 - 1), value
+
+
+# -- long strings and counted repeats ------------------------------------------------------------
+
+
+def _first_mask_work(build) -> tuple[int, int]:
+    before = next(rx._ids)
+    guide = build()
+    assert guide.mask().any()
+    return next(rx._ids) - before, guide.index.dfa.n_states
+
+
+@pytest.mark.parametrize("length", [1000, 100_000, 10**7])
+def test_long_string_first_mask_costs_the_same_for_any_length(smol_tokenizer, length):
+    terms, states = _first_mask_work(lambda: fsm.Guide.from_schema({"type": "string", "maxLength": length}, smol_tokenizer))
+    assert terms < 2_000 and states < 100, (terms, states)  # no unrolled chain, no crawl
+
+
+@pytest.mark.parametrize("pattern", ["a{1000000}", "(ab|cd){200000}x", "[a-z]{3,5000000}"])
+def test_counted_repeat_first_mask_is_bounded(smol_tokenizer, pattern):
+    terms, states = _first_mask_work(lambda: fsm.Guide.from_regex(pattern, smol_tokenizer))
+    assert terms < 2_000 and states < 100, (terms, states)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 100_000}, {"type": "string", "minLength": 100_000},
+                                    {"type": "string", "pattern": "^[a-z]*$", "minLength": 2_000}])
+def test_walking_a_long_string_costs_a_bounded_amount_per_token(smol_tokenizer, schema):
+    guide, rng = fsm.Guide.from_schema(schema, smol_tokenizer), random.Random(3)
+    guide.mask()
+    before, states = next(rx._ids), guide.index.dfa.n_states
+    for _ in range(40):
+        allowed = [t for t in guide.allowed() if t not in guide.eos_token_ids]
+        guide.advance(rng.choice(allowed))
+    per_token = (next(rx._ids) - before) / 40, (guide.index.dfa.n_states - states) / 40
+    assert per_token[0] < 400 and per_token[1] < 150, per_token  # what one token's walk may discover
+
+
+@pytest.mark.parametrize("pattern", ["\U00040000{2}x|ab", "[\U00040000-\U00040010]+y?", "(\U00040000|q)z{1,40}", "[a-c\U00040000]{2,6}"])
+def test_structural_liveness_agrees_with_the_exact_crawl(smol_tokenizer, pattern):
+    guide = fsm.Guide.from_regex(pattern, smol_tokenizer)
+    index, seen, todo = guide.index, {0}, [0]
+    while todo:  # every token-reachable state, so the crawl's answer covers all of them
+        info = index.info(todo.pop())
+        for state in info.next_states.tolist():
+            if state >= 0 and state not in seen:
+                seen.add(state)
+                todo.append(state)
+    exact = index._live._crawl_all()
+    fast = index._live.keep(np.asarray(sorted(seen)))
+    assert (fast is None and exact[sorted(seen)].all()) or (fast == exact[sorted(seen)]).all()
