@@ -4,6 +4,8 @@ States are indexed lazily, on their first visit, by walking every token's bytes 
 once (numpy over all tokens, one column of bytes per step, dropping tokens as they die); the DFA
 itself grows lazily under that walk. Results are cached, so a revisit costs a dictionary lookup.
 The index is logically immutable: the caches only memoize pure functions of (DFA, vocabulary).
+First visits run under the index's `Budget` and `BUILD_LOCK`; a revisit takes no lock. At most
+MAX_CACHED_STATES states are kept (the oldest go first and are rebuilt if visited again).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from functools import partial
 import numpy as np
 import torch
 
+from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
 from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
+MAX_CACHED_STATES = 4096  # per index: ~200 MiB of masks for a 49k vocabulary
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,6 +41,7 @@ class TokenIndex:
 
     dfa: LazyDFA
     vocabulary: Vocabulary
+    budget: Budget = DEFAULT_BUDGET
     _states: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
 
@@ -50,9 +55,9 @@ class TokenIndex:
 
     def info(self, state: int) -> StateInfo:
         """Allowed tokens of `state`, computed on the first visit and cached."""
-        found = self._states.get(state)
+        found = self._states.get(state)  # lock-free: dict reads are atomic, entries never change
         if found is None:
-            found = self._states[state] = self._build_info(state)
+            found = self._first_visit(state, self._states, self._build_info)
         return found
 
     def next_state(self, state: int, token_id: int) -> int:
@@ -68,9 +73,26 @@ class TokenIndex:
 
     def forced_tokens(self, state: int) -> tuple[int, ...]:
         """Canonical tokens of the forced string from `state`, minus a tail a longer token could span."""
-        if state not in self._forced:
-            self._forced[state] = self._build_forced(state)
-        return self._forced[state]
+        found = self._forced.get(state)
+        if found is None:
+            found = self._first_visit(state, self._forced, self._build_forced)
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the DFA's arrays and the cached states (masks and token arrays)."""
+        infos = list(self._states.values())
+        return self.dfa.nbytes + sum(i.token_ids.nbytes * 2 + i.mask.numel() for i in infos)
+
+    def _first_visit(self, state: int, cache: dict, build):
+        with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}"):
+            found = cache.get(state)  # another thread may have built it while this one waited
+            if found is None:
+                found = build(state)
+                while len(cache) >= MAX_CACHED_STATES:
+                    del cache[next(iter(cache))]
+                cache[state] = found
+        return found
 
     # -- building ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fsm import rx
+from fsm.budget import GuideBudgetError, current_meter
 from fsm.lazy_dfa import LazyDFA
 
 # Bytes that occur in UTF-8 text (not C0, C1, F5-FF): the terms denote UTF-8 text, so only these
@@ -58,6 +59,8 @@ class TokenLiveness:
         try:
             if not rx.is_empty(spelled, limit=10_000):
                 return True
+        except GuideBudgetError:
+            raise
         except ValueError:
             pass
         if self.exact is None:
@@ -66,20 +69,26 @@ class TokenLiveness:
 
     def _crawl_all(self) -> np.ndarray:
         """States from which some token sequence reaches acceptance (every token-reachable state)."""
-        edges, seen, frontier = {}, {0}, [0]
+        meter = current_meter()
+        sources: dict[int, set[int]] = {0: set()}  # state -> states with a token into it
+        frontier = [0]
         while frontier:
             state = frontier.pop()
-            edges[state] = set(self.crawl(state)[1].tolist())
-            new = edges[state] - seen
-            seen |= new
-            frontier.extend(new)
-        live = {s for s in seen if self.dfa.accepting[s]}
-        changed = True
-        while changed:
-            grown = {s for s, targets in edges.items() if targets & live} | live
-            changed, live = grown != live, grown
+            if meter is not None:
+                meter.check_clock()
+            for target in set(self.crawl(state)[1].tolist()):
+                if target not in sources:
+                    sources[target] = set()
+                    frontier.append(target)
+                sources[target].add(state)
+        live = [s for s in sources if s >= 0 and self.dfa.accepting[s]]
         out = np.zeros(self.dfa.n_states, dtype=bool)
-        out[list(live)] = True
+        out[live] = True
+        while live:  # backwards from acceptance: linear in the edges
+            for source in sources[live.pop()]:
+                if not out[source]:
+                    out[source] = True
+                    live.append(source)
         return out
 
 
