@@ -60,9 +60,10 @@ class Guide:
         Parameters are those of `from_regex`; raises `fsm.RegexError` when `term` matches nothing.
         """
         eos = None if eos_token_ids is None else tuple(sorted(set(eos_token_ids)))
-        vocabulary = vocabulary_from_tokenizer(tokenizer, vocab_size, eos)
         budget = budget or Budget()
-        return cls(INDEXES.get_or_build((term, vocabulary, budget), lambda: _index(term, vocabulary, budget)))
+        with metered(budget, f"building the guide of {term!r}"):  # one vocabulary and index per key, even when racing
+            vocabulary = vocabulary_from_tokenizer(tokenizer, vocab_size, eos)
+            return cls(INDEXES.get_or_build((term, vocabulary, budget), lambda: _index(term, vocabulary, budget)))
 
     @classmethod
     def from_schema(cls, schema, tokenizer, vocab_size: int | None = None, eos_token_ids=None, **options) -> "Guide":

@@ -23,6 +23,7 @@ from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
 MAX_CACHED_STATES = 4096  # per index: ~200 MiB of masks for a 49k vocabulary
+MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,9 +169,9 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:
-    """The longest byte string every continuation starts with, cut to whole UTF-8 characters."""
+    """The longest byte string every continuation starts with (at most MAX_FORCED_BYTES), cut to whole UTF-8 characters."""
     out = bytearray()
-    while not dfa.accepting[state]:
+    while not dfa.accepting[state] and len(out) < MAX_FORCED_BYTES:
         row = dfa.row(state)
         targets = np.flatnonzero(row != DEAD)
         if len(targets) != 1:
