@@ -55,7 +55,8 @@ def main(argv=None) -> None:
     for call in ("advance", "mask", "forced"):
         replay_ns(guide, tokens, call)  # first visits
         times = [replay_ns(guide, tokens, call) for _ in range(args.repeats)]
-        print(f"{call:8s} + advance: median {statistics.median(times):7.0f} ns/token over {len(tokens)} tokens x {args.repeats}")
+        label = "advance" if call == "advance" else f"{call} + advance"
+        print(f"{label:16s}: median {statistics.median(times):7.0f} ns/token over {len(tokens)} tokens x {args.repeats}")
 
 
 if __name__ == "__main__":

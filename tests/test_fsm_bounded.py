@@ -154,3 +154,11 @@ def test_structural_liveness_agrees_with_the_exact_crawl(smol_tokenizer, pattern
     exact = index._live._crawl_all()
     fast = index._live.keep(np.asarray(sorted(seen)))
     assert (fast is None and exact[sorted(seen)].all()) or (fast == exact[sorted(seen)]).all()
+
+
+@pytest.mark.parametrize("bound,message", [(10**5000, "more than 4000 digits"), (float("inf"), "finite"), (float("nan"), "finite")],
+                         ids=["5000-digits", "inf", "nan"])
+def test_unusable_numeric_bounds_are_clear_schema_errors(bound, message):
+    for kind in ("integer", "number"):
+        with pytest.raises(fsm.SchemaError, match=message):
+            fsm.compile_schema({"type": "object", "properties": {"x": {"type": kind, "maximum": bound}}})
