@@ -81,8 +81,11 @@ def test_concurrent_guides_answer_like_a_fresh_sequential_index(smol_tokenizer, 
         for token, term_id, allowed in walk:
             assert _term_id(guide) == term_id and guide.index.info(guide.state).token_ids.tobytes() == allowed, i
             guide.advance(token)
-    forced = _run_threads(lambda i: [fsm.Guide(shared, s).forced() for s in range(min(shared.dfa.n_states, 200))])
+    states = range(min(shared.dfa.n_states, 200))  # fixed first: computing forced tokens discovers more states
+    forced = _run_threads(lambda i: [fsm.Guide(shared, s).forced() for s in states])
+    by_term = {reference.dfa._add(shared.dfa.term(s)): f for s, f in zip(states, forced[0])}
     assert all(f == forced[0] for f in forced)
+    assert all(fsm.Guide(reference, s).forced() == f for s, f in by_term.items() if s >= 0)
 
 
 @pytest.mark.parametrize("round_", range(4))
