@@ -5,7 +5,8 @@ once (numpy over all tokens, one column of bytes per step, dropping tokens as th
 itself grows lazily under that walk. Results are cached, so a revisit costs a dictionary lookup.
 The index is logically immutable: the caches only memoize pure functions of (DFA, vocabulary).
 First visits run under the index's `Budget` and `BUILD_LOCK`; a revisit takes no lock. At most
-MAX_CACHED_STATES states are kept (the oldest go first and are rebuilt if visited again).
+MAX_CACHED_STATES states and about MAX_CACHED_BYTES of them are kept (the oldest go first and are
+rebuilt if visited again).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from fsm.liveness import TokenLiveness
 from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
-MAX_CACHED_STATES = 4096  # per index: ~200 MiB of masks for a 49k vocabulary
+MAX_CACHED_STATES = 4096  # per index
+MAX_CACHED_BYTES = 256 << 20  # per index: a state allowing all of a 49k vocabulary holds ~0.8 MiB
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -30,8 +32,8 @@ MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwis
 class StateInfo:
     """What one DFA state allows. token_ids is sorted; next_states[i] follows token_ids[i]."""
 
-    token_ids: np.ndarray  # (n_allowed,) int64, EOS included where the state accepts
-    next_states: np.ndarray  # (n_allowed,) int64, FINISHED after EOS
+    token_ids: np.ndarray  # (n_allowed,) int32, EOS included where the state accepts
+    next_states: np.ndarray  # (n_allowed,) int32, FINISHED after EOS
     mask: torch.Tensor  # (vocab_size,) bool
     max_token_length: int  # longest allowed token in bytes (EOS counts 0)
 
@@ -45,6 +47,7 @@ class TokenIndex:
     budget: Budget = DEFAULT_BUDGET
     _states: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
+    _info_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the infos in _states
 
     def __post_init__(self):
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
@@ -82,17 +85,18 @@ class TokenIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the DFA's arrays and the cached states (masks and token arrays)."""
-        infos = list(self._states.values())
-        return self.dfa.nbytes + sum(i.token_ids.nbytes * 2 + i.mask.numel() for i in infos)
+        return self.dfa.nbytes + self._info_bytes[0]
 
     def _first_visit(self, state: int, cache: dict, build):
         with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}"):
             found = cache.get(state)  # another thread may have built it while this one waited
             if found is None:
                 found = build(state)
-                while len(cache) >= MAX_CACHED_STATES:
-                    del cache[next(iter(cache))]
+                size = _size(found)  # 0 for forced tokens: only infos count towards the bytes
+                while cache and (len(cache) >= MAX_CACHED_STATES or (size and self._info_bytes[0] + size > MAX_CACHED_BYTES)):
+                    self._info_bytes[0] -= _size(cache.pop(next(iter(cache))))
                 cache[state] = found
+                self._info_bytes[0] += size
         return found
 
     # -- building ---------------------------------------------------------------------------
@@ -112,9 +116,9 @@ class TokenIndex:
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
         mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
         mask[ids] = True
-        by_id = np.empty(self.vocab_size, dtype=np.int64)  # (vocab_size,) scratch: sorts without argsort
+        by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort
         by_id[ids] = nexts
-        ids = np.flatnonzero(mask)
+        ids = np.flatnonzero(mask).astype(np.int32)  # int32: half the memory of a cached state
         nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
@@ -143,6 +147,13 @@ class TokenIndex:
             offset += len(self.vocabulary.token_bytes[token])
             state = nxt
         return tokens, starts
+
+
+def _size(entry) -> int:
+    """Bytes of a cached StateInfo (0 for forced-token tuples, which are small)."""
+    if not isinstance(entry, StateInfo):
+        return 0
+    return entry.token_ids.nbytes + entry.next_states.nbytes + entry.mask.numel()
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):

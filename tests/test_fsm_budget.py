@@ -72,3 +72,20 @@ def test_bounded_cache_evicts_least_recently_used_by_count_and_bytes():
     cache.get_or_build("e", lambda: b"x" * 9)  # 15 bytes > 10: the oldest go until it fits
     assert list(cache._entries) == ["e"] and cache.nbytes == 9
     assert cache.get_or_build("f", lambda: b"x" * 50) == b"x" * 50 and len(cache) == 1  # a big entry alone still fits
+
+
+def test_an_index_keeps_its_visited_states_within_its_byte_bound(smol_tokenizer, monkeypatch):
+    import random
+
+    from fsm import index as index_module
+
+    monkeypatch.setattr(index_module, "MAX_CACHED_BYTES", 3 << 20)  # about four states that allow every token
+    guide = fsm.Guide.from_schema({"type": "string", "maxLength": 777_777}, smol_tokenizer)
+    rng, path = random.Random(5), []
+    for _ in range(25):
+        path.append((guide.state, guide.allowed()))
+        guide.advance(rng.choice([t for t in guide.allowed() if t not in guide.eos_token_ids]))
+        assert guide.index._info_bytes[0] <= 3 << 20 and len(guide.index._states) >= 1
+    assert len(guide.index._states) < 25
+    for state, allowed in path:  # evicted states are rebuilt, with the same answers
+        assert fsm.Guide(guide.index, state).allowed() == allowed
