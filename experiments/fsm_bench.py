@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 import fsm
 from fsm import regex
-from fsm.guide import _cached_index
+from fsm.guide import INDEXES
 
 
 class Character(BaseModel):
@@ -58,8 +58,8 @@ CASES = {
 
 def clear_caches() -> None:
     """Forget compiled DFAs and indexes (terms then die with them: derivatives are memoized on terms)."""
-    for cached in (regex.compile_regex, regex._dfa, _cached_index):
-        cached.cache_clear()
+    regex._parsed.cache_clear()
+    INDEXES.clear()
     gc.collect()
 
 

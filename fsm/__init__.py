@@ -3,6 +3,7 @@
     schema -> rx term (schema.py) -> lazy byte DFA (regex.py) -> TokenIndex (index.py) -> Guide (guide.py)
 """
 
+from fsm.budget import Budget, GuideBudgetError
 from fsm.errors import InvalidTokenError, RegexError, SchemaError
 from fsm.guide import Guide
 from fsm.index import TokenIndex
@@ -22,4 +23,6 @@ __all__ = [
     "SchemaError",
     "RegexError",
     "InvalidTokenError",
+    "Budget",
+    "GuideBudgetError",
 ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 
 from fsm import rx
+from fsm.budget import Budget, metered
+from fsm.cache import BoundedCache
 from fsm.errors import InvalidTokenError
 from fsm.index import FINISHED, TokenIndex
 from fsm.regex import DEAD, compile_regex, dfa_of
@@ -18,8 +18,10 @@ class Guide:
     """Which tokens may come next under a regex or JSON Schema, and which are forced.
 
     Build one with `Guide.from_schema`, `Guide.from_regex` or `Guide.from_rx`; the index is cached
-    per (term, tokenizer, vocab_size, eos ids), and terms are interned, so a second guide for the same
-    constraint is free.
+    per (term, tokenizer, vocab_size, eos ids, budget) in `INDEXES` (LRU, bounded by count and bytes),
+    and terms are interned, so a second guide for the same constraint is free. Guides over one index
+    may be used from several threads at once: first visits are built under a lock, revisits take none.
+    Every first visit of a state runs under the budget (`fsm.GuideBudgetError` past it).
     """
 
     __slots__ = ("index", "state")
@@ -29,7 +31,8 @@ class Guide:
         self.state = state
 
     @classmethod
-    def from_regex(cls, pattern: str, tokenizer, vocab_size: int | None = None, eos_token_ids=None) -> "Guide":
+    def from_regex(cls, pattern: str, tokenizer, vocab_size: int | None = None, eos_token_ids=None,
+                   budget: Budget | None = None) -> "Guide":
         """Guide for text that fully matches `pattern` (Python `re` syntax, a finite-automaton subset).
 
         Parameters
@@ -42,27 +45,35 @@ class Guide:
             The model's logits width (may exceed ``len(tokenizer)``); the mask has this length.
         eos_token_ids : sequence of int, optional
             Ids that end the text; default: the tokenizer's EOS.
+        budget : fsm.Budget, optional
+            Limits for building the guide and for each first visit of a state (default ``fsm.Budget()``).
         """
-        return cls.from_rx(compile_regex(pattern).root, tokenizer, vocab_size, eos_token_ids)
+        with metered(budget, f"compiling regex {pattern[:60]!r}"):
+            dfa = compile_regex(pattern)  # held while the index is built: the index shares it, named
+            return cls.from_rx(dfa.root, tokenizer, vocab_size, eos_token_ids, budget)
 
     @classmethod
-    def from_rx(cls, term: rx.Rx, tokenizer, vocab_size: int | None = None, eos_token_ids=None) -> "Guide":
+    def from_rx(cls, term: rx.Rx, tokenizer, vocab_size: int | None = None, eos_token_ids=None,
+                budget: Budget | None = None) -> "Guide":
         """Guide for text whose UTF-8 bytes are in `term` (an `fsm.rx` term).
 
         Parameters are those of `from_regex`; raises `fsm.RegexError` when `term` matches nothing.
         """
         eos = None if eos_token_ids is None else tuple(sorted(set(eos_token_ids)))
-        vocabulary = vocabulary_from_tokenizer(tokenizer, vocab_size, eos)
-        return cls(_cached_index(term, vocabulary))
+        budget = budget or Budget()
+        with metered(budget, f"building the guide of {term!r}"):  # one vocabulary and index per key, even when racing
+            vocabulary = vocabulary_from_tokenizer(tokenizer, vocab_size, eos)
+            return cls(INDEXES.get_or_build((term, vocabulary, budget), lambda: _index(term, vocabulary, budget)))
 
     @classmethod
     def from_schema(cls, schema, tokenizer, vocab_size: int | None = None, eos_token_ids=None, **options) -> "Guide":
         """Guide for compact JSON valid under `schema` (a pydantic class, a dict or a JSON string).
 
         `options` go to `fsm.compile_schema`: whitespace, additional_properties, property_order
-        ("schema" or "any"), max_recursion_depth.
+        ("schema" or "any"), max_recursion_depth, budget (also used for the guide's first visits).
         """
-        return cls.from_rx(compile_schema(schema, **options), tokenizer, vocab_size, eos_token_ids)
+        term = compile_schema(schema, **options)
+        return cls.from_rx(term, tokenizer, vocab_size, eos_token_ids, options.get("budget"))
 
     @property
     def vocab_size(self) -> int:
@@ -109,6 +120,11 @@ class Guide:
         return Guide(self.index, self.state)
 
 
-@lru_cache(maxsize=32)
-def _cached_index(term: rx.Rx, vocabulary) -> TokenIndex:
-    return TokenIndex(dfa_of(term), vocabulary)
+def _index(term: rx.Rx, vocabulary, budget: Budget) -> TokenIndex:
+    with metered(budget, f"building the DFA of {term!r}"):
+        dfa = dfa_of(term)
+        dfa.max_states = budget.max_states
+        return TokenIndex(dfa, vocabulary, budget)
+
+
+INDEXES = BoundedCache(max_entries=64, max_bytes=1 << 30, size_of=lambda index: index.nbytes)  # shared by the process

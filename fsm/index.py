@@ -4,6 +4,9 @@ States are indexed lazily, on their first visit, by walking every token's bytes 
 once (numpy over all tokens, one column of bytes per step, dropping tokens as they die); the DFA
 itself grows lazily under that walk. Results are cached, so a revisit costs a dictionary lookup.
 The index is logically immutable: the caches only memoize pure functions of (DFA, vocabulary).
+First visits run under the index's `Budget` and `BUILD_LOCK`; a revisit takes no lock. At most
+MAX_CACHED_STATES states and about MAX_CACHED_BYTES of them are kept (the oldest go first and are
+rebuilt if visited again).
 """
 
 from __future__ import annotations
@@ -14,19 +17,23 @@ from functools import partial
 import numpy as np
 import torch
 
+from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
 from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
+MAX_CACHED_STATES = 4096  # per index
+MAX_CACHED_BYTES = 256 << 20  # per index: a state allowing all of a 49k vocabulary holds ~0.8 MiB
+MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
 @dataclass(frozen=True, eq=False)
 class StateInfo:
     """What one DFA state allows. token_ids is sorted; next_states[i] follows token_ids[i]."""
 
-    token_ids: np.ndarray  # (n_allowed,) int64, EOS included where the state accepts
-    next_states: np.ndarray  # (n_allowed,) int64, FINISHED after EOS
+    token_ids: np.ndarray  # (n_allowed,) int32, EOS included where the state accepts
+    next_states: np.ndarray  # (n_allowed,) int32, FINISHED after EOS
     mask: torch.Tensor  # (vocab_size,) bool
     max_token_length: int  # longest allowed token in bytes (EOS counts 0)
 
@@ -37,8 +44,10 @@ class TokenIndex:
 
     dfa: LazyDFA
     vocabulary: Vocabulary
+    budget: Budget = DEFAULT_BUDGET
     _states: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
+    _info_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the infos in _states
 
     def __post_init__(self):
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
@@ -50,9 +59,9 @@ class TokenIndex:
 
     def info(self, state: int) -> StateInfo:
         """Allowed tokens of `state`, computed on the first visit and cached."""
-        found = self._states.get(state)
+        found = self._states.get(state)  # lock-free: dict reads are atomic, entries never change
         if found is None:
-            found = self._states[state] = self._build_info(state)
+            found = self._first_visit(state, self._states, self._build_info)
         return found
 
     def next_state(self, state: int, token_id: int) -> int:
@@ -68,9 +77,27 @@ class TokenIndex:
 
     def forced_tokens(self, state: int) -> tuple[int, ...]:
         """Canonical tokens of the forced string from `state`, minus a tail a longer token could span."""
-        if state not in self._forced:
-            self._forced[state] = self._build_forced(state)
-        return self._forced[state]
+        found = self._forced.get(state)
+        if found is None:
+            found = self._first_visit(state, self._forced, self._build_forced)
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the DFA's arrays and the cached states (masks and token arrays)."""
+        return self.dfa.nbytes + self._info_bytes[0]
+
+    def _first_visit(self, state: int, cache: dict, build):
+        with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}"):
+            found = cache.get(state)  # another thread may have built it while this one waited
+            if found is None:
+                found = build(state)
+                size = _size(found)  # 0 for forced tokens: only infos count towards the bytes
+                while cache and (len(cache) >= MAX_CACHED_STATES or (size and self._info_bytes[0] + size > MAX_CACHED_BYTES)):
+                    self._info_bytes[0] -= _size(cache.pop(next(iter(cache))))
+                cache[state] = found
+                self._info_bytes[0] += size
+        return found
 
     # -- building ---------------------------------------------------------------------------
 
@@ -89,9 +116,9 @@ class TokenIndex:
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
         mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
         mask[ids] = True
-        by_id = np.empty(self.vocab_size, dtype=np.int64)  # (vocab_size,) scratch: sorts without argsort
+        by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort
         by_id[ids] = nexts
-        ids = np.flatnonzero(mask)
+        ids = np.flatnonzero(mask).astype(np.int32)  # int32: half the memory of a cached state
         nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
@@ -122,6 +149,13 @@ class TokenIndex:
         return tokens, starts
 
 
+def _size(entry) -> int:
+    """Bytes of a cached StateInfo (0 for forced-token tuples, which are small)."""
+    if not isinstance(entry, StateInfo):
+        return 0
+    return entry.token_ids.nbytes + entry.next_states.nbytes + entry.mask.numel()
+
+
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     """Walk every token from `state`; return the (ids, end states) of those that survive."""
     layout = vocabulary.walk_layout
@@ -146,9 +180,9 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:
-    """The longest byte string every continuation starts with, cut to whole UTF-8 characters."""
+    """The longest byte string every continuation starts with (at most MAX_FORCED_BYTES), cut to whole UTF-8 characters."""
     out = bytearray()
-    while not dfa.accepting[state]:
+    while not dfa.accepting[state] and len(out) < MAX_FORCED_BYTES:
         row = dfa.row(state)
         targets = np.flatnonzero(row != DEAD)
         if len(targets) != 1:

@@ -162,28 +162,46 @@ def _magnitude_range(low: int, high: int | None, low_open: bool, high_open: bool
 
 
 def natural_range(low: int, high: int | None) -> rx.Rx:
-    """Integers in [low, high] >= 0 without leading zeros."""
-    parts = []
-    top = high if high is not None else 10 ** len(str(low)) - 1
-    for digits in range(len(str(low)), len(str(top)) + 1):
-        lo, hi = max(low, 10 ** (digits - 1) if digits > 1 else 0), min(top, 10**digits - 1)
-        if lo <= hi:
-            parts.append(_same_length(str(lo), str(hi)))
+    """Integers in [low, high] >= 0 without leading zeros; O(number of digits) terms."""
+    a = str(low)
+    b = str(high) if high is not None else "9" * len(a)
+    if len(a) == len(b):
+        parts = [_same_length(a, b)]
+    else:
+        parts = [_same_length(a, "9" * len(a)), _same_length("1" + "0" * (len(b) - 1), b)]
+        if len(b) - len(a) > 1:  # every number with a length strictly between
+            parts.append(seq(NONZERO, repeat(DIGIT, len(a), len(b) - 2)))
     if high is None:
-        parts.append(seq(NONZERO, repeat(DIGIT, len(str(low)))))
+        parts.append(seq(NONZERO, repeat(DIGIT, len(a))))
     return alt(*parts)
 
 
 def _same_length(a: str, b: str) -> rx.Rx:
-    """Decimal strings of equal length between a and b."""
-    if a == b:
+    """Decimal strings of equal length between a <= b: a common prefix, then one digit that differs."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    if i == len(a):
         return literal(a)
-    if a[0] == b[0]:
-        return seq(literal(a[0]), _same_length(a[1:], b[1:]))
-    rest = len(a) - 1
-    low_part = seq(literal(a[0]), _same_length(a[1:], "9" * rest))
-    middle = seq(rx.byte_range(ord(a[0]) + 1, ord(b[0]) - 1), repeat(DIGIT, rest, rest)) if int(b[0]) - int(a[0]) > 1 else rx.NOTHING
-    return alt(low_part, middle, seq(literal(b[0]), _same_length("0" * rest, b[1:])))
+    rest = len(a) - i - 1
+    middle = seq(rx.byte_range(ord(a[i]) + 1, ord(b[i]) - 1), repeat(DIGIT, rest, rest)) if int(b[i]) - int(a[i]) > 1 else rx.NOTHING
+    return seq(literal(a[:i]), alt(seq(literal(a[i]), _at_least(a[i + 1:])), middle, seq(literal(b[i]), _at_most(b[i + 1:]))))
+
+
+def _at_least(a: str) -> rx.Rx:
+    """Decimal strings of len(a) digits >= a, built from the last digit back (no recursion)."""
+    out = rx.EPSILON
+    for k in range(len(a) - 1, -1, -1):
+        rest = len(a) - k - 1
+        out = alt(seq(literal(a[k]), out), seq(rx.byte_range(ord(a[k]) + 1, 0x39), repeat(DIGIT, rest, rest)))
+    return out
+
+
+def _at_most(b: str) -> rx.Rx:
+    """Decimal strings of len(b) digits <= b, built from the last digit back (no recursion)."""
+    out = rx.EPSILON
+    for k in range(len(b) - 1, -1, -1):
+        rest = len(b) - k - 1
+        out = alt(seq(literal(b[k]), out), seq(rx.byte_range(0x30, ord(b[k]) - 1), repeat(DIGIT, rest, rest)))
+    return out
 
 
 @lru_cache(maxsize=256)

@@ -4,6 +4,9 @@ States are terms (the derivatives of the root), numbered in discovery order with
 A row of the transition table is filled from one derivative per block of the state's byte classes.
 A derivative whose language is empty is DEAD, so every live transition can still reach acceptance:
 the token index relies on that to drop tokens early.
+
+Growing happens under `fsm.budget.BUILD_LOCK`; a row, once filled, never changes, and arrays are
+replaced (never resized in place), so readers of filled rows need no lock.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from functools import lru_cache
 import numpy as np
 
 from fsm import rx
+from fsm.budget import BUILD_LOCK, DEFAULT_BUDGET, GuideBudgetError
 
 DEAD = -1
 
@@ -29,8 +33,8 @@ class LazyDFA:
         What the DFA was compiled from (a regex), if known; only used in messages.
     """
 
-    def __init__(self, root: rx.Rx, pattern: str | None = None):
-        self.root, self.pattern = root, pattern
+    def __init__(self, root: rx.Rx, pattern: str | None = None, max_states: int = DEFAULT_BUDGET.max_states):
+        self.root, self.pattern, self.max_states = root, pattern, max_states
         self._terms: list[rx.Rx] = []  # state -> term
         self._ids: dict[int, int] = {}  # term id -> state
         self._table = np.full((16, 256), DEAD, dtype=np.int32)  # (capacity, 256), rows < n_states used
@@ -106,6 +110,11 @@ class LazyDFA:
     # -- growing -----------------------------------------------------------------------------------
 
     def _fill(self, state: int) -> None:
+        with BUILD_LOCK:
+            if not self._filled[state]:  # another thread may have filled it while this one waited
+                self._fill_locked(state)
+
+    def _fill_locked(self, state: int) -> None:
         term = self._terms[state]
         targets = [(mask, self._add(rx.derivative(term, rx.lowest_byte(mask)))) for mask in term.classes]
         row = self._table[state]  # after _add: the table may have been reallocated
@@ -121,6 +130,8 @@ class LazyDFA:
         if check and (term is rx.NOTHING or (not term.plain and rx.is_empty(term))):
             self._ids[term.id] = DEAD
             return DEAD
+        if len(self._terms) >= self.max_states:
+            raise GuideBudgetError(f"the DFA of {self.name()} needs more than {self.max_states} states (Budget.max_states)")
         state = self._ids[term.id] = len(self._terms)
         self._terms.append(term)
         if state == len(self._filled):
@@ -129,10 +140,15 @@ class LazyDFA:
         return state
 
     def _grow(self) -> None:
-        extra = len(self._filled)
+        extra = len(self._filled)  # table before flags: a reader that sees a row filled finds it in the table
         self._table = np.concatenate([self._table, np.full((extra, 256), DEAD, dtype=np.int32)])
-        self._filled = np.concatenate([self._filled, np.zeros(extra, dtype=bool)])
         self._accepting = np.concatenate([self._accepting, np.zeros(extra, dtype=bool)])
+        self._filled = np.concatenate([self._filled, np.zeros(extra, dtype=bool)])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the transition arrays (terms not counted)."""
+        return self._table.nbytes + self._filled.nbytes + self._accepting.nbytes
 
 
 @lru_cache(maxsize=4096)

@@ -6,9 +6,11 @@ a multi-byte character ends in an intermediate state. Only the states that walks
 
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache
 
 from fsm import rx
+from fsm.budget import metered
 from fsm.errors import RegexError
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.rx_parse import parse
@@ -18,7 +20,6 @@ ByteDFA = LazyDFA  # the name this module's DFA had before it became lazy
 __all__ = ["DEAD", "ByteDFA", "LazyDFA", "compile_regex", "dfa_of", "parse"]
 
 
-@lru_cache(maxsize=64)
 def compile_regex(pattern: str) -> LazyDFA:
     """Compile a regex (full-match semantics) into a lazily expanded byte-level DFA.
 
@@ -32,22 +33,29 @@ def compile_regex(pattern: str) -> LazyDFA:
         backreferences, word boundaries, anchors inside the pattern), or a pattern whose language
         is empty.
     """
-    return dfa_of(parse(pattern), pattern)
+    with metered(None, f"compiling regex {pattern[:60]!r}"):
+        return dfa_of(_parsed(pattern), pattern)
+
+
+@lru_cache(maxsize=64)
+def _parsed(pattern: str) -> rx.Rx:
+    return parse(pattern)
 
 
 def dfa_of(term: rx.Rx, name: str | None = None) -> LazyDFA:
     """The shared lazy DFA of `term` (one per term; the first name sticks); RegexError when empty."""
-    if rx.is_empty(term):
+    if rx.is_empty(term):  # raises ValueError past its search limit
         raise RegexError(f"regex {name or term!r} matches no string at all")
-    dfa = _dfa(term)
-    if dfa.pattern is None:
-        dfa.pattern = name
-    return dfa
+    with metered(None, f"building the DFA of {name or term!r}"):
+        dfa = _DFAS.get(term.id)
+        if dfa is None:
+            dfa = _DFAS[term.id] = LazyDFA(term)
+        if dfa.pattern is None:
+            dfa.pattern = name
+        return dfa
 
 
-@lru_cache(maxsize=64)
-def _dfa(term: rx.Rx) -> LazyDFA:
-    return LazyDFA(term)
+_DFAS: "weakref.WeakValueDictionary[int, LazyDFA]" = weakref.WeakValueDictionary()  # term id -> DFA, while in use
 
 
 # Transitional: the pre-rx fsm/patterns.py imports these two; remove once its port has landed.

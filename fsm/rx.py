@@ -18,6 +18,8 @@ import itertools
 import weakref
 from collections import deque
 
+from fsm import budget as _budget
+
 ALL_BYTES = (1 << 256) - 1
 _ids = itertools.count()
 _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -61,6 +63,8 @@ def _term(kind: str, args: tuple, nullable: bool, plain: bool) -> Rx:
     if found is None:
         found = Rx(kind, args, nullable, plain)
         _interned[key] = found
+        if _budget._active:  # a budgeted build is running (under BUILD_LOCK)
+            _budget._active[-1].tick()
     return found
 
 

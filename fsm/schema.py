@@ -22,6 +22,7 @@ import json
 
 from fsm import json_terms as jt
 from fsm import rx
+from fsm.budget import Budget, GuideBudgetError, metered
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 
@@ -35,7 +36,7 @@ PROPERTY_ORDERS = ("schema", "any")
 
 
 def compile_schema(schema, *, whitespace: str = "", additional_properties: bool = False, max_recursion_depth: int = 3,
-                   property_order: str = "schema") -> rx.Rx:
+                   property_order: str = "schema", budget: Budget | None = None) -> rx.Rx:
     """Term for the JSON texts (compact unless `whitespace` says otherwise) that validate against `schema`.
 
     Parameters
@@ -53,6 +54,8 @@ def compile_schema(schema, *, whitespace: str = "", additional_properties: bool 
         "schema" (default): object members in the order of ``properties``, optional ones may be left
         out, extra keys last. "any": members in any order, each declared key at most once (extra
         keys anywhere), exactly the objects validators accept (up to repeated extra keys).
+    budget : fsm.Budget, optional
+        Limits on the work and time of this compile (default ``fsm.Budget()``).
 
     Returns
     -------
@@ -63,14 +66,24 @@ def compile_schema(schema, *, whitespace: str = "", additional_properties: bool 
     ------
     SchemaError
         For an invalid schema or a keyword that cannot be enforced; names the keyword and JSON pointer.
+    GuideBudgetError
+        When the compile goes past `budget`; names the innermost subschema being compiled.
     """
     return compile_with_notes(schema, whitespace=whitespace, additional_properties=additional_properties,
-                              max_recursion_depth=max_recursion_depth, property_order=property_order)[0]
+                              max_recursion_depth=max_recursion_depth, property_order=property_order, budget=budget)[0]
 
 
-def compile_with_notes(schema, *, whitespace: str = "", additional_properties: bool = False,
-                       max_recursion_depth: int = 3, property_order: str = "schema") -> tuple[rx.Rx, list[str]]:
+def compile_with_notes(schema, *, whitespace: str = "", additional_properties: bool = False, max_recursion_depth: int = 3,
+                       property_order: str = "schema", budget: Budget | None = None) -> tuple[rx.Rx, list[str]]:
     """Like `compile_schema`, also returning notes ("format 'int32' ignored at #/properties/a")."""
+    try:
+        with metered(budget, "compiling the schema"):
+            return _compile_with_notes(schema, whitespace, additional_properties, max_recursion_depth, property_order)
+    except GuideBudgetError as error:
+        raise error.at("#") from None
+
+
+def _compile_with_notes(schema, whitespace, additional_properties, max_recursion_depth, property_order):
     if property_order not in PROPERTY_ORDERS:
         raise SchemaError(f"property_order must be one of {', '.join(map(repr, PROPERTY_ORDERS))}, not {property_order!r}")
     root = as_dict(schema)
@@ -112,6 +125,8 @@ def _whitespace(pattern: str) -> rx.Rx:
 def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
     try:
         return rx.is_empty(term, limit=limit)
+    except GuideBudgetError:
+        raise
     except ValueError:
         return False
 
@@ -136,6 +151,12 @@ class Compiler:
 
     def compile(self, schema, pointer: str) -> rx.Rx:
         """L: a term whose every string is valid under `schema`."""
+        try:
+            return self._compile(schema, pointer)
+        except GuideBudgetError as error:
+            raise error.at(pointer) from None
+
+    def _compile(self, schema, pointer: str) -> rx.Rx:
         if schema is True:
             return self.any
         if schema is False:

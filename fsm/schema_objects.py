@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from fsm import json_terms as jt
 from fsm import rx
+from fsm.budget import GuideBudgetError
 from fsm.errors import SchemaError
 from fsm.patterns import pattern_term, pattern_upper, search
 
@@ -90,6 +91,8 @@ def _pattern_cases(n: int, disjoint: bool) -> list[tuple[bool, ...]]:
 def _disjoint(terms: list[rx.Rx]) -> bool:
     try:
         return all(rx.is_empty(rx.inter(a, b), limit=500) for i, a in enumerate(terms) for b in terms[i + 1:])
+    except GuideBudgetError:
+        raise
     except ValueError:
         return False
 

@@ -173,7 +173,15 @@ def numeric_bounds(schema: dict, pointer: str) -> dict:
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise SchemaError(f"must be a number, not {v!r}", keyword=k, pointer=pointer)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SchemaError(f"must be a finite number, not {v!r}", keyword=k, pointer=pointer)
+        if isinstance(v, int) and v.bit_length() > MAX_BOUND_BITS:
+            raise SchemaError(f"bounds of more than {MAX_BOUND_DIGITS} digits are not supported", keyword=k, pointer=pointer)
     return bounds
+
+
+MAX_BOUND_DIGITS = 4000  # Python refuses to print longer integers (sys.get_int_max_str_digits)
+MAX_BOUND_BITS = int(MAX_BOUND_DIGITS * 3.32)
 
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:

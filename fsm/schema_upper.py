@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fsm import json_terms as jt
 from fsm import rx
+from fsm.budget import GuideBudgetError
 from fsm.errors import SchemaError
 from fsm.patterns import pattern_upper
 from fsm.utf8 import ANY_CHAR
@@ -68,6 +69,8 @@ class Upper:
     def _negated(self, schema, pointer: str) -> rx.Rx:
         try:
             return rx.complement(self.c.compile(schema, f"{pointer}/not"))
+        except GuideBudgetError:
+            raise
         except SchemaError:
             return ANY
 

@@ -1,0 +1,91 @@
+"""Budgets and bounded caches: past a limit a clear GuideBudgetError (never a hang); caches never grow
+past their bounds. Work is counted in terms and states, time through an injected clock."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import fsm
+from fsm.budget import Budget, GuideBudgetError
+from fsm.cache import BoundedCache
+from fsm.guide import INDEXES
+
+
+def _unique_bound(salt: int) -> int:
+    """A 250-digit bound no other test builds (terms are interned: only new ones cost budget)."""
+    return -(10**250) - 1_000_003 * salt - 77_777_777
+
+
+def test_compile_past_its_term_budget_names_the_subschema():
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": _unique_bound(1)}}, "required": ["a"]}
+    fsm.compile_schema({"type": "object"})  # the compiler's shared terms exist before the budgeted call
+    with pytest.raises(GuideBudgetError, match=r"more than 100 terms.* at #/properties/a$") as caught:
+        fsm.compile_schema(schema, budget=Budget(max_terms=100))
+    assert isinstance(caught.value, fsm.SchemaError) and caught.value.pointer == "#/properties/a"
+    assert fsm.compile_schema(schema) is not None  # the default budget is enough
+
+
+def test_compile_past_its_time_budget_with_an_injected_clock():
+    ticks = itertools.count()
+    clock = lambda: float(next(ticks))  # noqa: E731 - one second per look at the clock
+    with pytest.raises(GuideBudgetError, match="longer than 0.5 s"):
+        fsm.compile_schema({"type": "array", "items": {"type": "integer", "minimum": _unique_bound(2)}}, budget=Budget(max_seconds=0.5, clock=clock))
+
+
+def test_a_hopeless_string_stops_at_its_budget_instead_of_crawling(smol_tokenizer):
+    schema = {"type": "string", "pattern": "^[a-z]*$", "minLength": 50_000}  # witnesses 50,000 characters long
+    with pytest.raises(GuideBudgetError, match="Budget.max_terms"):
+        guide = fsm.Guide.from_schema(schema, smol_tokenizer, budget=Budget(max_terms=30_000))
+        guide.mask()
+
+
+def test_first_visits_stop_at_the_state_budget_and_the_guide_stays_consistent(smol_tokenizer):
+    guide = fsm.Guide.from_regex("a{1000000}", smol_tokenizer, budget=Budget(max_states=60))
+    long_a = max((t for t in guide.allowed() if t not in guide.eos_token_ids), key=lambda t: len(guide.index.vocabulary.token_bytes[t]))
+    with pytest.raises(GuideBudgetError, match=r"regex 'a\{1000000\}' needs more than 60 states"):
+        for _ in range(1000):
+            last_good = guide.copy()
+            guide.advance(long_a)
+            guide.mask()
+    assert guide.index.dfa.n_states <= 60
+    with pytest.raises(GuideBudgetError):  # the same answer on a second try
+        guide.mask()
+    assert last_good.mask()[long_a] and last_good.index.info(last_good.state).next_states.max() >= 0
+
+
+def test_index_cache_never_exceeds_its_bounds(smol_tokenizer):
+    for i in range(3 * INDEXES.max_entries):
+        guide = fsm.Guide.from_schema({"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]}, smol_tokenizer)
+        guide.mask()
+        assert len(INDEXES) <= INDEXES.max_entries and INDEXES.nbytes <= INDEXES.max_bytes + guide.index.nbytes
+
+
+def test_bounded_cache_evicts_least_recently_used_by_count_and_bytes():
+    cache = BoundedCache(max_entries=3, max_bytes=10, size_of=len)
+    for key in "abc":
+        cache.get_or_build(key, lambda: b"xx")
+    cache.get_or_build("a", lambda: b"never built")  # a is now the most recent
+    cache.get_or_build("d", lambda: b"xx")  # evicts b (least recently used)
+    assert set(cache._entries) == {"a", "c", "d"}
+    cache.get_or_build("e", lambda: b"x" * 9)  # 15 bytes > 10: the oldest go until it fits
+    assert list(cache._entries) == ["e"] and cache.nbytes == 9
+    assert cache.get_or_build("f", lambda: b"x" * 50) == b"x" * 50 and len(cache) == 1  # a big entry alone still fits
+
+
+def test_an_index_keeps_its_visited_states_within_its_byte_bound(smol_tokenizer, monkeypatch):
+    import random
+
+    from fsm import index as index_module
+
+    monkeypatch.setattr(index_module, "MAX_CACHED_BYTES", 3 << 20)  # about four states that allow every token
+    guide = fsm.Guide.from_schema({"type": "string", "maxLength": 777_777}, smol_tokenizer)
+    rng, path = random.Random(5), []
+    for _ in range(25):
+        path.append((guide.state, guide.allowed()))
+        guide.advance(rng.choice([t for t in guide.allowed() if t not in guide.eos_token_ids]))
+        assert guide.index._info_bytes[0] <= 3 << 20 and len(guide.index._states) >= 1
+    assert len(guide.index._states) < 25
+    for state, allowed in path:  # evicted states are rebuilt, with the same answers
+        assert fsm.Guide(guide.index, state).allowed() == allowed
