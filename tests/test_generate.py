@@ -283,6 +283,7 @@ def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models
         est.acceptance = 0.5  # frozen, like the rest of the stats
 
 
+@pytest.mark.usefixtures("pinned_clock")  # every forward takes one tick: the assistant costs what the target does
 def test_auto_stops_drafting_when_nothing_is_accepted(tok, models):
     target, bad = models["llama"], models["llama-other"]  # accepts almost nothing; costs what the target costs
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=60, coalesce=False)
@@ -292,10 +293,11 @@ def test_auto_stops_drafting_when_nothing_is_accepted(tok, models):
     trace, cfg = out.stats.k_trace, AutoConfig()
     assert trace[:3] == (5, 5, 0) and trace[3:].count(0) >= 0.8 * len(trace[3:])  # probes between plain steps ...
     assert set(trace[3:]) <= {0, 5}  # ... drafting at most the window: k0, as nothing is accepted
-    assert sum(step.drafted for step in out.stats.steps[3:]) <= 2  # probes: unsure drafts cut before verification
+    assert sum(step.drafted for step in out.stats.steps[3:]) <= 3  # probes: unsure drafts cut before verification
     assert out.stats.estimates.acceptance < cfg.acceptance_prior
 
 
+@pytest.mark.usefixtures("pinned_clock")
 def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
     target, helper = models["llama"], models["llama-other"]
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
@@ -313,6 +315,7 @@ def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
     assert recall(target, helper) is None
 
 
+@pytest.mark.usefixtures("pinned_clock")  # how far a call drafts, and so what it judges, follows its timings
 def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, models):
     target, helper = models["llama"], models["llama"]  # drafting for itself: every draft is accepted
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
