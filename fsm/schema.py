@@ -19,6 +19,7 @@ keywords are annotations and unknown `format`s are ignored, as validators do (se
 from __future__ import annotations
 
 import json
+from itertools import product
 
 from fsm import json_terms as jt
 from fsm import rx
@@ -30,6 +31,7 @@ from fsm.unevaluated import close_unevaluated
 UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from another (else: exclude it lazily)
+MAX_EXCLUSIVE_CASES = 32  # oneOf of required-only options: anyOf cases written out (else: complements)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
 
@@ -270,6 +272,9 @@ class Compiler:
         if not isinstance(options, list) or not options:
             raise SchemaError("must be a non-empty array of schemas", keyword=keyword, pointer=pointer)
         base = {k: v for k, v in schema.items() if k != keyword}
+        cases = exclusive_required_cases(options) if keyword == "oneOf" else None
+        if cases is not None:  # exact without complements (which make liveness and masks slow)
+            return self.union({**base, "anyOf": cases}, pointer)
         terms = [self.compile({"allOf": [base, o]} if base else o, f"{pointer}/{keyword}/{i}") for i, o in enumerate(options)]
         if keyword == "oneOf":
             uppers = [self.upper(o, f"{pointer}/oneOf/{i}") for i, o in enumerate(options)]
@@ -285,6 +290,25 @@ class Compiler:
             if not self.disjoint[key]:
                 term = rx.inter(term, rx.complement(u))
         return term
+
+
+def exclusive_required_cases(options: list) -> list | None:
+    """`oneOf` options that only say `required`, as anyOf cases without negation (None if not that form).
+
+    Exactly one option holds when the object has option i's names and, for every other option j, lacks
+    one of j's names that i does not require; non-objects satisfy every option, so two or more exclude them.
+    """
+    names = [o.get("required") if isinstance(o, dict) and set(o) & VALIDATION == {"required"} else None for o in options]
+    if len(options) < 2 or any(not isinstance(n, list) or not all(isinstance(x, str) for x in n) for n in names):
+        return None
+    cases = []
+    for i, own in enumerate(names):
+        absent = [sorted(set(other) - set(own)) for j, other in enumerate(names) if j != i]
+        choices = {frozenset(c) for c in product(*absent)}
+        if len(cases) + len(choices) > MAX_EXCLUSIVE_CASES:
+            return None
+        cases += [{"type": "object", "required": own, "properties": {n: False for n in sorted(c)}} for c in choices]
+    return cases or [False]
 
 
 def validation_keywords(schema: dict, pointer: str) -> dict:

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 import fsm
+from fsm.lazy_dfa import LazyDFA
 
 D7 = "http://json-schema.org/draft-07/schema#"
 UNEVALUATED = {  # 2020-12 core 11.3: annotations come from the schema itself and its successful in-place applicators
@@ -152,3 +153,22 @@ def test_unresolvable_anchor_names_ref_and_pointer():
     with pytest.raises(fsm.SchemaError) as error:
         fsm.compile_schema({"properties": {"p": {"$ref": "#nope"}}})
     assert error.value.keyword == "$ref" and error.value.pointer == "#/properties/p"
+
+
+ONE_OF_REQUIRED = {"type": "object", "oneOf": [{"required": ["foo", "bar"]}, {"required": ["foo", "baz"]}]}
+ONE_OF_REQUIRED_TEXTS = ['{"foo":1,"bar":2}', '{"bar":2,"foo":1}', '{"foo":1,"baz":2}', '{"foo":1,"bar":2,"baz":3}', '{"foo":1}',
+                         '{"bar":1,"baz":2}', '{"baz":1,"x":0,"foo":2}', "3", "[]"]
+
+
+@pytest.mark.parametrize("schema", [ONE_OF_REQUIRED, {"oneOf": [{"required": ["a"]}, {"required": ["b"], "description": "d"}, {"required": ["a", "b"]}]}])
+def test_one_of_required_options_is_exact(schema, smol_tokenizer):
+    _judge(schema, ONE_OF_REQUIRED_TEXTS + ['{"a":1}', '{"b":1}', '{"a":1,"b":2}', "null"], smol_tokenizer, exact={"compact", "spec"})
+
+
+def test_one_of_required_first_mask_builds_few_states(smol_tokenizer):
+    """The first mask under policy="spec" explored ~34,000 DFA states (32 s) when oneOf was written
+    with complements; written as cases it needs a handful."""
+    dfa = LazyDFA(fsm.compile_schema(ONE_OF_REQUIRED, policy="spec"))  # a fresh DFA: guides share theirs
+    index = fsm.TokenIndex(dfa, fsm.vocabulary_from_tokenizer(smol_tokenizer))
+    assert index.info(0).mask.any()
+    assert dfa.n_states <= 20
