@@ -86,7 +86,7 @@ def run_one(task: str, args, report=lambda stage: None) -> dict:
     if task.startswith("combo:"):
         seed = int(task.split(":")[1])
         schema = combination_schema(random.Random(seed))
-        pool = value_pool(random.Random(seed + 1), 30)
+        pool = value_pool(random.Random(seed + 1), 60)
     else:
         record = json.loads(Path(task.split(":", 1)[1]).read_text())
         seed, schema, pool = args.seed, record["schema"], [t["data"] for t in record.get("tests") or []]

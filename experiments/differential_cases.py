@@ -170,7 +170,9 @@ def _node(rng: random.Random, depth: int, defs_count: int) -> dict:
         return _atom(rng)
     sub = lambda: _node(rng, depth - 1, defs_count)  # noqa: E731
     kind = rng.choice(["allOf", "anyOf", "oneOf", "ref", "unevaluatedProperties", "unevaluatedItems", "prefixItems",
-                       "dependentSchemas", "not", "if", "contains"])
+                       "dependentSchemas", "not", "if", "contains", "sibling", "sibling"])
+    if kind == "sibling":  # a keyword whose meaning depends on a sibling, split across allOf branches
+        return _split_siblings(rng, sub)
     if kind in ("allOf", "anyOf", "oneOf"):
         return {kind: [sub() for _ in range(rng.randint(1, 3))], **(_atom(rng) if rng.random() < 0.4 else {})}
     if kind == "ref":
@@ -191,6 +193,22 @@ def _node(rng: random.Random, depth: int, defs_count: int) -> dict:
     return {"contains": _atom(rng), "minContains": rng.choice([0, 1, 2]), **({"maxContains": 2} if rng.random() < 0.3 else {})}
 
 
+def _split_siblings(rng: random.Random, sub) -> dict:
+    key = rng.choice(ATOM_KEYS)
+    return rng.choice([
+        {"allOf": [{"properties": {key: sub()}}, {"unevaluatedProperties": rng.choice([False, sub()])}]},
+        {"properties": {key: sub()}, "allOf": [sub(), {"unevaluatedProperties": False}]},
+        {"allOf": [{"prefixItems": [sub()]}], "items": sub()},
+        {"allOf": [{"prefixItems": [sub()]}, {"items": sub()}]},
+        {"allOf": [{"prefixItems": [sub()]}, {"unevaluatedItems": rng.choice([False, sub()])}]},
+        {"allOf": [{"contains": _atom(rng), "minContains": rng.choice([0, 2])}, {"contains": _atom(rng)}]},
+        {"allOf": [{"patternProperties": {"^x": sub()}}, {"additionalProperties": sub()}]},
+        {"allOf": [{"required": [key]}, {"properties": {"a": sub()}, rng.choice(["additionalProperties", "unevaluatedProperties"]): False}]},
+        {"$ref": "#/$defs/d0", "properties": {key: sub()}, "unevaluatedProperties": rng.choice([False, sub()])},
+        {"allOf": [{"if": _atom(rng), "then": sub()}, {"if": _atom(rng), "else": sub()}]},
+    ])
+
+
 def _atom(rng: random.Random) -> dict:
     key, k = rng.choice(ATOM_KEYS), rng.randint(0, 3)
     return rng.choice([
@@ -200,16 +218,21 @@ def _atom(rng: random.Random) -> dict:
         {"additionalProperties": rng.choice([False, {"type": "string"}])}, {"items": {"type": "integer"}},
         {"minItems": k}, {"maxItems": k}, {"const": rng.choice([1, "a", None])}, {"enum": [1, 2.0, "a"]},
         {"properties": {key: {"type": "integer"}}, "additionalProperties": False},
+        {"prefixItems": [{"type": "integer", "minimum": k}]}, {"items": {"type": "integer", "minimum": k}},
+        {"unevaluatedProperties": False}, {"unevaluatedItems": False}, {"contains": {"type": "string"}, "minContains": k % 2},
+        {"patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
     ])
 
 
 def value_pool(rng: random.Random, n: int) -> list:
-    """Small JSON values over the combination schemas' keys and constants."""
-    scalars = [0, 1, 2, 3, 5, -1, 1.5, 2.0, "a", "s", "abcd", None, True]
+    """Small JSON values over the combination schemas' keys, bounds and constants."""
+    scalars = [0, 1, 2, 3, 5, 6, -1, 1.5, 2.0, "a", "s", "abcd", None, True]
+    items = [0, 1, 2, 3, 4, 5, 6, "a", "s", None]
     out = list(scalars)
     while len(out) < n:
         if rng.random() < 0.5:
-            out.append({key: rng.choice(scalars + [[1]]) for key in rng.sample(ATOM_KEYS, rng.randint(0, 3))})
+            keys = rng.sample(ATOM_KEYS + ("x2",), rng.randint(0, 3))
+            out.append({key: rng.choice(scalars + [[1]]) for key in keys})
         else:
-            out.append([rng.choice(scalars) for _ in range(rng.randint(0, 4))])
+            out.append([rng.choice(items) for _ in range(rng.randint(0, 3))])
     return out
