@@ -172,3 +172,16 @@ def test_one_of_required_first_mask_builds_few_states(smol_tokenizer):
     index = fsm.TokenIndex(dfa, fsm.vocabulary_from_tokenizer(smol_tokenizer))
     assert index.info(0).mask.any()
     assert dfa.n_states <= 20
+
+
+def test_policy_names_the_option_pairs():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    spec = fsm.compile_schema(schema, policy="spec")
+    assert spec is fsm.compile_schema(schema, additional_properties=True, property_order="any")  # terms are interned
+    assert fsm.compile_schema(schema, policy="compact") is fsm.compile_schema(schema)
+    assert fsm.rx.matches(spec, '{"b":1,"a":2,"c":[]}')
+    assert not fsm.rx.matches(fsm.compile_schema(schema), '{"b":1,"a":2}')
+    overridden = fsm.compile_schema(schema, policy="spec", property_order="schema")  # an explicit option wins
+    assert fsm.rx.matches(overridden, '{"a":1,"c":[]}') and not fsm.rx.matches(overridden, '{"b":1,"a":2}')
+    with pytest.raises(fsm.SchemaError, match="policy must be one of 'compact', 'spec'"):
+        fsm.compile_schema(schema, policy="strict")
