@@ -19,27 +19,22 @@ keywords are annotations and unknown `format`s are ignored, as validators do (se
 from __future__ import annotations
 
 import json
-from itertools import product
 
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
+from fsm.policy import object_policy
 from fsm.refs import absolute_refs
+from fsm.rewrites import exclusive_required_cases
 from fsm.unevaluated import close_unevaluated
 
 UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from another (else: exclude it lazily)
-MAX_EXCLUSIVE_CASES = 32  # oneOf of required-only options: anyOf cases written out (else: complements)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
 
-PROPERTY_ORDERS = ("schema", "any")
-POLICIES = {  # policy name -> (additional_properties, property_order)
-    "compact": (False, "schema"),
-    "spec": (True, "any"),
-}
 
 
 def compile_schema(schema, *, whitespace: str = "", policy: str | None = None, additional_properties: bool | None = None,
@@ -104,17 +99,6 @@ def compile_with_notes(schema, *, whitespace: str = "", policy: str | None = Non
         keyword = "$ref" if compiler.cut else None
         raise SchemaError("the schema accepts no value that can be generated", keyword=keyword, pointer="#")
     return term, compiler.notes
-
-
-def object_policy(policy: str | None, additional_properties: bool | None, property_order: str | None) -> tuple[bool, str]:
-    """(additional_properties, property_order) from a policy name and the explicit options that override it."""
-    if policy is not None and policy not in POLICIES:
-        raise SchemaError(f"policy must be one of {', '.join(map(repr, POLICIES))}, not {policy!r}")
-    default_open, default_order = POLICIES[policy or "compact"]
-    property_order = default_order if property_order is None else property_order
-    if property_order not in PROPERTY_ORDERS:
-        raise SchemaError(f"property_order must be one of {', '.join(map(repr, PROPERTY_ORDERS))}, not {property_order!r}")
-    return (default_open if additional_properties is None else bool(additional_properties)), property_order
 
 
 def as_dict(schema) -> dict | bool:
@@ -290,25 +274,6 @@ class Compiler:
             if not self.disjoint[key]:
                 term = rx.inter(term, rx.complement(u))
         return term
-
-
-def exclusive_required_cases(options: list) -> list | None:
-    """`oneOf` options that only say `required`, as anyOf cases without negation (None if not that form).
-
-    Exactly one option holds when the object has option i's names and, for every other option j, lacks
-    one of j's names that i does not require; non-objects satisfy every option, so two or more exclude them.
-    """
-    names = [o.get("required") if isinstance(o, dict) and set(o) & VALIDATION == {"required"} else None for o in options]
-    if len(options) < 2 or any(not isinstance(n, list) or not all(isinstance(x, str) for x in n) for n in names):
-        return None
-    cases = []
-    for i, own in enumerate(names):
-        absent = [sorted(set(other) - set(own)) for j, other in enumerate(names) if j != i]
-        choices = {frozenset(c) for c in product(*absent)}
-        if len(cases) + len(choices) > MAX_EXCLUSIVE_CASES:
-            return None
-        cases += [{"type": "object", "required": own, "properties": {n: False for n in sorted(c)}} for c in choices]
-    return cases or [False]
 
 
 def validation_keywords(schema: dict, pointer: str) -> dict:
