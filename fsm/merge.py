@@ -161,6 +161,8 @@ def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
         return {"allOf": [x, y]}
     if key == "additionalProperties" and (x is False or y is False):
         return False
+    if key == "additionalProperties" and (x is True or x == {} or y is True or y == {}):
+        return y if x is True or x == {} else x
     if key == "additionalProperties" and isinstance(x, dict) and isinstance(y, dict):
         return {"allOf": [x, y]}
     if key in ("then", "else") and left.get("if") == right.get("if"):
@@ -184,10 +186,19 @@ def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
     for part in closed:
         patterns = part.get("patternProperties", {})
         allowed = _allowed_names(part)
-        out["properties"] = {n: s for n, s in out.get("properties", {}).items() if allowed(n)}
+        dropped = {p: s for p, s in out.get("patternProperties", {}).items() if p not in patterns}
+        out["properties"] = {n: _with_patterns(n, s, dropped) for n, s in out.get("properties", {}).items() if allowed(n)}
         if "patternProperties" in out:  # keys matching only the other part's patterns are excluded here
             out["patternProperties"] = {p: s for p, s in out["patternProperties"].items() if p in patterns}
         out["additionalProperties"] = False
+
+
+def _with_patterns(name: str, schema, patterns: dict):
+    """`schema` of property `name` with every pattern schema that matches the name (they still apply)."""
+    from fsm.patterns import search
+
+    matched = [s for p, s in patterns.items() if search(p, name, "#")]
+    return {"allOf": [schema, *matched]} if matched else schema
 
 
 def _allowed_names(part: dict):

@@ -55,6 +55,8 @@ MERGES = {  # allOf merging may only tighten (or be refused)
     "max_contains_stray": {"allOf": [{"contains": {"type": "string"}}, {"maxContains": 1, "contains": {"const": 9}}]},
     "pattern_vs_additional": {"allOf": [{"patternProperties": {"^x": {"type": "integer"}}}, {"additionalProperties": {"type": "string"}}]},
     "pattern_vs_closed": {"allOf": [{"patternProperties": {"^x": {"type": "integer"}}}, {"properties": {"foo": {}}, "additionalProperties": False}]},
+    "pattern_over_closed_names": {"allOf": [{"patternProperties": {"^x": {"type": "integer"}}}, {"properties": {"x1": {}}, "additionalProperties": False}]},
+    "open_vs_schema_additional": {"allOf": [{"properties": {"a": {}}, "additionalProperties": True}, {"additionalProperties": {"type": "integer"}}]},
     "then_without_if": {"allOf": [{"then": {"type": "string"}}, {"if": {"type": "integer"}, "else": {"maximum": 1}}]},
     "if_in_both": {"allOf": [{"if": {"type": "integer"}, "then": {"minimum": 2}}, {"if": {"type": "integer"}, "else": {"type": "string"}}]},
     "required_vs_closed": {"allOf": [{"required": ["b"]}, {"properties": {"a": {}}, "additionalProperties": False}]},
