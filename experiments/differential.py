@@ -136,7 +136,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="CPU seconds per stage of one schema")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--report-only", action="store_true", help="rebuild by_subset.csv from --out/rows.jsonl")
     args = parser.parse_args(argv)
+    if args.report_only:
+        rows = [json.loads(line) for line in (args.out / "rows.jsonl").read_text().split("\n") if line]
+        write_subset_csv(rows, args.out / "by_subset.csv")
+        return
     tasks = [f"file:{p}" for p in schema_files(args.per_subset, args.seed)] + [f"combo:{args.seed * 100_000 + i}" for i in range(args.combos)]
     args.out.mkdir(parents=True, exist_ok=True)
     rows, start = [], time.time()
@@ -148,7 +153,32 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     summary = {**summarize(rows), "wall_s": round(time.time() - start), "args": {k: str(v) for k, v in vars(args).items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_subset_csv(rows, args.out / "by_subset.csv")
     print(json.dumps(summary, indent=2))
+
+
+def subset_of(task: str) -> str:
+    return "Combination" if task.startswith("combo:") else Path(task).name.split("_")[0].split("---")[0]
+
+
+def write_subset_csv(rows: list[dict], path: Path) -> None:
+    """One line per subset and policy: the summary's counts."""
+    import csv
+
+    groups = {}
+    for row in rows:
+        groups.setdefault(subset_of(row["task"]), []).append(row)
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["subset", "policy", "schemas", "timeouts_or_crashes", "oracle_errors", "compiled", "schema_error", "texts",
+                      "valid_texts", "false_accepts", "valid_rejected", "valid_rejected_shallow"])
+        for subset, group in sorted(groups.items()):
+            summary = summarize(group)
+            for policy in POLICIES:
+                p = summary[policy]
+                out.writerow([subset, policy, summary["schemas"], summary["timeouts_or_crashes"], summary["oracle_errors"],
+                              p["compiled"], p["schema_error"], summary["texts"], summary["valid_texts"], p["false_accepts"],
+                              p["valid_rejected"], p["valid_rejected_shallow"]])
 
 
 def _brief(row: dict) -> dict:
