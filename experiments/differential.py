@@ -63,6 +63,8 @@ def _judge_policy(schema, verdicts: dict, policy: str) -> dict:
         dfa = LazyDFA(fsm.compile_schema(schema, policy=policy))
     except fsm.SchemaError as error:
         return {"schema_error": error.keyword or "-", "message": str(error)[:200]}
+    except Exception as error:  # noqa: BLE001 - a crash of the compiler is a finding, not a reason to stop
+        return {"schema_error": "crash", "message": f"{type(error).__name__}: {str(error)[:200]}"}
     accepted = {t: dfa.fullmatch(t.encode()) for t in verdicts}
     return {
         "false_accepts": [t for t, ok in verdicts.items() if accepted[t] and not ok],
@@ -111,6 +113,7 @@ def summarize(rows: list[dict]) -> dict:
             "valid_rejected": sum(len(d["valid_rejected"]) for d in done),
             "valid_rejected_shallow": sum(sum(depth(json.loads(t)) <= SHALLOW for t in d["valid_rejected"]) for d in done),
             "schemas_with_valid_rejected": sum(bool(d["valid_rejected"]) for d in done),
+            "crashes": sum(r[policy].get("schema_error") == "crash" for r in judged),
         }
     return summary
 
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows, start = [], time.time()
     for outcome in run_pool(tasks, lambda task, report: run_one(task, args, report), workers=args.workers, timeout=args.timeout):
-        row = outcome.result if outcome.kind == "done" else {"task": outcome.task, "status": f"{outcome.kind}:{outcome.stage}"}
+        row = outcome.result if outcome.kind == "done" else {"status": f"{outcome.kind}:{outcome.stage}"}
+        row = {"task": outcome.task, **row} if "runner_error" not in row else {"task": outcome.task, "status": row["runner_error"][:200]}
         rows.append(row)
         print(json.dumps(_brief(row)), flush=True)
     rows.sort(key=lambda r: r["task"])
