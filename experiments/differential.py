@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report_only:
         rows = [json.loads(line) for line in (args.out / "rows.jsonl").read_text().split("\n") if line]
         write_subset_csv(rows, args.out / "by_subset.csv")
+        write_rows_csv(rows, args.out / "schemas.csv")
         return
     tasks = [f"file:{p}" for p in schema_files(args.per_subset, args.seed)] + [f"combo:{args.seed * 100_000 + i}" for i in range(args.combos)]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = {**summarize(rows), "wall_s": round(time.time() - start), "args": {k: str(v) for k, v in vars(args).items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_subset_csv(rows, args.out / "by_subset.csv")
+    write_rows_csv(rows, args.out / "schemas.csv")
     print(json.dumps(summary, indent=2))
 
 
@@ -183,6 +185,22 @@ def write_subset_csv(rows: list[dict], path: Path) -> None:
                 out.writerow([subset, policy, summary["schemas"], summary["timeouts_or_crashes"], summary["oracle_errors"],
                               p["compiled"], p["schema_error"], summary["texts"], summary["valid_texts"], p["false_accepts"],
                               p["valid_rejected"], p["valid_rejected_shallow"]])
+
+
+def write_rows_csv(rows: list[dict], path: Path) -> None:
+    """One line per schema: texts and, per policy, the compile error or the counts (rows.jsonl has the texts)."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["task", "status", "n_valid", "n_invalid"] + [f"{p}_{c}" for p in POLICIES
+                                                                   for c in ("schema_error", "false_accepts", "valid_rejected", "cpu_s")])
+        for row in rows:
+            cells = [row["task"].split("/")[-1], row.get("status", row.get("oracle_error", "")), row.get("n_valid", ""), row.get("n_invalid", "")]
+            for policy in POLICIES:
+                r = row.get(policy, {})
+                cells += [r.get("schema_error", ""), len(r.get("false_accepts", [])), len(r.get("valid_rejected", [])), r.get("cpu_s", "")]
+            out.writerow(cells)
 
 
 def _brief(row: dict) -> dict:
