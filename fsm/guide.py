@@ -69,8 +69,8 @@ class Guide:
     def from_schema(cls, schema, tokenizer, vocab_size: int | None = None, eos_token_ids=None, **options) -> "Guide":
         """Guide for compact JSON valid under `schema` (a pydantic class, a dict or a JSON string).
 
-        `options` go to `fsm.compile_schema`: whitespace, additional_properties, property_order
-        ("schema" or "any"), max_recursion_depth, budget (also used for the guide's first visits).
+        `options` go to `fsm.compile_schema`: whitespace, policy ("compact" or "spec"), additional_properties,
+        property_order ("schema" or "any"), max_recursion_depth, budget (also used for the guide's first visits).
         """
         term = compile_schema(schema, **options)
         return cls.from_rx(term, tokenizer, vocab_size, eos_token_ids, options.get("budget"))

@@ -27,6 +27,8 @@ def resolve_pointer(root, ref, pointer: str):
     """The subschema a local `$ref` ("#", "#/a/b") points to."""
     if not isinstance(ref, str) or not ref.startswith("#"):
         raise SchemaError(f"only local references ('#/...') are supported, got {ref!r}", keyword="$ref", pointer=pointer)
+    if ref not in ("#", "#/") and not ref.startswith("#/"):
+        raise SchemaError(f"reference {ref!r} names an anchor that does not resolve", keyword="$ref", pointer=pointer)
     node = root
     for part in filter(None, ref[1:].split("/")):
         key = unquote(part).replace("~1", "/").replace("~0", "~")
@@ -49,6 +51,9 @@ def merge_all(schema: dict, pointer: str, resolve) -> dict:
 
 
 def _flatten(schema, pointer: str, resolve, depth: int) -> list[dict]:
+    from fsm.unevaluated import close_unevaluated
+
+    schema = close_unevaluated(schema, pointer, resolve)
     if depth > 16:
         raise SchemaError("allOf/$ref chain is too deep to merge", keyword="allOf", pointer=pointer)
     if schema is True:
@@ -64,22 +69,77 @@ def _flatten(schema, pointer: str, resolve, depth: int) -> list[dict]:
 
 
 def _merge(a: dict, b: dict, pointer: str) -> dict:
-    out = dict(a)
+    b = _normalized(b)
+    out = {k: v for k, v in a.items() if k not in ARRAY_KEYWORDS}
     for key, value in b.items():
+        if key in ARRAY_KEYWORDS:
+            continue
         if key not in out:
             out[key] = value
         elif out[key] != value:
             out[key] = _merge_keyword(key, out[key], value, out, b, pointer)
-    _apply_additional_schemas(out, a, b)
+    out.update(merge_arrays(a, b))
+    _apply_additional_schemas(out, a, b, pointer)
     _apply_closed_objects(out, a, b, pointer)
     return out
 
 
-def _apply_additional_schemas(out: dict, a: dict, b: dict) -> None:
-    """A part's additionalProperties schema also binds the other part's properties it does not list."""
-    for part in (a, b):
+ARRAY_KEYWORDS = ("prefixItems", "items", "additionalItems")
+
+
+def _normalized(part: dict) -> dict:
+    """`part` without keywords that mean nothing there (then/else without if, min/maxContains without
+    contains) and with the default minContains 1 spelled out, so that merging them keyword by keyword is exact."""
+    out = {k: v for k, v in part.items() if not (k in ("then", "else") and "if" not in part)
+           and not (k in ("minContains", "maxContains") and "contains" not in part)}
+    if "contains" in out:
+        out.setdefault("minContains", 1)
+    return out
+
+
+def merge_arrays(a: dict, b: dict) -> dict:
+    """prefixItems/items/additionalItems of two parts as one prefix and one rest (each position: both apply)."""
+    if not any(k in part for part in (a, b) for k in ARRAY_KEYWORDS):
+        return {}
+    (pa, ra), (pb, rb) = _array_form(a), _array_form(b)
+    if not pa and not pb:
+        return {"items": _both(ra, rb)}
+    n = max(len(pa), len(pb))
+    prefix = [_both(pa[i] if i < len(pa) else ra, pb[i] if i < len(pb) else rb) for i in range(n)]
+    return {"prefixItems": prefix, "items": _both(ra, rb)}
+
+
+def _array_form(part: dict) -> tuple[list, object]:
+    """(schemas by position, schema for the rest) of a part, in any draft's spelling."""
+    items = part.get("items", True)
+    if "prefixItems" in part:
+        return list(part["prefixItems"]), items
+    if isinstance(items, list):
+        return list(items), part.get("additionalItems", True)
+    return [], items
+
+
+def _both(x, y):
+    if x is True or x == y:
+        return y
+    if y is True:
+        return x
+    if x is False or y is False:
+        return False
+    return {"allOf": [x, y]}
+
+
+def _apply_additional_schemas(out: dict, a: dict, b: dict, pointer: str) -> None:
+    """A part's additionalProperties schema also binds the other part's properties (and patterns) it does not list."""
+    for part, other in ((a, b), (b, a)):
         extra = part.get("additionalProperties")
-        if isinstance(extra, dict) and "properties" in out:
+        if extra is None or extra is True or extra is False or extra == {}:
+            continue
+        foreign = [p for p in other.get("patternProperties", {}) if p not in part.get("patternProperties", {})]
+        if foreign:
+            raise SchemaError(f"allOf parts: patternProperties {foreign[0]!r} against another part's additionalProperties "
+                              "cannot be merged", keyword="additionalProperties", pointer=pointer)
+        if "properties" in out:
             allowed = _allowed_names(part)
             out["properties"] = {n: s if allowed(n) else {"allOf": [s, extra]} for n, s in out["properties"].items()}
 
@@ -101,8 +161,12 @@ def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
         return {"allOf": [x, y]}
     if key == "additionalProperties" and (x is False or y is False):
         return False
-    if key in ("items", "additionalProperties") and isinstance(x, dict) and isinstance(y, dict):
+    if key == "additionalProperties" and (x is True or x == {} or y is True or y == {}):
+        return y if x is True or x == {} else x
+    if key == "additionalProperties" and isinstance(x, dict) and isinstance(y, dict):
         return {"allOf": [x, y]}
+    if key in ("then", "else") and left.get("if") == right.get("if"):
+        return {"allOf": [x, y]}  # the same condition: both consequences apply
     if key in ("enum", "const"):
         return _merge_values(key, x, y, pointer)
     if key == "pattern":
@@ -122,13 +186,19 @@ def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
     for part in closed:
         patterns = part.get("patternProperties", {})
         allowed = _allowed_names(part)
-        banned = [n for n in out.get("required", []) if not allowed(n)]
-        if banned:
-            raise Unsatisfiable(f"required property {banned[0]!r} is excluded by additionalProperties false", keyword="additionalProperties", pointer=pointer)
-        out["properties"] = {n: s for n, s in out.get("properties", {}).items() if allowed(n)}
+        dropped = {p: s for p, s in out.get("patternProperties", {}).items() if p not in patterns}
+        out["properties"] = {n: _with_patterns(n, s, dropped) for n, s in out.get("properties", {}).items() if allowed(n)}
         if "patternProperties" in out:  # keys matching only the other part's patterns are excluded here
             out["patternProperties"] = {p: s for p, s in out["patternProperties"].items() if p in patterns}
         out["additionalProperties"] = False
+
+
+def _with_patterns(name: str, schema, patterns: dict):
+    """`schema` of property `name` with every pattern schema that matches the name (they still apply)."""
+    from fsm.patterns import search
+
+    matched = [s for p, s in patterns.items() if search(p, name, "#")]
+    return {"allOf": [schema, *matched]} if matched else schema
 
 
 def _allowed_names(part: dict):
@@ -158,7 +228,18 @@ def _merge_values(key: str, x, y, pointer: str):
 
 
 def _canonical(value) -> str:
-    return json.dumps(value, sort_keys=True) + type(value).__name__
+    """Equal JSON values (numbers by value, 1 == 1.0, but true != 1) give equal texts."""
+    return json.dumps(_by_value(value), sort_keys=True)
+
+
+def _by_value(value):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_by_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _by_value(v) for k, v in value.items()}
+    return value
 
 
 def _numbers(*values) -> bool:

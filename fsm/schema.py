@@ -25,18 +25,21 @@ from fsm import rx
 from fsm.budget import Budget, GuideBudgetError, metered
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
+from fsm.policy import object_policy
+from fsm.refs import absolute_refs
+from fsm.rewrites import exclusive_required_cases
+from fsm.unevaluated import close_unevaluated
 
-UNSUPPORTED = frozenset("unevaluatedItems $dynamicRef $recursiveRef".split())
+UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from another (else: exclude it lazily)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
 
-PROPERTY_ORDERS = ("schema", "any")
 
 
-def compile_schema(schema, *, whitespace: str = "", additional_properties: bool = False, max_recursion_depth: int = 3,
-                   property_order: str = "schema", budget: Budget | None = None) -> rx.Rx:
+def compile_schema(schema, *, whitespace: str = "", policy: str | None = None, additional_properties: bool | None = None,
+                   max_recursion_depth: int = 3, property_order: str | None = None, budget: Budget | None = None) -> rx.Rx:
     """Term for the JSON texts (compact unless `whitespace` says otherwise) that validate against `schema`.
 
     Parameters
@@ -45,15 +48,28 @@ def compile_schema(schema, *, whitespace: str = "", additional_properties: bool 
         A pydantic ``BaseModel`` subclass, a JSON Schema dict, or a JSON Schema as a JSON string.
     whitespace : str
         Regex allowed between JSON tokens ("" = compact JSON, the default).
-    additional_properties : bool
-        How to read objects that do not say ``additionalProperties``: False (default) allows only the
-        listed properties, True also allows further keys with any JSON value.
+    policy : {"compact", "spec"}, optional
+        One name for how objects are read (default "compact"):
+
+        - "compact" = ``additional_properties=False, property_order="schema"``: objects hold only the
+          listed properties, in the order of ``properties``. The default, because a model writes
+          what the schema lists, in the order it lists it, so more tokens are forced and no
+          undeclared key slips in; every text it accepts is valid, but valid texts with other keys or
+          another order are rejected.
+        - "spec" = ``additional_properties=True, property_order="any"``: what a validator accepts
+          (members in any order, further keys where ``additionalProperties`` does not forbid them,
+          numbers in any spelling of their value), up to repeated keys and what raises `SchemaError`.
+
+        An explicit ``additional_properties`` or ``property_order`` overrides the policy's choice.
+    additional_properties : bool, optional
+        How to read objects that do not say ``additionalProperties``: False allows only the listed
+        properties, True also allows further keys with any JSON value.
     max_recursion_depth : int
         How many times a recursive ``$ref`` is unrolled.
-    property_order : str
-        "schema" (default): object members in the order of ``properties``, optional ones may be left
-        out, extra keys last. "any": members in any order, each declared key at most once (extra
-        keys anywhere), exactly the objects validators accept (up to repeated extra keys).
+    property_order : str, optional
+        "schema": object members in the order of ``properties``, optional ones may be left out, extra
+        keys last. "any": members in any order, each declared key at most once (extra keys anywhere),
+        exactly the objects validators accept (up to repeated extra keys).
     budget : fsm.Budget, optional
         Limits on the work and time of this compile (default ``fsm.Budget()``).
 
@@ -69,26 +85,28 @@ def compile_schema(schema, *, whitespace: str = "", additional_properties: bool 
     GuideBudgetError
         When the compile goes past `budget`; names the innermost subschema being compiled.
     """
-    return compile_with_notes(schema, whitespace=whitespace, additional_properties=additional_properties,
+    return compile_with_notes(schema, whitespace=whitespace, policy=policy, additional_properties=additional_properties,
                               max_recursion_depth=max_recursion_depth, property_order=property_order, budget=budget)[0]
 
 
-def compile_with_notes(schema, *, whitespace: str = "", additional_properties: bool = False, max_recursion_depth: int = 3,
-                       property_order: str = "schema", budget: Budget | None = None) -> tuple[rx.Rx, list[str]]:
+def compile_with_notes(schema, *, whitespace: str = "", policy: str | None = None, additional_properties: bool | None = None,
+                       max_recursion_depth: int = 3, property_order: str | None = None, budget: Budget | None = None
+                       ) -> tuple[rx.Rx, list[str]]:
     """Like `compile_schema`, also returning notes ("format 'int32' ignored at #/properties/a")."""
     try:
         with metered(budget, "compiling the schema"):
-            return _compile_with_notes(schema, whitespace, additional_properties, max_recursion_depth, property_order)
+            return _compile_with_notes(schema, whitespace, policy, additional_properties, max_recursion_depth,
+                                       property_order)
     except GuideBudgetError as error:
         raise error.at("#") from None
 
 
-def _compile_with_notes(schema, whitespace, additional_properties, max_recursion_depth, property_order):
-    if property_order not in PROPERTY_ORDERS:
-        raise SchemaError(f"property_order must be one of {', '.join(map(repr, PROPERTY_ORDERS))}, not {property_order!r}")
-    root = as_dict(schema)
-    compiler = Compiler(root, _whitespace(whitespace), additional_properties, max_recursion_depth, property_order)
+def _compile_with_notes(schema, whitespace, policy, additional_properties, max_recursion_depth, property_order):
+    additional_properties, property_order = object_policy(policy, additional_properties, property_order)
+    root, ws = as_dict(schema), _whitespace(whitespace)
     try:
+        root = absolute_refs(root)
+        compiler = Compiler(root, ws, additional_properties, max_recursion_depth, property_order)
         term = compiler.compile(root, "#")
     except RecursionError:  # e.g. allOf through $ref cycles: a clear error instead of a crash
         raise SchemaError("the schema nests too deeply to compile (Python's recursion limit)", pointer="#") from None
@@ -163,7 +181,7 @@ class Compiler:
             return rx.NOTHING
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
-        schema = validation_keywords(schema, pointer)
+        schema = close_unevaluated(validation_keywords(schema, pointer), pointer, self.resolve)
         if not schema:
             return self.any
         if "$ref" in schema:
@@ -233,6 +251,8 @@ class Compiler:
             return self.compile(merge_all(schema, pointer, self.resolve), pointer)
         except Unsatisfiable:
             return rx.NOTHING
+        except GuideBudgetError:
+            raise
         except SchemaError as error:
             if not _merge_failure(error):
                 raise
@@ -261,6 +281,9 @@ class Compiler:
         if not isinstance(options, list) or not options:
             raise SchemaError("must be a non-empty array of schemas", keyword=keyword, pointer=pointer)
         base = {k: v for k, v in schema.items() if k != keyword}
+        cases = exclusive_required_cases(options) if keyword == "oneOf" else None
+        if cases is not None:  # exact without complements (which make liveness and masks slow)
+            return self.union({**base, "anyOf": cases}, pointer)
         terms = [self.compile({"allOf": [base, o]} if base else o, f"{pointer}/{keyword}/{i}") for i, o in enumerate(options)]
         if keyword == "oneOf":
             uppers = [self.upper(o, f"{pointer}/oneOf/{i}") for i, o in enumerate(options)]
@@ -283,10 +306,7 @@ def validation_keywords(schema: dict, pointer: str) -> dict:
     for keyword in schema:
         if keyword in UNSUPPORTED:
             raise SchemaError("this keyword cannot be enforced here", keyword=keyword, pointer=pointer)
-    kept = {k: v for k, v in schema.items() if k in VALIDATION}
-    if kept.get("unevaluatedProperties", False) is not False:
-        raise SchemaError("only unevaluatedProperties false is supported", keyword="unevaluatedProperties", pointer=pointer)
-    return kept
+    return {k: v for k, v in schema.items() if k in VALIDATION}
 
 
 def _merge_failure(error: SchemaError) -> bool:

@@ -8,6 +8,7 @@ from fractions import Fraction
 
 from fsm import json_terms as jt
 from fsm import rx
+from fsm.budget import GuideBudgetError
 from fsm.errors import SchemaError
 from fsm.formats import format_term
 from fsm.patterns import pattern_term
@@ -46,9 +47,42 @@ def constants(c, schema: dict, pointer: str) -> rx.Rx:
         raise SchemaError("must be a non-empty array", keyword=keyword, pointer=pointer)
     rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
     check = c.compile(rest, pointer) if rest else None
-    texts = dict.fromkeys(json.dumps(v, separators=(",", ":"), ensure_ascii=False) for v in values)
-    kept = [rx.literal(t) for t in texts if check is None or rx.matches(check, t)]
+    texts = {json.dumps(v, separators=(",", ":"), ensure_ascii=False): v for v in values}
+    kept = [value_spellings(v) for t, v in texts.items() if check is None or rx.matches(check, t)]
     return rx.alt(*kept)
+
+
+def value_spellings(value) -> rx.Rx:
+    """The compact texts of `value` with every number spelled as the same value may be (1, 1.0, 1.00;
+    2.5, 2.50): validators compare numbers by value. Strings and keys are written one way."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return jt.value_literal(value)
+    if isinstance(value, (int, float)):
+        return _number_spellings(value)
+    if isinstance(value, list):
+        inner = [value_spellings(v) for v in value]
+        items = [x for i, v in enumerate(inner) for x in ((rx.literal(","),) if i else ()) + (v,)]
+        return rx.seq(rx.literal("["), *items, rx.literal("]"))
+    if isinstance(value, dict):
+        members = [rx.seq(jt.key(k), rx.literal(":"), value_spellings(v)) for k, v in value.items()]
+        items = [x for i, m in enumerate(members) for x in ((rx.literal(","),) if i else ()) + (m,)]
+        return rx.seq(rx.literal("{"), *items, rx.literal("}"))
+    return jt.value_literal(value)
+
+
+ZERO_FRACTION = rx.seq(rx.literal("."), rx.repeat(rx.literal("0"), 1))  # 1.0, 1.00: the same integer
+
+
+def _number_spellings(value: int | float) -> rx.Rx:
+    text = json.dumps(value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        text = str(int(value))
+    if "e" in text or "n" in text.lower():  # exponent forms, inf, nan: as written
+        return rx.literal(text)
+    if "." in text:
+        return rx.seq(rx.literal(text), rx.star(rx.literal("0")))
+    spelled = rx.seq(rx.literal(text), rx.optional(ZERO_FRACTION))
+    return rx.alt(spelled, rx.seq(rx.literal("-0"), rx.optional(ZERO_FRACTION))) if text == "0" else spelled
 
 
 def dependencies(c, schema: dict, pointer: str) -> rx.Rx:
@@ -98,6 +132,8 @@ def _proved_empty(term: rx.Rx, limit: int = 2_000) -> bool:
     """True only when a bounded search proves `term` empty (False when unsure)."""
     try:
         return rx.is_empty(term, limit=limit)
+    except GuideBudgetError:
+        raise
     except ValueError:
         return False
 
@@ -120,7 +156,7 @@ def type_integer(c, schema: dict, pointer: str) -> rx.Rx:
     term = jt.integer_range(low, high)
     if term is rx.NOTHING:
         raise SchemaError("no integer satisfies the bounds", keyword="minimum", pointer=pointer)
-    return rx.inter(term, _multiple(schema, pointer, integer=True))
+    return rx.seq(rx.inter(term, _multiple(schema, pointer, integer=True)), rx.optional(ZERO_FRACTION))  # 1.0 is an integer
 
 
 def type_number(c, schema: dict, pointer: str) -> rx.Rx:

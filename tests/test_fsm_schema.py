@@ -274,8 +274,9 @@ def test_annotations_are_ignored():
         ({"type": "string", "pattern": "a\\1"}, "pattern", "#"),
         ({"enum": []}, "enum", "#"),
         ({"type": "object", "minProperties": 2, "additionalProperties": True}, "minProperties", "#"),
-        ({"type": "array", "unevaluatedItems": False}, "unevaluatedItems", "#"),
-        ({"type": "object", "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties", "#"),
+        ({"type": "array", "contains": {"type": "integer"}, "unevaluatedItems": False}, "unevaluatedItems", "#"),
+        ({"type": "object", "anyOf": [{"properties": {"a": {}}}, {}], "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties", "#"),
+        ({"properties": {"p": {"$ref": "#nowhere"}}}, "$ref", "#/properties/p"),
     ],
 )
 def test_bad_schemas_name_keyword_and_pointer(schema, keyword, pointer):

@@ -1,0 +1,108 @@
+"""`$ref` -> a JSON pointer from the root ("#/..."), resolved as the spec says (2020-12 core 8.2, 9):
+against the base URI of the nearest enclosing `$id`, to an embedded resource, a plain-name anchor
+(`$anchor`, or draft 7's `"$id": "#name"`) or a pointer inside that resource.
+
+After `absolute_refs(root)` every resolvable `$ref` is a pointer from the root, so the compiler may copy
+and merge subschemas freely without losing their base. Refs that resolve to nothing are left as they
+are (the compiler reports them where they are used).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urldefrag, urljoin
+
+DEFAULT_BASE = "https://fsm.invalid/root.json"  # a stand-in for the root's URI when it has no $id
+SCHEMA_MAPS = frozenset("properties patternProperties $defs definitions dependentSchemas dependencies".split())
+NOT_SCHEMAS = frozenset("enum const default examples required type dependentRequired $comment".split())
+
+
+def absolute_refs(root):
+    """A copy of `root` whose resolvable `$ref`s are pointers from the root ("#/a/b")."""
+    if not isinstance(root, dict) or not _has_ref(root):
+        return root
+    index = _Index()
+    index.visit(root, _base(DEFAULT_BASE, root), "#")
+    return _rewrite(root, _base(DEFAULT_BASE, root), index)
+
+
+def _base(base: str, node: dict) -> str:
+    sid = node.get("$id")
+    if isinstance(sid, str) and not sid.startswith("#"):
+        return urldefrag(urljoin(base, sid))[0]
+    return base
+
+
+class _Index:
+    """Resources (URI -> pointer) and anchors (URI#name -> pointer) of one schema document."""
+
+    def __init__(self):
+        self.resources: dict[str, str] = {}
+        self.anchors: dict[str, str] = {}
+
+    def visit(self, node, base: str, pointer: str) -> None:
+        if not isinstance(node, dict):
+            return
+        base = _base(base, node)
+        self.resources.setdefault(base, pointer)
+        anchor = node.get("$anchor")
+        sid = node.get("$id")
+        if isinstance(sid, str) and sid.startswith("#") and len(sid) > 1:
+            anchor = anchor or sid[1:]
+        if isinstance(anchor, str):
+            self.anchors.setdefault(f"{base}#{anchor}", pointer)
+        for keyword, child, where in _children(node, pointer):
+            self.visit(child, base, where)
+
+    def resolve(self, ref: str, base: str) -> str | None:
+        uri, fragment = urldefrag(urljoin(base, ref))
+        if uri not in self.resources:
+            return None
+        if fragment == "" or fragment.startswith("/"):
+            return self.resources[uri] + fragment
+        return self.anchors.get(f"{uri}#{fragment}")
+
+
+def _children(node: dict, pointer: str):
+    for keyword, value in node.items():
+        if keyword in NOT_SCHEMAS:
+            continue
+        where = f"{pointer}/{_escape(keyword)}"
+        if keyword in SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                yield keyword, sub, f"{where}/{_escape(name)}"
+        elif isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield keyword, sub, f"{where}/{i}"
+        elif isinstance(value, dict):
+            yield keyword, value, where
+
+
+def _rewrite(node, base: str, index: _Index):
+    if not isinstance(node, dict):
+        return node
+    base = _base(base, node)
+    out = {}
+    for keyword, value in node.items():
+        if keyword == "$ref" and isinstance(value, str):
+            out[keyword] = index.resolve(value, base) or value
+        elif keyword in NOT_SCHEMAS:
+            out[keyword] = value
+        elif keyword in SCHEMA_MAPS and isinstance(value, dict):
+            out[keyword] = {name: _rewrite(sub, base, index) for name, sub in value.items()}
+        elif isinstance(value, list):
+            out[keyword] = [_rewrite(sub, base, index) for sub in value]
+        else:
+            out[keyword] = _rewrite(value, base, index)
+    return out
+
+
+def _has_ref(node) -> bool:
+    import json
+
+    return '"$ref"' in json.dumps(node)
+
+
+def _escape(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name.replace("~", "~0").replace("/", "~1"), safe="~!$&'()*+,;=:@")
