@@ -97,9 +97,10 @@ def _rewrite(node, base: str, index: _Index):
 
 
 def _has_ref(node) -> bool:
-    import json
-
-    return '"$ref"' in json.dumps(node)
+    """Whether a "$ref" key appears anywhere in `node`."""
+    if isinstance(node, dict):
+        return "$ref" in node or any(_has_ref(value) for value in node.values())
+    return isinstance(node, list) and any(_has_ref(value) for value in node)
 
 
 def _escape(name: str) -> str:

@@ -76,7 +76,7 @@ def compile_schema(schema, *, whitespace: str = "", policy: str | None = None, a
     Returns
     -------
     rx.Rx
-        The term; `compile_notes(schema, ...)` lists what was ignored (unknown formats).
+        The term; `compile_with_notes(schema, ...)` also lists what was ignored (unknown formats).
 
     Raises
     ------

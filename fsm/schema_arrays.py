@@ -7,13 +7,12 @@ import json
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.errors import SchemaError
+from fsm.keywords import natural
 
 MAX_UNIQUE_CHOICES = 8  # uniqueItems over a finite item set: one term per subset of used values
 
 
 def type_array(c, schema: dict, pointer: str) -> rx.Rx:
-    from fsm.schema_types import natural
-
     items = schema.get("items")
     tuple_form = isinstance(items, list)
     prefix = schema.get("prefixItems", items if tuple_form else [])
@@ -51,8 +50,6 @@ def sequence(prefix: list[rx.Rx], rest: rx.Rx, low: int, high: int | None, ws: r
 
 def _contains(c, schema: dict, pointer: str) -> rx.Rx:
     """Arrays with minContains..maxContains items valid under `contains` (counted exactly or safely)."""
-    from fsm.schema_types import natural
-
     low = natural(schema, "minContains", pointer, 1)
     high = natural(schema, "maxContains", pointer, None)
     sure = c.compile(schema["contains"], f"{pointer}/contains")  # surely valid under contains

@@ -12,6 +12,7 @@ from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import GuideBudgetError
 from fsm.errors import SchemaError
+from fsm.keywords import natural
 from fsm.patterns import pattern_term, pattern_upper, search
 
 MAX_PATTERNS = 4  # patternProperties: extra keys are split by which patterns they match (2^n cases)
@@ -144,8 +145,6 @@ def unordered_members(members: list[tuple[rx.Rx, str]], extra: rx.Rx, ws: rx.Rx)
 def _count(c, schema: dict, declared: list[str], pointer: str) -> rx.Rx:
     """Objects with min..max members. Extra keys may repeat (a parser keeps one), so the lower bound
     counts declared keys and at most one extra key, and the upper bound counts every member."""
-    from fsm.schema_types import natural
-
     low, high = natural(schema, "minProperties", pointer, 0), natural(schema, "maxProperties", pointer, None)
     if low == 0 and high is None:
         return rx.ANYTHING

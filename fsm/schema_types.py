@@ -11,7 +11,10 @@ from fsm import rx
 from fsm.budget import GuideBudgetError
 from fsm.errors import SchemaError
 from fsm.formats import format_term
+from fsm.keywords import natural
 from fsm.patterns import pattern_term
+from fsm.schema_arrays import type_array
+from fsm.schema_objects import type_object
 from fsm.utf8 import ANY_CHAR
 
 ALL_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
@@ -32,8 +35,6 @@ def typed(c, schema: dict, pointer: str) -> rx.Rx:
         raise SchemaError(f"unknown type {unknown[0]!r} (known: {', '.join(ALL_TYPES)})", keyword="type", pointer=pointer)
     if "integer" in types and "number" in types:
         types = [t for t in types if t != "integer"]
-    from fsm.schema_objects import type_object
-
     build = {"null": lambda *_: jt.NULL, "boolean": lambda *_: jt.BOOLEAN, "string": type_string, "integer": type_integer,
              "number": type_number, "array": type_array, "object": type_object}
     return rx.alt(*(build[t](c, schema, pointer) for t in types))
@@ -248,20 +249,3 @@ def _bound(bounds: dict, inclusive: str, exclusive: str, pointer: str) -> tuple[
     if value is not None and value != int(value):
         raise SchemaError(f"non-integer bound {value} on a number is not supported", keyword=inclusive, pointer=pointer)
     return (None if value is None else int(value)), is_open
-
-
-def natural(schema: dict, keyword: str, pointer: str, default):
-    value = schema.get(keyword, default)
-    if value is default:
-        return value
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise SchemaError(f"must be a non-negative integer, not {value!r}", keyword=keyword, pointer=pointer)
-    return value
-
-
-def type_array(c, schema: dict, pointer: str) -> rx.Rx:
-    from fsm.schema_arrays import type_array as build
-
-    return build(c, schema, pointer)

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from assisted.cli import main
+from tests.helpers_clock import pin_clock
 from tests.helpers_models import HAS_SMOLLM2, smollm2_tokenizer, threads, tiny_llama
 
 V = 49152
@@ -75,7 +76,8 @@ def test_batch_writes_one_valid_line_per_input(pair, files):
         assert json.loads(row["text"]) == row["value"] and row["stats"]["new_tokens"] > 0
 
 
-def test_a_rerun_skips_done_ids_and_rewrites_nothing(pair, files, capsys):
+def test_a_rerun_skips_done_ids_and_rewrites_nothing(pair, files, capsys, monkeypatch):
+    pin_clock(monkeypatch)  # the statistics compared below follow auto's draft cuts, which follow its timings
     schema, docs, out = files
     main(batch(schema, docs, out), load=injected(pair))
     full = out.read_text()
