@@ -7,14 +7,15 @@ from fsm.budget import Budget, GuideBudgetError
 from fsm.errors import InvalidTokenError, RegexError, SchemaError
 from fsm.guide import Guide
 from fsm.index import TokenIndex
-from fsm.regex import ByteDFA, compile_regex
+from fsm.lazy_dfa import LazyDFA
+from fsm.regex import compile_regex
 from fsm.schema import compile_schema, compile_with_notes
 from fsm.vocabulary import Vocabulary, vocabulary_from_tokenizer
 
 __all__ = [
     "Guide",
     "TokenIndex",
-    "ByteDFA",
+    "LazyDFA",
     "Vocabulary",
     "compile_regex",
     "compile_schema",

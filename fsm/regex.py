@@ -15,9 +15,7 @@ from fsm.errors import RegexError
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.rx_parse import parse
 
-ByteDFA = LazyDFA  # the name this module's DFA had before it became lazy
-
-__all__ = ["DEAD", "ByteDFA", "LazyDFA", "compile_regex", "dfa_of", "parse"]
+__all__ = ["DEAD", "LazyDFA", "compile_regex", "dfa_of", "parse"]
 
 
 def compile_regex(pattern: str) -> LazyDFA:
@@ -56,14 +54,3 @@ def dfa_of(term: rx.Rx, name: str | None = None) -> LazyDFA:
 
 
 _DFAS: "weakref.WeakValueDictionary[int, LazyDFA]" = weakref.WeakValueDictionary()  # term id -> DFA, while in use
-
-
-# Transitional: the pre-rx fsm/patterns.py imports these two; remove once its port has landed.
-def _reject_unsound_lookarounds(node, pattern: str) -> None:
-    """Every lookahead is exact now; lookbehinds are not (the rest is caught when the regex compiles)."""
-    if "(?<=" in pattern or "(?<!" in pattern:
-        raise RegexError("lookbehind assertions are not supported")
-
-
-def _reason(error: Exception) -> str:
-    return str(error) or type(error).__name__
