@@ -162,7 +162,7 @@ def small_budget_refusal(tokenizer) -> str:
     return "built"
 
 
-SMOKE = [  # a few seconds in all: tests/test_reliability.py runs these in-process
+SMOKE = [  # a few seconds in all: tests/experiments/test_reliability.py runs these in-process
     Case("int64-bounds", schema_walk({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}, 10)),
     Case("string-maxLength-100000", schema_walk({"type": "string", "maxLength": 100_000}, 5)),
     Case("regex-a-repeated-1e6", regex_walk("a{1000000}", 5)),

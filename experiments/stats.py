@@ -9,7 +9,6 @@ interval on the mean log ratio says whether a difference is larger than that.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 

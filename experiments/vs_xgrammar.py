@@ -21,7 +21,6 @@ import argparse
 import datetime
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -40,3 +40,13 @@ def sentencepiece_tokenizer(tmp_path_factory):
     source = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
     shutil.copy(source, folder / "tokenizer.model")
     return LlamaTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model tests: many small tensor ops run faster, and steadier on a busy
+    machine, than on two."""
+    from tests.helpers_models import threads
+
+    with threads(1):
+        yield

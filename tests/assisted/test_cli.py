@@ -4,14 +4,15 @@ one slow test on the embedded SmolLM2 through the real loader."""
 from __future__ import annotations
 
 import json
-import warnings
 
 import jsonschema
 import pytest
 
 from assisted.cli import main
 from tests.helpers_clock import pin_clock
-from tests.helpers_models import HAS_SMOLLM2, smollm2_tokenizer, threads, tiny_llama
+from tests.helpers_models import HAS_SMOLLM2, smollm2_tokenizer, tiny_llama
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 
 V = 49152
 POINT = {
@@ -20,13 +21,6 @@ POINT = {
     "required": ["x", "tag"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @pytest.fixture(scope="module")

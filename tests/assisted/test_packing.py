@@ -8,15 +8,11 @@ import torch
 
 from assisted import generate
 from assisted.packing import CALIBRATION_ROWS, pack_linear_weights, smallest_winning_rows
-from tests.helpers_models import smollm2_tokenizer, threads, tiny_llama
+from tests.helpers_models import smollm2_tokenizer, tiny_llama
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 V = 49152
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):
-        yield
 
 
 def test_packed_linear_agrees_with_dense_and_keeps_the_dense_kernel_below_min_rows():

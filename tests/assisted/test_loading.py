@@ -13,7 +13,7 @@ from assisted.loading import load_pair, load_tokenizer
 from assisted.packing import is_packed
 from assisted.sources import NotPreparedError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

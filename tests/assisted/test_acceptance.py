@@ -20,14 +20,9 @@ from scipy.stats import chisquare
 
 from assisted.acceptance import greedy_accept, speculative_accept
 from drafting.sampling import Warp, make_generator, probs, sample
-from tests.helpers_models import threads
 from tests.test_sampling import hf_probs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):  # many tiny tensor ops: one thread is faster and immune to a busy machine
-        yield
+pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 
 # ----------------------------------------------------------------------------- unit rules

@@ -10,7 +10,7 @@ import pytest
 
 import fsm
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
 SLICE = ("Glaiveai2K", "BFCL_simple", "Handwritten")
 PER_SUBSET = 5
 # Schemas that compile since the term compiler (not, patternProperties, unknown formats and annotations).

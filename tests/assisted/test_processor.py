@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import warnings
 
 import jsonschema
 import pytest
@@ -16,7 +15,9 @@ import torch
 
 import fsm
 from assisted import generate, logits_processor
-from tests.helpers_models import HAS_SMOLLM2, smollm2, smollm2_tokenizer, threads, tiny_llama
+from tests.helpers_models import HAS_SMOLLM2, smollm2, smollm2_tokenizer, tiny_llama
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 
 V = 49152
 POINT = {
@@ -27,13 +28,6 @@ POINT = {
 }
 REGEX = r"(yes|no)\. [a-z]{2,8}!"
 PROMPTS = ["Describe a point:", "A point", "Here is a longer prompt that asks for a point, please:"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,8 @@ from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_clock import pin_clock
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
 
+pytestmark = [pytest.mark.usefixtures("one_thread")]
+
 V = 49152
 
 
@@ -46,12 +48,6 @@ POINT = {
 }
 REGEX = r"(yes|no)\. [a-z]{2,8}!"
 CONSTRAINTS = {"none": {}, "schema": {"schema": Character}, "regex": {"regex": REGEX}}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):
-        yield
 
 
 @pytest.fixture

@@ -9,16 +9,12 @@ from drafting.sampling import Warp, make_generator
 from drafting import AssistantDrafter, CombinedSource, Cursor, ForcedTokens
 from drafting.base import DeviceMasks
 from drafting.lookup import PromptLookup
-from tests.helpers_models import TINY_WORDS, boost, threads, tiny_llama, tiny_tokenizer
+from tests.helpers_models import TINY_WORDS, boost, tiny_llama, tiny_tokenizer
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 EOS = 0
 GREEDY, SAMPLING = Warp(False), Warp(True, temperature=0.8)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")

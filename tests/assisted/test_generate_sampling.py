@@ -14,9 +14,11 @@ import torch
 
 import fsm
 from assisted import generate
-from tests.helpers_models import threads, tiny_llama, tiny_tokenizer
+from tests.helpers_models import tiny_llama, tiny_tokenizer
 from tests.test_acceptance import compare, sampling_noise_tv
 from tests.test_sampling import hf_probs
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 PROMPT = [1, 3]
 COPYABLE = [1, 6, 7, 1, 6]  # "a cd ba a cd": the tail "acd" occurred before, followed by "ba": a lookup draft
@@ -32,12 +34,6 @@ CASES = {
                                              False),
     "prompt-lookup-point-masses-and-assistant": (COPYABLE, None, dict(temperature=1.0), True, False, True),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")

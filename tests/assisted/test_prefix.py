@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from assisted import PrefixCache, generate
-from tests.helpers_models import smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
+from tests.helpers_models import smollm2_tokenizer, tiny_gpt2, tiny_llama
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 V = 49152
 POINT = {
@@ -14,12 +16,6 @@ POINT = {
     "required": ["x", "tag"],
 }
 INSTRUCTION = "You extract points from text. Answer with one JSON object with keys x and tag. " * 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -14,16 +14,12 @@ import assisted
 from assisted import generate
 from assisted.costs import CostTable, memorize, recall, recall_calibration
 from drafting.sampling import Warp
-from tests.helpers_models import smollm2_tokenizer, threads, tiny_gpt2
+from tests.helpers_models import smollm2_tokenizer, tiny_gpt2
+
+pytestmark = [pytest.mark.usefixtures("one_thread")]
 
 V = 49152
 GREEDY = Warp()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")
