@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from assisted.batch import BatchError, Document, read_input, read_output, result_record, run_batch, stats_record
+from assisted.batch import BatchError, Document, read_input, read_output, run_batch, stats_record
 
 EXIT_ERROR = 2
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from collections import deque
 
 from fsm import budget as _budget
 

@@ -25,9 +25,9 @@ def clean_remembered_state():
 @pytest.fixture(scope="session")
 def smol_tokenizer():
     """SmolLM2-135M's byte-level BPE tokenizer (49,152 tokens)."""
-    from experiments.models import load_tokenizer
+    from tests.helpers_models import smollm2_tokenizer
 
-    return load_tokenizer("smollm2-135m")
+    return smollm2_tokenizer()
 
 
 @pytest.fixture(scope="session")
