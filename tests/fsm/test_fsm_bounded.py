@@ -14,6 +14,8 @@ import fsm
 from fsm import json_terms as jt
 from fsm import rx
 
+pytestmark = pytest.mark.usefixtures("fresh_fsm_caches")  # work counts must not depend on test order
+
 
 def _count_calls(monkeypatch, module, name: str) -> list[int]:
     calls, inner = [0], getattr(module, name)

@@ -12,6 +12,8 @@ from fsm.budget import Budget, GuideBudgetError
 from fsm.cache import BoundedCache
 from fsm.guide import INDEXES
 
+pytestmark = pytest.mark.usefixtures("fresh_fsm_caches")  # work counts must not depend on test order
+
 
 def _unique_bound(salt: int) -> int:
     """A 250-digit bound no other test builds (terms are interned: only new ones cost budget)."""
