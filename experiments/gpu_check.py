@@ -42,7 +42,8 @@ import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
 from drafting.cache import crop_to, forward, new_cache  # noqa: E402
-from experiments.gpu_models import build, random_prompt, truncated_copy  # noqa: E402
+from experiments.gpu_models import build, random_prompt  # noqa: E402
+from experiments.models import truncated  # noqa: E402
 
 TARGET, ASSISTANT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"
 INVOICE = {"type": "object", "properties": {
@@ -233,7 +234,8 @@ def ours(model, assistant, tokenizer, ids: list[int], new: int, schedule: str = 
 def section_generate(check: Check) -> None:
     tokenizer, new = check.tokenizers["qwen2"], check.new_tokens
     target = check.model(TARGET)
-    helpers = {"self": check.model(TARGET), "first-4-layers": truncated_copy(target, 4), "random-0.5b": check.model(ASSISTANT, seed=1)}
+    helpers = {"self": check.model(TARGET), "first-4-layers": truncated(target, 4),
+               "random-0.5b": check.model(ASSISTANT, seed=1)}
     systems = {"target (transformers)": lambda ids: (hf_generate(target, ids, new), None),
                "ours, no assistant": lambda ids: (None, ours(target, None, tokenizer, ids, new))}
     for name, helper in helpers.items():

@@ -10,8 +10,6 @@ two tiny layers (the vocabulary stays), so the same code runs on a CPU in second
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 ARCHITECTURES = {  # the published configs (hub config.json) of the models in ../shared/MODELS.md
@@ -56,16 +54,6 @@ def build(name: str, tokenizer, *, device: str, dtype: str = "bfloat16", seed: i
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos
     return model
-
-
-def truncated_copy(model, layers: int):
-    """A copy keeping only the first `layers` decoder layers: a weak assistant that agrees with its target sometimes."""
-    small = copy.deepcopy(model)
-    small.model.layers = small.model.layers[:layers]
-    small.config.num_hidden_layers = layers
-    if getattr(small.config, "layer_types", None):
-        small.config.layer_types = small.config.layer_types[:layers]
-    return small.eval()
 
 
 def random_prompt(tokenizer, length: int, seed: int) -> list[int]:

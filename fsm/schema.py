@@ -28,6 +28,7 @@ from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 from fsm.policy import object_policy
 from fsm.refs import absolute_refs
 from fsm.rewrites import exclusive_required_cases
+from fsm.schema_types import proved_empty
 from fsm.unevaluated import close_unevaluated
 
 UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
@@ -141,12 +142,7 @@ def _whitespace(pattern: str) -> rx.Rx:
 
 
 def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
-    try:
-        return rx.is_empty(term, limit=limit)
-    except GuideBudgetError:
-        raise
-    except ValueError:
-        return False
+    return proved_empty(term, limit)
 
 
 class Compiler:

@@ -122,14 +122,14 @@ def type_string(c, schema: dict, pointer: str) -> rx.Rx:
     if not content:
         return jt.string(low, high)
     inside = rx.inter(rx.star(jt.PLAIN_CHAR), rx.repeat(ANY_CHAR, low, high), *content)  # no escapes
-    if patterns and _proved_empty(inside) and not _proved_empty(rx.inter(rx.repeat(ANY_CHAR, low, high), *content)):
+    if patterns and proved_empty(inside) and not proved_empty(rx.inter(rx.repeat(ANY_CHAR, low, high), *content)):
         raise SchemaError("matches only strings with a character JSON must escape ('\"', '\\' or a control "
                           "character); patterns over escaped characters are not supported", keyword="pattern",
                           pointer=pointer)
     return rx.seq(jt.QUOTE, inside, jt.QUOTE)
 
 
-def _proved_empty(term: rx.Rx, limit: int = 2_000) -> bool:
+def proved_empty(term: rx.Rx, limit: int = 2_000) -> bool:
     """True only when a bounded search proves `term` empty (False when unsure)."""
     try:
         return rx.is_empty(term, limit=limit)
