@@ -48,6 +48,7 @@ def generate(
     coalesce: bool = True,
     prompt_lookup: bool = False,
     prefix_cache: PrefixCache | None = None,
+    guide_options: dict | None = None,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
@@ -100,6 +101,11 @@ def generate(
     prefix_cache : assisted.PrefixCache, optional
         Reuse the target's and the assistant's KV caches for the longest token prefix this prompt shares with
         a kept earlier call, and keep this call's caches there (``stats.prefill_tokens`` counts what ran).
+    guide_options : dict, optional
+        How the schema is read, passed to `fsm.Guide.from_schema`: ``policy`` ("compact", the default: closed
+        objects in schema order; "spec": any order, open objects, as validators read them), ``whitespace``,
+        ``additional_properties``, ``property_order``, ``max_recursion_depth``, ``budget`` (`fsm.Budget`; the only
+        option of a regex guide).
 
     Returns
     -------
@@ -118,7 +124,7 @@ def generate(
     vocab_size = check_models(model, assistant_model, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = fit_positions(opts, len(ids), model, assistant_model)
-    cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer))
+    cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer), guide_options)
     recorder = Recorder()
     assistant = None
     if assistant_model is not None:

@@ -206,17 +206,40 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
-def make_cursor(schema, regex, tokenizer, vocab_size: int, eos: frozenset[int]) -> Cursor:
+SCHEMA_OPTIONS = frozenset({"policy", "whitespace", "additional_properties", "property_order", "max_recursion_depth",
+                            "budget"})  # what `fsm.Guide.from_schema` takes; a regex guide takes only "budget"
+
+
+def make_cursor(schema, regex, tokenizer, vocab_size: int, eos: frozenset[int], guide_options: dict | None = None
+                ) -> Cursor:
     """The constraint as a cursor (unconstrained without schema and regex); fsm errors pass through."""
     if schema is not None and regex is not None:
         raise ValueError("pass at most one of schema and regex, not both")
     if regex is not None and not isinstance(regex, str):
         raise TypeError(f"regex must be a str, got {type(regex).__name__}")
     if schema is None and regex is None:
+        if guide_options:
+            raise ValueError("guide_options need a schema or a regex")
         return Cursor(None, eos)
+    options = _guide_options(guide_options, schema is not None)
     build = fsm.Guide.from_regex if regex is not None else fsm.Guide.from_schema
-    guide = build(regex if regex is not None else schema, tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
+    guide = build(regex if regex is not None else schema, tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos),
+                  **options)
     return Cursor(guide, frozenset(guide.eos_token_ids))
+
+
+def _guide_options(options, for_schema: bool) -> dict:
+    """`guide_options` checked against what the guide takes (a dict; schema options only with a schema)."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"guide_options must be a dict, got {type(options).__name__}")
+    allowed = SCHEMA_OPTIONS if for_schema else frozenset({"budget"})
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"guide_options: {unknown[0]!r} is not an option of a {'schema' if for_schema else 'regex'} "
+                         f"guide (known: {', '.join(sorted(allowed))})")
+    return dict(options)
 
 
 def parse_value(schema, text: str, complete: bool) -> Any:

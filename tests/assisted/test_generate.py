@@ -22,7 +22,7 @@ import fsm
 from assisted import generate
 from drafting.cache import cache_argument
 from assisted.costs import forget, recall, recall_calibration
-from assisted.inputs import check_options, parse_value
+from assisted.inputs import check_options, make_cursor, parse_value
 from drafting.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_clock import pin_clock
@@ -515,6 +515,11 @@ BAD = [
     (dict(schema={"type": "object", "properties": {"q": {"type": "string", "pattern": '^say \\"hi\\"$'}}, "required": ["q"]}),
      fsm.SchemaError, "character JSON must escape ('\"', '\\' or a control character); patterns over escaped characters "
      "are not supported (keyword 'pattern' at #/properties/q)"),
+    (dict(schema=Character, guide_options={"policy": "lenient"}), fsm.SchemaError, "policy must be one of 'compact', 'spec'"),
+    (dict(schema=Character, guide_options={"strict": True}), ValueError, "'strict' is not an option of a schema guide"),
+    (dict(regex="a+", guide_options={"policy": "spec"}), ValueError, "'policy' is not an option of a regex guide"),
+    (dict(guide_options={"policy": "spec"}), ValueError, "guide_options need a schema or a regex"),
+    (dict(schema=Character, guide_options=["spec"]), TypeError, "guide_options must be a dict, got list"),
 ]
 
 
@@ -599,3 +604,17 @@ def test_target_and_assistant_on_different_devices(tok, models):
         out = generate(target, models["llama-other"], do_sample=do_sample, seed=0, **kw)
         assert do_sample or out.token_ids == ref.token_ids
         assert out.stop_reason in ("final", "length")
+
+
+def test_guide_options_reach_the_guide(tok, models):
+    """policy="spec" reads objects as validators do: after "{" a key of any spelling may start, not only '"a'."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    compact = make_cursor(schema, None, tok, V, frozenset({0}))
+    spec = make_cursor(schema, None, tok, V, frozenset({0}), {"policy": "spec"})
+    for cursor in (compact, spec):
+        cursor.advance(tok.convert_tokens_to_ids("{"))
+    assert bool((spec.mask() | ~compact.mask()).all())  # spec allows all that compact allows after "{" ...
+    assert int(spec.mask().sum()) > int(compact.mask().sum()) == 2  # ... and more: compact allows only '"' and '}'
+    out = generate(models["llama"], tokenizer=tok, prompt="hi", schema=schema, max_new_tokens=30,
+                   guide_options={"policy": "spec"})
+    assert out.stop_reason != "final" or out.value is not None  # a complete text validates
