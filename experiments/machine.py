@@ -34,3 +34,17 @@ def machine_lines() -> list[str]:
     commit = git("describe", "--always", "--dirty") or "unknown"
     return [f"- machine: {platform.node()} ({cpu_name() or platform.machine()}, torch CPU capability {isa}, "
             f"{os.cpu_count()} CPUs, shared with other jobs: noisy)", f"- code: commit {commit}"]
+
+
+def run_lines(module: str, argv: list[str], *versions: str) -> list[str]:
+    """README lines every run starts with: its command, date, machine and commit, and the versions it ran on
+    (`versions`: more "name version" entries, e.g. "xgrammar 0.2.8")."""
+    import datetime
+
+    import torch
+    import transformers
+
+    stack = [f"torch {torch.__version__}", f"transformers {transformers.__version__}", *versions,
+             f"python {platform.python_version()}", f"torch threads {torch.get_num_threads()}"]
+    return [f"- command: `python -m {module} {' '.join(argv)}`", f"- date: {datetime.date.today().isoformat()}",
+            *machine_lines(), "- " + ", ".join(stack)]

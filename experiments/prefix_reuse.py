@@ -11,20 +11,17 @@ seconds per document (median and mean), prompt tokens prefilled, and whether the
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-import transformers
 
 from assisted import PrefixCache, generate
 from assisted.loading import load_pair
-from experiments.machine import machine_lines
+from experiments.machine import run_lines
+from experiments.tasks import write_rows
 
 SCHEMA = {
     "type": "object",
@@ -145,16 +142,10 @@ def shared_prefix(tokenizer, first: str, second: str) -> int:
 
 def write(args, rows: list[dict], tokenizer, argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(args.out / "results.csv", rows, list(rows[0]))
     shared = shared_prefix(tokenizer, DOCUMENTS[0], DOCUMENTS[1])
     readme = [f"# Prefix reuse {args.out.name}", "",
-              f"- command: `python -m experiments.prefix_reuse {' '.join(argv)}`",
-              f"- date: {datetime.date.today().isoformat()}", *machine_lines(),
-              f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}, "
-              f"torch threads {torch.get_num_threads()}",
+              *run_lines("experiments.prefix_reuse", argv),
               f"- target {args.model}, assistant {args.assistant or 'none'}{' (int8)' if args.int8_assistant else ''}, "
               f"greedy, schema-constrained (coalesced forced tokens), max_new_tokens {args.max_new_tokens}",
               f"- {len({r['document'] for r in rows})} documents behind one shared system instruction with three "

@@ -18,20 +18,17 @@ Systems (all greedy, same models, same run, order rotated per task):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
-import transformers
 from pydantic import BaseModel, Field
 
 from assisted import generate, logits_processor
 from assisted.loading import load_pair
-from experiments.machine import machine_lines
+from experiments.machine import run_lines
 from experiments.tasks import Task, validate, write_rows
 
 
@@ -207,10 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     import xgrammar
     version = getattr(xgrammar, "__version__", None) or _dist_version("xgrammar")
     readme = [f"# Our full system vs transformers + XGrammar: {args.out.name}", "",
-              f"- command: `python -m experiments.vs_xgrammar {' '.join(argv)}`",
-              f"- date: {datetime.date.today().isoformat()}", *machine_lines(),
-              f"- torch {torch.__version__}, transformers {transformers.__version__}, xgrammar {version}, "
-              f"python {platform.python_version()}, torch threads {torch.get_num_threads()}",
+              *run_lines("experiments.vs_xgrammar", argv, f"xgrammar {version}"),
               f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {args.assistant}"
               f"{' (int8)' if args.int8_assistant else ''}, greedy, max_new_tokens {args.max_new_tokens}",
               "- four held-out extraction tasks written for this comparison (invoice, patient, flight, review), one "

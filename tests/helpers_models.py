@@ -93,3 +93,19 @@ def smollm2():
     return load("smollm2-135m")
 
 
+def save_tiny_llama(folder, words: list[str], **config):
+    """Save a 1-layer random Llama and a whitespace word-level tokenizer over `words` (<unk> and <eos> first) to
+    `folder` with save_pretrained; returns the folder. `config` overrides the Llama's sizes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, max_position_embeddings=64) | config
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), **sizes)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -14,9 +14,10 @@ import torch
 
 import fsm
 from assisted import generate
-from tests.helpers_models import tiny_llama, tiny_tokenizer
 from tests.assisted.test_acceptance import compare, sampling_noise_tv
+from tests.assisted.test_generate import Scripted
 from tests.drafting.test_sampling import hf_probs
+from tests.helpers_models import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
@@ -90,12 +91,11 @@ def test_sampled_generate_has_the_reference_joint_distribution(setup, case):
     assert tv < 1.5 * sampling_noise_tv(expected, DRAWS), f"TV={tv:.3f}"
 
 
-class CutAtUnsure:
+class CutAtUnsure(Scripted):
     """A policy that always asks for 3 drafts and cuts every draft back before its first unsure token."""
 
-    k = lookup_k = 3
-
     def __init__(self, below: float):
+        super().__init__([3])
         self.below, self.cuts = below, 0
 
     def cut(self, confidence):
@@ -103,17 +103,6 @@ class CutAtUnsure:
         self.cuts += bool(unsure)
         return unsure[0] if unsure else None
 
-    def update(self, drafted, accepted, cost=None, confidence=()):
-        pass
-
-    def estimates(self):
-        return None
-
-    def learned(self):
-        return None
-
-    def calibration(self):
-        return None
 
 
 @pytest.mark.parametrize("drafter", ["itself", "bad-assistant"])

