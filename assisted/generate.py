@@ -8,23 +8,22 @@ guide cursor (the state after `seq`). Drafts run ahead on a copy of the cursor.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
-from drafting.cache import crop_to, forward, new_cache, output_device
 from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
                              prompt_ids)
 from assisted.policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
-from drafting.sampling import make_generator, masked, probs
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource
+from drafting.cache import crop_to, forward, new_cache, output_device
 from drafting.combined import CombinedSource
 from drafting.lookup import PromptLookup
+from drafting.sampling import make_generator, masked, probs
 
 
 def generate(
@@ -144,8 +143,7 @@ def generate(
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
-    stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates())
-    stats = replace(stats, prefill_tokens=len(ids) - cached)
+    stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates(), len(ids) - cached)
     return GenerationResult(text, new, value, stop, stats)
 
 

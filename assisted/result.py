@@ -115,7 +115,7 @@ class Recorder:
         self.steps.append(StepRecord(k, len(verified), sum(ok for _, ok in verified), appended))
 
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
-               estimates: Estimates | None = None) -> Stats:
+               estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
         total = time.perf_counter() - self.start
         seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s)
         return Stats(
@@ -130,4 +130,5 @@ class Recorder:
             seconds=seconds,
             steps=tuple(self.steps),
             estimates=estimates,
+            prefill_tokens=prefill_tokens,
         )

@@ -6,9 +6,9 @@ import time
 
 import torch
 
+from drafting.base import DeviceMasks
 from drafting.cache import crop_to, forward, input_device, new_cache
 from drafting.sampling import Warp, masked, probs, sample
-from drafting.base import DeviceMasks
 
 
 class AssistantDrafter:
