@@ -58,6 +58,7 @@ import torch  # noqa: E402
 from assisted.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # noqa: E402
 from assisted.costs import CostTable, StepCost  # noqa: E402
 from assisted.policy import Constant, Heuristic, Policy  # noqa: E402
+from experiments.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
 
 CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
 
@@ -303,13 +304,14 @@ def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -
 def collect(args) -> int:
     from assisted import generate
     from drafting.cache import forward, new_cache
-    from experiments.speedup import _chat_ids, load_prompts
+    from experiments.prompt_split import load_prompts
+    from experiments.speedup import _chat_ids
     from experiments.tasks import load_pair
     loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
-    prompts, traces = load_prompts(args.prompts, args.per_class), []
+    prompts, traces = load_prompts(args.prompts, None if args.half == "all" else args.half, args.per_class), []
     with torch.inference_mode():
         costs = time_costs(model, assistant, _chat_ids(tokenizer, prompts[0]), AutoConfig().k_max + 1)
         torch.set_num_threads(os.cpu_count() or 1)  # the texts and traces need no timing
@@ -397,7 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--assistant-int8", action="store_true")
     p.add_argument("--packed-target", action="store_true")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--prompts", type=Path, default=Path(__file__).parent / "prompts" / "speedup.json")
+    p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
+    p.add_argument("--half", choices=[*HALVES, "all"], default="tuning",
+                   help="which half of the prompt set; traces for tuning come from the tuning half only")
     p.add_argument("--per-class", type=int, default=None)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
     p.add_argument("--paths", type=int, default=4, help="sampled texts per prompt and temperature")

@@ -1,6 +1,9 @@
 """Speedup experiment: target alone vs transformers' assisted generation vs ours, greedy and sampled.
 
-    python -m experiments.speedup --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b
+    python -m experiments.speedup --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --half validation
+
+Prompts: `experiments/prompts/split.json`, one half of it (`experiments.prompt_split`: methods are tuned on the
+"tuning" half, headline numbers come from the "validation" half).
 
 Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates per cell):
   target       model.generate, no assistant
@@ -21,7 +24,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -36,12 +38,12 @@ import torch  # noqa: E402
 from assisted import generate  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
 from experiments.intervals import paired_ratio  # noqa: E402
+from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.tasks import assistant_label, count_forwards, load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
 RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")] + [("ours-auto", "target")]  # y per token / x
-PROMPTS = Path(__file__).parent / "prompts" / "speedup.json"
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
           "tokens_per_forward", "acceptance_rate", "mean_k")
 
@@ -61,8 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--prompts", type=Path, default=PROMPTS)
+    p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
+    p.add_argument("--half", choices=[*HALVES, "all"], default="validation",
+                   help="which half of the prompt set (experiments.prompt_split; 'all': every prompt of --prompts)")
     p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                   help="systems to run (the target alone and ours-auto always run: every ratio is paired with them)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--num-assistant-tokens", type=int, default=5, help="ours: starting k")
     p.add_argument("--seed", type=int, default=1000,
@@ -77,16 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def default_out() -> Path:
     return Path("experiments/results") / f"speedup-{platform.node() or 'machine'}-{datetime.date.today()}"
-
-
-def load_prompts(path: Path, per_class: int | None) -> list[dict]:
-    prompts, seen = json.loads(Path(path).read_text()), {}
-    keep = []
-    for p in prompts:
-        seen[p["class"]] = seen.get(p["class"], 0) + 1
-        if per_class is None or seen[p["class"]] <= per_class:
-            keep.append(p)
-    return keep
 
 
 def _hf_assistant_config(assistant, system: str, defaults: dict) -> None:
@@ -147,16 +143,17 @@ def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -
     from tqdm.auto import tqdm
     defaults = {k: getattr(assistant.generation_config, k) for k in
                 ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    systems = chosen_systems(args.systems)
     cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
-    rows, bar = [], tqdm(total=len(cells) * len(SYSTEMS), disable=not progress, desc="speedup")
+    rows, bar = [], tqdm(total=len(cells) * len(systems), disable=not progress, desc="speedup")
     if args.warmup:
         ids = _chat_ids(tokenizer, prompts[0])
-        for system in SYSTEMS:
+        for system in systems:
             run_one(system, model, assistant, tokenizer, ids, 0.0, 0, args.max_new_tokens, args.num_assistant_tokens,
                     defaults)
     for i, (p, t, r) in enumerate(cells):
         ids = _chat_ids(tokenizer, p)
-        order = SYSTEMS[i % len(SYSTEMS):] + SYSTEMS[: i % len(SYSTEMS)]
+        order = systems[i % len(systems):] + systems[: i % len(systems)]
         for system in order:
             res = run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
                           args.num_assistant_tokens, defaults)
@@ -165,6 +162,16 @@ def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -
     bar.close()
     _hf_assistant_config(assistant, "hf-default", defaults)
     return rows
+
+
+def chosen_systems(names) -> tuple[str, ...]:
+    """`names` in SYSTEMS order, with the target alone and ours-auto added (every ratio pairs with them)."""
+    return tuple(s for s in SYSTEMS if s in {*names, "target", "ours-auto"})
+
+
+def systems_in(rows: list[dict]) -> tuple[str, ...]:
+    """The systems a run's rows hold, in SYSTEMS order."""
+    return chosen_systems({r["system"] for r in rows})
 
 
 def _chat_ids(tokenizer, prompt: dict) -> list[int]:
@@ -202,9 +209,10 @@ def plot(summary: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
     classes = sorted({c for c, _, _ in summary})
     temps = sorted({t for _, t, _ in summary})
+    systems = chosen_systems({s for _, _, s in summary})
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(SYSTEMS)
-    for j, s in enumerate(SYSTEMS):
+    width = 0.8 / len(systems)
+    for j, s in enumerate(systems):
         ax.bar([i + j * width for i in range(len(classes))],
                [1000 * summary[(c, temps[0], s)]["per_token"] for c in classes], width, label=s)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(classes))], classes)
@@ -212,7 +220,7 @@ def plot(summary: dict, out: Path) -> None:
     ax.set_title(f"greedy latency per prompt class (T={temps[0]})"), ax.legend()
     fig.tight_layout(), fig.savefig(out / "greedy.png", dpi=110), plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for s in SYSTEMS[1:]:
+    for s in systems[1:]:
         values = [[x for c in classes for x in summary[(c, t, s)]["speedups"]] for t in temps]
         med = [statistics.median(v) for v in values]
         ax.errorbar(temps, med, yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
@@ -236,10 +244,10 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: 
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", *(kept or run),
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
-             _table_header()]
+             _table_header(systems_in(rows))]
     for c in sorted({c for c, _, _ in summary}):
         for t in sorted({t for _, t, _ in summary}):
-            lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in SYSTEMS}))
+            lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in systems_in(rows)}))
     lines += ["", "Latency is per new token (sampled systems write texts of different lengths); x/y = y's seconds "
               "per token / x's (> 1: x faster). hf acceptance is estimated as "
               "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
@@ -249,25 +257,31 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: 
     (out / "README.md").write_text("\n".join(lines))
 
 
-def _table_header() -> str:
-    drafted = SYSTEMS[1:]
-    cols = (["class", "T"] + [f"{s} ms/tok" for s in SYSTEMS] + [f"{o}/{hf}" for o, hf in RATIOS]
-            + [f"tok/fwd {s}" for s in drafted] + [f"accept {s}" for s in drafted] + [f"mean k {o}" for o in OURS])
+def _ratios(systems: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(o, x) for o, x in RATIOS if o in systems and x in systems]
+
+
+def _table_header(systems: tuple[str, ...]) -> str:
+    drafted, ours = systems[1:], [o for o in OURS if o in systems]
+    cols = (["class", "T"] + [f"{s} ms/tok" for s in systems] + [f"{o}/{hf}" for o, hf in _ratios(systems)]
+            + [f"tok/fwd {s}" for s in drafted] + [f"accept {s}" for s in drafted] + [f"mean k {o}" for o in ours])
     return "| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|"
 
 
 def _table_row(c: str, t: float, g: dict) -> str:
-    cells = ([c, str(t)] + [f"{1000 * g[s]['per_token']:.0f}" for s in SYSTEMS]
-             + [f"{g[hf]['per_token'] / g[o]['per_token']:.2f}" for o, hf in RATIOS]
-             + [f"{g[s]['tokens_per_forward']:.2f}" for s in SYSTEMS[1:]]
-             + [f"{g[s]['acceptance_rate']:.2f}" for s in SYSTEMS[1:]] + [f"{g[o]['mean_k']:.1f}" for o in OURS])
+    systems = tuple(g)
+    cells = ([c, str(t)] + [f"{1000 * g[s]['per_token']:.0f}" for s in systems]
+             + [f"{g[hf]['per_token'] / g[o]['per_token']:.2f}" for o, hf in _ratios(systems)]
+             + [f"{g[s]['tokens_per_forward']:.2f}" for s in systems[1:]]
+             + [f"{g[s]['acceptance_rate']:.2f}" for s in systems[1:]]
+             + [f"{g[o]['mean_k']:.1f}" for o in OURS if o in systems])
     return "| " + " | ".join(cells) + " |"
 
 
 def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -> list[str]:
     """Markdown: `system` against each other system per cell, paired per (prompt, repeat) unit, with intervals."""
-    others = [s for s in SYSTEMS if s != system]
-    drafting = [s for s in others if s != "target"]
+    others = [s for s in systems_in(rows) if s != system]
+    drafting = [s for s in others if s != "target"] or others
     cells: dict = {}  # (class, T) -> (prompt, repeat) -> {system: seconds per token}
     for (c, t, prompt, repeat), unit in units(rows).items():
         cells.setdefault((c, t), {})[(prompt, repeat)] = unit
@@ -291,7 +305,14 @@ def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -
                         ((s, paired_ratio(v)) for s, v in pooled.items()))
     return lines + ["", f"Against the best other drafting system, {system}'s interval lies above 1 in {verdicts.count(1)} "
                         f"of {len(cells)} cells and below 1 in {verdicts.count(-1)}. Over all "
-                        f"{len(pooled['best other'])} units: {overall}."]
+                        f"{len(pooled['best other'])} units: {overall}.", "", *_pooled_table(rows, system)]
+
+
+def _pooled_table(rows: list[dict], system: str) -> list[str]:
+    """Markdown: `system` paired with each other system, pooled per class, per temperature and overall."""
+    from experiments.stats import grouped, table
+    return [f"Pooled: {system} paired with each system over all units, the units of a class (all temperatures) "
+            "and of a temperature (all classes).", "", *table(*grouped(units(rows), system))]
 
 
 def units(rows: list[dict]) -> dict:
@@ -338,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
-    rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, args.per_class))
+    half = None if args.half == "all" else args.half
+    rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, half, args.per_class))
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")
     return 0

@@ -25,14 +25,23 @@ def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], l
     (others, groups) : the other systems, and per group ("all", each class, "T = t" per temperature) its name,
     its number of units and {other: (ratio, low, high)} from `paired_ratio`.
     """
-    from experiments.speedup import SYSTEMS, read_rows, units as units_of
+    from experiments.speedup import read_rows, units as units_of
 
     units = {(folder.name, *key): unit for folder in folders  # (run, class, T, prompt, repeat) -> {system: s/token}
              for key, unit in units_of(read_rows(folder / "results.csv")).items()}
-    others = [s for s in SYSTEMS if s != system]
-    classes, temperatures = sorted({k[1] for k in units}), sorted({k[2] for k in units})
-    members = [("all", lambda k: True), *((c, lambda k, c=c: k[1] == c) for c in classes),
-               *((f"T = {t}", lambda k, t=t: k[2] == t) for t in temperatures)]
+    return grouped(units, system)
+
+
+def grouped(units: dict, system: str = "ours-auto") -> tuple[list[str], list[tuple[str, int, dict]]]:
+    """`pooled` over units keyed (..., class, T, prompt, repeat) -> {system: seconds per token}; the other
+    systems are those every unit holds."""
+    from experiments.speedup import SYSTEMS
+
+    held = set.intersection(*(set(u) for u in units.values())) if units else set()
+    others = [s for s in SYSTEMS if s != system and s in held]
+    classes, temperatures = sorted({k[-4] for k in units}), sorted({k[-3] for k in units})
+    members = [("all", lambda k: True), *((c, lambda k, c=c: k[-4] == c) for c in classes),
+               *((f"T = {t}", lambda k, t=t: k[-3] == t) for t in temperatures)]
     groups = []
     for name, member in members:
         chosen = [u for k, u in units.items() if member(k)]

@@ -12,6 +12,7 @@ import pytest
 
 from experiments import demo, forward_cost, speedup, stats, structured
 from experiments.intervals import paired_ratio
+from experiments.prompt_split import half_of, load_prompts
 from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
 from tests.helpers_models import threads, tiny_llama
 
@@ -36,10 +37,26 @@ def test_parsers():
     assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
 
 
-def test_prompt_set_covers_three_classes():
-    prompts = speedup.load_prompts(speedup.PROMPTS, None)
-    assert {p["class"] for p in prompts} == {"code", "extraction", "prose"}
-    assert len(speedup.load_prompts(speedup.PROMPTS, 1)) == 3
+def test_prompt_split_is_fixed_balanced_and_disjoint():
+    everything = load_prompts()
+    classes = {p["class"] for p in everything}
+    assert len(everything) >= 60 and classes == {"code", "extraction", "prose", "chat", "math"}
+    assert len({p["name"] for p in everything}) == len(everything)
+    tuning, validation = load_prompts(half="tuning"), load_prompts(half="validation")
+    assert {p["name"] for p in tuning}.isdisjoint(p["name"] for p in validation)
+    assert len(tuning) + len(validation) == len(everything)
+    for half in (tuning, validation):  # every class has at least five prompts in each half
+        assert all(sum(p["class"] == c for p in half) >= 5 for c in classes)
+    assert half_of("py-lru") == half_of("py-lru")  # a pure function of the name
+    assert len(load_prompts(half="validation", per_class=1)) == 5
+    with pytest.raises(ValueError, match="half"):
+        load_prompts(half="test")
+
+
+def test_speedup_runs_the_validation_half_with_chosen_systems():
+    args = speedup.parse_args(["--systems", "hf-heuristic"])
+    assert args.half == "validation"
+    assert speedup.chosen_systems(args.systems) == ("target", "hf-heuristic", "ours-auto")
 
 
 def test_validate_and_extract():
@@ -51,7 +68,8 @@ def test_validate_and_extract():
 def test_speedup_cell_end_to_end(tiny, tmp_path):
     model, tok = tiny
     args = argparse.Namespace(temperatures=[0.0, 1.0], repeats=1, max_new_tokens=4, num_assistant_tokens=3, seed=1000,
-                              target="tiny", assistant="tiny", device="cpu", dtype="float32", warmup=True)
+                              target="tiny", assistant="tiny", device="cpu", dtype="float32", warmup=True,
+                              systems=list(speedup.SYSTEMS))
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     helper = copy.deepcopy(model)  # a separate module, so the forward hooks count each model alone
     with threads(1):
@@ -67,6 +85,7 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0  # rebuilt from results.csv alone
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "ours-auto/target" in readme and "| best other |" in readme
+    assert "| code | 2 |" in readme and "| T = 1.0 | 2 |" in readme  # pooled per class and temperature
     (tmp_path / "out" / "README.md").write_text(readme.replace("- code: commit", "- code: commit 1234567 was"))
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0
     assert "- code: commit 1234567 was" in (tmp_path / "out" / "README.md").read_text()  # the run's commit, kept
