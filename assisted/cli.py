@@ -76,7 +76,8 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--num-assistant-tokens", type=int, default=5)
     decoding.add_argument("--schedule", choices=["auto", "heuristic", "constant"])
     decoding.add_argument("--lossless", action="store_true", help="verify forced tokens too (coalesce=False)")
-    decoding.add_argument("--prompt-lookup", action="store_true", help="also draft by copying from the prompt")
+    decoding.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=None,
+                          help="also draft by copying from the prompt (default: on under the auto schedule)")
 
 
 def constraint_of(args: argparse.Namespace) -> dict:

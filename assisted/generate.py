@@ -45,7 +45,7 @@ def generate(
     num_assistant_tokens: int = 5,
     schedule: str | None = None,
     coalesce: bool = True,
-    prompt_lookup: bool = False,
+    prompt_lookup: bool | None = None,
     prefix_cache: PrefixCache | None = None,
     guide_options: dict | None = None,
 ) -> GenerationResult:
@@ -94,9 +94,12 @@ def generate(
         per pair and sampling setting (`assisted.reset_remembered_state()` clears both).
     coalesce : bool
         Append forced tokens unverified (fast, the documented default) or verify them (lossless).
-    prompt_lookup : bool
+    prompt_lookup : bool, optional
         Also draft by copying from the prompt what followed the latest occurrence of the text just written
-        (free, verified like the assistant's tokens, counted in k); strong when the output quotes the input.
+        (free, verified like the assistant's tokens); strong when the output quotes the input. Default (None):
+        on under "auto", which verifies a copied token only where its acceptance, measured on the call's own
+        copies, pays for its share of the forward (so a call whose copies fail stops verifying them), and off
+        under the fixed schedules, where copies count in k and are all verified.
     prefix_cache : assisted.PrefixCache, optional
         Reuse the target's and the assistant's KV caches for the longest token prefix this prompt shares with
         a kept earlier call, and keep this call's caches there (``stats.prefill_tokens`` counts what ran).
@@ -119,7 +122,7 @@ def generate(
         For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
     """
     opts = check_options(max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens,
-                         schedule, coalesce)
+                         schedule, coalesce, prompt_lookup)
     vocab_size = check_models(model, assistant_model, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = fit_positions(opts, len(ids), model, assistant_model)
@@ -129,7 +132,7 @@ def generate(
     if assistant_model is not None:
         seed2 = None if opts.seed is None else opts.seed + 1
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
-    lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
+    lookup = PromptLookup(tokenizer, ids) if opts.prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
                             output_device(model))
     policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model),

@@ -33,12 +33,19 @@ class Options:
     num_assistant_tokens: int  # the policy's first k
     schedule: str  # a key of policy.SCHEDULES: "constant", "heuristic" or "auto"
     coalesce: bool  # forced tokens appended unverified (True) or drafted as point masses (False)
+    prompt_lookup: bool = False  # also draft copies of the prompt
 
 
 def check_options(
-    max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens, schedule, coalesce
+    max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens, schedule, coalesce,
+    prompt_lookup=False,
 ) -> Options:
-    """Validate the scalar options; raises ValueError/TypeError naming the argument."""
+    """Validate the scalar options; raises ValueError/TypeError naming the argument.
+
+    `schedule` None picks "auto" (or "heuristic" for a seeded sample); `prompt_lookup` None turns prompt lookup on
+    under "auto", whose cuts price each copied token by the acceptance the call measures for copies (a call whose
+    copies fail soon verifies none), and off under the fixed schedules, which would verify every copy.
+    """
     _int("max_new_tokens", max_new_tokens, low=1)
     _int("num_assistant_tokens", num_assistant_tokens, low=1)
     _bool("do_sample", do_sample)
@@ -56,8 +63,11 @@ def check_options(
         schedule = "heuristic" if do_sample and seed is not None else "auto"
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(map(repr, SCHEDULES))}")
+    if prompt_lookup is None:
+        prompt_lookup = schedule == "auto"
+    _bool("prompt_lookup", prompt_lookup)
     warp = Warp(bool(do_sample), float(temperature), top_k, None if top_p is None else float(top_p))
-    return Options(max_new_tokens, warp, seed, num_assistant_tokens, schedule, bool(coalesce))
+    return Options(max_new_tokens, warp, seed, num_assistant_tokens, schedule, bool(coalesce), bool(prompt_lookup))
 
 
 MAX_SEED = 2**64 - 2  # torch generators take 64 bits; the assistant's is seeded with seed + 1

@@ -154,6 +154,19 @@ def test_the_default_schedule_is_auto_unless_a_seeded_sample_must_repeat(samplin
                          coalesce=True, **{"do_sample": False, "seed": None, **sampling}).schedule == schedule
 
 
+@pytest.mark.parametrize("schedule, lookup, resolved", [(None, None, True), ("auto", None, True),
+                                                      ("heuristic", None, False), ("constant", None, False),
+                                                      ("auto", False, False), ("constant", True, True)])
+def test_prompt_lookup_defaults_to_on_under_auto_only(schedule, lookup, resolved):
+    opts = check_options(8, False, 1.0, None, None, None, 5, schedule, True, lookup)
+    assert opts.prompt_lookup is resolved
+
+
+def test_prompt_lookup_must_be_a_bool_or_none():
+    with pytest.raises(TypeError, match="prompt_lookup"):
+        check_options(8, False, 1.0, None, None, None, 5, None, True, "yes")
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_target_passes_with_a_perfect_assistant_are_new_tokens_over_k_plus_one(tok, models, k):
     model = models["llama"]

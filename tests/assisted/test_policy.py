@@ -314,3 +314,17 @@ def test_a_step_whose_cut_verified_nothing_keeps_the_window():
     assert policy.state.window == 28
     policy.update(3, 1, StepCost(4, 0.15, 3, 0.03), (0.99,) * 3)  # judged: rejected at the second draft
     assert policy.state.window == 8
+
+
+def test_auto_stops_verifying_prompt_copies_that_the_target_keeps_rejecting():
+    cfg, nan = AutoConfig(), float("nan")
+    costs = CostTable().with_target(1, 0.10, 1.0).with_target(4, 0.16, 1.0).with_draft(0.03, 1.0)
+    state = AutoState(k0=4, costs=costs, prefilled=True, drafted_before=True)
+    copies = (nan, nan, nan)  # three prompt-lookup drafts: they carry no confidence
+    assert estimate(state, cfg).cut(copies, cfg.k_max) == 3  # the prior: copies are worth verifying
+    failing, passing = state, state
+    for _ in range(6):
+        failing = observe(failing, 3, 0, None, cfg, copies)
+        passing = observe(passing, 3, 3, None, cfg, copies)
+    assert estimate(failing, cfg).cut(copies, cfg.k_max) == 0  # measured to fail: none verified
+    assert estimate(passing, cfg).cut(copies, cfg.k_max) is None  # measured to pass: copy on, all kept
