@@ -76,8 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed first generation of each system (ours-auto then warms up in the first cell)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--shard", type=int, nargs=2, metavar=("I", "N"), default=None,
+                   help="run only prompts I, I+N, I+2N, ... (0 <= I < N), e.g. one shard per core, each into "
+                        "--out/shard-I; --report-only then reports all shards together")
     p.add_argument("--report-only", action="store_true",
-                   help="rebuild README.md and the plots from --out/results.csv (same arguments as the run)")
+                   help="rebuild README.md and the plots from --out/results.csv, or from --out/shard-*/results.csv "
+                        "(same arguments as the run)")
     return p.parse_args(argv)
 
 
@@ -332,6 +336,12 @@ def _run_lines(readme: Path) -> list[str] | None:
     return [line for line in header if not line.startswith("- command:")]
 
 
+def _command_of(readme: Path) -> str:
+    """The command an earlier README names (its "- command:" line)."""
+    line = next(x for x in readme.read_text().splitlines() if x.startswith("- command:"))
+    return line.removeprefix("- command:").strip().strip("`")
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of a results.csv written by `write`, with their types back."""
     def typed(key: str, value: str):
@@ -349,18 +359,30 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
     out = args.out or default_out()
     if args.report_only:
-        rows = read_rows(out / "results.csv")
+        shards = sorted(out.glob("shard-*/results.csv"))
+        rows = [r for path in shards or [out / "results.csv"] for r in read_rows(path)]
         command = "python -m experiments.speedup " + " ".join(a for a in argv if a != "--report-only")
-        write(rows, summarize(rows), args, out, command, _run_lines(out / "README.md"))
-        print(f"rewrote {out}/README.md and plots")
+        command = "`; `".join([*(_command_of(path.parent / "README.md") for path in shards), command])
+        kept = _run_lines(out / "README.md") or (_run_lines(shards[0].parent / "README.md") if shards else None)
+        write(rows, summarize(rows), args, out, command, kept)
+        print(f"rewrote {out}/README.md and plots from {len(shards) or 1} results file(s)")
         return 0
+    if args.shard is not None:
+        index, count = args.shard
+        if not 0 <= index < count:
+            print(f"error: --shard {index} {count}: need 0 <= I < N", file=sys.stderr)
+            return 2
+        out = out / f"shard-{index}"
     loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8,
                        packed=args.packed_target, dtype=args.dtype, device=args.device)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
     half = None if args.half == "all" else args.half
-    rows = run(args, model, assistant, tokenizer, load_prompts(args.prompts, half, args.per_class))
+    prompts = load_prompts(args.prompts, half, args.per_class)
+    if args.shard is not None:
+        prompts = prompts[args.shard[0] :: args.shard[1]]
+    rows = run(args, model, assistant, tokenizer, prompts)
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")
     return 0

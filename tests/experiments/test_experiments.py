@@ -86,6 +86,11 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "ours-auto/target" in readme and "| best other |" in readme
     assert "| code | 2 |" in readme and "| T = 1.0 | 2 |" in readme  # pooled per class and temperature
+    for i, shard in enumerate(((r for r in rows if r["class"] == "code"), (r for r in rows if r["class"] != "code"))):
+        speedup.write(list(shard), summary, args, tmp_path / "sharded" / f"shard-{i}", f"run shard {i}")
+    assert speedup.main(["--out", str(tmp_path / "sharded"), "--report-only"]) == 0  # the shards, reported together
+    merged = (tmp_path / "sharded" / "README.md").read_text()
+    assert "run shard 0`; `run shard 1`; `python -m experiments.speedup" in merged and "| all | 4 |" in merged
     (tmp_path / "out" / "README.md").write_text(readme.replace("- code: commit", "- code: commit 1234567 was"))
     assert speedup.main(["--out", str(tmp_path / "out"), "--report-only"]) == 0
     assert "- code: commit 1234567 was" in (tmp_path / "out" / "README.md").read_text()  # the run's commit, kept
