@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from assisted import generate, logits_processor
 from assisted.loading import load_pair
+from experiments.intervals import paired_ratio
 from experiments.machine import run_lines
 from experiments.tasks import Task, validate, write_rows
 
@@ -89,7 +91,7 @@ TASKS = (
          "but they are heavy and the laces keep coming loose. Four stars; I would still buy them again."),
 )
 SYSTEMS = ("xgrammar", "xgrammar-compact", "xgrammar+assistant", "ours-processor", "ours-processor+assistant", "constrained", "full")
-FIELDS = ("task", "system", "seconds", "new_tokens", "valid", "error", "text")
+FIELDS = ("task", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -100,6 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        help="systems to run (full always runs: every ratio pairs with it)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every (task, system), interleaved")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -143,17 +148,23 @@ class Systems:
         return text, len(emitted) if stop is None else stop + 1
 
 
-def measure(systems: Systems, tasks) -> list[dict]:
+def chosen(names) -> tuple[str, ...]:
+    """`names` in SYSTEMS order, with `full` added."""
+    return tuple(s for s in SYSTEMS if s in {*names, "full"})
+
+
+def measure(systems: Systems, tasks, names=SYSTEMS, repeats: int = 1) -> list[dict]:
+    names = chosen(names)
     budget, systems.max_new = systems.max_new, 8
     for task in tasks:  # untimed, short: grammars and indexes compiled, allocators warm
-        for system in ("xgrammar", "xgrammar-compact", "ours-processor", "full"):
+        for system in {"xgrammar", "xgrammar-compact", "ours-processor", "full"} & set(names):
             _timed(systems, system, task)
     systems.max_new = budget
     rows = []
-    for i, task in enumerate(tasks):
-        order = SYSTEMS[i % len(SYSTEMS):] + SYSTEMS[: i % len(SYSTEMS)]
+    for i, (repeat, task) in enumerate((r, t) for r in range(repeats) for t in tasks):
+        order = names[i % len(names):] + names[: i % len(names)]
         for system in order:
-            row = {"task": task.name, "system": system, **_timed(systems, system, task)}
+            row = {"task": task.name, "repeat": repeat, "system": system, **_timed(systems, system, task)}
             row["valid"] = row["error"] == "" and validate(task, row["text"])
             rows.append(row)
             print(f"{task.name:8} {system:26} {row['seconds']:7.2f} s {row['new_tokens']:4d} tok "
@@ -172,17 +183,27 @@ def _timed(systems: Systems, system: str, task: Task) -> dict:
 
 
 def table(rows: list[dict]) -> list[str]:
+    """Per system: median seconds (tokens) per task, valid outputs, the summed medians, and full's speedup paired
+    per (task, repeat) unit (geometric mean of the system's seconds / full's, 90% interval)."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    cell = {(r["task"], r["system"]): r for r in rows}
+    names = chosen({r["system"] for r in rows})
+    runs: dict = {}  # (task, system) -> rows
+    for r in rows:
+        runs.setdefault((r["task"], r["system"]), []).append(r)
+    full = {(r["task"], r.get("repeat", 0)): r["seconds"] for r in rows if r["system"] == "full"}
     lines = ["| system | " + " | ".join(f"{t} s (tok)" for t in tasks) + " | valid | total s | full is faster by |",
              "|---|" + "---|" * (len(tasks) + 3)]
-    full = sum(cell[(t, "full")]["seconds"] for t in tasks)
-    for system in SYSTEMS:
-        mine = [cell[(t, system)] for t in tasks]
-        total = sum(r["seconds"] for r in mine)
-        shown = [f"{r['seconds']:.2f} ({r['new_tokens']})" if not r["error"] else "error" for r in mine]
-        lines.append(f"| {system} | " + " | ".join(shown) + f" | {sum(r['valid'] for r in mine)}/{len(mine)} | "
-                     f"{total:.2f} | {total / full:.2f}x |")
+    for system in names:
+        mine = [runs[(t, system)] for t in tasks]
+        seconds = [statistics.median(r["seconds"] for r in runs_) for runs_ in mine]
+        shown = [f"{sec:.2f} ({statistics.median(r['new_tokens'] for r in runs_):.0f})"
+                 if not any(r["error"] for r in runs_) else "error" for sec, runs_ in zip(seconds, mine)]
+        ratio, low, high = paired_ratio([(r["seconds"], full[(r["task"], r.get("repeat", 0))])
+                                         for runs_ in mine for r in runs_])
+        valid = sum(r["valid"] for runs_ in mine for r in runs_)
+        faster = "error" if "error" in shown else f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
+        lines.append(f"| {system} | " + " | ".join(shown) + f" | {valid}/{sum(map(len, mine))} | "
+                     f"{sum(seconds):.2f} | {faster} |")
     errors = sorted({f"{r['system']}: {r['error']}" for r in rows if r["error"]})
     return lines + ([""] + [f"- error, {e}" for e in errors] if errors else [])
 
@@ -198,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model, tokenizer, assistant = load_pair(args.target, args.assistant, int8_assistant=args.int8_assistant,
                                             pack=args.pack)
-    rows = measure(Systems(model, tokenizer, assistant, args.max_new_tokens), TASKS)
+    rows = measure(Systems(model, tokenizer, assistant, args.max_new_tokens), TASKS, args.systems, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)
     import xgrammar
@@ -207,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
               *run_lines("experiments.vs_xgrammar", argv, f"xgrammar {version}"),
               f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {args.assistant}"
               f"{' (int8)' if args.int8_assistant else ''}, greedy, max_new_tokens {args.max_new_tokens}",
-              "- four held-out extraction tasks written for this comparison (invoice, patient, flight, review), one "
-              "run each, systems in rotated order per task", "",
+              f"- four held-out extraction tasks written for this comparison (invoice, patient, flight, review), "
+              f"{args.repeats} run(s) each, systems in rotated order per (task, run)", "",
               *table(rows), "",
-              "\"full is faster by\" = the system's total seconds / full's total seconds. XGrammar's defaults allow any "
+              "\"full is faster by\": the geometric mean over (task, run) units of the system's seconds per object / "
+              "full's, with a 90% t-interval (one unit: no interval). XGrammar's defaults allow any "
               "whitespace (the model writes indented JSON: more tokens); xgrammar-compact and ours write compact JSON.",
               "The CPU is shared with other jobs: single timings are noisy."]
     (args.out / "README.md").write_text("\n".join(readme) + "\n")

@@ -172,3 +172,15 @@ def test_speedup_is_per_new_token():
     ours = dict(cell, system="ours", seconds=10.0, new_tokens=40)
     assert speedup._speedup([target, ours], ours) == pytest.approx(2.0)  # 0.5 s per token against 0.25 s
     assert speedup.summarize([target, ours])[("prose", 1.2, "ours")]["per_token"] == pytest.approx(0.25)
+
+
+def test_vs_xgrammar_table_pairs_full_with_each_system_per_task_and_run():
+    from experiments import vs_xgrammar
+
+    assert vs_xgrammar.chosen(["xgrammar"]) == ("xgrammar", "full")
+    rows = [{"task": t, "repeat": r, "system": s, "seconds": sec * (1 + 0.1 * r), "new_tokens": 10, "valid": True,
+             "error": "", "text": "{}"}
+            for t in ("a", "b") for r in (0, 1) for s, sec in (("xgrammar", 8.0), ("full", 2.0))]
+    lines = vs_xgrammar.table(rows)
+    assert lines[2].startswith("| xgrammar | 8.40 (10) | 8.40 (10) | 4/4 | 16.80 | 4.00x [4.00, 4.00]")
+    assert lines[3].startswith("| full |")
