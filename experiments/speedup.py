@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
+from experiments import shards  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
 from experiments.intervals import paired_ratio  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
@@ -359,30 +360,24 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
     out = args.out or default_out()
     if args.report_only:
-        shards = sorted(out.glob("shard-*/results.csv"))
-        rows = [r for path in shards or [out / "results.csv"] for r in read_rows(path)]
+        paths = shards.results(out)
+        rows = [r for path in paths for r in read_rows(path)]
+        sharded = [path for path in paths if path.parent != out]
         command = "python -m experiments.speedup " + " ".join(a for a in argv if a != "--report-only")
-        command = "`; `".join([*(_command_of(path.parent / "README.md") for path in shards), command])
-        kept = _run_lines(out / "README.md") or (_run_lines(shards[0].parent / "README.md") if shards else None)
+        command = "`; `".join([*(_command_of(path.parent / "README.md") for path in sharded), command])
+        kept = _run_lines(out / "README.md") or (_run_lines(sharded[0].parent / "README.md") if sharded else None)
         write(rows, summarize(rows), args, out, command, kept)
-        print(f"rewrote {out}/README.md and plots from {len(shards) or 1} results file(s)")
+        print(f"rewrote {out}/README.md and plots from {len(paths)} results file(s)")
         return 0
-    if args.shard is not None:
-        index, count = args.shard
-        if not 0 <= index < count:
-            print(f"error: --shard {index} {count}: need 0 <= I < N", file=sys.stderr)
-            return 2
-        out = out / f"shard-{index}"
+    shards.check(args.shard)
+    out = shards.folder(out, args.shard)
     loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8,
                        packed=args.packed_target, dtype=args.dtype, device=args.device)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
     half = None if args.half == "all" else args.half
-    prompts = load_prompts(args.prompts, half, args.per_class)
-    if args.shard is not None:
-        prompts = prompts[args.shard[0] :: args.shard[1]]
-    rows = run(args, model, assistant, tokenizer, prompts)
+    rows = run(args, model, assistant, tokenizer, shards.pick(load_prompts(args.prompts, half, args.per_class), args.shard))
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")
     return 0

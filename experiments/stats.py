@@ -32,13 +32,13 @@ def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], l
     return grouped(units, system)
 
 
-def grouped(units: dict, system: str = "ours-auto") -> tuple[list[str], list[tuple[str, int, dict]]]:
+def grouped(units: dict, system: str = "ours-auto", order=None) -> tuple[list[str], list[tuple[str, int, dict]]]:
     """`pooled` over units keyed (..., class, T, prompt, repeat) -> {system: seconds per token}; the other
-    systems are those every unit holds."""
+    systems are those of `order` (default: the speedup experiment's systems) that every unit holds."""
     from experiments.speedup import SYSTEMS
 
     held = set.intersection(*(set(u) for u in units.values())) if units else set()
-    others = [s for s in SYSTEMS if s != system and s in held]
+    others = [s for s in (order or SYSTEMS) if s != system and s in held]
     classes, temperatures = sorted({k[-4] for k in units}), sorted({k[-3] for k in units})
     members = [("all", lambda k: True), *((c, lambda k, c=c: k[-4] == c) for c in classes),
                *((f"T = {t}", lambda k, t=t: k[-3] == t) for t in temperatures)]

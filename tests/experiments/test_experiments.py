@@ -184,3 +184,22 @@ def test_vs_xgrammar_table_pairs_full_with_each_system_per_task_and_run():
     lines = vs_xgrammar.table(rows)
     assert lines[2].startswith("| xgrammar | 8.40 (10) | 8.40 (10) | 4/4 | 16.80 | 4.00x [4.00, 4.00]")
     assert lines[3].startswith("| full |")
+
+
+def test_ablation_pairs_each_arm_with_the_defaults_over_shards(tiny, tmp_path):
+    from experiments import ablation
+
+    model, tok = tiny
+    args = ablation.parse_args(["--out", str(tmp_path), "--temperatures", "0", "1", "--max-new-tokens", "4"])
+    assert args.half == "tuning" and set(args.arms) == set(ablation.ARMS)
+    prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
+    with threads(1):
+        rows = ablation.run(args, model, copy.deepcopy(model), tok, prompts)
+    assert len(rows) == 2 * 2 * len(ablation.ARMS) and {r["system"] for r in rows} == set(ablation.ARMS)
+    for i, shard in enumerate((rows[: len(rows) // 2], rows[len(rows) // 2 :])):
+        (tmp_path / f"shard-{i}").mkdir()
+        speedup.write_rows(tmp_path / f"shard-{i}" / "results.csv", shard, ablation.FIELDS)
+        (tmp_path / f"shard-{i}" / "README.md").write_text(f"# x\n\n- command: `shard {i}`\n")
+    assert ablation.main(["--out", str(tmp_path), "--report-only"]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "- command: `shard 1`" in readme and "| all | 4 | " in readme and "no-lookup" in readme
