@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from drafting.tree import BRANCH_BELOW  # noqa: E402
+from drafting.cache import crop_to, forward, new_cache  # noqa: E402
+from drafting.tree import BRANCH_BELOW, Branch, tree_forward  # noqa: E402
 from experiments.intervals import paired_ratio  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
 from experiments.speedup import PROMPTS, _chat_ids, load_prompts  # noqa: E402
@@ -44,6 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--schedule", default="auto")
     ap.add_argument("--seed", type=int, default=6000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cost-reps", type=int, default=15, help="timed forwards per system for the forward-cost line")
+    ap.add_argument("--costs-only", action="store_true", help="only time the forwards; append the line to README.md")
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_args(argv)
 
@@ -79,12 +82,36 @@ def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
     return rows
 
 
+def forward_costs(model, tokenizer, prompt: dict, reps: int, k: int = 5) -> dict[str, float]:
+    """Median seconds of one target forward over a chain of k draft tokens (+ the last committed one) and over the
+    same chain plus a leaf (the tree's mask and positions), interleaved, after a prefill of `prompt`."""
+    ids = _chat_ids(tokenizer, prompt)
+    cache, times = new_cache(), {"chain": [], "tree": []}
+    with torch.inference_mode():
+        forward(model, cache, ids[:-1], 1)
+        chain = ids[-1:] + list(range(1000, 1000 + k))
+        for _ in range(reps):
+            for system in SYSTEMS:
+                start = time.perf_counter()
+                if system == "chain":
+                    forward(model, cache, chain, k + 1)
+                else:
+                    tree_forward(model, cache, len(ids), chain + [2000], Branch(1, 2000, None, True))
+                times[system].append(time.perf_counter() - start)
+                crop_to(cache, len(ids) - 1)
+    return {s: statistics.median(t) for s, t in times.items()}
+
+
 def units(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
     """(prompt, temperature, repeat) -> system -> row."""
     out: dict[tuple, dict[str, dict]] = {}
     for row in rows:
         out.setdefault((row["prompt"], row["temperature"], row["repeat"]), {})[row["system"]] = row
     return out
+
+
+def _mean(group: list[dict], system: str, field: str) -> float:
+    return statistics.fmean(u[system][field] for u in group)
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
@@ -94,13 +121,12 @@ def summary_lines(rows: list[dict]) -> list[str]:
     temperatures = sorted({r["temperature"] for r in rows})
     for label, keep in [*((f"T = {t}", t) for t in temperatures), ("all", None)]:
         group = [u for k, u in units(rows).items() if keep is None or k[1] == keep]
-        mean = lambda s, f: statistics.fmean(u[s][f] for u in group)  # noqa: E731
         branches = sum(u["tree"]["branches"] for u in group)
         ratio, low, high = paired_ratio([(u["chain"]["seconds_per_token"], u["tree"]["seconds_per_token"])
                                          for u in group])
-        lines.append(f"| {label} | {len(group)} | {mean('chain', 'tokens_per_forward'):.2f} | "
-                     f"{mean('tree', 'tokens_per_forward'):.2f} | {mean('chain', 'seconds_per_token'):.3f} | "
-                     f"{mean('tree', 'seconds_per_token'):.3f} | "
+        lines.append(f"| {label} | {len(group)} | {_mean(group, 'chain', 'tokens_per_forward'):.2f} | "
+                     f"{_mean(group, 'tree', 'tokens_per_forward'):.2f} | {_mean(group, 'chain', 'seconds_per_token'):.3f} | "
+                     f"{_mean(group, 'tree', 'seconds_per_token'):.3f} | "
                      f"{sum(u['tree']['leaves_taken'] for u in group)} / {branches} | "
                      f"{ratio:.3f} [{low:.3f}, {high:.3f}] |")
     greedy = [u for k, u in units(rows).items() if k[1] == 0]
@@ -116,13 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
-    rows = run(args, model, assistant, tokenizer, load_prompts(PROMPTS, args.per_class))
+    prompts = load_prompts(PROMPTS, args.per_class)
+    costs = forward_costs(model, tokenizer, prompts[0], args.cost_reps)
+    cost_line = (f"- one target forward, median of {args.cost_reps} interleaved (`--costs-only`): chain of 5 drafts "
+                 f"(6 rows) {costs['chain'] * 1e3:.1f} ms, the same plus a leaf (7 rows, tree mask) "
+                 f"{costs['tree'] * 1e3:.1f} ms")
+    if args.costs_only:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / "README.md", "a") as f:
+            f.write(cost_line + "\n")
+        print(cost_line)
+        return 0
+    rows = run(args, model, assistant, tokenizer, prompts)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)
     readme = [f"# Draft trees vs chains {args.out.name}", "", *run_lines("experiments.tree_gain", argv),
               f"- target {args.target} fp32 packed, assistant {args.assistant} (int8 copy), schedule {args.schedule}, "
               f"{args.max_new_tokens} new tokens, {args.repeats} repeats, seeds from {args.seed}; branch below "
-              f"confidence {BRANCH_BELOW}", "", *summary_lines(rows)]
+              f"confidence {BRANCH_BELOW}", "", *summary_lines(rows), cost_line]
     (args.out / "README.md").write_text("\n".join(readme) + "\n")
     print("\n".join(readme))
     return 0

@@ -5,7 +5,6 @@ multi-candidate acceptance rule keeps the target's exact distribution (chi-squar
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 
 import pytest
