@@ -25,7 +25,7 @@ from drafting.cache import crop_to, forward, new_cache, output_device
 from drafting.combined import CombinedSource
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
-from drafting.tree import grow_branch
+from drafting.tree import check_tree_attention, grow_branch
 
 
 def generate(
@@ -128,7 +128,7 @@ def generate(
     """
     opts = check_options(max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens,
                          schedule, coalesce)
-    _check_tree(tree, assistant_model)
+    _check_tree(tree, model, assistant_model)
     vocab_size = check_models(model, assistant_model, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = fit_positions(opts, len(ids), model, assistant_model)
@@ -233,12 +233,14 @@ def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tup
     return n, token
 
 
-def _check_tree(tree, assistant_model) -> None:
-    """`tree` is a bool, and True only with an assistant (before any model call)."""
+def _check_tree(tree, model, assistant_model) -> None:
+    """`tree` is a bool, and True only with an assistant and a target whose attention takes a tree mask."""
     if not isinstance(tree, bool):
         raise TypeError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
     if tree and assistant_model is None:
         raise ValueError("tree=True needs an assistant_model: the branch is the assistant's runner-up")
+    if tree:
+        check_tree_attention(model)
 
 
 def _judged(forced: tuple[bool, ...], n: int) -> tuple[int, int]:

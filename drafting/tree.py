@@ -25,6 +25,7 @@ from drafting.combined import CombinedSource
 from drafting.sampling import NEG_INF, sample
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
+TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D additive mask
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,13 @@ def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: 
     mask = source.target_masks(mask)
     forced_next = coalesce and bool(cursor.forced())  # coalescence appends those, not the target's choice
     return Branch(at, alt, mask, not ends and not forced_next and not cursor.finished())
+
+
+def check_tree_attention(model) -> None:
+    """Raise ValueError unless `model`'s attention applies a custom 4D mask (flash kernels would ignore it)."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    if attention not in TREE_ATTENTION:
+        raise ValueError(f"tree=True needs attn_implementation in {TREE_ATTENTION}, the target has {attention!r}")
 
 
 def tree_attention(past: int, length: int, hidden: range, dtype: torch.dtype, device) -> torch.Tensor:

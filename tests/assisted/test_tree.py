@@ -20,7 +20,7 @@ from tests.assisted.test_acceptance import compare, sampling_noise_tv
 from tests.assisted.test_generate import CONSTRAINTS, V
 from tests.assisted.test_generate_sampling import reference_two_tokens
 from tests.helpers_clock import pin_clock
-from tests.helpers_models import boost, smollm2_tokenizer, tiny_llama, tiny_tokenizer
+from tests.helpers_models import boost, smollm2_tokenizer, tiny_gpt2, tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
@@ -28,9 +28,10 @@ pytestmark = [pytest.mark.usefixtures("one_thread")]
 # ----------------------------------------------------------------------------- the tree forward and the cache
 
 
-@pytest.fixture(scope="module")
-def small():
-    return tiny_llama(16, seed=0, layers=2, init=0.5)
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def small(request):
+    build = tiny_llama if request.param == "llama" else tiny_gpt2
+    return build(16, seed=0, layers=2, init=0.5)
 
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:
@@ -190,6 +191,10 @@ def test_tree_is_validated_before_any_model_call():
         generate(None, tokenizer=None, prompt="x", tree="yes")
     with pytest.raises(ValueError, match="needs an assistant_model"):
         generate(None, tokenizer=None, prompt="x", tree=True)
+    flash = tiny_llama(16, seed=0)
+    flash.config._attn_implementation = "flash_attention_2"  # would ignore the tree's mask
+    with pytest.raises(ValueError, match="needs attn_implementation"):
+        generate(flash, flash, tokenizer=None, prompt="x", tree=True)
 
 
 SAMPLED = {
