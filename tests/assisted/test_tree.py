@@ -163,7 +163,7 @@ def test_the_same_test_rejects_a_naive_second_candidate_rule():
 @pytest.fixture(scope="module")
 def pairs():
     target = tiny_llama(V, seed=0)
-    nudged = boost(tiny_llama(V, seed=0), 42, 0.05)  # the target plus a bias: its runner-up is often the target's pick
+    nudged = boost(tiny_llama(V, seed=0), 42, 0.5)  # where the bias makes 42 win, the runner-up is the target's pick
     return {"nudged": (target, nudged), "other": (target, tiny_llama(V, seed=1, layers=2))}
 
 
