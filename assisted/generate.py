@@ -18,12 +18,14 @@ from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_
 from assisted.policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
+from assisted.tree_accept import verify_tree
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource
 from drafting.cache import crop_to, forward, new_cache, output_device
 from drafting.combined import CombinedSource
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
+from drafting.tree import check_tree_attention, grow_branch
 
 
 def generate(
@@ -48,6 +50,7 @@ def generate(
     prompt_lookup: bool | None = None,
     prefix_cache: PrefixCache | None = None,
     guide_options: dict | None = None,
+    tree: bool = False,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
@@ -108,6 +111,11 @@ def generate(
         objects in schema order; "spec": any order, open objects, as validators read them), ``whitespace``,
         ``additional_properties``, ``property_order``, ``max_recursion_depth``, ``budget`` (`fsm.Budget`; the only
         option of a regex guide).
+    tree : bool
+        Draft a tree: where the assistant is unsure (its first token with confidence below
+        `drafting.tree.BRANCH_BELOW`), also its runner-up there (greedy: second choice; sampling: a second draw
+        without replacement), verified in the same target forward. Lossless like a chain (multi-candidate
+        rejection when sampling). Needs `assistant_model`.
 
     Returns
     -------
@@ -123,6 +131,7 @@ def generate(
     """
     opts = check_options(max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens,
                          schedule, coalesce, prompt_lookup)
+    _check_tree(tree, model, assistant_model)
     vocab_size = check_models(model, assistant_model, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = fit_positions(opts, len(ids), model, assistant_model)
@@ -139,7 +148,7 @@ def generate(
                          recall_calibration(model, assistant_model, opts.warp))
     with torch.inference_mode():
         cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids)
-        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached)
+        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, tree)
         if prefix_cache is not None:
             prefix_cache.put(model, assistant_model, ids + new, cache, assistant and assistant.cache)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp)
@@ -163,7 +172,7 @@ def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, draf
 
 
 def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
-            rec: Recorder, cache, cached: int):
+            rec: Recorder, cache, cached: int, tree: bool = False):
     """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
     seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
@@ -174,21 +183,27 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         k, spent = policy.k, (rec.target_seconds, source.calls, source.seconds)
         draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, policy.lookup_k)
         # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
-        ids = seq[cached:] + list(draft.tokens)
+        ids, took = seq[cached:] + list(draft.tokens), False
+        branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # a side leaf, or None
         if opts.coalesce and all(draft.forced) and draft.finished:
-            n, token, ids = len(draft.tokens), None, []  # only coalesced tokens up to the end: nothing to decide
+            n, after, ids = len(draft.tokens), [], []  # only coalesced tokens up to the end: nothing to decide
+        elif branch is not None:
+            ids.append(branch.token)
+            n, took, after = verify_tree(model, cache, len(seq), ids, draft, branch, opts, generator, rec)
         else:
             n, token = _verify(model, cache, ids, draft, opts, generator, rec)
-        # 3. commit the accepted prefix and the target's token; crop both caches to what was committed
+            after = [token]
+        # 3. commit the accepted prefix, the taken leaf and the target's token; crop both caches to what was committed
         valid = len(seq) + n
-        stop = _commit(seq, cursor, [*draft.tokens[:n], *([] if token is None else [token])], end)
-        cached = min(valid, len(seq) - 1)
+        stop = _commit(seq, cursor, [*draft.tokens[:n], *after], end)
+        cached = min(valid + took, len(seq) - 1)
         crop_to(cache, cached)
         source.rollback(valid)
         # 4. adapt k on the judged model drafts and the step's timings, and record the step
         cost = StepCost(len(ids), rec.target_seconds - spent[0], source.calls - spent[1], source.seconds - spent[2])
         policy.update(*_judged(draft.forced, n), cost, draft.model_confidence)
         rec.step(k, draft.sources, n, opts.coalesce)
+        rec.branch(branch is not None, took)
         if stop is not None:
             return seq[len(prompt) :], stop
 
@@ -219,6 +234,16 @@ def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tup
         out = greedy_accept(masked(logits, masks), tokens, auto)
     n, token = out.tolist()
     return n, token
+
+
+def _check_tree(tree, model, assistant_model) -> None:
+    """`tree` is a bool, and True only with an assistant and a target whose attention takes a tree mask."""
+    if not isinstance(tree, bool):
+        raise TypeError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
+    if tree and assistant_model is None:
+        raise ValueError("tree=True needs an assistant_model: the branch is the assistant's runner-up")
+    if tree:
+        check_tree_attention(model)
 
 
 def _judged(forced: tuple[bool, ...], n: int) -> tuple[int, int]:

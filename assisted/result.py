@@ -55,6 +55,8 @@ class Stats:
     steps: tuple[StepRecord, ...]
     estimates: Estimates | None = None  # schedule="auto": final cost model and acceptance estimate
     prefill_tokens: int = 0  # prompt tokens the target ran (the rest came from a prefix cache)
+    branches: int = 0  # generate(tree=True): steps whose draft had a side leaf
+    leaves_taken: int = 0  # of those, steps that committed the leaf
 
     @property
     def acceptance_rate(self) -> float:
@@ -102,6 +104,7 @@ class Recorder:
         self.drafted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.appended, self.steps = 0, []
+        self.branches, self.leaves_taken = 0, 0
 
     def step(self, k: int, sources: tuple[str, ...], n: int, coalesce: bool) -> None:
         """Book a step whose draft came from `sources` and whose first `n` tokens were accepted."""
@@ -113,6 +116,10 @@ class Recorder:
         appended = sum(1 for i, c in enumerate(coalesced) if c and i < n)
         self.appended += appended
         self.steps.append(StepRecord(k, len(verified), sum(ok for _, ok in verified), appended))
+
+    def branch(self, grown: bool, taken: bool) -> None:
+        """Book whether the step's draft had a side leaf, and whether the leaf was committed."""
+        self.branches, self.leaves_taken = self.branches + grown, self.leaves_taken + taken
 
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
                estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
@@ -131,4 +138,6 @@ class Recorder:
             steps=tuple(self.steps),
             estimates=estimates,
             prefill_tokens=prefill_tokens,
+            branches=self.branches,
+            leaves_taken=self.leaves_taken,
         )

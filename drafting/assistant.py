@@ -39,6 +39,7 @@ class AssistantDrafter:
         self.cached = len(seq)
         mask = self.masks(mask)
         logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
+        self.last_logits = logits  # what a draft tree's runner-up is chosen from
         confidence = torch.exp(logits.max() - torch.logsumexp(logits, dim=-1))  # (1,)
         q = probs(logits, None, self.warp) if self.warp.do_sample else None  # (1, V), already masked
         token = sample(q, self.generator) if q is not None else logits.argmax(-1)  # (1,)

@@ -48,6 +48,7 @@ class CombinedSource:
         """
         lookup_k = k if lookup_k is None else lookup_k
         tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
+        self.logits = []  # the assistant's masked logits (1, V) per assistant token, for a draft tree
         run, copied, finished = ForcedTokens(), [], cursor.finished()
         closed = False  # a cut kept every model draft: only the forced run that follows is still appended
         drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
@@ -59,6 +60,7 @@ class CombinedSource:
             if token is None and assisting:
                 token, q, c = self.assistant.next(seq + tokens, masks[-1])
                 rows.append(q)
+                self.logits.append(self.assistant.last_logits)
                 source = "assistant"
             if token is None:
                 break

@@ -1,0 +1,126 @@
+"""Draft trees: the chain draft plus one side branch where the assistant is unsure.
+
+The tree is the usual chain of k draft tokens plus one leaf, `Branch.token`, a sibling of chain token
+`at`: the assistant's runner-up there (greedy: its second choice; sampling: a second draw from the same q
+row without replacement). The target verifies the chain and the leaf in one forward: the leaf sees the
+committed tokens and chain[:at] (an additive 4D attention mask) and sits at the position of chain token
+`at` (explicit `position_ids`). After acceptance, a taken leaf's key/value entries are moved to the
+position it was committed at, and the cache is cropped as after a chain step.
+
+Where to branch must not depend on the token drawn there (or the accepted tokens would lean towards likely
+ones): the branch goes at the first assistant token whose confidence (a function of the distribution only,
+which depends on chain[:at] only) is below `threshold`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from drafting.base import Cursor, Draft
+from drafting.cache import cache_argument, input_device
+from drafting.combined import CombinedSource
+from drafting.sampling import NEG_INF, sample
+
+BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
+TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D additive mask
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One extra leaf of the draft tree: an alternative to chain token `at`."""
+
+    at: int  # chain index of the sibling token (an assistant token)
+    token: int  # the alternative token
+    mask_after: torch.Tensor | None  # (V,) bool on the target's device: the guide state after chain[:at] + token
+    bonus: bool  # whether the target's token after the leaf may be committed (not after EOS or a forced run)
+
+
+def branch_position(draft: Draft, threshold: float) -> int | None:
+    """The first assistant token whose confidence is below `threshold` (None: no branch)."""
+    return next((i for i, (s, c) in enumerate(zip(draft.sources, draft.confidence))
+                 if s == "assistant" and c < threshold), None)
+
+
+def runner_up(logits: torch.Tensor, q: torch.Tensor | None, token: int, generator) -> int | None:
+    """The alternative to `token`: the second draw from `q` without replacement when sampling, else the second
+    largest of the masked `logits` (1, V); None when `token` was the only possible one."""
+    weights = (q if q is not None else logits.float()).clone()  # (1, V)
+    weights[0, token] = 0.0 if q is not None else NEG_INF
+    if q is not None:
+        possible = weights.sum() > 0
+        choice = sample(torch.where(possible, weights, q), generator)  # (1,): a draw either way, one sync below
+    else:
+        possible, choice = weights.max() > NEG_INF, weights.argmax(-1)
+    alt, ok = torch.cat([choice.double(), possible.double()[None]]).tolist()
+    return int(alt) if ok else None
+
+
+def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: bool,
+                threshold: float = BRANCH_BELOW) -> Branch | None:
+    """The branch for `source`'s last draft `draft` from the committed guide state `cursor` (not advanced), or None.
+
+    The runner-up comes from the assistant's masked logits, or its q row and generator when sampling.
+    """
+    at = branch_position(draft, threshold)
+    if at is None:
+        return None
+    row = draft.sources[:at].count("assistant")
+    q = None if draft.q is None else draft.q[at : at + 1]  # (1, V)
+    alt = runner_up(source.logits[row], q, draft.tokens[at], source.assistant.generator)
+    if alt is None:
+        return None
+    cursor = cursor.copy()
+    for token in draft.tokens[:at]:
+        cursor.advance(token)
+    ends = alt in cursor.eos
+    if not ends:
+        cursor.advance(alt)
+    mask = None if draft.masks is None else draft.masks[at] if ends else cursor.mask()
+    mask = source.target_masks(mask)
+    forced_next = coalesce and bool(cursor.forced())  # coalescence appends those, not the target's choice
+    return Branch(at, alt, mask, not ends and not forced_next and not cursor.finished())
+
+
+def check_tree_attention(model) -> None:
+    """Raise ValueError unless `model`'s attention applies a custom 4D mask (flash kernels would ignore it)."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    if attention not in TREE_ATTENTION:
+        raise ValueError(f"tree=True needs attn_implementation in {TREE_ATTENTION}, the target has {attention!r}")
+
+
+def tree_attention(past: int, length: int, hidden: range, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive mask (1, 1, length, past + length): causal, except that the last query (the leaf) does not
+    see the query positions in `hidden` (the chain from its sibling on)."""
+    low = torch.finfo(dtype).min
+    mask = torch.full((length, past + length), low, dtype=dtype, device=device).triu(past + 1)
+    mask[-1, past + hidden.start : past + hidden.stop] = low
+    return mask[None, None]
+
+
+def tree_forward(model, cache: DynamicCache, seq_len: int, ids: list[int], branch: Branch) -> torch.Tensor:
+    """One target forward over `ids` = [uncached committed tokens, *chain, leaf] with the leaf at its depth.
+
+    Returns the logits of the chain's k+1 rows and the leaf's row, (k+2, V).
+    """
+    device, past = input_device(model), cache.get_seq_length()
+    chain_start = seq_len - past  # query index of chain[0]
+    k = len(ids) - chain_start - 1
+    dtype = model.get_input_embeddings().weight.dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    mask = tree_attention(past, len(ids), range(chain_start + branch.at, chain_start + k), dtype, device)
+    positions = torch.arange(past, past + len(ids), device=device)
+    positions[-1] = seq_len + branch.at
+    x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, m)
+    out = model(input_ids=x, attention_mask=mask, position_ids=positions[None], use_cache=True, logits_to_keep=k + 2,
+                **{cache_argument(type(model)): cache})
+    return out.logits[0, -(k + 2):]
+
+
+def move_leaf(cache: DynamicCache, source: int, target: int) -> None:
+    """Copy the cached keys and values at position `source` to `target`, in every layer (crop afterwards)."""
+    for layer in cache.layers:
+        layer.keys[..., target, :] = layer.keys[..., source, :]
+        layer.values[..., target, :] = layer.values[..., source, :]
