@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
 from experiments import shards  # noqa: E402
+from experiments.intervals import grouped, table  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.speedup import _chat_ids  # noqa: E402
@@ -87,9 +88,8 @@ def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
 def report(rows: list[dict]) -> list[str]:
     """Markdown: each arm paired with the defaults, over all units, per class and per temperature."""
     from experiments.speedup import units
-    from experiments.stats import grouped, table
     arms = [a for a in ARMS if a != BASE and any(r["system"] == a for r in rows)]
-    return table(*grouped(units(rows), BASE, order=arms))
+    return table(*grouped(units(rows), arms, BASE))
 
 
 def main(argv: list[str] | None = None) -> int:

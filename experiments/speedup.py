@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from assisted import generate  # noqa: E402
 from experiments import shards  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
-from experiments.intervals import paired_ratio  # noqa: E402
+from experiments.intervals import grouped, paired_ratio, table  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.tasks import assistant_label, count_forwards, load_pair, write_rows  # noqa: E402
 
@@ -315,9 +315,8 @@ def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -
 
 def _pooled_table(rows: list[dict], system: str) -> list[str]:
     """Markdown: `system` paired with each other system, pooled per class, per temperature and overall."""
-    from experiments.stats import grouped, table
     return [f"Pooled: {system} paired with each system over all units, the units of a class (all temperatures) "
-            "and of a temperature (all classes).", "", *table(*grouped(units(rows), system))]
+            "and of a temperature (all classes).", "", *table(*grouped(units(rows), SYSTEMS, system))]
 
 
 def units(rows: list[dict]) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.intervals import paired_ratio
+from experiments.intervals import grouped, table
 
 
 def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], list[tuple[str, int, dict]]]:
@@ -25,37 +25,11 @@ def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], l
     (others, groups) : the other systems, and per group ("all", each class, "T = t" per temperature) its name,
     its number of units and {other: (ratio, low, high)} from `paired_ratio`.
     """
-    from experiments.speedup import read_rows, units as units_of
+    from experiments.speedup import SYSTEMS, read_rows, units as units_of
 
     units = {(folder.name, *key): unit for folder in folders  # (run, class, T, prompt, repeat) -> {system: s/token}
              for key, unit in units_of(read_rows(folder / "results.csv")).items()}
-    return grouped(units, system)
-
-
-def grouped(units: dict, system: str = "ours-auto", order=None) -> tuple[list[str], list[tuple[str, int, dict]]]:
-    """`pooled` over units keyed (..., class, T, prompt, repeat) -> {system: seconds per token}; the other
-    systems are those of `order` (default: the speedup experiment's systems) that every unit holds."""
-    from experiments.speedup import SYSTEMS
-
-    held = set.intersection(*(set(u) for u in units.values())) if units else set()
-    others = [s for s in (order or SYSTEMS) if s != system and s in held]
-    classes, temperatures = sorted({k[-4] for k in units}), sorted({k[-3] for k in units})
-    members = [("all", lambda k: True), *((c, lambda k, c=c: k[-4] == c) for c in classes),
-               *((f"T = {t}", lambda k, t=t: k[-3] == t) for t in temperatures)]
-    groups = []
-    for name, member in members:
-        chosen = [u for k, u in units.items() if member(k)]
-        groups.append((name, len(chosen), {s: paired_ratio([(u[s], u[system]) for u in chosen]) for s in others}))
-    return others, groups
-
-
-def table(others: list[str], groups: list[tuple[str, int, dict]]) -> list[str]:
-    """Markdown of `pooled`'s (others, groups): one row per group, one column per other system."""
-    lines = ["| units | n | " + " | ".join(others) + " |", "|---" * (len(others) + 2) + "|"]
-    for name, n, ratios in groups:
-        cells = ("{:.2f} [{:.2f}, {:.2f}]".format(*ratios[s]) for s in others)
-        lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
-    return lines
+    return grouped(units, SYSTEMS, system)
 
 
 def plot_pooled(others: list[str], groups: list[tuple[str, int, dict]], out: Path, title: str,
