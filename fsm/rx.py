@@ -33,7 +33,7 @@ class Rx:
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
-                 "__weakref__")
+                 "_witness", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
@@ -41,6 +41,7 @@ class Rx:
         self._derivatives: dict[int, Rx] = {}  # block index -> derivative
         self._empty = None if not plain else kind == "nothing"
         self._expansion = None  # anyorder: its first item chosen (see `any_order_list`)
+        self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
 
     def __repr__(self) -> str:
         return f"Rx#{self.id}({self.kind})"
@@ -378,6 +379,8 @@ def _structurally_empty(term: Rx, limit: int) -> bool:
         if any(is_empty(t, limit) for t in required) or (len(required) > 1 and is_empty(sep, limit)):
             return True
         return not required and all(is_empty(t, limit) for t in (*optional, extra))
+    if witness(term) is not None:  # proved non-empty without a search
+        return False
     return _search_empty(term, limit)
 
 
@@ -402,6 +405,64 @@ def _search_empty(term: Rx, limit: int) -> bool:
             raise ValueError(f"deciding emptiness took more than {limit} states")
         path.append((d, _by_priority(d.classes)))
     return True
+
+
+_NO_WITNESS = b"<none>"  # marks a term whose witness `witness` cannot find by structure
+
+
+def witness(term: Rx) -> bytes | None:
+    """A short string of `term` found by structure, checked by `matches`; None where that would need a
+    search (a complement, an intersection whose parts' witnesses all fail). Memoized on the term.
+
+    Intersections of objects with complements (`not`, `oneOf`, `if`) are mostly non-empty with the
+    shortest object of their positive part as proof: one check instead of a search of their derivatives.
+    """
+    found = term._witness
+    if found is None:
+        found = term._witness = _find_witness(term)
+    return None if found is _NO_WITNESS else found
+
+
+def _find_witness(term: Rx) -> bytes:
+    if term.nullable:
+        return b""
+    kind, args = term.kind, term.args
+    if kind == "bytes":
+        return bytes([_preferred_byte(args[0])])
+    if kind == "seq":
+        parts = []
+        while term.kind == "seq":
+            parts.append(witness(term.args[0]))
+            term = term.args[1]
+        parts.append(witness(term))
+        return _NO_WITNESS if any(p is None for p in parts) else b"".join(parts)
+    if kind == "alt":
+        return _shortest(witness(t) for t in args)
+    if kind == "repeat":
+        child = witness(args[0])
+        return _NO_WITNESS if child is None else child * args[1]
+    if kind == "anyorder":
+        sep, extra, required, optional = _any_order_parts(term)
+        if not required:
+            return _shortest(witness(t) for t in (*optional, extra))
+        parts = [witness(t) for t in (sep, *required)]
+        return _NO_WITNESS if any(p is None for p in parts) else parts[0].join(parts[1:])
+    if kind == "and":
+        for part in args:
+            found = witness(part)
+            if found is not None and all(matches(other, found) for other in args if other is not part):
+                return found
+    return _NO_WITNESS  # nothing, not, and without a witness
+
+
+def _shortest(candidates) -> bytes:
+    return min((c for c in candidates if c is not None), key=len, default=_NO_WITNESS)
+
+
+def _preferred_byte(mask: int) -> int:
+    """A byte of `mask`: printable ASCII first (as `_by_priority`)."""
+    printable = ((1 << 0x7F) - 1) ^ ((1 << 0x20) - 1)
+    return lowest_byte(mask & printable) if mask & printable else lowest_byte(mask)
 
 
 def _by_priority(classes: tuple[int, ...]):
