@@ -139,10 +139,11 @@ def test_states_no_token_sequence_can_finish_are_not_entered(smol_tokenizer):
     assert b in guide.allowed() and a not in guide.allowed()
 
 
-@pytest.mark.parametrize("text", ['{"names":["Jo', '{"na', '{"names":["a","b"]'])
-def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatch, text):
-    """Tokens made of bytes a state loops on end in that state unwalked: same (ids, end states) as a
-    full walk, with fewer token-bytes stepped through the DFA (work counted, not timed)."""
+@pytest.mark.parametrize("text, free", [('{"names":["Jo', True), ('{"na', True), ('{"names":["a","b"]', False)])
+def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatch, text, free):
+    """Tokens whose first byte leads to a state that loops on their other bytes (a string, an undeclared
+    key) end there unwalked: same (ids, end states) as a full walk, with far fewer token-bytes stepped
+    through the DFA (work counted, not timed)."""
     from fsm import index as ix
     from fsm.lazy_dfa import LazyDFA
 
@@ -161,5 +162,4 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
 
     (shortcut, work), (full, full_work) = walk(32), walk(257)
     assert shortcut == full
-    looping = (guide.index.dfa.row(state) == state).sum() >= 32
-    assert (work < full_work / 2) if looping else (work == full_work)
+    assert (work < full_work / 2) if free else (work == full_work)
