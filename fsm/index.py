@@ -176,7 +176,7 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     positions = np.flatnonzero(alive)  # rows of layout.order still alive, ascending
     states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
     for j, column in enumerate(layout.columns[1:], start=1):
-        ended = int(np.searchsorted(positions, layout.counts[j]))  # shorter tokens have ended
+        ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
         done_pos.append(positions[ended:])
         done_states.append(states[ended:])
         positions, states = positions[:ended], states[:ended]
