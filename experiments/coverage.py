@@ -2,6 +2,7 @@
 
     python -m experiments.coverage --tokenizer smollm2-135m
     python -m experiments.coverage --tokenizer qwen2.5-coder-0.5b --subset Handwritten --limit 20
+    python -m experiments.coverage --policy spec --limit 4   # open objects in any order, as validators read them
 
 For each schema file: compile it to a ready guide (`fsm.Guide.from_schema`, first mask included) in
 a forked worker under a per-stage time limit; walk every test instance (compact JSON, key order
@@ -180,9 +181,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
     parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
     parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
+    parser.add_argument("--policy", choices=("compact", "spec"),
+                        help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)")
     parser.add_argument("--open-objects", action="store_true",
                         help="read an absent additionalProperties as validators do (any extra key), not closed")
-    parser.add_argument("--property-order", choices=("schema", "any"), default="schema",
+    parser.add_argument("--property-order", choices=("schema", "any"),
                         help="members in schema order (the default policy) or in any order")
     parser.add_argument("--out", type=Path, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
     parser.add_argument("--report-only", action="store_true", help="rebuild summary.md/png from --out")
@@ -190,10 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.fsm_from:
         sys.path.insert(0, str(args.fsm_from.resolve()))
-    options = {"additional_properties": True} if args.open_objects else {}
-    if args.property_order != "schema":
+    options = {"policy": args.policy} if args.policy else {}
+    if args.open_objects:
+        options["additional_properties"] = True
+    if args.property_order:
         options["property_order"] = args.property_order
-    policy = ("-open-objects" if args.open_objects else "") + ("-any-order" if args.property_order == "any" else "")
+    policy = (f"-{args.policy}" if args.policy else "") + ("-open-objects" if args.open_objects else "")
+    policy += f"-{args.property_order}-order" if args.property_order else ""
     out = args.out or REPO / "experiments" / "results" / "coverage" / (Path(str(args.tokenizer)).name + policy)
     out.mkdir(parents=True, exist_ok=True)
     from experiments import coverage_report
@@ -219,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         (out / name).unlink()
     setup = {"tokenizer": str(args.tokenizer), "vocab_size": len(tokenizer), "timeout_s": args.timeout,
              "workers": args.workers, "data": str(args.data), "files": len(files),
-             "filters": {"subset": args.subset, "limit": args.limit}, "options": options, "fsm": provenance}
+             "filters": {"subset": args.subset, "limit": args.limit}, "options": options, "fsm": provenance,
+             "command": " ".join(["python -m experiments.coverage", *(sys.argv[1:] if argv is None else argv)])}
     summary = coverage_report.write_report(out, totals, setup)
     print(coverage_report.headline(summary))
 

@@ -132,7 +132,7 @@ def write_report(out: Path, totals: dict, setup: dict) -> dict:
     plot(summary, totals["rows"], out / "coverage.png")
     env = summary["environment"]
     (out / "README.md").write_text(
-        f"Coverage run of {env['date']}: `python -m experiments.coverage --tokenizer {setup['tokenizer']}` on "
+        f"Coverage run of {env['date']}: `{setup.get('command') or 'python -m experiments.coverage --tokenizer ' + setup['tokenizer']}` on "
         f"{setup['files']} MaskBench files, {env['cores']}-core {env['cpu']} CPU, {setup['workers']} workers, "
         f"timeout {setup['timeout_s']:g} s, compile options {setup.get('options') or 'default (closed objects, schema order)'}; Python {env['python']}, torch {env['torch']}, transformers "
         f"{env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: summary.md (tables), coverage.png, "

@@ -25,6 +25,8 @@ from fsm.vocabulary import Vocabulary
 FINISHED = -2  # the state after EOS
 MAX_CACHED_STATES = 4096  # per index
 MAX_CACHED_BYTES = 256 << 20  # per index: a state allowing all of a 49k vocabulary holds ~0.8 MiB
+MIN_LOOP_BYTES = 32  # a state looping on this many bytes ends the tokens made of them without a walk
+MAX_LOOP_TARGETS = 8  # looping states tested per first visit (each costs a pass over the vocabulary)
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -157,14 +159,24 @@ def _size(entry) -> int:
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
-    """Walk every token from `state`; return the (ids, end states) of those that survive."""
+    """Walk every token from `state`; return the (ids, end states) of those that survive.
+
+    A token whose first byte leads to a state that loops on each of its other bytes (the characters
+    of a free string or undeclared key) survives and ends there without a walk: a cached set test.
+    """
     layout = vocabulary.walk_layout
-    first = dfa.row(state)[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
-    positions = np.flatnonzero(first != DEAD)  # rows of layout.order still alive, ascending
-    states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
+    row = dfa.row(state)
+    first = row[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
+    alive = first != DEAD
     done_pos, done_states = [], []
+    for target, stay in _staying(dfa, layout, row, first):
+        alive &= ~stay
+        done_pos.append(np.flatnonzero(stay))
+        done_states.append(np.full(len(done_pos[-1]), target, dtype=np.int32))
+    positions = np.flatnonzero(alive)  # rows of layout.order still alive, ascending
+    states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
     for j, column in enumerate(layout.columns[1:], start=1):
-        ended = int(np.searchsorted(positions, layout.counts[j]))  # shorter tokens have ended
+        ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
         done_pos.append(positions[ended:])
         done_states.append(states[ended:])
         positions, states = positions[:ended], states[:ended]
@@ -177,6 +189,23 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     done_states.append(states)
     ids = layout.order[np.concatenate(done_pos)].astype(np.int64)
     return ids, np.concatenate(done_states).astype(np.int64)
+
+
+def _staying(dfa: LazyDFA, layout, row: np.ndarray, first: np.ndarray):
+    """(target, (n_tokens,) bool over layout.order) for each state the first byte leads to that loops on
+    at least MIN_LOOP_BYTES bytes (free text: a string, an undeclared key): the tokens whose first
+    byte leads there and whose other bytes all loop on it, which end there."""
+    targets = np.unique(row[row != DEAD]).tolist()  # (<= 256,) the states one byte leads to
+    looping = 0
+    for target in targets:
+        loops = dfa.row(target) == target
+        if int(loops.sum()) < MIN_LOOP_BYTES:
+            continue
+        mask = int.from_bytes(np.packbits(loops, bitorder="little").tobytes(), "little")
+        yield target, (first == target) & layout.tails_within(mask)
+        looping += 1
+        if looping == MAX_LOOP_TARGETS:
+            return
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

@@ -25,19 +25,23 @@ _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class Rx:
-    """One interned term. kind is nothing | epsilon | bytes | seq | alt | and | not | repeat.
+    """One interned term. kind is nothing | epsilon | bytes | seq | alt | and | not | repeat | anyorder.
 
     args: bytes -> (mask,) a 256-bit int; seq -> (head, tail); alt/and -> children sorted by id;
-    not -> (child,); repeat -> (child, low, high or None).
+    not -> (child,); repeat -> (child, low, high or None);
+    anyorder -> (sep, extra, *required, *optional, n_required), each group sorted by id.
     """
 
-    __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "__weakref__")
+    __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
+                 "_witness", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
         self._classes = None  # tuple of byte masks, a partition of all 256 bytes
         self._derivatives: dict[int, Rx] = {}  # block index -> derivative
         self._empty = None if not plain else kind == "nothing"
+        self._expansion = None  # anyorder: its first item chosen (see `any_order_list`)
+        self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
 
     def __repr__(self) -> str:
         return f"Rx#{self.id}({self.kind})"
@@ -46,6 +50,8 @@ class Rx:
     def children(self) -> tuple:
         if self.kind in ("seq", "alt", "and", "not"):
             return self.args
+        if self.kind == "anyorder":
+            return self.args[:-1]
         return self.args[:1] if self.kind == "repeat" else ()
 
     @property
@@ -172,6 +178,60 @@ def optional(term: Rx) -> Rx:
 ANYTHING = _term("not", (NOTHING,), True, False)  # every byte string; the identity of `inter`
 
 
+def any_order_list(required, optional, extra: Rx, sep: Rx) -> Rx:
+    """Non-empty `sep`-separated lists with each of `required` exactly once, each of `optional` at
+    most once and any number of `extra`, in any order (the members of a JSON object in any order).
+
+    A term of its own, expanded one item at a time when derived (`_expansion`): a DFA state is the
+    position inside the current item followed by the list of the items still allowed, built only
+    where a walk goes. Unlike an intersection of one term per item, it stays plain (no emptiness
+    search) when its items are.
+
+    Raises
+    ------
+    ValueError
+        When an item matches the empty string (lists would parse more than one way).
+    """
+    if any(t is NOTHING for t in required):
+        return NOTHING
+    required = tuple(sorted(required, key=lambda t: t.id))
+    optional = tuple(sorted((t for t in optional if t is not NOTHING), key=lambda t: t.id))
+    if any(t.nullable for t in (*required, *optional, extra)):
+        raise ValueError("the items of an any-order list must not match the empty string")
+    if sep is NOTHING:  # lists of one item
+        return required[0] if len(required) == 1 else NOTHING if required else alt(*optional, extra)
+    if not required and not optional:
+        return seq(extra, star(seq(sep, extra)))
+    items = (*required, *optional, extra)
+    plain = sep.plain and all(t.plain for t in items)
+    return _term("anyorder", (sep, extra, *required, *optional, len(required)), False, plain)
+
+
+def _any_order_parts(term: Rx) -> tuple[Rx, Rx, tuple, tuple]:
+    """(sep, extra, required, optional) of an anyorder term."""
+    n_required = term.args[-1]
+    items = term.args[2:-1]
+    return term.args[0], term.args[1], items[:n_required], items[n_required:]
+
+
+def _expansion(term: Rx) -> Rx:
+    """An anyorder term as a union over its first item, each followed by the rest (memoized)."""
+    if term._expansion is None:
+        sep, extra, required, optional = _any_order_parts(term)
+        rest = lambda r, o: _rest(r, o, extra, sep)  # noqa: E731
+        options = [seq(extra, rest(required, optional))]
+        options += [seq(t, rest(required[:i] + required[i + 1:], optional)) for i, t in enumerate(required)]
+        options += [seq(t, rest(required, optional[:i] + optional[i + 1:])) for i, t in enumerate(optional)]
+        term._expansion = alt(*options)
+    return term._expansion
+
+
+def _rest(required: tuple, optional: tuple, extra: Rx, sep: Rx) -> Rx:
+    """What may follow an item of an any-order list: more items after `sep`, or the end once no item is required."""
+    more = seq(sep, any_order_list(required, optional, extra, sep))
+    return more if required else alt(more, EPSILON)
+
+
 def _flatten(terms, kind: str) -> list[Rx]:
     out = []
     for t in terms:
@@ -237,6 +297,8 @@ def _derive(term: Rx, byte: int) -> Rx:
     if kind == "repeat":
         child, low, high = args
         return _seq2(derivative(child, byte), repeat(child, max(low - 1, 0), None if high is None else high - 1))
+    if kind == "anyorder":
+        return derivative(_expansion(term), byte)
     return NOTHING  # nothing, epsilon
 
 
@@ -255,6 +317,8 @@ def _classes(term: Rx) -> tuple[int, ...]:
         return out
     if kind in ("not", "repeat"):
         return term.args[0].classes
+    if kind == "anyorder":
+        return _expansion(term).classes
     return (ALL_BYTES,)
 
 
@@ -310,6 +374,13 @@ def _structurally_empty(term: Rx, limit: int) -> bool:
         return all(is_empty(t, limit) for t in args)
     if kind == "repeat":
         return args[1] > 0 and is_empty(args[0], limit)
+    if kind == "anyorder":
+        sep, extra, required, optional = _any_order_parts(term)
+        if any(is_empty(t, limit) for t in required) or (len(required) > 1 and is_empty(sep, limit)):
+            return True
+        return not required and all(is_empty(t, limit) for t in (*optional, extra))
+    if witness(term) is not None:  # proved non-empty without a search
+        return False
     return _search_empty(term, limit)
 
 
@@ -334,6 +405,64 @@ def _search_empty(term: Rx, limit: int) -> bool:
             raise ValueError(f"deciding emptiness took more than {limit} states")
         path.append((d, _by_priority(d.classes)))
     return True
+
+
+_NO_WITNESS = b"<none>"  # marks a term whose witness `witness` cannot find by structure
+
+
+def witness(term: Rx) -> bytes | None:
+    """A short string of `term` found by structure, checked by `matches`; None where that would need a
+    search (a complement, an intersection whose parts' witnesses all fail). Memoized on the term.
+
+    Intersections of objects with complements (`not`, `oneOf`, `if`) are mostly non-empty with the
+    shortest object of their positive part as proof: one check instead of a search of their derivatives.
+    """
+    found = term._witness
+    if found is None:
+        found = term._witness = _find_witness(term)
+    return None if found is _NO_WITNESS else found
+
+
+def _find_witness(term: Rx) -> bytes:
+    if term.nullable:
+        return b""
+    kind, args = term.kind, term.args
+    if kind == "bytes":
+        return bytes([_preferred_byte(args[0])])
+    if kind == "seq":
+        parts = []
+        while term.kind == "seq":
+            parts.append(witness(term.args[0]))
+            term = term.args[1]
+        parts.append(witness(term))
+        return _NO_WITNESS if any(p is None for p in parts) else b"".join(parts)
+    if kind == "alt":
+        return _shortest(witness(t) for t in args)
+    if kind == "repeat":
+        child = witness(args[0])
+        return _NO_WITNESS if child is None else child * args[1]
+    if kind == "anyorder":
+        sep, extra, required, optional = _any_order_parts(term)
+        if not required:
+            return _shortest(witness(t) for t in (*optional, extra))
+        parts = [witness(t) for t in (sep, *required)]
+        return _NO_WITNESS if any(p is None for p in parts) else parts[0].join(parts[1:])
+    if kind == "and":
+        for part in args:
+            found = witness(part)
+            if found is not None and all(matches(other, found) for other in args if other is not part):
+                return found
+    return _NO_WITNESS  # nothing, not, and without a witness
+
+
+def _shortest(candidates) -> bytes:
+    return min((c for c in candidates if c is not None), key=len, default=_NO_WITNESS)
+
+
+def _preferred_byte(mask: int) -> int:
+    """A byte of `mask`: printable ASCII first (as `_by_priority`)."""
+    printable = ((1 << 0x7F) - 1) ^ ((1 << 0x20) - 1)
+    return lowest_byte(mask & printable) if mask & printable else lowest_byte(mask)
 
 
 def _by_priority(classes: tuple[int, ...]):

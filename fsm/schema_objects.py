@@ -122,24 +122,16 @@ def unordered_members(members: list[tuple[rx.Rx, str]], extra: rx.Rx, ws: rx.Rx)
     """The inside of `{...}` in any order: each member at most once (required ones exactly once),
     any number of `extra` anywhere.
 
-    An intersection of one term per member, each a comma list over the same items (every member and
-    `extra`) in which this member occurs once (or, optional, at most once). Member terms have pairwise
-    different keys (declared keys are literals, extra keys are plain and undeclared) and JSON values
-    parse one way, so the intersection is exact; its size is O(n^2) in the number of members, and a
-    DFA state is (the set of members written so far, the position inside the current one), built
-    only where a walk goes.
+    One `rx.any_order_list` term: a DFA state is (the members still allowed, the position inside
+    the current one), built only where a walk goes, with no intersection to search for emptiness.
     """
     if not members:
         return jt.listing(extra, ws)
     sep = rx.seq(ws, rx.literal(","), ws)
-    terms = [t for t, _ in members]
-    parts = []
-    for i, (term, kind) in enumerate(members):
-        others = rx.alt(*terms[:i], *terms[i + 1:], extra)
-        some_others = jt.listing(others, ws, 1)
-        once = rx.seq(rx.optional(rx.seq(some_others, sep)), term, rx.optional(rx.seq(sep, some_others)))
-        parts.append(once if kind == "required" else rx.alt(once, jt.listing(others, ws)))
-    return rx.inter(*parts)
+    required = [t for t, kind in members if kind == "required"]
+    optional = [t for t, kind in members if kind != "required"]
+    body = rx.any_order_list(required, optional, extra, sep)
+    return body if required else rx.alt(body, rx.EPSILON)
 
 
 def _count(c, schema: dict, declared: list[str], pointer: str) -> rx.Rx:

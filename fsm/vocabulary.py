@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -89,12 +89,15 @@ class WalkLayout:
     columns: columns[j] is the (counts[j],) uint8 array of byte j of the first counts[j] tokens of
              `order` (exactly those longer than j bytes).
     lengths: (vocab_size,) byte length of every id (0 = no token).
+    tail_bytes: (n_tokens, 4) uint64 over `order`: bit b set when the token holds byte b after its first.
     """
 
     order: np.ndarray
     columns: tuple[np.ndarray, ...]
     counts: np.ndarray
     lengths: np.ndarray
+    tail_bytes: np.ndarray
+    _tails_within: dict = field(default_factory=dict, repr=False)  # byte mask -> tails_within(mask)
 
     @property
     def max_length(self) -> int:
@@ -112,7 +115,32 @@ class WalkLayout:
             padded[row, : len(data)] = np.frombuffer(data, dtype=np.uint8)
         counts = np.array([(lengths[order] > j).sum() for j in range(width)], dtype=np.int64)
         columns = tuple(np.ascontiguousarray(padded[: counts[j], j]) for j in range(width))
-        return cls(order, columns, counts, lengths)
+        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)))
+
+    def tails_within(self, mask: int) -> np.ndarray:
+        """(n_tokens,) bool over `order`: tokens whose bytes after the first are all in the 256-bit `mask`
+        (cached per mask: free-string states of every schema share a few masks)."""
+        found = self._tails_within.get(mask)
+        if found is None:
+            outside = ~np.frombuffer(mask.to_bytes(32, "little"), dtype="<u8").astype(np.uint64)
+            found = np.ones(len(self.order), dtype=bool)
+            for word in range(4):
+                found &= (self.tail_bytes[:, word] & outside[word]) == 0
+            if len(self._tails_within) >= MAX_CACHED_MASKS:
+                self._tails_within.clear()
+            self._tails_within[mask] = found
+        return found
+
+
+MAX_CACHED_MASKS = 64  # byte masks whose tails_within a layout keeps (n_tokens bytes each)
+
+
+def _byte_sets(columns: tuple[np.ndarray, ...], n_tokens: int) -> np.ndarray:
+    """(n_tokens, 4) uint64: which bytes of `columns` each token (a row of them) holds."""
+    out = np.zeros((n_tokens, 4), dtype=np.uint64)
+    for column in columns:  # the rows of one column are distinct tokens: fancy `|=` is safe
+        out[np.arange(len(column)), column >> 6] |= np.left_shift(np.uint64(1), (column & 63).astype(np.uint64))
+    return out
 
 
 _CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()

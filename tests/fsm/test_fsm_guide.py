@@ -137,3 +137,29 @@ def test_states_no_token_sequence_can_finish_are_not_entered(smol_tokenizer):
     assert b in guide.allowed() and a in guide.allowed()  # "a" then "b" still finishes
     guide = fsm.Guide.from_regex("a\U00040000|bc", smol_tokenizer)
     assert b in guide.allowed() and a not in guide.allowed()
+
+
+@pytest.mark.parametrize("text, free", [('{"names":["Jo', True), ('{"na', True), ('{"names":["a","b"]', False)])
+def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatch, text, free):
+    """Tokens whose first byte leads to a state that loops on their other bytes (a string, an undeclared
+    key) end there unwalked: same (ids, end states) as a full walk, with far fewer token-bytes stepped
+    through the DFA (work counted, not timed)."""
+    from fsm import index as ix
+    from fsm.lazy_dfa import LazyDFA
+
+    schema = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}}, "required": ["names"]}
+    guide = fsm.Guide.from_schema(schema, smol_tokenizer, policy="spec")
+    state = guide.index.dfa.walk(text.encode())
+    stepped = []
+    real_step = LazyDFA.step
+    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or real_step(self, states, data))
+
+    def walk(min_loop_bytes: int) -> tuple[dict, int]:
+        stepped.clear()
+        monkeypatch.setattr(ix, "MIN_LOOP_BYTES", min_loop_bytes)
+        ids, ends = ix._walk_all_tokens(guide.index.dfa, guide.index.vocabulary, state)
+        return dict(zip(ids.tolist(), ends.tolist())), sum(stepped)
+
+    (shortcut, work), (full, full_work) = walk(32), walk(257)
+    assert shortcut == full
+    assert (work < full_work / 2) if free else (work == full_work)

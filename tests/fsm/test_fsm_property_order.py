@@ -203,3 +203,63 @@ def test_twelve_properties_compile_fast_and_walk_through_a_guide(smol_tokenizer)
         guide.advance(token)
     assert guide.is_final()
     assert guide.index.dfa.n_states < 5_000  # only the states the walk (and its tokens) visit
+
+
+# -- rx.any_order_list: the term behind property_order="any" ---------------------------------------
+
+
+def _brute_any_order(text: str, required: list[str], optional: list[str], extra: str | None) -> bool:
+    """Whether `text` is a non-empty comma list with each required item once, each optional one at most once."""
+    items = text.split(",") if text else []
+    counted = {i: items.count(i) for i in set(items)}
+    known = set(required) | set(optional) | ({extra} if extra else set())
+    return (bool(items) and set(items) <= known and all(counted.get(r, 0) == 1 for r in required)
+            and all(counted.get(o, 0) <= 1 for o in optional))
+
+
+@pytest.mark.parametrize("required, optional, extra", [
+    (["a", "b"], ["c"], "x"), (["a"], [], None), ([], ["a", "b"], None), ([], [], "x"), (["a", "b", "c"], [], None),
+])
+def test_any_order_list_is_the_language_of_its_definition(required, optional, extra):
+    term = rx.any_order_list([rx.literal(t) for t in required], [rx.literal(t) for t in optional],
+                             rx.literal(extra) if extra else rx.NOTHING, rx.literal(","))
+    letters = sorted({*required, *optional, *([extra] if extra else [])})
+    for n in range(0, 6):
+        for items in itertools.product(letters, repeat=n):
+            text = ",".join(items)
+            assert rx.matches(term, text) == _brute_any_order(text, required, optional, extra), text
+    assert rx.is_empty(term) == (not letters)
+
+
+def test_any_order_list_is_empty_only_when_a_required_item_is():
+    never = rx.inter(rx.literal("a"), rx.literal("b"))  # empty, but not by construction
+    assert rx.is_empty(rx.any_order_list([never], [rx.literal("c")], rx.NOTHING, rx.literal(",")))
+    assert not rx.is_empty(rx.any_order_list([rx.literal("c")], [never], rx.NOTHING, rx.literal(",")))
+    with pytest.raises(ValueError, match="empty string"):
+        rx.any_order_list([rx.optional(rx.literal("a"))], [], rx.NOTHING, rx.literal(","))
+
+
+def test_any_order_list_restricted_to_single_byte_tokens_keeps_its_language():
+    from fsm.liveness import restrict
+
+    items = [rx.literal("ab"), rx.literal("cd")]
+    term = rx.any_order_list(items, [rx.literal("e")], rx.NOTHING, rx.literal(","))
+    mask = sum(1 << b for b in b"abcd,")  # no "e"
+    spelled = restrict(term, mask, rx.star(rx.byte_set(mask)), {})
+    for text in ("ab,cd", "cd,ab", "ab,cd,e", "e,ab,cd", "ab", "ab,ab"):
+        assert rx.matches(spelled, text) == (rx.matches(term, text) and "e" not in text), text
+
+
+def test_spec_objects_need_no_emptiness_search_per_member(monkeypatch, fresh_fsm_caches):
+    """The any-order body is plain where its members are: walking a wide object searches for emptiness only
+    inside extra keys (undeclared names), never over the members' intersection (work counted, not timed)."""
+    searches = []
+    real = rx._search_empty
+    monkeypatch.setattr(rx, "_search_empty", lambda term, limit: searches.append(term) or real(term, limit))
+    term = fsm.compile_schema(WIDE, policy="spec")
+    dfa = fsm.regex.dfa_of(term)
+    keys = list(WIDE_INSTANCE)
+    for shift in range(len(keys)):
+        order = keys[shift:] + keys[:shift]
+        assert dfa.fullmatch(_text({k: WIDE_INSTANCE[k] for k in order}).encode())
+    assert len(searches) < 20, len(searches)  # 2 now; 2,831 as an intersection of one term per member

@@ -205,3 +205,29 @@ def test_long_sequences_concatenate_without_recursion():
     joined = rx.seq(rx.literal("x" * 5000), rx.literal("y" * 5000))
     assert rx.matches(joined, "x" * 5000 + "y" * 5000)
     assert not rx.matches(joined, "x" * 4999 + "y" * 5001)
+
+
+def test_witness_proves_an_intersection_non_empty_without_a_search(monkeypatch):
+    """`L ∩ ¬U` (how `not`, `oneOf` and `if` compile) is non-empty when the shortest string of L avoids U:
+    one membership check instead of a search of the intersection's derivatives."""
+    searches = []
+    real = rx._search_empty
+    monkeypatch.setattr(rx, "_search_empty", lambda term, limit: searches.append(term) or real(term, limit))
+    video = rx.seq(rx.literal('{"type":"video","n":'), rx.repeat(rx.byte_range(0x30, 0x39), 1), rx.literal("}"))
+    image = rx.seq(rx.ANYTHING, rx.literal('"image"'), rx.ANYTHING)
+    term = rx.inter(video, rx.complement(image))
+    assert rx.witness(term) == b'{"type":"video","n":0}'
+    assert not rx.is_empty(term) and searches == []
+
+
+@pytest.mark.parametrize("make", [
+    lambda: rx.inter(rx.star(rx.literal("ab")), rx.complement(rx.literal("ab"))),
+    lambda: rx.inter(rx.repeat(rx.literal("ab"), 1), rx.complement(rx.literal("ab"))),  # shortest fails: search
+    lambda: rx.inter(rx.literal("ab"), rx.literal("ac")),
+    lambda: rx.any_order_list([rx.literal("x"), rx.literal("yy")], [rx.literal("z")], rx.NOTHING, rx.literal(",")),
+    lambda: rx.complement(rx.star(rx.byte_set(rx.ALL_BYTES))),
+])
+def test_witness_is_a_string_of_the_term_or_none(make):
+    term = make()
+    found = rx.witness(term)
+    assert found is None or (rx.matches(term, found) and not rx.is_empty(term))
