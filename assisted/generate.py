@@ -13,6 +13,7 @@ import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.costs import StepCost, memorize, recall, recall_calibration
+from assisted.draft_vocab import check_draft_vocab, draft_head
 from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
                              prompt_ids)
 from assisted.policy import Policy, make_policy
@@ -48,6 +49,7 @@ def generate(
     prompt_lookup: bool = False,
     prefix_cache: PrefixCache | None = None,
     guide_options: dict | None = None,
+    draft_vocab: int | None = None,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
@@ -105,6 +107,11 @@ def generate(
         objects in schema order; "spec": any order, open objects, as validators read them), ``whitespace``,
         ``additional_properties``, ``property_order``, ``max_recursion_depth``, ``budget`` (`fsm.Budget`; the only
         option of a regex guide).
+    draft_vocab : int, optional
+        The assistant drafts over only this many token ids, ranked by the tokenizer's BPE merge order (a
+        frequency ranking; special tokens and the byte alphabet always kept), plus the prompt's ids: a cheaper
+        head for large vocabularies (`drafting.heads`). Where the constraint allows none of them, that position
+        uses the full head. Lossless like any draft. None (default): the full head.
 
     Returns
     -------
@@ -121,6 +128,7 @@ def generate(
     opts = check_options(max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens,
                          schedule, coalesce)
     vocab_size = check_models(model, assistant_model, tokenizer)
+    draft_vocab = check_draft_vocab(draft_vocab, assistant_model)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = fit_positions(opts, len(ids), model, assistant_model)
     cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer), guide_options)
@@ -128,7 +136,8 @@ def generate(
     assistant = None
     if assistant_model is not None:
         seed2 = None if opts.seed is None else opts.seed + 1
-        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
+        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2),
+                                     draft_head(assistant_model, tokenizer, ids, vocab_size, draft_vocab))
     lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
                             output_device(model))

@@ -8,6 +8,7 @@ import torch
 
 from drafting.base import DeviceMasks
 from drafting.cache import crop_to, forward, input_device, new_cache
+from drafting.heads import DraftHead, hidden_state
 from drafting.sampling import Warp, masked, probs, sample
 
 
@@ -18,8 +19,8 @@ class AssistantDrafter:
     produce (the target's corrections and bonus tokens, forced tokens) are fed on the next call.
     """
 
-    def __init__(self, model, warp: Warp, generator: torch.Generator | None):
-        self.model, self.warp, self.generator = model, warp, generator
+    def __init__(self, model, warp: Warp, generator: torch.Generator | None, head: DraftHead | None = None):
+        self.model, self.warp, self.generator, self.head = model, warp, generator, head  # head: None = full logits
         self.cache, self.cached = new_cache(), 0
         self.device = input_device(model)
         self.masks = DeviceMasks(self.device)
@@ -35,7 +36,7 @@ class AssistantDrafter:
         lossless (see `CombinedSource.propose`).
         """
         start = time.perf_counter()
-        logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
+        logits = self._logits(seq[self.cached :], mask)  # (1, V)
         self.cached = len(seq)
         mask = self.masks(mask)
         logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
@@ -46,6 +47,12 @@ class AssistantDrafter:
         # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
         return int(token), q, confidence
+
+    def _logits(self, ids: list[int], mask: torch.Tensor | None) -> torch.Tensor:
+        """(1, V) logits after feeding `ids`: the model's own, or the reduced head's from the body's hidden state."""
+        if self.head is None:
+            return forward(self.model, self.cache, ids, 1)
+        return self.head.logits(hidden_state(self.model, self.cache, ids), mask)
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""
