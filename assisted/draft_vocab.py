@@ -11,6 +11,8 @@ import torch
 from drafting.heads import DraftHead, reducible
 from drafting.ranking import top_ids
 
+MASK_SPARSE = True  # under a constraint, masks allowing few tokens compute only their rows (`drafting.heads`)
+
 
 def check_draft_vocab(draft_vocab, assistant_model) -> int | None:
     """`draft_vocab` validated: None (the full head) or an int >= 1 with an assistant whose head can be reduced."""
@@ -27,10 +29,12 @@ def check_draft_vocab(draft_vocab, assistant_model) -> int | None:
     return draft_vocab
 
 
-def draft_head(assistant_model, tokenizer, prompt: list[int], vocab_size: int, draft_vocab: int | None
-               ) -> DraftHead | None:
-    """The assistant's head for this call: N ranked ids plus the prompt's, or None for the full head."""
+def draft_head(assistant_model, tokenizer, prompt: list[int], vocab_size: int, draft_vocab: int | None,
+               constrained: bool) -> DraftHead | None:
+    """The assistant's head for this call: N ranked ids plus the prompt's, mask-sparse rows only (under a
+    constraint, with `MASK_SPARSE`), or None for the model's own forward."""
     if draft_vocab is None or draft_vocab >= vocab_size:
-        return None
+        sparse = MASK_SPARSE and constrained and reducible(assistant_model) is None
+        return DraftHead(assistant_model, vocab_size, None) if sparse else None
     top = top_ids(tokenizer, draft_vocab, vocab_size)  # (N,)
     return DraftHead(assistant_model, vocab_size, top, torch.tensor(prompt, dtype=torch.long))

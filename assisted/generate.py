@@ -137,7 +137,8 @@ def generate(
     if assistant_model is not None:
         seed2 = None if opts.seed is None else opts.seed + 1
         assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2),
-                                     draft_head(assistant_model, tokenizer, ids, vocab_size, draft_vocab))
+                                     draft_head(assistant_model, tokenizer, ids, vocab_size, draft_vocab,
+                                                cursor.guide is not None))
     lookup = PromptLookup(tokenizer, ids) if prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
                             output_device(model))

@@ -14,6 +14,11 @@ Two tables:
    the fraction of token positions whose token is outside the top N, alone and with every id seen earlier in
    the same document (the per-call prompt ids): where a reduced head would draft wrong (a token the target
    wants that the assistant cannot propose). Tokenizer only.
+3. with `--generate TARGET`: end to end, greedy `assisted.generate` (heuristic schedule, packed target, int8
+   assistant) over the structured tasks (`experiments.tasks.STRUCTURED_TASKS`, schema-constrained) and the
+   first code prompts of speedup.json (unconstrained), per system interleaved within every repeat: "full"
+   (the model's own forward), "mask-sparse" (the default under a constraint), "top-Nk" (`draft_vocab=N`).
+   Outputs must be token-identical; seconds per token, median, and full / system paired over (task, repeat).
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=4, help="drafting steps timed per repeat and head (mean)")
     p.add_argument("--float32", action="store_true", help="also time the float32 model")
     p.add_argument("--skip-cost", action="store_true")
+    p.add_argument("--generate", default=None, metavar="TARGET", help="also run generate end to end with this target")
+    p.add_argument("--draft-vocabs", type=int, nargs="+", default=[32768], help="draft_vocab values for --generate")
+    p.add_argument("--code-prompts", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--generate-repeats", type=int, default=2)
     p.add_argument("--out", default=None, help="folder for timings.csv, coverage.csv and results.md")
     return p.parse_args(argv)
 
@@ -140,6 +150,83 @@ def measure_coverage(tokenizer, vocab_size: int, ns: list[int]) -> tuple[list[di
     return rows, lines
 
 
+def generate_systems(draft_vocabs: list[int]) -> dict[str, tuple[int | None, bool]]:
+    """name -> (draft_vocab, mask-sparse rows)."""
+    return {"full": (None, False), "mask-sparse": (None, True)} | {f"top-{n // 1024}k": (n, True) for n in draft_vocabs}
+
+
+def generate_tasks(code_prompts: int) -> list[tuple[str, dict]]:
+    """(name, generate kwargs): the structured tasks, then the first code prompts (unconstrained)."""
+    from experiments.tasks import STRUCTURED_TASKS
+    prompts = json.loads((REPO / "experiments/prompts/speedup.json").read_text())
+    code = [p for p in prompts if p["class"] == "code"][:code_prompts]
+    return [(t.name, {"messages": t.messages(True), "schema": t.schema}) for t in STRUCTURED_TASKS] + \
+        [(p["name"], {"messages": [{"role": "user", "content": p["prompt"]}]}) for p in code]
+
+
+def measure_generate(args) -> tuple[list[dict], list[str]]:
+    """End-to-end seconds per token of each system; asserts token-identical outputs."""
+    import assisted.draft_vocab as draft_vocab_module
+    from assisted import generate
+    from experiments.tasks import load_pair
+    loaded = load_pair(args.generate, args.model, int8=True, packed=True)
+    if loaded is None:
+        raise SystemExit(1)
+    model, tokenizer, helper = loaded
+    systems, tasks, rows = generate_systems(args.draft_vocabs), generate_tasks(args.code_prompts), []
+    for name, kwargs in tasks:  # warm-up: the guides compile, the slices are made
+        for vocab in {v for v, _ in systems.values()}:
+            generate(model, helper, tokenizer=tokenizer, max_new_tokens=4, draft_vocab=vocab, **kwargs)
+    for repeat in range(1, args.generate_repeats + 1):
+        for name, kwargs in tasks:
+            outputs = {}
+            for system in (list(systems) if repeat % 2 else list(reversed(systems))):
+                vocab, sparse = systems[system]
+                draft_vocab_module.MASK_SPARSE = sparse
+                start = time.perf_counter()
+                out = generate(model, helper, tokenizer=tokenizer, max_new_tokens=args.max_new_tokens,
+                               schedule="heuristic", draft_vocab=vocab, **kwargs)
+                seconds = time.perf_counter() - start
+                outputs[system] = out.token_ids
+                s = out.stats
+                rows.append({"task": name, "system": system, "repeat": repeat, "seconds": seconds,
+                             "new_tokens": s.new_tokens, "assistant_seconds": s.seconds.assistant,
+                             "assistant_calls": s.assistant_forward_passes, "drafted": s.drafted,
+                             "accepted": s.accepted})
+            assert len({tuple(o) for o in outputs.values()}) == 1, f"{name}: outputs differ between systems"
+            print(name, repeat, {r["system"]: round(r["seconds"], 2) for r in rows if r["task"] == name
+                                 and r["repeat"] == repeat}, flush=True)
+    draft_vocab_module.MASK_SPARSE = True
+    return rows, generate_table(rows, list(systems))
+
+
+def generate_table(rows: list[dict], systems: list[str]) -> list[str]:
+    """Markdown: per system and task kind, median s/token, assistant ms per call, acceptance, full / system."""
+    lines = ["", "## End to end: greedy generate, seconds per new token (identical tokens in every system)", "",
+             "| system | tasks | s/token (median) | assistant ms/call | accepted/drafted | full / system (90%) |",
+             "|---|---|---|---|---|---|"]
+    units = sorted({(r["task"], r["repeat"]) for r in rows})
+    by = {(r["system"], r["task"], r["repeat"]): r for r in rows}
+    structured = {r["task"] for r in rows} - {r["task"] for r in rows if r["task"] in _code_names()}
+    for group, members in (("structured", structured), ("code", set(_code_names()))):
+        chosen = [u for u in units if u[0] in members]
+        if not chosen:
+            continue
+        for system in systems:
+            own = [by[system, *u] for u in chosen]
+            per_token = statistics.median(r["seconds"] / r["new_tokens"] for r in own)
+            per_call = sum(r["assistant_seconds"] for r in own) / max(1, sum(r["assistant_calls"] for r in own))
+            accepted = sum(r["accepted"] for r in own) / max(1, sum(r["drafted"] for r in own))
+            ratio, low, high = paired_ratio([(by["full", *u]["seconds"], by[system, *u]["seconds"]) for u in chosen])
+            lines.append(f"| {system} | {group} | {per_token:.3f} | {per_call * 1e3:.1f} | {accepted:.2f} | "
+                         f"{ratio:.2f}x ({low:.2f}-{high:.2f}) |")
+    return lines
+
+
+def _code_names() -> list[str]:
+    return [p["name"] for p in json.loads((REPO / "experiments/prompts/speedup.json").read_text())]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out) if args.out else None
@@ -168,12 +255,19 @@ def main(argv: list[str] | None = None) -> int:
             cost += lines
             print("\n".join(lines), flush=True)
         report += cost
+    generated = []
+    if args.generate:
+        generated, lines = measure_generate(args)
+        report += lines
+        print("\n".join(lines), flush=True)
     if out:
         (out / "results.md").write_text("\n".join(run_lines("experiments.draft_head", argv or sys.argv[1:]) + [""] + report)
                                         + "\n")
         _write(out / "coverage.csv", coverage)
         if timings:
             _write(out / "timings.csv", timings)
+        if generated:
+            _write(out / "generate.csv", generated)
     return 0
 
 
