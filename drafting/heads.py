@@ -31,6 +31,9 @@ NEG_INF = float("-inf")
 _SCALING_ATTRIBUTES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 _SLICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept ids key: Rows}
+_SPARSE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {id(mask): (mask, Rows)}
+_SPARSE_KEPT = 4096  # mask-sparse slices kept per model (the guide caches its masks, so they recur across calls)
+_UNPACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # int8 head -> its (V, H) weight and bias
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,9 @@ def kept_rows(model, top: torch.Tensor, extra: torch.Tensor, vocab_size: int) ->
 def slice_rows(model, ids: torch.Tensor) -> Rows:
     """A fresh copy of the head's rows `ids` ((N,) long), in the head's own form (float or int8)."""
     head = model.get_output_embeddings()
-    weight = _weight(head)
+    weight, bias = _weight_bias(head)
     ids = ids.to(weight.device)
-    bias = head._weight_bias()[1] if isinstance(head, DynamicInt8Linear) else head.bias
-    bias = None if bias is None else bias.detach().index_select(0, ids)
+    bias = None if bias is None else bias.index_select(0, ids)
     if isinstance(head, DynamicInt8Linear):
         linear = DynamicInt8Linear(weight.shape[1], ids.numel(), dtype=torch.qint8)
         linear.set_weight_bias(weight.index_select(0, ids), bias)  # the same int8 values and scale
@@ -167,10 +169,19 @@ class DraftHead:
     def _choose(self, mask: torch.Tensor) -> Rows:
         allowed = mask.nonzero().squeeze(-1)  # (a,) once per mask object
         if self.sparse and 0 < allowed.numel() <= SPARSE_ROWS:
-            return slice_rows(self.model, allowed)
+            return self._sparse_rows(mask, allowed)
         if self.kept is None or not bool((mask & self.in_kept).any()):
             return self.full  # no allowed token among the kept ones: draft from the full head
         return self.kept
+
+    def _sparse_rows(self, mask: torch.Tensor, allowed: torch.Tensor) -> Rows:
+        """The rows `allowed` of `mask`, sliced once per model and mask object (kept while the model lives)."""
+        per_model = _SPARSE.setdefault(self.model, {})
+        if id(mask) not in per_model:
+            if len(per_model) >= _SPARSE_KEPT:
+                per_model.clear()
+            per_model[id(mask)] = (mask, slice_rows(self.model, allowed))  # the mask kept: its id stays unique
+        return per_model[id(mask)][1]
 
 
 def _membership(ids: torch.Tensor, size: int) -> torch.Tensor:
@@ -182,4 +193,17 @@ def _membership(ids: torch.Tensor, size: int) -> torch.Tensor:
 
 def _weight(head) -> torch.Tensor:
     """The head's weight: float (V, H), or the int8 quantized (V, H) of a dynamic int8 Linear."""
-    return head.weight() if isinstance(head, DynamicInt8Linear) else head.weight.detach()
+    return _weight_bias(head)[0]
+
+
+def _weight_bias(head) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The head's weight and bias; an int8 head's unpacked copy.
+
+    Unpacking an int8 head copies all of it (~0.9 s for Qwen's 151,936 x 896 on one thread): done once per head
+    and kept while the head lives.
+    """
+    if not isinstance(head, DynamicInt8Linear):
+        return head.weight.detach(), None if head.bias is None else head.bias.detach()
+    if head not in _UNPACKED:
+        _UNPACKED[head] = head._weight_bias()
+    return _UNPACKED[head]
