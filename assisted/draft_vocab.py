@@ -11,7 +11,9 @@ import torch
 from drafting.heads import DraftHead, reducible
 from drafting.ranking import top_ids
 
-MASK_SPARSE = True  # under a constraint, masks allowing few tokens compute only their rows (`drafting.heads`)
+# Under a constraint, compute only the allowed rows where a mask allows few tokens (`drafting.heads`). Off: exact,
+# but measured no faster end to end (experiments/results/draft-head-qwen-0.5b-cpu-2026-11-26/).
+MASK_SPARSE = False
 
 
 def check_draft_vocab(draft_vocab, assistant_model) -> int | None:
@@ -31,10 +33,10 @@ def check_draft_vocab(draft_vocab, assistant_model) -> int | None:
 
 def draft_head(assistant_model, tokenizer, prompt: list[int], vocab_size: int, draft_vocab: int | None,
                constrained: bool) -> DraftHead | None:
-    """The assistant's head for this call: N ranked ids plus the prompt's, mask-sparse rows only (under a
-    constraint, with `MASK_SPARSE`), or None for the model's own forward."""
+    """The assistant's head for this call: N ranked ids plus the prompt's (with mask-sparse rows if `MASK_SPARSE`),
+    mask-sparse rows only (under a constraint, if `MASK_SPARSE`), or None for the model's own forward."""
     if draft_vocab is None or draft_vocab >= vocab_size:
         sparse = MASK_SPARSE and constrained and reducible(assistant_model) is None
         return DraftHead(assistant_model, vocab_size, None) if sparse else None
     top = top_ids(tokenizer, draft_vocab, vocab_size)  # (N,)
-    return DraftHead(assistant_model, vocab_size, top, torch.tensor(prompt, dtype=torch.long))
+    return DraftHead(assistant_model, vocab_size, top, torch.tensor(prompt, dtype=torch.long), sparse=MASK_SPARSE)

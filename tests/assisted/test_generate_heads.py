@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 import torch
 
+from assisted import draft_vocab as draft_vocab_module
 from assisted import generate
 from assisted.loading import int8_copy
-from drafting import heads
 from tests.assisted.test_acceptance import compare, sampling_noise_tv
 from tests.assisted.test_generate import CONSTRAINTS, V
 from tests.assisted.test_generate_sampling import (
@@ -46,8 +46,7 @@ def models():
 @pytest.mark.parametrize("pair", [("llama", "llama"), ("llama", "llama-int8"), ("llama", "llama-other"),
                                   ("gpt2", "gpt2")])
 def test_greedy_output_is_plain_decodings_with_a_reduced_head(tok, models, monkeypatch, pair, constraint, sparse):
-    if not sparse:
-        monkeypatch.setattr(heads, "SPARSE_ROWS", 0)
+    monkeypatch.setattr(draft_vocab_module, "MASK_SPARSE", sparse)
     target, helper = models[pair[0]], models[pair[1]]
     ids = tok("Describe a hero:")["input_ids"]
     kw = dict(tokenizer=tok, input_ids=ids, max_new_tokens=40, schedule="constant", num_assistant_tokens=4, coalesce=False,
@@ -74,8 +73,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_sampled_generate_keeps_the_targets_distribution(monkeypatch, case):
     prompt, regex, warp_kwargs, draft_vocab, sparse = CASES[case]
-    if not sparse:
-        monkeypatch.setattr(heads, "SPARSE_ROWS", 0)
+    monkeypatch.setattr(draft_vocab_module, "MASK_SPARSE", sparse)
     tok = tiny_tokenizer()
     target = tiny_llama(8, seed=3, hidden=16, init=0.3, eos=0)
     helper = tiny_llama(8, seed=3, hidden=16, init=0.3, eos=0)  # the target itself: only the head differs
