@@ -32,7 +32,7 @@ _SCALING_ATTRIBUTES = ("final_logit_softcapping", "logit_scale", "logits_scaling
 
 _SLICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {kept ids key: Rows}
 _SPARSE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {id(mask): (mask, Rows)}
-_SPARSE_KEPT = 4096  # mask-sparse slices kept per model (the guide caches its masks, so they recur across calls)
+_SPARSE_KEPT = 256  # mask-sparse slices kept per model (<= 1024 rows each; the guide caches masks: they recur)
 _UNPACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # int8 head -> its (V, H) weight and bias
 
 
@@ -153,7 +153,7 @@ class DraftHead:
     def rows(self, mask: torch.Tensor | None) -> Rows:
         """The rows to compute under `mask` ((V,) bool on CPU, or None)."""
         if mask is None:
-            return self.kept or self.full
+            return self.full if self.kept is None else self.kept
         if id(mask) not in self._choices:
             self._choices[id(mask)] = (mask, self._choose(mask))
         rows = self._choices[id(mask)][1]
