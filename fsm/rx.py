@@ -232,6 +232,21 @@ def _rest(required: tuple, optional: tuple, extra: Rx, sep: Rx) -> Rx:
     return more if required else alt(more, EPSILON)
 
 
+def split_head(term: Rx) -> tuple[Rx, Rx] | None:
+    """(head, tail) with term = seq(head, tail): head the shortest prefix of `term`'s sequence chain that
+    does not match the empty string (what a DFA state must finish before its continuation), tail the
+    rest. None when `term` is no sequence or no such prefix leaves a tail."""
+    if term.kind != "seq":
+        return None
+    parts = []
+    while term.kind == "seq":
+        parts.append(term.args[0])
+        if not term.args[0].nullable:
+            return seq(*parts), term.args[1]
+        term = term.args[1]
+    return None
+
+
 def _flatten(terms, kind: str) -> list[Rx]:
     out = []
     for t in terms:
