@@ -185,18 +185,19 @@ def _plain_walk(index, state: int) -> dict[int, int]:
 
 
 def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_caches):
-    """Two states seq(head, tail) with one head and two tails: the vocabulary is walked once for the head
-    (work counted), and each state allows exactly what a walk of its own allows, into states of the same language."""
+    """Three states seq(head, tail) with one head and three tails: the first is walked plainly, then the
+    vocabulary is walked once for the head (work counted), and each state allows exactly what a walk of
+    its own allows, into states of the same language."""
     from fsm import index as ix
 
     head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
-    root = rx.alt(rx.seq(rx.literal("x"), head, rx.literal(",1")), rx.seq(rx.literal("y"), head, rx.literal("}2")))
+    root = rx.alt(*(rx.seq(rx.literal(first), head, rx.literal(last)) for first, last in (("x", ",1"), ("y", "}2"), ("z", "]3"))))
     guide = fsm.Guide.from_rx(root, tokenizer)
     index = guide.index
     walks = []
     real = ix._walk_head
     monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[0]) or real(*args))
-    states = [index.dfa.walk(prefix) for prefix in (b"x", b"y", b"xab", b"yab")]
+    states = [index.dfa.walk(prefix) for prefix in (b"x", b"y", b"z", b"yab")]
     infos = [index.info(state) for state in states]
     assert walks == [head]
     for state, info in zip(states, infos):
