@@ -400,8 +400,9 @@ def _structurally_empty(term: Rx, limit: int) -> bool:
 
 
 def _search_empty(term: Rx, limit: int) -> bool:
-    """Depth-first search for a nullable derivative; every term on the path found is non-empty."""
-    seen, path = {term.id}, [(term, _by_priority(term.classes))]
+    """Depth-first search for a nullable derivative; every term on the path found is non-empty, and when
+    none is found every term explored is empty (all it reaches was explored): both are memoized."""
+    seen, explored, path = {term.id}, [term], [(term, _by_priority(term.classes))]
     while path:
         t, blocks = path[-1]
         mask = next(blocks, None)
@@ -416,9 +417,12 @@ def _search_empty(term: Rx, limit: int) -> bool:
                 on_path._empty = False
             return False
         seen.add(d.id)
+        explored.append(d)
         if len(seen) > limit:
             raise ValueError(f"deciding emptiness took more than {limit} states")
         path.append((d, _by_priority(d.classes)))
+    for t in explored:
+        t._empty = True
     return True
 
 
