@@ -30,7 +30,6 @@ MIN_LOOP_BYTES = 32  # a state looping on this many bytes ends the tokens made o
 MAX_LOOP_TARGETS = 8  # looping states tested per first visit (each costs a pass over the vocabulary)
 MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
 MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
-MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once before the memory starts over
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -61,7 +60,7 @@ class HeadWalk:
     seq(head, tail) of any tail: a token that stays inside the head ends in seq(its end, tail); only
     the tokens that pass an end of the head inside their bytes (`crossing`) need the state's own walk."""
 
-    dfa: LazyDFA  # of the head
+    dfa: LazyDFA  # the index's DFA of heads (one for all heads: rows filled for one serve the next)
     ids: np.ndarray  # (n,) int32 sorted: tokens that survive inside the head without crossing its end
     ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` they end in
     end_of: np.ndarray  # (n,) int32 index into `ends` for each of `ids`
@@ -83,7 +82,7 @@ class HeadWalk:
     @property
     def nbytes(self) -> int:
         arrays = (self.ids, self.ends, self.end_of, self.crossing)
-        return sum(a.nbytes for a in arrays) + self.allowed.nbytes + self.dfa.nbytes
+        return sum(a.nbytes for a in arrays) + self.allowed.nbytes
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,7 +136,7 @@ class TokenIndex:
     _forced: dict = field(default_factory=dict, repr=False)
     _info_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the infos in _states
     _heads: dict = field(default_factory=dict, repr=False)  # head term -> HeadWalk
-    _heads_seen: set = field(default_factory=set, repr=False)  # ids of the heads met once (walked plainly)
+    _head_dfa: list = field(default_factory=lambda: [None], repr=False)  # the DFA all heads are walked in
     _head_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the walks in _heads
 
     def __post_init__(self):
@@ -172,7 +171,8 @@ class TokenIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the DFA's arrays and the cached states (masks and token arrays)."""
-        return self.dfa.nbytes + self._info_bytes[0] + self._head_bytes[0]
+        head_dfa = self._head_dfa[0]
+        return self.dfa.nbytes + self._info_bytes[0] + self._head_bytes[0] + (head_dfa.nbytes if head_dfa else 0)
 
     def _first_visit(self, state: int, cache: dict, build):
         with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}"):
@@ -218,7 +218,7 @@ class TokenIndex:
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
         token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
         split = rx.split_head(self.dfa.term(state))
-        if split is None or not self._met_before(split[0]):
+        if split is None:
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
         head, tail = split
         walk = self._head_walk(head)
@@ -234,26 +234,24 @@ class TokenIndex:
         alive = nexts != DEAD  # seq(live end, live tail) is live: a guard, not expected to drop anything
         return ids[alive], nexts[alive]
 
-    def _met_before(self, head: rx.Rx) -> bool:
-        """Whether `head` starts a state visited before: a head is walked on its own (a HeadWalk costs
-        more than a plain walk) only once a second state shares it. Term ids are never reused."""
-        if head in self._heads or head.id in self._heads_seen:
-            return True
-        if len(self._heads_seen) >= MAX_HEADS_SEEN:
-            self._heads_seen.clear()
-        self._heads_seen.add(head.id)
-        return False
-
     def _head_walk(self, head: rx.Rx) -> HeadWalk:
         found = self._heads.get(head)
         if found is None:
-            found = _walk_head(head, self.vocabulary, self.budget.max_states)
+            found = _walk_head(self._dfa_for(head), head, self.vocabulary)
             while self._heads and (len(self._heads) >= MAX_CACHED_HEADS
                                    or self._head_bytes[0] + found.nbytes > MAX_CACHED_HEAD_BYTES):
                 self._head_bytes[0] -= self._heads.pop(next(iter(self._heads))).nbytes
             self._heads[head] = found
             self._head_bytes[0] += found.nbytes
         return found
+
+    def _dfa_for(self, head: rx.Rx) -> LazyDFA:
+        """The DFA heads are walked in: shared, so that a head derived from an earlier one finds its rows
+        filled; started over once it holds half of Budget.max_states (walks made in the old one keep it)."""
+        dfa = self._head_dfa[0]
+        if dfa is None or dfa.n_states > self.budget.max_states // 2:
+            dfa = self._head_dfa[0] = LazyDFA(head, max_states=self.budget.max_states)
+        return dfa
 
     def _build_forced(self, state: int) -> tuple[int, ...]:
         forced = _forced_text(self.dfa, state)
@@ -347,10 +345,10 @@ def _head_state_info(walk: HeadWalk, mains: np.ndarray, extra_ids: np.ndarray, e
     return HeadStateInfo(walk, mains, extra_ids, extra_nexts, walk.mask_with(extra_ids), longest)
 
 
-def _walk_head(head: rx.Rx, vocabulary: Vocabulary, max_states: int) -> HeadWalk:
-    """The HeadWalk of `head`: every token through a DFA of `head` alone, the crossing ones set apart."""
-    layout, dfa = vocabulary.walk_layout, LazyDFA(head, max_states=max_states)
-    rows, ends, crossing = _walk_tokens(dfa, layout, 0, track_accepting=True)
+def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
+    """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart."""
+    layout = vocabulary.walk_layout
+    rows, ends, crossing = _walk_tokens(dfa, layout, dfa.state_of(head), track_accepting=True)
     inside = np.ones(len(layout.order), dtype=bool)
     inside[crossing] = False
     rows, ends = rows[inside[rows]], ends[inside[rows]]

@@ -185,9 +185,9 @@ def _plain_walk(index, state: int) -> dict[int, int]:
 
 
 def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_caches):
-    """Three states seq(head, tail) with one head and three tails: the first is walked plainly, then the
-    vocabulary is walked once for the head (work counted), and each state allows exactly what a walk of
-    its own allows, into states of the same language."""
+    """Three states seq(head, tail) with one head and three tails: the vocabulary is walked once, for the
+    head (work counted), and each state allows exactly what a walk of its own allows, into states of the
+    same language."""
     from fsm import index as ix
 
     head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
@@ -196,7 +196,7 @@ def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_c
     index = guide.index
     walks = []
     real = ix._walk_head
-    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[0]) or real(*args))
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real(*args))
     states = [index.dfa.walk(prefix) for prefix in (b"x", b"y", b"z", b"yab")]
     infos = [index.info(state) for state in states]
     assert walks == [head]
