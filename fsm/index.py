@@ -30,6 +30,7 @@ MIN_LOOP_BYTES = 32  # a state looping on this many bytes ends the tokens made o
 MAX_LOOP_TARGETS = 8  # looping states tested per first visit (each costs a pass over the vocabulary)
 MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
 MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
+MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -137,6 +138,7 @@ class TokenIndex:
     _info_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the infos in _states
     _heads: dict = field(default_factory=dict, repr=False)  # head term -> HeadWalk
     _head_dfa: list = field(default_factory=lambda: [None], repr=False)  # the DFA all heads are walked in
+    _heads_seen: set = field(default_factory=set, repr=False)  # ids of the heads met once (walked plainly)
     _head_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the walks in _heads
 
     def __post_init__(self):
@@ -218,7 +220,7 @@ class TokenIndex:
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
         token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
         split = rx.split_head(self.dfa.term(state))
-        if split is None:
+        if split is None or not self._met_before(split[0]):
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
         head, tail = split
         walk = self._head_walk(head)
@@ -233,6 +235,18 @@ class TokenIndex:
         nexts = np.concatenate([mains[walk.end_of], more_nexts])
         alive = nexts != DEAD  # seq(live end, live tail) is live: a guard, not expected to drop anything
         return ids[alive], nexts[alive]
+
+    def _met_before(self, head: rx.Rx) -> bool:
+        """Whether `head` started a state visited before, or an earlier head walk reached it: only then is
+        it walked on its own (a head walk costs more than a plain walk where the DFA of heads lacks its
+        rows, and pays off only when states share the head). Term ids are never reused."""
+        head_dfa = self._head_dfa[0]
+        if head in self._heads or head.id in self._heads_seen or (head_dfa is not None and head.id in head_dfa.known):
+            return True
+        if len(self._heads_seen) >= MAX_HEADS_SEEN:
+            self._heads_seen.clear()
+        self._heads_seen.add(head.id)
+        return False
 
     def _head_walk(self, head: rx.Rx) -> HeadWalk:
         found = self._heads.get(head)

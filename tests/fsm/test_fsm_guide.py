@@ -185,21 +185,23 @@ def _plain_walk(index, state: int) -> dict[int, int]:
 
 
 def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_caches):
-    """Three states seq(head, tail) with one head and three tails: the vocabulary is walked once, for the
-    head (work counted), and each state allows exactly what a walk of its own allows, into states of the
-    same language."""
+    """Three states seq(head, tail) with one head and three tails: the first is walked plainly (a head met
+    once is not worth its own walk), then the vocabulary is walked once for the head (work counted), and
+    each state allows exactly what a walk of its own allows, into states of the same language."""
     from fsm import index as ix
 
     head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
     root = rx.alt(*(rx.seq(rx.literal(first), head, rx.literal(last)) for first, last in (("x", ",1"), ("y", "}2"), ("z", "]3"))))
     guide = fsm.Guide.from_rx(root, tokenizer)
     index = guide.index
-    walks = []
-    real = ix._walk_head
-    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real(*args))
+    walks, plain = [], []
+    real_head, real_plain = ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: plain.append(args[2]) or real_plain(*args))
     states = [index.dfa.walk(prefix) for prefix in (b"x", b"y", b"z", b"yab")]
     infos = [index.info(state) for state in states]
-    assert walks == [head]
+    assert walks == [head] and plain == [states[0]]
+    monkeypatch.setattr(ix, "_walk_all_tokens", real_plain)
     for state, info in zip(states, infos):
         expected = _plain_walk(index, state)
         assert info.token_ids.tolist() == sorted(expected)
