@@ -30,6 +30,7 @@ MIN_LOOP_BYTES = 32  # a state looping on this many bytes ends the tokens made o
 MAX_LOOP_TARGETS = 8  # looping states tested per first visit (each costs a pass over the vocabulary)
 MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
 MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
+EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at its first state
 MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
@@ -237,11 +238,14 @@ class TokenIndex:
         return ids[alive], nexts[alive]
 
     def _met_before(self, head: rx.Rx) -> bool:
-        """Whether `head` started a state visited before, or an earlier head walk reached it: only then is
-        it walked on its own (a head walk costs more than a plain walk where the DFA of heads lacks its
-        rows, and pays off only when states share the head). Term ids are never reused."""
+        """Whether `head` started a state visited before, or an earlier head walk reached it, or heads are
+        shared often here (EAGER_AFTER_HEADS walked): only then is it walked on its own (a head walk costs
+        more than a plain walk where the DFA of heads lacks its rows, and pays off only when states share
+        the head). Term ids are never reused."""
         head_dfa = self._head_dfa[0]
-        if head in self._heads or head.id in self._heads_seen or (head_dfa is not None and head.id in head_dfa.known):
+        if len(self._heads) >= EAGER_AFTER_HEADS or head in self._heads or head.id in self._heads_seen:
+            return True
+        if head_dfa is not None and head.id in head_dfa.known:
             return True
         if len(self._heads_seen) >= MAX_HEADS_SEEN:
             self._heads_seen.clear()

@@ -225,3 +225,19 @@ def test_head_sharing_allows_what_a_plain_walk_allows(tokenizer):
             allowed = walker.allowed()
             assert allowed == sorted(_plain_walk(index, walker.state))
             walker.advance(allowed[rng.randrange(len(allowed))])
+
+
+def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, monkeypatch, fresh_fsm_caches):
+    """Past EAGER_AFTER_HEADS head walks (a document whose states share heads), a head is walked on its own
+    at the first state it starts: no plain walk of that state (work counted)."""
+    from fsm import index as ix
+
+    head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
+    guide = fsm.Guide.from_rx(rx.seq(rx.literal("x"), head, rx.literal(",1")), smol_tokenizer)
+    monkeypatch.setattr(ix, "EAGER_AFTER_HEADS", 0)
+    walks, plain = [], []
+    real_head, real_plain = ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: plain.append(args[2]) or real_plain(*args))
+    guide.index.info(guide.index.dfa.walk(b"x"))
+    assert walks == [head] and plain == []
