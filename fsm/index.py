@@ -12,11 +12,12 @@ rebuilt if visited again).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 
 import numpy as np
 import torch
 
+from fsm import rx
 from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
@@ -27,6 +28,10 @@ MAX_CACHED_STATES = 4096  # per index
 MAX_CACHED_BYTES = 256 << 20  # per index: a state allowing all of a 49k vocabulary holds ~0.8 MiB
 MIN_LOOP_BYTES = 32  # a state looping on this many bytes ends the tokens made of them without a walk
 MAX_LOOP_TARGETS = 8  # looping states tested per first visit (each costs a pass over the vocabulary)
+MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
+MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
+EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at its first state
+MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -39,6 +44,88 @@ class StateInfo:
     mask: torch.Tensor  # (vocab_size,) bool
     max_token_length: int  # longest allowed token in bytes (EOS counts 0)
 
+    def next_of(self, token_id: int) -> int:
+        """The state after `token_id`, or DEAD when the token is not allowed."""
+        i = int(np.searchsorted(self.token_ids, token_id))
+        if i < len(self.token_ids) and self.token_ids[i] == token_id:
+            return int(self.next_states[i])
+        return DEAD
+
+    @property
+    def nbytes(self) -> int:
+        return self.token_ids.nbytes + self.next_states.nbytes + self.mask.numel()
+
+
+@dataclass(frozen=True, eq=False)
+class HeadWalk:
+    """Every token walked through the DFA of a head term alone (`rx.split_head`), shared by the states
+    seq(head, tail) of any tail: a token that stays inside the head ends in seq(its end, tail); only
+    the tokens that pass an end of the head inside their bytes (`crossing`) need the state's own walk."""
+
+    dfa: LazyDFA  # the index's DFA of heads (one for all heads: rows filled for one serve the next)
+    ids: np.ndarray  # (n,) int32 sorted: tokens that survive inside the head without crossing its end
+    ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` they end in
+    end_of: np.ndarray  # (n,) int32 index into `ends` for each of `ids`
+    crossing: np.ndarray  # (m,) int64 rows of walk_layout.order (ascending) of the crossing tokens
+    allowed: np.ndarray  # (vocab_size,) bool of `ids`
+    max_token_length: int  # of `ids`
+    _masks: dict = field(default_factory=dict, repr=False)  # extra ids (bytes) -> mask of ids + extra ids
+
+    def mask_with(self, extra_ids: np.ndarray) -> torch.Tensor:
+        """(vocab_size,) bool of `ids` and the sorted `extra_ids` (shared by the states with the same extras)."""
+        key = extra_ids.tobytes()
+        found = self._masks.get(key)
+        if found is None:
+            allowed = self.allowed.copy() if len(extra_ids) else self.allowed
+            allowed[extra_ids] = True
+            found = self._masks[key] = torch.from_numpy(allowed)
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.ids, self.ends, self.end_of, self.crossing)
+        return sum(a.nbytes for a in arrays) + self.allowed.nbytes
+
+
+@dataclass(frozen=True, eq=False)
+class HeadStateInfo:
+    """What a state seq(head, tail) allows, held as its HeadWalk plus the head's end states mapped to
+    states of the whole DFA (`mains`) and the crossing tokens that survive (`extra_ids`, sorted):
+    a few bytes per state where a StateInfo would copy the head's tokens. Same interface as StateInfo."""
+
+    walk: HeadWalk
+    mains: np.ndarray  # (n_ends,) int32 state of seq(walk.ends[i], tail)
+    extra_ids: np.ndarray  # (k,) int32 sorted
+    extra_nexts: np.ndarray  # (k,) int32
+    mask: torch.Tensor  # (vocab_size,) bool, shared with the head's other states with the same extras
+    max_token_length: int
+
+    @cached_property
+    def token_ids(self) -> np.ndarray:
+        return np.union1d(self.walk.ids, self.extra_ids).astype(np.int32)
+
+    @cached_property
+    def next_states(self) -> np.ndarray:
+        ids, walk = self.token_ids, self.walk
+        inside = walk.allowed[ids]
+        out = np.empty(len(ids), dtype=np.int32)
+        out[inside] = self.mains[walk.end_of[np.searchsorted(walk.ids, ids[inside])]]
+        out[~inside] = self.extra_nexts[np.searchsorted(self.extra_ids, ids[~inside])]
+        return out
+
+    def next_of(self, token_id: int) -> int:
+        """The state after `token_id`, or DEAD when the token is not allowed."""
+        i = int(np.searchsorted(self.extra_ids, token_id))
+        if i < len(self.extra_ids) and self.extra_ids[i] == token_id:
+            return int(self.extra_nexts[i])
+        if not self.walk.allowed[token_id]:
+            return DEAD
+        return int(self.mains[self.walk.end_of[int(np.searchsorted(self.walk.ids, token_id))]])
+
+    @property
+    def nbytes(self) -> int:
+        return self.mains.nbytes + self.extra_ids.nbytes + self.extra_nexts.nbytes
+
 
 @dataclass(frozen=True, eq=False)
 class TokenIndex:
@@ -50,6 +137,10 @@ class TokenIndex:
     _states: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
     _info_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the infos in _states
+    _heads: dict = field(default_factory=dict, repr=False)  # head term -> HeadWalk
+    _head_dfa: list = field(default_factory=lambda: [None], repr=False)  # the DFA all heads are walked in
+    _heads_seen: set = field(default_factory=set, repr=False)  # ids of the heads met once (walked plainly)
+    _head_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the walks in _heads
 
     def __post_init__(self):
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
@@ -68,11 +159,7 @@ class TokenIndex:
 
     def next_state(self, state: int, token_id: int) -> int:
         """The state after `token_id`, or DEAD when the token is not allowed."""
-        info = self.info(state)
-        i = int(np.searchsorted(info.token_ids, token_id))
-        if i < len(info.token_ids) and info.token_ids[i] == token_id:
-            return int(info.next_states[i])
-        return DEAD
+        return self.info(state).next_of(token_id)
 
     def is_accepting(self, state: int) -> bool:
         return state == FINISHED or bool(self.dfa.accepting[state])
@@ -87,7 +174,8 @@ class TokenIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the DFA's arrays and the cached states (masks and token arrays)."""
-        return self.dfa.nbytes + self._info_bytes[0]
+        head_dfa = self._head_dfa[0]
+        return self.dfa.nbytes + self._info_bytes[0] + self._head_bytes[0] + (head_dfa.nbytes if head_dfa else 0)
 
     def _first_visit(self, state: int, cache: dict, build):
         with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}"):
@@ -108,7 +196,10 @@ class TokenIndex:
             ids = np.asarray(self.vocabulary.eos_token_ids[:1], dtype=np.int64)
             nexts = np.full(len(ids), FINISHED, dtype=np.int64)
         else:
-            ids, nexts = _walk_all_tokens(self.dfa, self.vocabulary, state)
+            walked = self._walk_from(state)
+            if isinstance(walked, HeadStateInfo):
+                return walked
+            ids, nexts = walked
             keep = self._live.keep(nexts)
             if keep is not None:
                 ids, nexts = ids[keep], nexts[keep]
@@ -124,6 +215,61 @@ class TokenIndex:
         nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
+
+    def _walk_from(self, state: int) -> tuple[np.ndarray, np.ndarray] | HeadStateInfo:
+        """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
+        has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
+        token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
+        split = rx.split_head(self.dfa.term(state))
+        if split is None or not self._met_before(split[0]):
+            return _walk_all_tokens(self.dfa, self.vocabulary, state)
+        head, tail = split
+        walk = self._head_walk(head)
+        mains = np.fromiter((self.dfa.state_of(rx.seq(walk.dfa.term(end), tail)) for end in walk.ends.tolist()),
+                            dtype=np.int32, count=len(walk.ends))
+        layout = self.vocabulary.walk_layout
+        more_rows, more_nexts, _ = _walk_tokens(self.dfa, layout, state, start=walk.crossing)
+        more_ids = layout.order[more_rows].astype(np.int64)
+        if self._live.trivial and (mains != DEAD).all():  # a head is never nullable: the state does not accept
+            return _head_state_info(walk, mains, more_ids, more_nexts, layout.lengths)
+        ids = np.concatenate([walk.ids, more_ids]).astype(np.int64)
+        nexts = np.concatenate([mains[walk.end_of], more_nexts])
+        alive = nexts != DEAD  # seq(live end, live tail) is live: a guard, not expected to drop anything
+        return ids[alive], nexts[alive]
+
+    def _met_before(self, head: rx.Rx) -> bool:
+        """Whether `head` started a state visited before, or an earlier head walk reached it, or heads are
+        shared often here (EAGER_AFTER_HEADS walked): only then is it walked on its own (a head walk costs
+        more than a plain walk where the DFA of heads lacks its rows, and pays off only when states share
+        the head). Term ids are never reused."""
+        head_dfa = self._head_dfa[0]
+        if len(self._heads) >= EAGER_AFTER_HEADS or head in self._heads or head.id in self._heads_seen:
+            return True
+        if head_dfa is not None and head.id in head_dfa.known:
+            return True
+        if len(self._heads_seen) >= MAX_HEADS_SEEN:
+            self._heads_seen.clear()
+        self._heads_seen.add(head.id)
+        return False
+
+    def _head_walk(self, head: rx.Rx) -> HeadWalk:
+        found = self._heads.get(head)
+        if found is None:
+            found = _walk_head(self._dfa_for(head), head, self.vocabulary)
+            while self._heads and (len(self._heads) >= MAX_CACHED_HEADS
+                                   or self._head_bytes[0] + found.nbytes > MAX_CACHED_HEAD_BYTES):
+                self._head_bytes[0] -= self._heads.pop(next(iter(self._heads))).nbytes
+            self._heads[head] = found
+            self._head_bytes[0] += found.nbytes
+        return found
+
+    def _dfa_for(self, head: rx.Rx) -> LazyDFA:
+        """The DFA heads are walked in: shared, so that a head derived from an earlier one finds its rows
+        filled; started over once it holds half of Budget.max_states (walks made in the old one keep it)."""
+        dfa = self._head_dfa[0]
+        if dfa is None or dfa.n_states > self.budget.max_states // 2:
+            dfa = self._head_dfa[0] = LazyDFA(head, max_states=self.budget.max_states)
+        return dfa
 
     def _build_forced(self, state: int) -> tuple[int, ...]:
         forced = _forced_text(self.dfa, state)
@@ -153,9 +299,7 @@ class TokenIndex:
 
 def _size(entry) -> int:
     """Bytes of a cached StateInfo (0 for forced-token tuples, which are small)."""
-    if not isinstance(entry, StateInfo):
-        return 0
-    return entry.token_ids.nbytes + entry.next_states.nbytes + entry.mask.numel()
+    return entry.nbytes if isinstance(entry, (StateInfo, HeadStateInfo)) else 0
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
@@ -165,16 +309,34 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     of a free string or undeclared key) survives and ends there without a walk: a cached set test.
     """
     layout = vocabulary.walk_layout
+    rows, ends, _ = _walk_tokens(dfa, layout, state)
+    return layout.order[rows].astype(np.int64), ends
+
+
+def _walk_tokens(dfa: LazyDFA, layout, state: int, start: np.ndarray | None = None, track_accepting: bool = False):
+    """(rows, end states, crossing) of the tokens (all, or the rows `start` of `layout.order`, ascending) that
+    survive from `state`, as rows of `layout.order`. With `track_accepting`, crossing holds the rows of the tokens that pass an
+    accepting state strictly inside their bytes (after 1..len-1 of them), whether they survive or not."""
+    if start is not None and not len(start):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     row = dfa.row(state)
-    first = row[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
-    alive = first != DEAD
-    done_pos, done_states = [], []
-    for target, stay in _staying(dfa, layout, row, first):
-        alive &= ~stay
-        done_pos.append(np.flatnonzero(stay))
-        done_states.append(np.full(len(done_pos[-1]), target, dtype=np.int32))
-    positions = np.flatnonzero(alive)  # rows of layout.order still alive, ascending
-    states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
+    crossing = []
+    if start is None:
+        first = row[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
+        alive = first != DEAD
+        done_pos, done_states = [], []
+        for target, stay in _staying(dfa, layout, row, first):
+            alive &= ~stay
+            done_pos.append(np.flatnonzero(stay))
+            done_states.append(np.full(len(done_pos[-1]), target, dtype=np.int32))
+            if track_accepting and dfa.accepting[target]:
+                crossing.append(done_pos[-1][layout.lengths[layout.order[done_pos[-1]]] > 1])
+        positions = np.flatnonzero(alive)  # rows of layout.order still alive, ascending
+        states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
+    else:
+        states = row[layout.columns[0][start]]
+        positions, states = start[states != DEAD], states[states != DEAD]
+        done_pos, done_states = [], []
     for j, column in enumerate(layout.columns[1:], start=1):
         ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
         done_pos.append(positions[ended:])
@@ -182,13 +344,42 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
         positions, states = positions[:ended], states[:ended]
         if not len(positions):
             break
+        if track_accepting:
+            crossing.append(positions[dfa.accepting[states]])
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
     done_pos.append(positions)
     done_states.append(states)
-    ids = layout.order[np.concatenate(done_pos)].astype(np.int64)
-    return ids, np.concatenate(done_states).astype(np.int64)
+    crossed = np.unique(np.concatenate(crossing)) if crossing else np.zeros(0, np.int64)
+    return np.concatenate(done_pos), np.concatenate(done_states).astype(np.int64), crossed
+
+
+def _head_state_info(walk: HeadWalk, mains: np.ndarray, extra_ids: np.ndarray, extra_nexts: np.ndarray,
+                     lengths: np.ndarray) -> HeadStateInfo:
+    order = np.argsort(extra_ids)
+    extra_ids, extra_nexts = extra_ids[order].astype(np.int32), extra_nexts[order].astype(np.int32)
+    longest = max(walk.max_token_length, int(lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
+    return HeadStateInfo(walk, mains, extra_ids, extra_nexts, walk.mask_with(extra_ids), longest)
+
+
+def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
+    """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart."""
+    layout = vocabulary.walk_layout
+    rows, ends, crossing = _walk_tokens(dfa, layout, dfa.state_of(head), track_accepting=True)
+    inside = np.ones(len(layout.order), dtype=bool)
+    inside[crossing] = False
+    rows, ends = rows[inside[rows]], ends[inside[rows]]
+    by_id = np.full(vocabulary.vocab_size, DEAD, dtype=np.int32)  # sorts by id without argsort
+    by_id[layout.order[rows]] = ends
+    mask = by_id != DEAD
+    ids = np.flatnonzero(mask).astype(np.int32)
+    ends = by_id[ids]
+    distinct = np.flatnonzero(np.bincount(ends, minlength=dfa.n_states))
+    number = np.zeros(dfa.n_states, dtype=np.int32)
+    number[distinct] = np.arange(len(distinct), dtype=np.int32)
+    longest = int(layout.lengths[ids].max(initial=0)) if len(ids) else 0
+    return HeadWalk(dfa, ids, distinct.astype(np.int64), number[ends], crossing, mask, longest)
 
 
 def _staying(dfa: LazyDFA, layout, row: np.ndarray, first: np.ndarray):

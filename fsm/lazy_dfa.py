@@ -74,6 +74,16 @@ class LazyDFA:
             self._fill(state)
         return self._table[state]
 
+    @property
+    def known(self):
+        """Ids of the terms numbered so far (live states and DEAD ones), a read-only view."""
+        return self._ids.keys()
+
+    def state_of(self, term: rx.Rx) -> int:
+        """The state of `term` (numbered if new; DEAD for an empty language); its row is filled on first use."""
+        with BUILD_LOCK:
+            return self._add(term)
+
     def step(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
         """Next states of live `states` (n,) on bytes `data` (n,): (n,) int32, DEAD where it dies."""
         filled = self._filled[states]

@@ -232,6 +232,21 @@ def _rest(required: tuple, optional: tuple, extra: Rx, sep: Rx) -> Rx:
     return more if required else alt(more, EPSILON)
 
 
+def split_head(term: Rx) -> tuple[Rx, Rx] | None:
+    """(head, tail) with term = seq(head, tail): head the shortest prefix of `term`'s sequence chain that
+    does not match the empty string (what a DFA state must finish before its continuation), tail the
+    rest. None when `term` is no sequence or no such prefix leaves a tail."""
+    if term.kind != "seq":
+        return None
+    parts = []
+    while term.kind == "seq":
+        parts.append(term.args[0])
+        if not term.args[0].nullable:
+            return seq(*parts), term.args[1]
+        term = term.args[1]
+    return None
+
+
 def _flatten(terms, kind: str) -> list[Rx]:
     out = []
     for t in terms:
@@ -385,8 +400,9 @@ def _structurally_empty(term: Rx, limit: int) -> bool:
 
 
 def _search_empty(term: Rx, limit: int) -> bool:
-    """Depth-first search for a nullable derivative; every term on the path found is non-empty."""
-    seen, path = {term.id}, [(term, _by_priority(term.classes))]
+    """Depth-first search for a nullable derivative; every term on the path found is non-empty, and when
+    none is found every term explored is empty (all it reaches was explored): both are memoized."""
+    seen, explored, path = {term.id}, [term], [(term, _by_priority(term.classes))]
     while path:
         t, blocks = path[-1]
         mask = next(blocks, None)
@@ -401,9 +417,12 @@ def _search_empty(term: Rx, limit: int) -> bool:
                 on_path._empty = False
             return False
         seen.add(d.id)
+        explored.append(d)
         if len(seen) > limit:
             raise ValueError(f"deciding emptiness took more than {limit} states")
         path.append((d, _by_priority(d.classes)))
+    for t in explored:
+        t._empty = True
     return True
 
 

@@ -11,8 +11,13 @@ from fsm.regex import DEAD
 
 
 def distances_to_accept(dfa) -> np.ndarray:
-    """Fewest bytes from each DFA state to an accepting state (expands the whole lazy DFA)."""
+    """Fewest bytes from each DFA state to an accepting state (expands the whole lazy DFA: what the root
+    reaches, and the states a token index numbered apart from it, see fsm.index.HeadWalk)."""
     dfa.explore_all()
+    filled = 0
+    while filled < dfa.n_states:
+        dfa.row(filled)
+        filled += 1
     dist = np.where(dfa.accepting, 0, np.iinfo(np.int32).max).astype(np.int64)
     while True:
         targets = dfa.transitions
@@ -43,6 +48,8 @@ def random_walk(guide: Guide, rng: random.Random, budget: int = 40, stop_chance:
         else:
             candidates = info.token_ids[~is_eos]
             if len(tokens) >= budget:  # head home: only tokens that get closest to acceptance
+                if info.next_states.max(initial=0) >= len(dist):  # states a head walk numbered since
+                    dist = distances_to_accept(guide.index.dfa)
                 d = dist[info.next_states[~is_eos]]
                 candidates = candidates[d == d.min()]
             choice = int(candidates[rng.randrange(len(candidates))])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fsm
+from fsm import rx
 from fsm.vocabulary import vocabulary_from_tokenizer
 from tests.fsm_walk import random_walk, text_of
 from tests.fsm.test_fsm_schema import Character
@@ -163,3 +164,80 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
     (shortcut, work), (full, full_work) = walk(32), walk(257)
     assert shortcut == full
     assert (work < full_work / 2) if free else (work == full_work)
+
+
+def _same_language(a, b) -> bool:
+    return rx.is_empty(rx.alt(rx.inter(a, rx.complement(b)), rx.inter(b, rx.complement(a))))
+
+
+def _plain_walk(index, state: int) -> dict[int, int]:
+    """token -> next state of `state` from a walk of the whole vocabulary (no head sharing)."""
+    from fsm import index as ix
+
+    ids, ends = ix._walk_all_tokens(index.dfa, index.vocabulary, state)
+    keep = index._live.keep(ends)
+    if keep is not None:
+        ids, ends = ids[keep], ends[keep]
+    out = dict(zip(ids.tolist(), ends.tolist()))
+    if index.dfa.accepting[state]:
+        out.update(dict.fromkeys(index.vocabulary.eos_token_ids, ix.FINISHED))
+    return out
+
+
+def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_caches):
+    """Three states seq(head, tail) with one head and three tails: the first is walked plainly (a head met
+    once is not worth its own walk), then the vocabulary is walked once for the head (work counted), and
+    each state allows exactly what a walk of its own allows, into states of the same language."""
+    from fsm import index as ix
+
+    head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
+    root = rx.alt(*(rx.seq(rx.literal(first), head, rx.literal(last)) for first, last in (("x", ",1"), ("y", "}2"), ("z", "]3"))))
+    guide = fsm.Guide.from_rx(root, tokenizer)
+    index = guide.index
+    walks, plain = [], []
+    real_head, real_plain = ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: plain.append(args[2]) or real_plain(*args))
+    states = [index.dfa.walk(prefix) for prefix in (b"x", b"y", b"z", b"yab")]
+    infos = [index.info(state) for state in states]
+    assert walks == [head] and plain == [states[0]]
+    monkeypatch.setattr(ix, "_walk_all_tokens", real_plain)
+    for state, info in zip(states, infos):
+        expected = _plain_walk(index, state)
+        assert info.token_ids.tolist() == sorted(expected)
+        for token, nxt in zip(info.token_ids.tolist(), info.next_states.tolist()):
+            assert index.next_state(state, token) == nxt
+            assert nxt == expected[token] or _same_language(index.dfa.term(nxt), index.dfa.term(expected[token]))
+
+
+def test_head_sharing_allows_what_a_plain_walk_allows(tokenizer):
+    """Along random walks of an open object in any order (heads: a key, a value, the members left), every
+    state allows exactly the tokens a walk of the whole vocabulary from it allows."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"type": "string"}},
+                                               "n": {"type": "integer"}}, "required": ["name"]}
+    guide = fsm.Guide.from_schema(schema, tokenizer, policy="spec")
+    index, rng = guide.index, random.Random(0)
+    for _ in range(4):
+        walker = guide.copy()
+        for _ in range(30):
+            if walker.is_finished():
+                break
+            allowed = walker.allowed()
+            assert allowed == sorted(_plain_walk(index, walker.state))
+            walker.advance(allowed[rng.randrange(len(allowed))])
+
+
+def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, monkeypatch, fresh_fsm_caches):
+    """Past EAGER_AFTER_HEADS head walks (a document whose states share heads), a head is walked on its own
+    at the first state it starts: no plain walk of that state (work counted)."""
+    from fsm import index as ix
+
+    head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
+    guide = fsm.Guide.from_rx(rx.seq(rx.literal("x"), head, rx.literal(",1")), smol_tokenizer)
+    monkeypatch.setattr(ix, "EAGER_AFTER_HEADS", 0)
+    walks, plain = [], []
+    real_head, real_plain = ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: plain.append(args[2]) or real_plain(*args))
+    guide.index.info(guide.index.dfa.walk(b"x"))
+    assert walks == [head] and plain == []

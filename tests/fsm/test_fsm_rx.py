@@ -231,3 +231,17 @@ def test_witness_is_a_string_of_the_term_or_none(make):
     term = make()
     found = rx.witness(term)
     assert found is None or (rx.matches(term, found) and not rx.is_empty(term))
+
+
+def test_an_empty_search_marks_every_term_it_explored_empty(monkeypatch):
+    """A search that finds no string explored all the term reaches: each of those terms is then known
+    empty, and deciding one of them again derives nothing (work counted)."""
+    even_ab = rx.star(rx.literal("ab"))
+    odd = rx.seq(rx.literal("a"), rx.star(rx.literal("ba")))  # odd lengths: never in even_ab
+    term = rx.inter(rx.seq(even_ab, rx.literal("c")), rx.seq(odd, rx.literal("c")))
+    assert rx.is_empty(term)
+    later = rx.derivative(rx.derivative(term, ord("a")), ord("b"))
+    derived = []
+    real = rx._derive
+    monkeypatch.setattr(rx, "_derive", lambda t, byte: derived.append(t) or real(t, byte))
+    assert later is rx.NOTHING or (rx.is_empty(later) and derived == [])
