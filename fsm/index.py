@@ -325,12 +325,12 @@ def _walk_tokens(dfa: LazyDFA, layout, state: int, start: np.ndarray | None = No
         first = row[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
         alive = first != DEAD
         done_pos, done_states = [], []
-        for target, stay in _staying(dfa, layout, row, first):
-            alive &= ~stay
-            done_pos.append(np.flatnonzero(stay))
-            done_states.append(np.full(len(done_pos[-1]), target, dtype=np.int32))
-            if track_accepting and dfa.accepting[target]:
-                crossing.append(done_pos[-1][layout.lengths[layout.order[done_pos[-1]]] > 1])
+        for stay in _staying(dfa, layout, row, first):
+            alive[stay.rows] = False
+            done_pos.append(stay.rows)
+            done_states.append(stay.ends)
+            if track_accepting:
+                crossing.append(stay.rows[stay.crossing])
         positions = np.flatnonzero(alive)  # rows of layout.order still alive, ascending
         states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
     else:
@@ -382,21 +382,77 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     return HeadWalk(dfa, ids, distinct.astype(np.int64), number[ends], crossing, mask, longest)
 
 
+@dataclass(frozen=True)
+class Staying:
+    """Tokens that end without a walk: rows of layout.order (ascending), their end states, and which of
+    them pass an accepting state strictly inside their bytes."""
+
+    rows: np.ndarray  # (n,) int64
+    ends: np.ndarray  # (n,) int32
+    crossing: np.ndarray  # (n,) bool
+
+
 def _staying(dfa: LazyDFA, layout, row: np.ndarray, first: np.ndarray):
-    """(target, (n_tokens,) bool over layout.order) for each state the first byte leads to that loops on
-    at least MIN_LOOP_BYTES bytes (free text: a string, an undeclared key): the tokens whose first
-    byte leads there and whose other bytes all loop on it, which end there."""
-    targets = np.unique(row[row != DEAD]).tolist()  # (<= 256,) the states one byte leads to
-    looping = 0
-    for target in targets:
-        loops = dfa.row(target) == target
-        if int(loops.sum()) < MIN_LOOP_BYTES:
+    """A Staying for each state the first byte leads to that loops on at least MIN_LOOP_BYTES bytes (free
+    text: a string, an undeclared key): the tokens whose first byte leads there and whose other bytes all
+    loop on it end there. Else, where at least MIN_LOOP_BYTES bytes lead on as one through a chain of
+    states (a counter: the characters of a string with maxLength), the tokens whose other bytes are all
+    among them end at the chain's state after their length (`_counter_chain`)."""
+    targets, counts = np.unique(row[row != DEAD], return_counts=True)  # (<= 256,) the states one byte leads to
+    found = 0
+    for target in targets[np.argsort(-counts, kind="stable")].tolist():  # most first bytes first
+        stay = _looping(dfa, layout, target, first) or _counting(dfa, layout, target, first)
+        if stay is None:
             continue
-        mask = int.from_bytes(np.packbits(loops, bitorder="little").tobytes(), "little")
-        yield target, (first == target) & layout.tails_within(mask)
-        looping += 1
-        if looping == MAX_LOOP_TARGETS:
+        yield stay
+        found += 1
+        if found == MAX_LOOP_TARGETS:
             return
+
+
+def _looping(dfa: LazyDFA, layout, target: int, first: np.ndarray) -> Staying | None:
+    loops = dfa.row(target) == target
+    if int(loops.sum()) < MIN_LOOP_BYTES:
+        return None
+    rows = np.flatnonzero((first == target) & layout.tails_within(_mask_of(loops)))
+    crossing = (layout.lengths[layout.order[rows]] > 1) & bool(dfa.accepting[target])
+    return Staying(rows, np.full(len(rows), target, dtype=np.int32), crossing)
+
+
+def _counting(dfa: LazyDFA, layout, target: int, first: np.ndarray) -> Staying | None:
+    after = dfa.row(target)
+    live = after[after != DEAD]
+    if len(live) < MIN_LOOP_BYTES:
+        return None
+    values, counts = np.unique(live, return_counts=True)
+    if counts.max() < MIN_LOOP_BYTES:
+        return None
+    group = after == values[counts.argmax()]
+    rows = np.flatnonzero((first == target) & layout.tails_within(_mask_of(group)))
+    lengths = layout.lengths[layout.order[rows]]
+    chain = _counter_chain(dfa, target, np.flatnonzero(group), int(lengths.max(initial=0)))
+    rows, lengths = rows[lengths <= len(chain)], lengths[lengths <= len(chain)]
+    passed = np.cumsum(dfa.accepting[chain]) > 0  # passed[i]: an accepting state among chain[:i + 1]
+    crossing = (lengths > 1) & passed[np.maximum(lengths - 2, 0)]
+    return Staying(rows, chain[lengths - 1], crossing)
+
+
+def _counter_chain(dfa: LazyDFA, target: int, group: np.ndarray, longest: int) -> np.ndarray:
+    """(m,) int32 states [target, c1, c2, ...] (m <= longest) where every byte of `group` leads from each to
+    the next: a token of length n whose bytes after the first are in `group` ends at chain[n - 1]."""
+    chain = [target]
+    while len(chain) < longest:
+        after = dfa.row(chain[-1])[group]
+        nxt = int(after[0])
+        if nxt == DEAD or not (after == nxt).all():
+            break
+        chain.append(nxt)
+    return np.asarray(chain, dtype=np.int32)
+
+
+def _mask_of(bits: np.ndarray) -> int:
+    """The 256-bit mask of a (256,) bool array."""
+    return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

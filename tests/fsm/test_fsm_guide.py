@@ -166,6 +166,56 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
     assert (work < full_work / 2) if free else (work == full_work)
 
 
+@pytest.mark.parametrize("text, saved", [('"', 2), ('"ab', 2), ('"abcdefghijklmnopqrstuvwxyz01234', 1.2)])
+def test_counted_text_tokens_end_without_a_walk(smol_tokenizer, monkeypatch, text, saved):
+    """In a string with maxLength each character leads to a new state (a counter): tokens whose other bytes
+    are all characters that count alike end at the state their length determines, unwalked: same (ids,
+    end states) as a full walk, near the end of the count too, with fewer token-bytes stepped (work counted)."""
+    from fsm import index as ix
+    from fsm.lazy_dfa import LazyDFA
+
+    guide = fsm.Guide.from_schema({"type": "string", "maxLength": 36}, smol_tokenizer)
+    state = guide.index.dfa.walk(text.encode())
+    stepped = []
+    real_step = LazyDFA.step
+    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or real_step(self, states, data))
+
+    def walk(min_loop_bytes: int) -> tuple[dict, int]:
+        stepped.clear()
+        monkeypatch.setattr(ix, "MIN_LOOP_BYTES", min_loop_bytes)
+        ids, ends = ix._walk_all_tokens(guide.index.dfa, guide.index.vocabulary, state)
+        return dict(zip(ids.tolist(), ends.tolist())), sum(stepped)
+
+    (full, full_work), (shortcut, work) = walk(257), walk(32)
+    assert shortcut == full
+    assert work * saved < full_work  # near the end of the count most tokens die early anyway
+
+
+@pytest.mark.parametrize("accepted_after", [None, 3])
+def test_counted_text_in_a_head_walk_keeps_the_crossing_tokens_apart(tokenizer, monkeypatch, fresh_fsm_caches,
+                                                                       accepted_after):
+    """A head walk through counter states ([0-z]{0,40} then a quote, or [0-z]{3,40}: accepting inside the
+    count): the tokens that stay inside the count end at the count's state, those passing an accepting
+    state are set apart, as a walk without the shortcut does."""
+    from fsm import index as ix
+    from fsm.lazy_dfa import LazyDFA
+
+    letters = rx.byte_range(ord("0"), ord("z"))
+    if accepted_after is None:
+        head = rx.seq(rx.repeat(letters, 0, 40), rx.literal('"'))
+    else:
+        head = rx.repeat(letters, accepted_after, 40)
+    walks = {}
+    for min_loop_bytes in (32, 257):
+        monkeypatch.setattr(ix, "MIN_LOOP_BYTES", min_loop_bytes)
+        dfa = LazyDFA(head)
+        walk = ix._walk_head(dfa, head, vocabulary_from_tokenizer(tokenizer))
+        ends = [dfa.term(end).id for end in walk.ends[walk.end_of].tolist()]
+        walks[min_loop_bytes] = (walk.ids.tolist(), ends, walk.crossing.tolist())
+    assert walks[32] == walks[257]
+    assert len(walks[32][0]) > 1000  # tokens of letters and digits stay inside
+
+
 def _same_language(a, b) -> bool:
     return rx.is_empty(rx.alt(rx.inter(a, rx.complement(b)), rx.inter(b, rx.complement(a))))
 
