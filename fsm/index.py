@@ -395,13 +395,16 @@ class Staying:
 def _staying(dfa: LazyDFA, layout, row: np.ndarray, first: np.ndarray):
     """A Staying for each state the first byte leads to that loops on at least MIN_LOOP_BYTES bytes (free
     text: a string, an undeclared key): the tokens whose first byte leads there and whose other bytes all
-    loop on it end there. Else, where at least MIN_LOOP_BYTES bytes lead on as one through a chain of
-    states (a counter: the characters of a string with maxLength), the tokens whose other bytes are all
-    among them end at the chain's state after their length (`_counter_chain`)."""
+    loop on it end there. Else, where at least MIN_LOOP_BYTES first bytes lead there and as many bytes
+    lead on as one through a chain of states (a counter: the characters of a string with maxLength), the
+    tokens whose other bytes are all among them end at the chain's state after their length."""
     targets, counts = np.unique(row[row != DEAD], return_counts=True)  # (<= 256,) the states one byte leads to
     found = 0
-    for target in targets[np.argsort(-counts, kind="stable")].tolist():  # most first bytes first
-        stay = _looping(dfa, layout, target, first) or _counting(dfa, layout, target, first)
+    by_count = np.argsort(-counts, kind="stable")  # most first bytes first
+    for target, count in zip(targets[by_count].tolist(), counts[by_count].tolist()):
+        stay = _looping(dfa, layout, target, first)
+        if stay is None and count >= MIN_LOOP_BYTES:  # counted text: many first bytes count alike too
+            stay = _counting(dfa, layout, target, first)
         if stay is None:
             continue
         yield stay
