@@ -8,7 +8,9 @@ Systems (all greedy, same models, same run, order rotated per task):
   ours-processor      model.generate + assisted.logits_processor
   ours-processor+assistant  the same with assistant_model= (transformers' assisted generation)
   constrained         assisted.generate, no assistant, forced tokens verified (plain constrained decoding)
-  full                assisted.generate with the assistant and coalesced forced tokens (our default)
+  full                assisted.generate with the assistant and coalesced forced tokens (our defaults: `auto`,
+                      prompt lookup)
+  full-no-lookup      the same without prompt-lookup drafts
 
     pip install --no-deps --target /tmp/xgr xgrammar==0.2.8 apache-tvm-ffi   # CPU only, no triton needed
     PYTHONPATH=/tmp/xgr python -m experiments.vs_xgrammar --target smollm2-135m --assistant smollm2-135m \\
@@ -90,7 +92,8 @@ TASKS = (
          "\n\nI have used the Trailblazer 2 hiking boots for a month. Very comfortable and fully waterproof, "
          "but they are heavy and the laces keep coming loose. Four stars; I would still buy them again."),
 )
-SYSTEMS = ("xgrammar", "xgrammar-compact", "xgrammar+assistant", "ours-processor", "ours-processor+assistant", "constrained", "full")
+SYSTEMS = ("xgrammar", "xgrammar-compact", "xgrammar+assistant", "ours-processor", "ours-processor+assistant", "constrained",
+           "full-no-lookup", "full")
 FIELDS = ("task", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
 
 
@@ -127,10 +130,11 @@ class Systems:
 
     def run(self, system: str, task: Task) -> tuple[str, int]:
         ids = self.ids(task)
-        if system in ("constrained", "full"):
-            full = system == "full"
+        if system in ("constrained", "full", "full-no-lookup"):
+            full = system != "constrained"
+            lookup = None if system == "full" else False
             out = generate(self.model, self.assistant if full else None, tokenizer=self.tokenizer, input_ids=ids,
-                           schema=task.schema, max_new_tokens=self.max_new, coalesce=full)
+                           schema=task.schema, max_new_tokens=self.max_new, coalesce=full, prompt_lookup=lookup)
             return out.text, out.stats.new_tokens
         if system.startswith("xgrammar"):
             compact = {"any_whitespace": False, "separators": (",", ":")} if system == "xgrammar-compact" else {}
