@@ -1,6 +1,6 @@
 """The speedup prompt set and its fixed split into a tuning half and a validation half.
 
-`experiments/prompts/split.json` holds 70 prompts in five classes (code in seven languages, extraction,
+`experiments/prompts/split.json` holds 70 prompts in five classes (code in eight languages, extraction,
 prose, chat instructions, math). Each prompt's half is decided once, by a hash of its name: a policy or
 drafting change is tuned on the "tuning" half (replay traces included) and reported on the "validation"
 half only. The hash, not a person, decides, so the validation half cannot be picked to flatter a method.
