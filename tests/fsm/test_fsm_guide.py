@@ -140,16 +140,12 @@ def test_states_no_token_sequence_can_finish_are_not_entered(smol_tokenizer):
     assert b in guide.allowed() and a not in guide.allowed()
 
 
-@pytest.mark.parametrize("text, free", [('{"names":["Jo', True), ('{"na', True), ('{"names":["a","b"]', False)])
-def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatch, text, free):
-    """Tokens whose first byte leads to a state that loops on their other bytes (a string, an undeclared
-    key) end there unwalked: same (ids, end states) as a full walk, with far fewer token-bytes stepped
-    through the DFA (work counted, not timed)."""
+def _counted_token_walk(guide, text: str, monkeypatch):
+    """walk(min_loop_bytes) -> ({token id: end state} of every token from the state after `text`, token-bytes
+    stepped through the DFA): a full walk (257) or one with the in-place shortcuts (32), work counted."""
     from fsm import index as ix
     from fsm.lazy_dfa import LazyDFA
 
-    schema = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}}, "required": ["names"]}
-    guide = fsm.Guide.from_schema(schema, smol_tokenizer, policy="spec")
     state = guide.index.dfa.walk(text.encode())
     stepped = []
     real_step = LazyDFA.step
@@ -161,6 +157,16 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
         ids, ends = ix._walk_all_tokens(guide.index.dfa, guide.index.vocabulary, state)
         return dict(zip(ids.tolist(), ends.tolist())), sum(stepped)
 
+    return walk
+
+
+@pytest.mark.parametrize("text, free", [('{"names":["Jo', True), ('{"na', True), ('{"names":["a","b"]', False)])
+def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatch, text, free):
+    """Tokens whose first byte leads to a state that loops on their other bytes (a string, an undeclared
+    key) end there unwalked: same (ids, end states) as a full walk, with far fewer token-bytes stepped
+    through the DFA (work counted, not timed)."""
+    schema = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}}, "required": ["names"]}
+    walk = _counted_token_walk(fsm.Guide.from_schema(schema, smol_tokenizer, policy="spec"), text, monkeypatch)
     (shortcut, work), (full, full_work) = walk(32), walk(257)
     assert shortcut == full
     assert (work < full_work / 2) if free else (work == full_work)
@@ -171,21 +177,8 @@ def test_counted_text_tokens_end_without_a_walk(smol_tokenizer, monkeypatch, tex
     """In a string with maxLength each character leads to a new state (a counter): tokens whose other bytes
     are all characters that count alike end at the state their length determines, unwalked: same (ids,
     end states) as a full walk, near the end of the count too, with fewer token-bytes stepped (work counted)."""
-    from fsm import index as ix
-    from fsm.lazy_dfa import LazyDFA
-
-    guide = fsm.Guide.from_schema({"type": "string", "maxLength": 36}, smol_tokenizer)
-    state = guide.index.dfa.walk(text.encode())
-    stepped = []
-    real_step = LazyDFA.step
-    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or real_step(self, states, data))
-
-    def walk(min_loop_bytes: int) -> tuple[dict, int]:
-        stepped.clear()
-        monkeypatch.setattr(ix, "MIN_LOOP_BYTES", min_loop_bytes)
-        ids, ends = ix._walk_all_tokens(guide.index.dfa, guide.index.vocabulary, state)
-        return dict(zip(ids.tolist(), ends.tolist())), sum(stepped)
-
+    walk = _counted_token_walk(fsm.Guide.from_schema({"type": "string", "maxLength": 36}, smol_tokenizer), text,
+                               monkeypatch)
     (full, full_work), (shortcut, work) = walk(257), walk(32)
     assert shortcut == full
     assert work * saved < full_work  # near the end of the count most tokens die early anyway
