@@ -220,12 +220,12 @@ class TokenIndex:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
         token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
-        split = rx.split_head(self.dfa.term(state))
+        split = _split(self.dfa.term(state))
         if split is None or not self._met_before(split[0]):
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
-        head, tail = split
+        head, whole = split
         walk = self._head_walk(head)
-        mains = np.fromiter((self.dfa.state_of(rx.seq(walk.dfa.term(end), tail)) for end in walk.ends.tolist()),
+        mains = np.fromiter((self.dfa.state_of(whole(walk.dfa.term(end))) for end in walk.ends.tolist()),
                             dtype=np.int32, count=len(walk.ends))
         layout = self.vocabulary.walk_layout
         more_rows, more_nexts, _ = _walk_tokens(self.dfa, layout, state, start=walk.crossing)
@@ -295,6 +295,19 @@ class TokenIndex:
             offset += len(self.vocabulary.token_bytes[token])
             state = nxt
         return tokens, starts
+
+
+def _split(term: rx.Rx):
+    """(head, whole) where whole(d) is the state's term after a token that leaves `head` at its derivative d
+    without passing an end of it; None when the term has no head. The head is the innermost items of
+    any-order lists (`rx.split_pick`: shared by every list of one object) or the term, cut after its first
+    part that does not match the empty string (`rx.split_head`: shared by every tail)."""
+    items, frames = rx.split_pick(term) or (term, ())
+    split = rx.split_head(items)
+    if split is not None:
+        head, tail = split
+        return head, lambda end: rx.unsplit(rx.seq(end, tail), frames)
+    return (items, lambda end: rx.unsplit(end, frames)) if frames else None
 
 
 def _size(entry) -> int:

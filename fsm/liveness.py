@@ -129,8 +129,12 @@ def _rebuild(term: rx.Rx, parts: list[rx.Rx], mask: int, star_of_mask: rx.Rx) ->
         return rx.repeat(parts[0], term.args[1], term.args[2])
     if kind == "anyorder":  # a grammar of seq and alt over its items: restricting them is exact
         n_required = term.args[-1]
-        sep, extra, items = parts[0], parts[1], parts[2:]
-        return rx.any_order_list(items[:n_required], items[n_required:], extra, sep)
+        sep, extra, universe, items = parts[0], parts[1], parts[2], parts[3:]
+        return rx.any_order_list(items[:n_required], items[n_required:], extra, sep, universe)
+    if kind == "pick":  # its holes are filled by the owner's restricted items
+        return rx.pick(*parts)
+    if kind == "hole":
+        return rx.hole(parts[0])
     if kind == "not":  # (¬c) ∩ S* does not distribute further
         return rx.inter(term, star_of_mask)
     return term  # nothing, epsilon

@@ -25,22 +25,25 @@ _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class Rx:
-    """One interned term. kind is nothing | epsilon | bytes | seq | alt | and | not | repeat | anyorder.
+    """One interned term. kind is nothing | epsilon | bytes | seq | alt | and | not | repeat | anyorder |
+    pick | hole.
 
     args: bytes -> (mask,) a 256-bit int; seq -> (head, tail); alt/and -> children sorted by id;
     not -> (child,); repeat -> (child, low, high or None);
-    anyorder -> (sep, extra, *required, *optional, n_required), each group sorted by id.
+    anyorder -> (sep, extra, universe, *required, *optional, n_required), each group sorted by id;
+    pick -> (items, owner) and hole -> (item,): see `any_order_list`.
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
-                 "_witness", "__weakref__")
+                 "_witness", "_holes", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
         self._classes = None  # tuple of byte masks, a partition of all 256 bytes
         self._derivatives: dict[int, Rx] = {}  # block index -> derivative
         self._empty = None if not plain else kind == "nothing"
-        self._expansion = None  # anyorder: its first item chosen (see `any_order_list`)
+        self._expansion = None  # anyorder: (pick of its universe, {item: what follows it}) (see `any_order_list`)
+        self._holes = None  # items whose hole ends a branch of this term (see `_holes_in`)
         self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
 
     def __repr__(self) -> str:
@@ -48,11 +51,11 @@ class Rx:
 
     @property
     def children(self) -> tuple:
-        if self.kind in ("seq", "alt", "and", "not"):
+        if self.kind in ("seq", "alt", "and", "not", "pick"):
             return self.args
         if self.kind == "anyorder":
             return self.args[:-1]
-        return self.args[:1] if self.kind == "repeat" else ()
+        return self.args[:1] if self.kind in ("repeat", "hole") else ()
 
     @property
     def classes(self) -> tuple[int, ...]:
@@ -178,14 +181,19 @@ def optional(term: Rx) -> Rx:
 ANYTHING = _term("not", (NOTHING,), True, False)  # every byte string; the identity of `inter`
 
 
-def any_order_list(required, optional, extra: Rx, sep: Rx) -> Rx:
+def any_order_list(required, optional, extra: Rx, sep: Rx, universe: Rx | None = None) -> Rx:
     """Non-empty `sep`-separated lists with each of `required` exactly once, each of `optional` at
     most once and any number of `extra`, in any order (the members of a JSON object in any order).
 
-    A term of its own, expanded one item at a time when derived (`_expansion`): a DFA state is the
-    position inside the current item followed by the list of the items still allowed, built only
-    where a walk goes. Unlike an intersection of one term per item, it stays plain (no emptiness
-    search) when its items are.
+    A term of its own, expanded one item at a time when derived: a DFA state is the position inside
+    the current item followed by the list of the items still allowed, built only where a walk goes.
+    Unlike an intersection of one term per item, it stays plain (no emptiness search) when its items are.
+
+    The expansion is `pick(universe, list)`: `universe` is the union of seq(item, hole(item)) over every
+    item of the first list (`extra` too), kept by the lists that follow it; a hole stands for what may
+    follow its item, filled by `pick` from the list at hand (nothing once a required or optional item was
+    used). The derivatives of the universe are the same for every list of one object, so the work of
+    walking an item is shared between them (see `split_pick`).
 
     Raises
     ------
@@ -198,38 +206,174 @@ def any_order_list(required, optional, extra: Rx, sep: Rx) -> Rx:
     optional = tuple(sorted((t for t in optional if t is not NOTHING), key=lambda t: t.id))
     if any(t.nullable for t in (*required, *optional, extra)):
         raise ValueError("the items of an any-order list must not match the empty string")
-    if sep is NOTHING:  # lists of one item
-        return required[0] if len(required) == 1 else NOTHING if required else alt(*optional, extra)
-    if not required and not optional:
-        return seq(extra, star(seq(sep, extra)))
+    if not required and not optional and extra is NOTHING:
+        return NOTHING
+    if universe is None:  # a first list (the lists that follow it keep its universe, whatever they allow)
+        if sep is NOTHING:  # lists of one item
+            return required[0] if len(required) == 1 else NOTHING if required else alt(*optional, extra)
+        if not required and not optional:
+            return seq(extra, star(seq(sep, extra)))
+        universe = alt(*(seq(t, hole(t)) for t in (extra, *required, *optional)))
     items = (*required, *optional, extra)
     plain = sep.plain and all(t.plain for t in items)
-    return _term("anyorder", (sep, extra, *required, *optional, len(required)), False, plain)
+    return _term("anyorder", (sep, extra, universe, *required, *optional, len(required)), False, plain)
 
 
 def _any_order_parts(term: Rx) -> tuple[Rx, Rx, tuple, tuple]:
     """(sep, extra, required, optional) of an anyorder term."""
     n_required = term.args[-1]
-    items = term.args[2:-1]
+    items = term.args[3:-1]
     return term.args[0], term.args[1], items[:n_required], items[n_required:]
 
 
 def _expansion(term: Rx) -> Rx:
-    """An anyorder term as a union over its first item, each followed by the rest (memoized)."""
+    """An anyorder term as the pick of its universe (memoized)."""
     if term._expansion is None:
-        sep, extra, required, optional = _any_order_parts(term)
-        rest = lambda r, o: _rest(r, o, extra, sep)  # noqa: E731
-        options = [seq(extra, rest(required, optional))]
-        options += [seq(t, rest(required[:i] + required[i + 1:], optional)) for i, t in enumerate(required)]
-        options += [seq(t, rest(required, optional[:i] + optional[i + 1:])) for i, t in enumerate(optional)]
-        term._expansion = alt(*options)
-    return term._expansion
+        term._expansion = (pick(term.args[2], term), {})
+    return term._expansion[0]
 
 
-def _rest(required: tuple, optional: tuple, extra: Rx, sep: Rx) -> Rx:
+def hole(item: Rx) -> Rx:
+    """The end of `item` in a universe (see `any_order_list`): matches the empty string, has no derivative."""
+    return _term("hole", (item,), True, True)
+
+
+def pick(items: Rx, owner: Rx) -> Rx:
+    """`items` (a universe or a derivative of one) with the hole of each item filled by what may follow
+    that item in the anyorder term `owner` (`_after`); nothing where no hole can be filled."""
+    if items is NOTHING or owner is NOTHING or not _holes_in(items) & _fillable(owner):
+        return NOTHING
+    nullable = any(_after(t, owner).nullable for t in _open_holes(items))
+    return _term("pick", (items, owner), nullable, items.plain and owner.plain)
+
+
+def _fillable(owner: Rx) -> frozenset:
+    """The items an anyorder term still allows."""
+    sep, extra, required, optional = _any_order_parts(owner)
+    return frozenset((*required, *optional, *((extra,) if extra is not NOTHING else ())))
+
+
+def _after(item: Rx, owner: Rx) -> Rx:
+    """What may follow `item` in the anyorder term `owner` (nothing when `owner` no longer allows it)."""
+    _expansion(owner)
+    found = owner._expansion[1].get(item)
+    if found is None:
+        sep, extra, required, optional = _any_order_parts(owner)
+        universe = owner.args[2]
+        rest = lambda r, o: _rest(r, o, extra, sep, universe)  # noqa: E731
+        found = alt(rest(required, optional) if item is extra else NOTHING,
+                    rest(_without(required, item), optional) if item in required else NOTHING,
+                    rest(required, _without(optional, item)) if item in optional else NOTHING)
+        owner._expansion[1][item] = found
+    return found
+
+
+def _without(items: tuple, item: Rx) -> tuple:
+    return tuple(t for t in items if t is not item)
+
+
+def _rest(required: tuple, optional: tuple, extra: Rx, sep: Rx, universe: Rx) -> Rx:
     """What may follow an item of an any-order list: more items after `sep`, or the end once no item is required."""
-    more = seq(sep, any_order_list(required, optional, extra, sep))
+    more = seq(sep, any_order_list(required, optional, extra, sep, universe))
     return more if required else alt(more, EPSILON)
+
+
+def _branches(items: Rx) -> tuple[Rx, ...]:
+    return items.args if items.kind == "alt" else (items,)
+
+
+def _chain(term: Rx) -> list[Rx]:
+    """The parts of a sequence chain (one part for a term that is no sequence)."""
+    parts = []
+    while term.kind == "seq":
+        parts.append(term.args[0])
+        term = term.args[1]
+    parts.append(term)
+    return parts
+
+
+def _holes_in(term: Rx) -> frozenset:
+    """The items whose hole ends a branch of `term` (holes only ever end the chains of a universe's
+    branches). Memoized on every chain link, so a derivative's new head costs one step."""
+    if term._holes is None:
+        if term.kind == "hole":
+            term._holes = frozenset(term.args[:1])
+        elif term.kind == "alt":
+            term._holes = frozenset().union(*(_holes_in(t) for t in term.args))
+        elif term.kind == "seq":
+            links = []
+            while term.kind == "seq" and term._holes is None:
+                links.append(term)
+                term = term.args[1]
+            found = _holes_in(term)
+            for link in links:
+                link._holes = found
+            return found
+        else:
+            term._holes = frozenset()
+    return term._holes
+
+
+def _open_holes(items: Rx) -> frozenset:
+    """The items whose hole is reachable without a byte (a branch whose parts before the hole are nullable)."""
+    if not items.nullable:
+        return frozenset()
+    return frozenset().union(*(_holes_in(b) for b in _branches(items) if b.nullable))
+
+
+def without_words(term: Rx, words) -> Rx:
+    """`term` less the finite set of byte strings `words`: inter(term, complement(alt(*words))) as a term
+    of the same kind as `term` (plain when it is plain), byte by byte along the trie of `words`."""
+    memo: dict = {}
+
+    def build(t: Rx, left: frozenset) -> Rx:
+        if not left or t is NOTHING:
+            return t
+        key = (t, left)
+        if key not in memo:
+            firsts = {w[0] for w in left if w}
+            parts = [EPSILON] if t.nullable and b"" not in left else []
+            for block in t.classes:
+                others = block
+                for byte in sorted(b for b in firsts if block >> b & 1):
+                    others &= ~(1 << byte)
+                    after = frozenset(w[1:] for w in left if w[:1] == bytes([byte]))
+                    parts.append(seq(byte_set(1 << byte), build(derivative(t, byte), after)))
+                if others:
+                    parts.append(seq(byte_set(others), derivative(t, lowest_byte(others))))
+            memo[key] = alt(*parts)
+        return memo[key]
+
+    return build(term, frozenset(w.encode() if isinstance(w, str) else bytes(w) for w in words))
+
+
+def split_pick(term: Rx) -> tuple[Rx, tuple[tuple[Rx, Rx], ...]] | None:
+    """(items, frames) with term = seq(pick(items, owner), tail) for frames = ((owner, tail),) (an anyorder
+    term first counts as the pick of its universe), where no hole of `items` is open; descends into nested
+    lists (an object inside an object's member), innermost items last, frames outermost first. A token
+    that stays inside `items` ends in `unsplit(its end, frames)`, whatever items the owners still allow.
+    None when the term starts with no such pick."""
+    frames = []
+    while True:
+        first, tail = (term.args[0], term.args[1]) if term.kind == "seq" else (term, EPSILON)
+        if first.kind == "anyorder":
+            items, owner = first.args[2], first
+        elif first.kind == "pick":
+            items, owner = first.args
+        else:
+            break
+        if items.nullable:
+            break
+        frames.append((owner, tail))
+        term = items
+    return (term, tuple(frames)) if frames else None
+
+
+def unsplit(items: Rx, frames: tuple[tuple[Rx, Rx], ...]) -> Rx:
+    """The term `split_pick` took apart, with `items` in place of its innermost items."""
+    for owner, tail in reversed(frames):
+        items = seq(pick(items, owner), tail)
+    return items
 
 
 def split_head(term: Rx) -> tuple[Rx, Rx] | None:
@@ -314,7 +458,11 @@ def _derive(term: Rx, byte: int) -> Rx:
         return _seq2(derivative(child, byte), repeat(child, max(low - 1, 0), None if high is None else high - 1))
     if kind == "anyorder":
         return derivative(_expansion(term), byte)
-    return NOTHING  # nothing, epsilon
+    if kind == "pick":
+        items, owner = args
+        return alt(pick(derivative(items, byte), owner),
+                   *(derivative(_after(t, owner), byte) for t in _open_holes(items)))
+    return NOTHING  # nothing, epsilon, hole
 
 
 def _classes(term: Rx) -> tuple[int, ...]:
@@ -334,6 +482,12 @@ def _classes(term: Rx) -> tuple[int, ...]:
         return term.args[0].classes
     if kind == "anyorder":
         return _expansion(term).classes
+    if kind == "pick":
+        items, owner = term.args
+        out = items.classes
+        for t in _open_holes(items):
+            out = _refine(out, _after(t, owner).classes)
+        return out
     return (ALL_BYTES,)
 
 
@@ -394,6 +548,9 @@ def _structurally_empty(term: Rx, limit: int) -> bool:
         if any(is_empty(t, limit) for t in required) or (len(required) > 1 and is_empty(sep, limit)):
             return True
         return not required and all(is_empty(t, limit) for t in (*optional, extra))
+    if kind == "pick":
+        return all(_pick_branch(b, args[1], lambda t: is_empty(t, limit), any) in (True, _UNFILLED)
+                   for b in _branches(args[0]))
     if witness(term) is not None:  # proved non-empty without a search
         return False
     return _search_empty(term, limit)
@@ -426,6 +583,7 @@ def _search_empty(term: Rx, limit: int) -> bool:
     return True
 
 
+_UNFILLED = object()  # a branch of a pick whose item its owner no longer allows
 _NO_WITNESS = b"<none>"  # marks a term whose witness `witness` cannot find by structure
 
 
@@ -466,12 +624,26 @@ def _find_witness(term: Rx) -> bytes:
             return _shortest(witness(t) for t in (*optional, extra))
         parts = [witness(t) for t in (sep, *required)]
         return _NO_WITNESS if any(p is None for p in parts) else parts[0].join(parts[1:])
+    if kind == "pick":
+        found = (_pick_branch(b, args[1], witness, lambda ws: None if None in ws else b"".join(ws))
+                 for b in _branches(args[0]))
+        return _shortest(w for w in found if w is not _UNFILLED)
     if kind == "and":
         for part in args:
             found = witness(part)
             if found is not None and all(matches(other, found) for other in args if other is not part):
                 return found
     return _NO_WITNESS  # nothing, not, and without a witness
+
+
+def _pick_branch(branch: Rx, owner: Rx, of_part, combine):
+    """`combine([of_part(p) for p in the parts of `branch` before its hole, and what fills the hole])`;
+    _UNFILLED where `owner` no longer allows the branch's item."""
+    parts = _chain(branch)
+    item = parts[-1].args[0]
+    if item not in _fillable(owner):
+        return _UNFILLED
+    return combine([of_part(p) for p in (*parts[:-1], _after(item, owner))])
 
 
 def _shortest(candidates) -> bytes:

@@ -68,7 +68,7 @@ def _declared(c, name: str, subschema, required: bool, patterns, names, pointer:
 
 def _extras(c, declared: list[str], patterns, extra, names, pointer: str) -> rx.Rx:
     """One member whose key is not declared: split by the patterns the key matches."""
-    plain = rx.inter(rx.star(jt.PLAIN_CHAR), rx.complement(rx.alt(*(rx.literal(n) for n in declared))))
+    plain = rx.without_words(rx.star(jt.PLAIN_CHAR), declared)
     options = []
     for chosen in _pattern_cases(len(patterns), _disjoint([p.upper for p in patterns])):
         content = rx.inter(plain, *(p.lower if hit else rx.complement(p.upper) for p, hit in zip(patterns, chosen)))

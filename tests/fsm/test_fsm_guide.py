@@ -9,6 +9,7 @@ import torch
 
 import fsm
 from fsm import rx
+from fsm.lazy_dfa import DEAD
 from fsm.vocabulary import vocabulary_from_tokenizer
 from tests.fsm_walk import random_walk, text_of
 from tests.fsm.test_fsm_schema import Character
@@ -254,20 +255,50 @@ def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_c
 
 
 def test_head_sharing_allows_what_a_plain_walk_allows(tokenizer):
-    """Along random walks of an open object in any order (heads: a key, a value, the members left), every
-    state allows exactly the tokens a walk of the whole vocabulary from it allows."""
+    """Along random walks of an open object in any order, with an object inside (heads: a key, a value, the
+    members of the inner object), every state allows exactly the tokens a walk of the whole vocabulary from
+    it allows."""
+    inner = {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}}
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"type": "string"}},
-                                               "n": {"type": "integer"}}, "required": ["name"]}
+                                               "n": {"type": "integer"}, "sub": inner}, "required": ["name"]}
     guide = fsm.Guide.from_schema(schema, tokenizer, policy="spec")
     index, rng = guide.index, random.Random(0)
-    for _ in range(4):
+    for _ in range(6):
         walker = guide.copy()
-        for _ in range(30):
+        for _ in range(40):
             if walker.is_finished():
                 break
             allowed = walker.allowed()
             assert allowed == sorted(_plain_walk(index, walker.state))
             walker.advance(allowed[rng.randrange(len(allowed))])
+
+
+def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer, monkeypatch, fresh_fsm_caches):
+    """Inside the third key of an open object in any order, the states after different first members hold
+    the same items (`rx.split_pick`) with different members left: the vocabulary is walked once for those
+    items (the first state plainly: a head met once), and each state allows exactly what its own walk allows
+    (a key already written is not)."""
+    from fsm import index as ix
+
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in ("alpha", "beta", "gamma")}}
+    guide = fsm.Guide.from_schema(schema, tokenizer, policy="spec")
+    index = guide.index
+    walks, plain = [], []
+    real_head, real_plain = ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append(args[1]) or real_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: plain.append(args[2]) or real_plain(*args))
+    prefixes = (b'{"alpha":1,"', b'{"beta":2,"', b'{"gamma":3,"', b'{"zeta":4,"')
+    states = [index.dfa.walk(prefix) for prefix in prefixes]
+    infos = [index.info(state) for state in states]
+    assert len(set(states)) == 4 and len(walks) == 1 and plain == [states[0]]
+    monkeypatch.setattr(ix, "_walk_all_tokens", real_plain)
+    for state, info in zip(states, infos):
+        expected = _plain_walk(index, state)
+        assert info.token_ids.tolist() == sorted(expected)
+        for token, nxt in zip(info.token_ids.tolist(), info.next_states.tolist()):
+            assert nxt == expected[token] or _same_language(index.dfa.term(nxt), index.dfa.term(expected[token]))
+    again = [index.dfa.walk(b'alpha":1}', state) for state in states]
+    assert again[0] == DEAD and DEAD not in again[1:]
 
 
 def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, monkeypatch, fresh_fsm_caches):

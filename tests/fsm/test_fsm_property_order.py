@@ -231,6 +231,56 @@ def test_any_order_list_is_the_language_of_its_definition(required, optional, ex
     assert rx.is_empty(term) == (not letters)
 
 
+def _derivative_of(term: rx.Rx, text: str) -> rx.Rx:
+    for byte in text.encode():
+        term = rx.derivative(term, byte)
+    return term
+
+
+def test_any_order_list_of_intersections_is_the_language_of_its_definition():
+    """Items that are not plain (an intersection each): every prefix of a list is non-empty with a witness
+    that completes it, and every text is matched as the brute force says (what a non-plain `pick` answers)."""
+    words = rx.star(rx.byte_range(ord("a"), ord("z")))
+    item = lambda text: rx.inter(rx.literal(text), words)  # noqa: E731
+    term = rx.any_order_list([item("a"), item("b")], [item("c")], item("x"), rx.literal(","))
+    assert not term.plain
+    for n in range(0, 5):
+        for items in itertools.product("abcx", repeat=n):
+            text = ",".join(items)
+            assert rx.matches(term, text) == _brute_any_order(text, ["a", "b"], ["c"], "x"), text
+            after = _derivative_of(term, text)
+            completable = all(items.count(once) <= 1 for once in "abc")  # the missing required ones can follow
+            assert rx.is_empty(after) == (not completable), text
+            found = rx.witness(after)
+            assert found is None or rx.matches(term, text.encode() + found), text
+
+
+def test_lists_of_one_object_share_the_derivatives_of_their_items():
+    """After different first members, the member being written is one term (`split_pick`'s items), and
+    the whole states differ only in the members they still allow."""
+    term = rx.any_order_list([rx.literal("k1:1")], [rx.literal("k2:2"), rx.literal("k3:3")], rx.NOTHING, rx.literal(","))
+    states = [_derivative_of(term, first + ",k") for first in ("k1:1", "k2:2", "k3:3")]
+    splits = [rx.split_pick(state) for state in states]
+    assert all(s is not None for s in splits)
+    assert splits[0][0] is splits[1][0] is splits[2][0]
+    assert len({s[1][0][0].id for s in splits}) == 3  # three owners: the members left differ
+    assert rx.matches(states[1], "1:1") and not rx.matches(states[1], "2:2") and rx.matches(states[1], "1:1,k3:3")
+    assert rx.matches(states[0], "2:2") and rx.matches(states[0], "3:3,k2:2") and not rx.matches(states[0], "1:1")
+    assert rx.unsplit(*splits[2]) is states[2]
+
+
+def test_a_list_restricted_after_a_member_keeps_its_language():
+    """Restricting a derivative (a pick of the items with the owner's holes) restricts its language exactly."""
+    from fsm.liveness import restrict
+
+    term = rx.any_order_list([rx.literal("ab"), rx.literal("cd")], [rx.literal("e")], rx.literal("x"), rx.literal(","))
+    mask = sum(1 << b for b in b"abcdx,")  # no "e"
+    state = _derivative_of(term, "ab,")
+    spelled = restrict(state, mask, rx.star(rx.byte_set(mask)), {})
+    for text in ("cd", "cd,x", "x,cd", "cd,e", "e,cd", "cd,ab", "x"):
+        assert rx.matches(spelled, text) == (rx.matches(state, text) and "e" not in text), text
+
+
 def test_any_order_list_is_empty_only_when_a_required_item_is():
     never = rx.inter(rx.literal("a"), rx.literal("b"))  # empty, but not by construction
     assert rx.is_empty(rx.any_order_list([never], [rx.literal("c")], rx.NOTHING, rx.literal(",")))

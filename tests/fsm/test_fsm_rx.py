@@ -245,3 +245,17 @@ def test_an_empty_search_marks_every_term_it_explored_empty(monkeypatch):
     real = rx._derive
     monkeypatch.setattr(rx, "_derive", lambda t, byte: derived.append(t) or real(t, byte))
     assert later is rx.NOTHING or (rx.is_empty(later) and derived == [])
+
+
+@pytest.mark.parametrize("words", [["a"], ["", "ab"], ["name", "names", "n", "é"], ["xxxxx", "xy", "日本"]])
+def test_without_words_is_the_plain_difference(words):
+    """without_words(S, W) = S ∩ ¬W, and plain where S is: no emptiness search along an undeclared key."""
+    from fsm import json_terms as jt
+
+    text = rx.star(jt.PLAIN_CHAR)
+    less = rx.without_words(text, words)
+    expected = rx.inter(text, rx.complement(rx.alt(*(rx.literal(w) for w in words))))
+    assert less.plain
+    assert rx.is_empty(rx.inter(less, rx.complement(expected))) and rx.is_empty(rx.inter(expected, rx.complement(less)))
+    for word in (*words, "nam", "namex", "日", "b"):
+        assert rx.matches(less, word) == (word not in words)
