@@ -96,7 +96,7 @@ def forward_costs(model, tokenizer, prompt: dict, reps: int, k: int = 5) -> dict
                 if system == "chain":
                     forward(model, cache, chain, k + 1)
                 else:
-                    tree_forward(model, cache, len(ids), chain + [2000], Branch(1, 2000, None, True))
+                    tree_forward(model, cache, len(ids), chain + [2000], Branch(1, 2000, None, True, 0.5))
                 times[system].append(time.perf_counter() - start)
                 crop_to(cache, len(ids) - 1)
     return {s: statistics.median(t) for s, t in times.items()}

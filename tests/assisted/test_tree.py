@@ -49,7 +49,7 @@ def test_each_tree_row_equals_the_chain_forward_of_its_path(small, attn, at, unc
     cache = new_cache()
     with torch.no_grad():
         forward(small, cache, seq[:-uncached], 1)
-        rows = tree_forward(small, cache, len(seq), seq[-uncached:] + chain + [alt], Branch(at, alt, None, True))
+        rows = tree_forward(small, cache, len(seq), seq[-uncached:] + chain + [alt], Branch(at, alt, None, True, 0.5))
     assert rows.shape == (len(chain) + 2, 16)
     torch.testing.assert_close(rows[:-1], full_logits(small, seq + chain)[len(seq) - 1 :], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(rows[-1], full_logits(small, seq + chain[:at] + [alt])[-1], atol=1e-5, rtol=1e-4)
@@ -62,7 +62,7 @@ def test_after_taking_the_leaf_the_cache_continues_like_a_fresh_forward(small, a
     cache = new_cache()
     with torch.no_grad():
         forward(small, cache, seq[:-1], 1)
-        tree_forward(small, cache, len(seq), seq[-1:] + chain + [alt], Branch(at, alt, None, True))
+        tree_forward(small, cache, len(seq), seq[-1:] + chain + [alt], Branch(at, alt, None, True, 0.5))
         move_leaf(cache, len(seq) + len(chain), len(seq) + at)
         committed = seq + chain[:at] + [alt]
         crop_to(cache, len(committed))
