@@ -31,7 +31,7 @@ from experiments.tasks import load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("chain", "tree")
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
-          "tokens_per_forward", "seconds_per_token", "branches", "leaves_taken", "token_ids")
+          "tokens_per_forward", "seconds_per_token", "branches", "leaves_taken", "leaves_priced_out", "token_ids")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +61,8 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
     return {"seconds": seconds, "new_tokens": s.new_tokens, "target_forwards": s.target_forward_passes,
             "tokens_per_forward": s.new_tokens / max(s.target_forward_passes, 1),
             "seconds_per_token": seconds / max(s.new_tokens, 1), "branches": s.branches,
-            "leaves_taken": s.leaves_taken, "token_ids": " ".join(map(str, out.token_ids))}
+            "leaves_taken": s.leaves_taken, "leaves_priced_out": s.leaves_priced_out,
+            "token_ids": " ".join(map(str, out.token_ids))}
 
 
 def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
