@@ -30,18 +30,33 @@ Two decisions, both on costs measured online (`assisted.costs.CostTable`):
   tie (one unlucky rejection must not lock a call into plain decoding); a long draft far behind comes back
   rarely.
 
-`observe` (state, step -> state), `choose` (state -> k) and `estimate` (state -> Estimates) are pure, so
-traces can be replayed and tested without models.
+- Per draft tree (`Estimates.leaf_pays`, `generate(tree=True)`): verify the assistant's runner-up as a side
+  leaf, or not. The leaf commits one more token when the chain is accepted up to its sibling, the sibling is
+  rejected and the target picks the runner-up there: the product of the chain's predicted acceptances before
+  the sibling, one minus the sibling's, and the runner-up's, predicted from the assistant's confidence in it
+  among the rest and calibrated online like the chain's (`observe_leaf`). Whether the target picked the
+  runner-up where it rejected the sibling is seen whether or not the leaf was verified (greedy: the same
+  event; sampling without the leaf: the residual draw, a lower estimate), so a leaf priced out still teaches
+  the calibration. It pays when that beats the price of one more verification row, target(rows + 1) -
+  target(rows) seconds at the cut's price; fixed schedules always verify it.
+
+`observe` (state, step -> state), `observe_leaf`, `choose` (state -> k) and `estimate` (state -> Estimates) are
+pure, so traces can be replayed and tested without models.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from assisted.costs import CostTable, StepCost
+
+if TYPE_CHECKING:
+    from drafting.base import Draft
+    from drafting.tree import Branch
 
 CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # lower edges of the calibration bins
 
@@ -105,6 +120,12 @@ class Estimates:
     lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
     optimism: float = 0.0  # where the cut would verify nothing, it rereads acceptance this many stds above the mean
     window: int | None = None  # the most drafts of the next step (None: k_max)
+    leaf_calibration: Calibration = Calibration()  # P(the target picks the runner-up | the sibling was rejected)
+
+    @property
+    def price(self) -> float:
+        """Tokens a second is worth: the better of plain decoding's rate and the measured drafting rate."""
+        return max(self.plain_rate, self.drafting_rate or 0.0)
 
     def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
         """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
@@ -125,7 +146,7 @@ class Estimates:
 
     def _cut(self, acc: np.ndarray, k_max: int) -> int | None:
         survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
-        seconds, j, rate = np.asarray(self.target_seconds), len(acc), max(self.plain_rate, self.drafting_rate or 0.0)
+        seconds, j, rate = np.asarray(self.target_seconds), len(acc), self.price
         keep = np.concatenate([[0.0], np.cumsum(survival)]) - rate * seconds[1 : j + 2]  # (j + 1,)
         cap = min(k_max, len(seconds) - 2, k_max if self.window is None else self.window)
         if j < cap:
@@ -136,6 +157,21 @@ class Estimates:
             if more.max() > keep.max():
                 return None
         return int(np.argmax(keep))
+
+    def leaf_pays(self, before: tuple[float, ...], sibling: float, leaf: float, rows: int) -> bool:
+        """Whether a side leaf's expected extra token is worth one more row in a forward over `rows` tokens.
+
+        Expected extra token: P(the drafts `before` its sibling are accepted) * P(the sibling, of confidence
+        `sibling`, is rejected) * P(the target picks the leaf, of confidence `leaf` among the rest). Price:
+        target(rows + 1) - target(rows) seconds at `price`; past the curve's end a row is free, as the cost table
+        holds its largest measured n. NaN in `before` marks a prompt-lookup draft.
+        """
+        reach = float(np.prod(self.accepts(before)))
+        rejected = 1.0 - float(self.accepts((sibling,))[0])
+        picked = float(self.leaf_calibration.predict(np.array([leaf]))[0])
+        last = len(self.target_seconds) - 1
+        extra = self.target_seconds[min(rows + 1, last)] - self.target_seconds[min(rows, last)]
+        return reach * rejected * picked > self.price * extra
 
     def accepts(self, confidence: tuple[float, ...], optimism: float = 0.0) -> np.ndarray:
         """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft."""
@@ -179,6 +215,7 @@ class AutoState:
     idle: int = 0  # steps since the last drafting step
     probe_loss: float = 0.0  # expected seconds a drafting step as long as the last one loses to plain decoding
     window: int = 0  # the most drafts of the next step: window_growth * (last accepted run + 1) (0: k0)
+    leaf_calibration: Calibration = field(default_factory=Calibration)  # the runner-up's, given its confidence
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -228,6 +265,13 @@ def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None
                    drafting_steps=state.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
 
 
+def observe_leaf(state: AutoState, confidence: float, picked: bool, cfg: AutoConfig) -> AutoState:
+    """The state after the target rejected a branch's sibling and did (`picked`) or did not take the runner-up
+    of this `confidence` there."""
+    calibration = state.leaf_calibration.observed((confidence,), int(picked), cfg.calibration_decay)
+    return replace(state, leaf_calibration=calibration)
+
+
 def _step_seconds(state: AutoState, cost: StepCost | None, verified: int) -> float | None:
     """The step's seconds without prefills: as measured, or for a step that holds a prefill as the cost table
     predicts for its forward over `verified` drafts and its drafted tokens (None: no target forward, or no
@@ -250,7 +294,7 @@ def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
     plain = 1.0 / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
-                     cfg.optimism, max(state.window, state.k0))
+                     cfg.optimism, max(state.window, state.k0), state.leaf_calibration)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:
@@ -331,6 +375,24 @@ class Auto:
     def cut(self, confidence: tuple[float, ...]) -> int | None:
         """None: draft another token; else verify the first this-many drafts (no cut during the warm-up)."""
         return self._estimates.cut(confidence, self.config.k_max) if self._cuts else None
+
+    def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
+        """Whether `branch`, a side leaf of `draft`, pays for one more row next to the draft's `rows`
+        (`Estimates.leaf_pays`).
+
+        Greedy, a leaf after which the target's token is not committed (EOS, a coalesced forced run) commits no
+        more than the target's correction would: it never pays. Sampling, that depends on the runner-up drawn,
+        and whether a leaf is verified must not (the accepted tokens would lean), so it is not asked.
+        """
+        if draft.q is None and not branch.bonus:
+            return False
+        confidence = draft.model_confidence
+        ahead = sum(s != "forced" for s in draft.sources[: branch.at])  # model drafts before the sibling
+        return self._estimates.leaf_pays(confidence[:ahead], confidence[ahead], branch.confidence, rows)
+
+    def observe_leaf(self, confidence: float, picked: bool) -> None:
+        self.state = observe_leaf(self.state, confidence, picked, self.config)
+        self._refresh()
 
     def estimates(self) -> Estimates:
         return self._estimates

@@ -25,7 +25,7 @@ from drafting.cache import crop_to, forward, new_cache, output_device
 from drafting.combined import CombinedSource
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
-from drafting.tree import check_tree_attention, grow_branch
+from drafting.tree import Branch, check_tree_attention, grow_branch
 
 
 def generate(
@@ -115,7 +115,9 @@ def generate(
         Draft a tree: where the assistant is unsure (its first token with confidence below
         `drafting.tree.BRANCH_BELOW`), also its runner-up there (greedy: second choice; sampling: a second draw
         without replacement), verified in the same target forward. Lossless like a chain (multi-candidate
-        rejection when sampling). Needs `assistant_model`.
+        rejection when sampling). Needs `assistant_model`. Under "auto" the leaf is verified only where its
+        expected extra token pays for its extra row in the forward, from the measured costs and the assistant's
+        (calibrated) confidence at and before it; ``stats.leaves_priced_out`` counts the others.
 
     Returns
     -------
@@ -184,12 +186,13 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, policy.lookup_k)
         # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
         ids, took = seq[cached:] + list(draft.tokens), False
-        branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # a side leaf, or None
+        branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # the runner-up where unsure
+        leaf = branch if branch is not None and policy.leaf_pays(draft, branch, len(ids)) else None  # if its row pays
         if opts.coalesce and all(draft.forced) and draft.finished:
             n, after, ids = len(draft.tokens), [], []  # only coalesced tokens up to the end: nothing to decide
-        elif branch is not None:
-            ids.append(branch.token)
-            n, took, after = verify_tree(model, cache, len(seq), ids, draft, branch, opts, generator, rec)
+        elif leaf is not None:
+            ids.append(leaf.token)
+            n, took, after = verify_tree(model, cache, len(seq), ids, draft, leaf, opts, generator, rec)
         else:
             n, token = _verify(model, cache, ids, draft, opts, generator, rec)
             after = [token]
@@ -202,8 +205,9 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         # 4. adapt k on the judged model drafts and the step's timings, and record the step
         cost = StepCost(len(ids), rec.target_seconds - spent[0], source.calls - spent[1], source.seconds - spent[2])
         policy.update(*_judged(draft.forced, n), cost, draft.model_confidence)
+        _judge_runner_up(policy, branch, n, after)
         rec.step(k, draft.sources, n, opts.coalesce)
-        rec.branch(branch is not None, took)
+        rec.branch(leaf is not None, took, priced_out=branch is not None and leaf is None)
         if stop is not None:
             return seq[len(prompt) :], stop
 
@@ -253,6 +257,12 @@ def _judged(forced: tuple[bool, ...], n: int) -> tuple[int, int]:
     """
     judged = sum(not f for f in forced[: n + 1])
     return judged, judged - (n < len(forced) and not forced[n])
+
+
+def _judge_runner_up(policy: Policy, branch: Branch | None, n: int, after: list[int]) -> None:
+    """Tell the policy whether the target, rejecting the branch's sibling, picked the runner-up (verified or not)."""
+    if branch is not None and n == branch.at:
+        policy.observe_leaf(branch.confidence, after[0] == branch.token)
 
 
 def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int) -> StopReason | None:

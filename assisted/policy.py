@@ -4,15 +4,21 @@ Forced tokens are free and never count against k. After each drafted token the l
 `cut` whether to go on (None) or how many drafts to verify; after every step it tells the policy which
 drafts the target judged (up to the first rejection, with the assistant's confidence in each), how many it
 accepted, and what the step cost: a `StepCost` of wall times the loop measured around calls it made
-anyway. `constant` and `heuristic` (transformers' schedules) never cut; `auto` (`assisted.auto`) does.
+anyway. `constant` and `heuristic` (transformers' schedules) never cut; `auto` (`assisted.auto`) does. With
+`generate(tree=True)`, the policy also decides whether a side leaf is verified: the fixed schedules always,
+`auto` where its expected extra token pays for its row.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from assisted.auto import Auto, AutoConfig, Calibration, Estimates
 from assisted.costs import CostTable, StepCost
+
+if TYPE_CHECKING:
+    from drafting.base import Draft
+    from drafting.tree import Branch
 
 __all__ = ["SCHEDULES", "Auto", "AutoConfig", "Constant", "Estimates", "Heuristic", "Policy", "StepCost",
            "make_policy"]
@@ -29,6 +35,12 @@ class Policy(Protocol):
 
     def cut(self, confidence: tuple[float, ...]) -> int | None:
         """After drafts with these confidences: None to draft on (up to k), else how many of them to verify."""
+
+    def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
+        """Whether to verify `branch`, a side leaf of `draft`, in the forward over the draft's `rows` tokens."""
+
+    def observe_leaf(self, confidence: float, picked: bool) -> None:
+        """The target rejected a branch's sibling and did or did not pick the runner-up (of this confidence)."""
 
     def estimates(self) -> Estimates | None:
         """What a cost-aware policy believes now; None for the others."""
@@ -57,6 +69,12 @@ class Constant:
 
     def cut(self, confidence: tuple[float, ...]) -> None:
         return None
+
+    def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
+        return True
+
+    def observe_leaf(self, confidence: float, picked: bool) -> None:
+        pass
 
     def estimates(self) -> None:
         return None

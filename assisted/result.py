@@ -57,6 +57,7 @@ class Stats:
     prefill_tokens: int = 0  # prompt tokens the target ran (the rest came from a prefix cache)
     branches: int = 0  # generate(tree=True): steps whose draft had a side leaf
     leaves_taken: int = 0  # of those, steps that committed the leaf
+    leaves_priced_out: int = 0  # schedule="auto": steps whose leaf was not verified, its row worth more than it
 
     @property
     def acceptance_rate(self) -> float:
@@ -104,7 +105,7 @@ class Recorder:
         self.drafted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.appended, self.steps = 0, []
-        self.branches, self.leaves_taken = 0, 0
+        self.branches, self.leaves_taken, self.priced_out = 0, 0, 0
 
     def step(self, k: int, sources: tuple[str, ...], n: int, coalesce: bool) -> None:
         """Book a step whose draft came from `sources` and whose first `n` tokens were accepted."""
@@ -117,9 +118,11 @@ class Recorder:
         self.appended += appended
         self.steps.append(StepRecord(k, len(verified), sum(ok for _, ok in verified), appended))
 
-    def branch(self, grown: bool, taken: bool) -> None:
-        """Book whether the step's draft had a side leaf, and whether the leaf was committed."""
+    def branch(self, grown: bool, taken: bool, priced_out: bool = False) -> None:
+        """Book whether the step's draft had a side leaf, whether the leaf was committed, and whether the policy
+        priced a leaf out."""
         self.branches, self.leaves_taken = self.branches + grown, self.leaves_taken + taken
+        self.priced_out += priced_out
 
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
                estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
@@ -140,4 +143,5 @@ class Recorder:
             prefill_tokens=prefill_tokens,
             branches=self.branches,
             leaves_taken=self.leaves_taken,
+            leaves_priced_out=self.priced_out,
         )

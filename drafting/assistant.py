@@ -8,7 +8,7 @@ import torch
 
 from drafting.base import DeviceMasks
 from drafting.cache import crop_to, forward, input_device, new_cache
-from drafting.sampling import Warp, masked, probs, sample
+from drafting.sampling import Warp, confidence, masked, probs, sample
 
 
 class AssistantDrafter:
@@ -40,13 +40,12 @@ class AssistantDrafter:
         mask = self.masks(mask)
         logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
         self.last_logits = logits  # what a draft tree's runner-up is chosen from
-        confidence = torch.exp(logits.max() - torch.logsumexp(logits, dim=-1))  # (1,)
         q = probs(logits, None, self.warp) if self.warp.do_sample else None  # (1, V), already masked
         token = sample(q, self.generator) if q is not None else logits.argmax(-1)  # (1,)
-        token, confidence = torch.cat([token.double(), confidence.double()]).tolist()  # the one host sync
+        token, conf = torch.cat([token.double(), confidence(logits).double()]).tolist()  # the one host sync
         # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
-        return int(token), q, confidence
+        return int(token), q, conf
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""

@@ -61,6 +61,11 @@ def probs(logits: torch.Tensor, mask: torch.Tensor | None, warp: Warp) -> torch.
     return warped(masked(logits.float(), mask), warp).softmax(dim=-1)
 
 
+def confidence(logits: torch.Tensor) -> torch.Tensor:
+    """The largest probability of softmax(logits) per row, at temperature 1. (n, V) -> (n,)."""
+    return torch.exp(logits.max(-1).values - torch.logsumexp(logits, dim=-1))
+
+
 def sample(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row from non-negative (unnormalized) weights. (n, V) -> (n,)."""
     return torch.multinomial(weights, 1, generator=generator).squeeze(-1)

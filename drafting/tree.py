@@ -9,7 +9,9 @@ position it was committed at, and the cache is cropped as after a chain step.
 
 Where to branch must not depend on the token drawn there (or the accepted tokens would lean towards likely
 ones): the branch goes at the first assistant token whose confidence (a function of the distribution only,
-which depends on chain[:at] only) is below `threshold`.
+which depends on chain[:at] only) is below `threshold`. For the same reason the leaf's own confidence, by
+which `assisted.auto` prices it, is the max of the assistant's distribution without chain token `at`: greedy,
+the runner-up's share of what the chain token leaves; sampling, a function of q and the chain token only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from transformers import DynamicCache
 from drafting.base import Cursor, Draft
 from drafting.cache import cache_argument, input_device
 from drafting.combined import CombinedSource
-from drafting.sampling import NEG_INF, sample
+from drafting.sampling import NEG_INF, confidence, sample
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
 TREE_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D additive mask
@@ -36,6 +38,7 @@ class Branch:
     token: int  # the alternative token
     mask_after: torch.Tensor | None  # (V,) bool on the target's device: the guide state after chain[:at] + token
     bonus: bool  # whether the target's token after the leaf may be committed (not after EOS or a forced run)
+    confidence: float  # max of the assistant's distribution at `at` without chain token `at`, renormalized
 
 
 def branch_position(draft: Draft, threshold: float) -> int | None:
@@ -44,18 +47,25 @@ def branch_position(draft: Draft, threshold: float) -> int | None:
                  if s == "assistant" and c < threshold), None)
 
 
-def runner_up(logits: torch.Tensor, q: torch.Tensor | None, token: int, generator) -> int | None:
-    """The alternative to `token`: the second draw from `q` without replacement when sampling, else the second
-    largest of the masked `logits` (1, V); None when `token` was the only possible one."""
-    weights = (q if q is not None else logits.float()).clone()  # (1, V)
-    weights[0, token] = 0.0 if q is not None else NEG_INF
+def runner_up(logits: torch.Tensor, q: torch.Tensor | None, token: int, generator) -> tuple[int, float] | None:
+    """The alternative to `token` and the assistant's confidence among the rest; None when `token` was the only
+    possible one.
+
+    The alternative is the second draw from `q` without replacement when sampling, else the second largest of
+    the masked `logits` (1, V). The confidence is the max of softmax(logits) without `token`, renormalized
+    (temperature 1, like `Draft.confidence`): it never depends on the alternative drawn.
+    """
+    rest = logits.float().clone()  # (1, V)
+    rest[0, token] = NEG_INF
     if q is not None:
+        weights = q.clone()  # (1, V)
+        weights[0, token] = 0.0
         possible = weights.sum() > 0
         choice = sample(torch.where(possible, weights, q), generator)  # (1,): a draw either way, one sync below
     else:
-        possible, choice = weights.max() > NEG_INF, weights.argmax(-1)
-    alt, ok = torch.cat([choice.double(), possible.double()[None]]).tolist()
-    return int(alt) if ok else None
+        possible, choice = rest.max() > NEG_INF, rest.argmax(-1)
+    alt, ok, sure = torch.cat([choice.double(), possible.double()[None], confidence(rest).double()]).tolist()
+    return (int(alt), sure) if ok else None
 
 
 def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: bool,
@@ -69,9 +79,10 @@ def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: 
         return None
     row = draft.sources[:at].count("assistant")
     q = None if draft.q is None else draft.q[at : at + 1]  # (1, V)
-    alt = runner_up(source.logits[row], q, draft.tokens[at], source.assistant.generator)
-    if alt is None:
+    found = runner_up(source.logits[row], q, draft.tokens[at], source.assistant.generator)
+    if found is None:
         return None
+    alt, sure = found
     cursor = cursor.copy()
     for token in draft.tokens[:at]:
         cursor.advance(token)
@@ -81,7 +92,7 @@ def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: 
     mask = None if draft.masks is None else draft.masks[at] if ends else cursor.mask()
     mask = source.target_masks(mask)
     forced_next = coalesce and bool(cursor.forced())  # coalescence appends those, not the target's choice
-    return Branch(at, alt, mask, not ends and not forced_next and not cursor.finished())
+    return Branch(at, alt, mask, not ends and not forced_next and not cursor.finished(), sure)
 
 
 def check_tree_attention(model) -> None:

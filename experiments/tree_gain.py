@@ -31,7 +31,7 @@ from experiments.tasks import load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("chain", "tree")
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
-          "tokens_per_forward", "seconds_per_token", "branches", "leaves_taken", "token_ids")
+          "tokens_per_forward", "seconds_per_token", "branches", "leaves_taken", "leaves_priced_out", "token_ids")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +61,8 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
     return {"seconds": seconds, "new_tokens": s.new_tokens, "target_forwards": s.target_forward_passes,
             "tokens_per_forward": s.new_tokens / max(s.target_forward_passes, 1),
             "seconds_per_token": seconds / max(s.new_tokens, 1), "branches": s.branches,
-            "leaves_taken": s.leaves_taken, "token_ids": " ".join(map(str, out.token_ids))}
+            "leaves_taken": s.leaves_taken, "leaves_priced_out": s.leaves_priced_out,
+            "token_ids": " ".join(map(str, out.token_ids))}
 
 
 def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
@@ -96,7 +97,7 @@ def forward_costs(model, tokenizer, prompt: dict, reps: int, k: int = 5) -> dict
                 if system == "chain":
                     forward(model, cache, chain, k + 1)
                 else:
-                    tree_forward(model, cache, len(ids), chain + [2000], Branch(1, 2000, None, True))
+                    tree_forward(model, cache, len(ids), chain + [2000], Branch(1, 2000, None, True, 0.5))
                 times[system].append(time.perf_counter() - start)
                 crop_to(cache, len(ids) - 1)
     return {s: statistics.median(t) for s, t in times.items()}

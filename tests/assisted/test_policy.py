@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from assisted.auto import AutoState, Calibration, _wait, choose, estimate, observe
+from assisted.auto import AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf
 from assisted.costs import CostTable
 from assisted.policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
 from drafting.base import Draft
@@ -328,3 +328,63 @@ def test_auto_stops_verifying_prompt_copies_that_the_target_keeps_rejecting():
         passing = observe(passing, 3, 3, None, cfg, copies)
     assert estimate(failing, cfg).cut(copies, cfg.k_max) == 0  # measured to fail: none verified
     assert estimate(passing, cfg).cut(copies, cfg.k_max) is None  # measured to pass: copy on, all kept
+
+
+# --- pricing a draft tree's side leaf ------------------------------------------------------------------------
+# The leaf commits one more token where the chain reaches its sibling, the sibling is rejected and the target
+# picks the runner-up: reach * (1 - acceptance(sibling)) * acceptance(runner-up), against one more row's seconds.
+
+CHEAP_ROW = (0.0,) + tuple(0.1 + 0.001 * n for n in range(1, 22))  # a row: 0.001 s at 9.9 tokens/s, 0.01 tokens
+DEAR_ROW = (0.0,) + tuple(0.1 + 0.2 * n for n in range(1, 22))  # a row: 0.2 s at 3.3 tokens/s, 0.67 tokens
+
+
+def leaf_beliefs(seconds: tuple[float, ...]) -> Estimates:
+    """Beliefs without evidence: each acceptance reads as the assistant's confidence."""
+    return Estimates(seconds, 0.01, 0.7, Calibration(), 1 / seconds[1], None)
+
+
+def test_a_leaf_is_verified_where_a_row_is_cheap_and_the_runner_up_likely():
+    sure_chain, unsure_sibling, likely = (0.95, 0.95), 0.3, 0.9  # 0.9025 * 0.7 * 0.9 = 0.57 expected tokens
+    assert leaf_beliefs(CHEAP_ROW).leaf_pays(sure_chain, unsure_sibling, likely, rows=3)
+    assert not leaf_beliefs(DEAR_ROW).leaf_pays(sure_chain, unsure_sibling, likely, rows=3)  # 0.67 > 0.57
+    assert not leaf_beliefs(CHEAP_ROW).leaf_pays(sure_chain, unsure_sibling, 0.01, rows=3)  # runner-up unlikely
+    assert not leaf_beliefs(CHEAP_ROW).leaf_pays(sure_chain, 0.99, likely, rows=3)  # sibling seldom rejected
+    assert not leaf_beliefs(CHEAP_ROW).leaf_pays((0.1, 0.1), unsure_sibling, likely, rows=3)  # seldom reached
+    assert leaf_beliefs(DEAR_ROW).leaf_pays(sure_chain, unsure_sibling, likely, rows=21)  # past the curve: free
+    fast = replace(leaf_beliefs(CHEAP_ROW), drafting_rate=1000.0)  # the cut's price: drafting commits 1000 tokens/s
+    assert not fast.leaf_pays(sure_chain, unsure_sibling, likely, rows=3)  # so a 1 ms row is worth a token
+
+
+def test_auto_prices_a_leaf_from_its_draft_and_the_fixed_schedules_always_verify_it():
+    import torch
+
+    from drafting.tree import Branch
+
+    nan = float("nan")
+    cheap = CostTable().with_target(1, 0.1, 0.9).with_target(8, 0.107, 0.9).with_draft(0.01, 0.9)  # 1 ms a row
+    dear = CostTable().with_target(1, 0.1, 0.9).with_target(8, 1.5, 0.9).with_draft(0.01, 0.9)  # 0.2 s a row
+    draft = Draft((5, 6, 7), ("assistant", "forced", "assistant"), None, None, (0.95, nan, 0.3), False)
+    leaf = Branch(2, 8, None, True, 0.9)  # the alternative to the second assistant token; the forced one is free
+    assert Auto(5, costs=cheap).leaf_pays(draft, leaf, rows=4)  # 0.95 * 0.7 * 0.9 = 0.6 tokens against 0.01
+    assert not Auto(5, costs=dear).leaf_pays(draft, leaf, rows=4)  # ... against 2 tokens
+    no_bonus = replace(leaf, bonus=False)  # the leaf ends in EOS or a coalesced forced run
+    assert not Auto(5, costs=cheap).leaf_pays(draft, no_bonus, rows=4)  # greedy: it commits nothing more
+    sampled = replace(draft, q=torch.zeros(3, 8))  # sampling: whether a leaf is verified must not depend on it
+    assert Auto(5, costs=cheap).leaf_pays(sampled, no_bonus, rows=4)
+    for fixed in (Constant(5), Heuristic(5)):
+        assert fixed.leaf_pays(draft, no_bonus, rows=4)
+
+
+def test_the_runner_ups_acceptance_is_calibrated_online_like_the_chains():
+    cfg = AutoConfig()
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(8, 0.17, 0.9).with_draft(0.01, 0.9)  # a row: 0.1 tokens
+    state = AutoState(k0=5, costs=costs)
+    likely, unlikely = ((0.95,), 0.3, 0.6, 3), ((0.95,), 0.3, 0.1, 3)  # prior: 0.4 and 0.07 expected tokens
+    assert estimate(state, cfg).leaf_pays(*likely) and not estimate(state, cfg).leaf_pays(*unlikely)
+    missed, picked = state, state
+    for _ in range(20):
+        missed = observe_leaf(missed, 0.6, False, cfg)  # the target never picks these runner-ups ...
+        picked = observe_leaf(picked, 0.1, True, cfg)  # ... and always picks these
+    assert not estimate(missed, cfg).leaf_pays(*likely)
+    assert estimate(picked, cfg).leaf_pays(*unlikely)
+    assert missed.calibration == picked.calibration == state.calibration  # the chain's calibration is apart

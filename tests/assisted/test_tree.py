@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from assisted import generate
+import drafting.assistant
+from assisted import generate, reset_remembered_state
+from assisted.costs import N_MAX, CostTable, memorize
 from assisted.acceptance import speculative_accept
 from assisted.tree_accept import greedy_tree_accept, speculative_tree_accept
 from drafting.cache import crop_to, forward, new_cache
@@ -49,7 +53,7 @@ def test_each_tree_row_equals_the_chain_forward_of_its_path(small, attn, at, unc
     cache = new_cache()
     with torch.no_grad():
         forward(small, cache, seq[:-uncached], 1)
-        rows = tree_forward(small, cache, len(seq), seq[-uncached:] + chain + [alt], Branch(at, alt, None, True))
+        rows = tree_forward(small, cache, len(seq), seq[-uncached:] + chain + [alt], Branch(at, alt, None, True, 0.5))
     assert rows.shape == (len(chain) + 2, 16)
     torch.testing.assert_close(rows[:-1], full_logits(small, seq + chain)[len(seq) - 1 :], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(rows[-1], full_logits(small, seq + chain[:at] + [alt])[-1], atol=1e-5, rtol=1e-4)
@@ -62,7 +66,7 @@ def test_after_taking_the_leaf_the_cache_continues_like_a_fresh_forward(small, a
     cache = new_cache()
     with torch.no_grad():
         forward(small, cache, seq[:-1], 1)
-        tree_forward(small, cache, len(seq), seq[-1:] + chain + [alt], Branch(at, alt, None, True))
+        tree_forward(small, cache, len(seq), seq[-1:] + chain + [alt], Branch(at, alt, None, True, 0.5))
         move_leaf(cache, len(seq) + len(chain), len(seq) + at)
         committed = seq + chain[:at] + [alt]
         crop_to(cache, len(committed))
@@ -179,11 +183,52 @@ def test_greedy_tree_output_equals_the_reference(pairs, monkeypatch, pair, const
     ref = generate(target, **kw)
     out = generate(target, assistant, tree=True, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
-    assert out.stats.branches > 0
+    assert out.stats.branches + out.stats.leaves_priced_out > 0  # auto may price a leaf out (one that gains nothing)
     if pair == "nudged" and constraint == "none":
         assert out.stats.leaves_taken > 0  # the leaf, and the cache compaction after it, really ran
         chain = generate(target, assistant, **kw)
         assert out.stats.target_forward_passes < chain.stats.target_forward_passes
+
+
+def fixed_costs(seconds) -> CostTable:
+    """Costs a call's own (pinned) timings cannot move: target forwards over every n at a weight of 1e12."""
+    return CostTable(tuple((n, seconds(n), 1e12) for n in range(1, N_MAX + 1)), draft_per_token=0.0)
+
+
+ROW_COSTS = {"cheap": lambda n: 1e-3, "dear": lambda n: 1e-3 if n <= 2 else 1.0}  # dear: a third row costs 1000 steps
+
+
+def priced_tree(monkeypatch, target, assistant, seconds, **kw):
+    """generate(tree=True) under `auto`, starting from nothing remembered but the costs `seconds(n)` of a target
+    forward over n tokens; drafts are free."""
+    pin_clock(monkeypatch)
+    monkeypatch.setattr(drafting.assistant, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+    reset_remembered_state()
+    memorize(target, assistant, fixed_costs(seconds))
+    return generate(target, assistant, tree=True, schedule="auto", **kw)
+
+
+@pytest.mark.parametrize("rows", list(ROW_COSTS))
+@pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
+@pytest.mark.parametrize("constraint", list(CONSTRAINTS))
+@pytest.mark.parametrize("pair", ["nudged", "other"])
+def test_greedy_priced_tree_output_equals_the_reference(pairs, monkeypatch, pair, constraint, coalesce, rows):
+    target, assistant = pairs[pair]
+    kw = dict(tokenizer=smollm2_tokenizer(), prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce,
+              **CONSTRAINTS[constraint])
+    ref = generate(target, **kw)
+    out = priced_tree(monkeypatch, target, assistant, ROW_COSTS[rows], **kw)
+    assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
+
+
+def test_auto_verifies_the_leaf_where_a_row_is_cheap_and_prices_it_out_where_it_is_dear(pairs, monkeypatch):
+    target, assistant = pairs["nudged"]  # the runner-up is often the target's pick
+    kw = dict(tokenizer=smollm2_tokenizer(), prompt="Describe a hero:", max_new_tokens=40)
+    cheap = priced_tree(monkeypatch, target, assistant, ROW_COSTS["cheap"], **kw).stats
+    assert cheap.branches >= 10 and cheap.leaves_taken > 0 and cheap.leaves_priced_out == 0
+    dear = priced_tree(monkeypatch, target, assistant, ROW_COSTS["dear"], **kw).stats
+    assert dear.leaves_priced_out >= 10
+    assert dear.branches <= 1  # at most the first step's: its forward runs the prompt too, past the dear row
 
 
 def test_tree_is_validated_before_any_model_call():
@@ -219,6 +264,33 @@ def test_sampled_tree_generate_has_the_reference_joint_distribution(case):
         counts[tuple(out.token_ids[:2])] += 1
         taken += out.stats.leaves_taken
     assert taken > SAMPLED_DRAWS // 50  # the second candidate really decides steps
+    expected = reference_two_tokens(tok, target, prompt, regex, warp_kwargs)
+    p_value, tv = compare(counts, expected, SAMPLED_DRAWS)
+    assert p_value > 1e-3, f"chi-square p={p_value:.2g}, TV={tv:.3f}"
+    assert tv < 1.5 * sampling_noise_tv(expected, SAMPLED_DRAWS), f"TV={tv:.3f}"
+
+
+LEAF_ROW_PRICE = {"no-mask-temperature-0.8": 0.15, "mask-top-p": 0.36}  # in tokens: between what leaves expect
+
+
+@pytest.mark.parametrize("case", list(SAMPLED))
+def test_sampled_priced_tree_generate_has_the_reference_joint_distribution(case, monkeypatch):
+    """Under `auto`, whether the leaf is verified depends on the chain token drawn (through the runner-up's
+    confidence among the rest), never on the runner-up drawn: here a fourth row (prompt, one draft, the leaf)
+    costs more than the leaf expects after some chain tokens (the assistant's top one) and less after others."""
+    regex, warp_kwargs = SAMPLED[case]
+    price = LEAF_ROW_PRICE[case]
+    tok, prompt = tiny_tokenizer(), [1, 3]
+    target = tiny_llama(8, seed=3, hidden=16, init=0.3, eos=0)
+    assistant = tiny_llama(8, seed=0, hidden=16, init=0.3, eos=0)
+    kw = dict(tokenizer=tok, input_ids=prompt, regex=regex, max_new_tokens=2, do_sample=True, coalesce=False,
+              num_assistant_tokens=2, **warp_kwargs)
+    counts, verified, priced_out = Counter(), 0, 0
+    for seed in range(SAMPLED_DRAWS):
+        out = priced_tree(monkeypatch, target, assistant, lambda n: 1e-3 * (1 + price * (n > 3)), seed=seed, **kw)
+        counts[tuple(out.token_ids[:2])] += 1
+        verified, priced_out = verified + out.stats.branches, priced_out + out.stats.leaves_priced_out
+    assert verified > SAMPLED_DRAWS // 10 and priced_out > SAMPLED_DRAWS // 10  # both verdicts decide many steps
     expected = reference_two_tokens(tok, target, prompt, regex, warp_kwargs)
     p_value, tv = compare(counts, expected, SAMPLED_DRAWS)
     assert p_value > 1e-3, f"chi-square p={p_value:.2g}, TV={tv:.3f}"
