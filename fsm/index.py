@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from typing import Callable
 
 import numpy as np
 import torch
@@ -58,9 +59,9 @@ class StateInfo:
 
 @dataclass(frozen=True, eq=False)
 class HeadWalk:
-    """Every token walked through the DFA of a head term alone (`rx.split_head`), shared by the states
-    seq(head, tail) of any tail: a token that stays inside the head ends in seq(its end, tail); only
-    the tokens that pass an end of the head inside their bytes (`crossing`) need the state's own walk."""
+    """Every token walked through the DFA of a head term alone (see `Split`), shared by every state that
+    starts with the head: a token that stays inside the head ends in the state `Split.whole` makes of its
+    end; only the tokens that pass an end of the head inside their bytes (`crossing`) need the state's own walk."""
 
     dfa: LazyDFA  # the index's DFA of heads (one for all heads: rows filled for one serve the next)
     ids: np.ndarray  # (n,) int32 sorted: tokens that survive inside the head without crossing its end
@@ -69,14 +70,17 @@ class HeadWalk:
     crossing: np.ndarray  # (m,) int64 rows of walk_layout.order (ascending) of the crossing tokens
     allowed: np.ndarray  # (vocab_size,) bool of `ids`
     max_token_length: int  # of `ids`
-    _masks: dict = field(default_factory=dict, repr=False)  # extra ids (bytes) -> mask of ids + extra ids
+    _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
 
-    def mask_with(self, extra_ids: np.ndarray) -> torch.Tensor:
-        """(vocab_size,) bool of `ids` and the sorted `extra_ids` (shared by the states with the same extras)."""
-        key = extra_ids.tobytes()
+    def mask_with(self, dead: np.ndarray, extra_ids: np.ndarray) -> torch.Tensor:
+        """(vocab_size,) bool of `ids` but those ending in a `dead` end ((n_ends,) bool), and the sorted
+        `extra_ids` (shared by the states with the same dead ends and extras)."""
+        key = (np.packbits(dead).tobytes(), extra_ids.tobytes())
         found = self._masks.get(key)
         if found is None:
-            allowed = self.allowed.copy() if len(extra_ids) else self.allowed
+            allowed = self.allowed.copy() if len(extra_ids) or dead.any() else self.allowed
+            if dead.any():
+                allowed[self.ids[dead[self.end_of]]] = False
             allowed[extra_ids] = True
             found = self._masks[key] = torch.from_numpy(allowed)
         return found
@@ -87,31 +91,33 @@ class HeadWalk:
         return sum(a.nbytes for a in arrays) + self.allowed.nbytes
 
 
+UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
+
+
 @dataclass(frozen=True, eq=False)
 class HeadStateInfo:
-    """What a state seq(head, tail) allows, held as its HeadWalk plus the head's end states mapped to
-    states of the whole DFA (`mains`) and the crossing tokens that survive (`extra_ids`, sorted):
-    a few bytes per state where a StateInfo would copy the head's tokens. Same interface as StateInfo."""
+    """What a state allows, held as the HeadWalk of its head, which of the head's ends lead on (`mains`)
+    and the crossing tokens that survive (`extra_ids`, sorted): a few bytes per state where a StateInfo
+    would copy the head's tokens. An end's state of the whole DFA is numbered only when a token goes
+    there (`next_of`; numbering is a pure function of the end, so a race numbers it twice, alike).
+    Same interface as StateInfo."""
 
     walk: HeadWalk
-    mains: np.ndarray  # (n_ends,) int32 state of seq(walk.ends[i], tail)
+    mains: np.ndarray  # (n_ends,) int32 state after walk.ends[i]: DEAD, or UNNUMBERED until asked
+    number: Callable[[int], int]  # end index -> its state of the whole DFA
     extra_ids: np.ndarray  # (k,) int32 sorted
     extra_nexts: np.ndarray  # (k,) int32
-    mask: torch.Tensor  # (vocab_size,) bool, shared with the head's other states with the same extras
-    max_token_length: int
+    mask: torch.Tensor  # (vocab_size,) bool, shared with the head's other states alike
+    max_token_length: int  # at least the longest allowed token
 
     @cached_property
     def token_ids(self) -> np.ndarray:
-        return np.union1d(self.walk.ids, self.extra_ids).astype(np.int32)
+        walk = self.walk
+        return np.union1d(walk.ids[self.mains[walk.end_of] != DEAD], self.extra_ids).astype(np.int32)
 
     @cached_property
     def next_states(self) -> np.ndarray:
-        ids, walk = self.token_ids, self.walk
-        inside = walk.allowed[ids]
-        out = np.empty(len(ids), dtype=np.int32)
-        out[inside] = self.mains[walk.end_of[np.searchsorted(walk.ids, ids[inside])]]
-        out[~inside] = self.extra_nexts[np.searchsorted(self.extra_ids, ids[~inside])]
-        return out
+        return np.asarray([self.next_of(token) for token in self.token_ids.tolist()], dtype=np.int32)
 
     def next_of(self, token_id: int) -> int:
         """The state after `token_id`, or DEAD when the token is not allowed."""
@@ -120,11 +126,15 @@ class HeadStateInfo:
             return int(self.extra_nexts[i])
         if not self.walk.allowed[token_id]:
             return DEAD
-        return int(self.mains[self.walk.end_of[int(np.searchsorted(self.walk.ids, token_id))]])
+        end = int(self.walk.end_of[int(np.searchsorted(self.walk.ids, token_id))])
+        if self.mains[end] == UNNUMBERED:
+            self.mains[end] = self.number(end)
+        return int(self.mains[end])
 
     @property
     def nbytes(self) -> int:
-        return self.mains.nbytes + self.extra_ids.nbytes + self.extra_nexts.nbytes
+        own = self.mask.numel() if (self.mains == DEAD).any() else 0  # a mask of its own (mostly)
+        return self.mains.nbytes + self.extra_ids.nbytes + self.extra_nexts.nbytes + own
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,21 +230,23 @@ class TokenIndex:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
         token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
-        split = _split(self.dfa.term(state))
-        if split is None or not self._met_before(split[0]):
+        split = Split.of(self.dfa.term(state))
+        if split is None or not self._met_before(split.head):
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
-        head, whole = split
-        walk = self._head_walk(head)
-        mains = np.fromiter((self.dfa.state_of(whole(walk.dfa.term(end))) for end in walk.ends.tolist()),
-                            dtype=np.int32, count=len(walk.ends))
+        walk = self._head_walk(split.head)
+        ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
+        live = np.fromiter((split.leads_on(end) for end in ends), dtype=bool, count=len(ends))
         layout = self.vocabulary.walk_layout
         more_rows, more_nexts, _ = _walk_tokens(self.dfa, layout, state, start=walk.crossing)
         more_ids = layout.order[more_rows].astype(np.int64)
-        if self._live.trivial and (mains != DEAD).all():  # a head is never nullable: the state does not accept
-            return _head_state_info(walk, mains, more_ids, more_nexts, layout.lengths)
+        number = partial(_number_end, self.dfa, split, ends)
+        if self._live.trivial:  # the head is never nullable: the state does not accept
+            mains = np.where(live, UNNUMBERED, DEAD).astype(np.int32)
+            return _head_state_info(walk, mains, number, more_ids, more_nexts, layout.lengths)
+        mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int64)
         ids = np.concatenate([walk.ids, more_ids]).astype(np.int64)
         nexts = np.concatenate([mains[walk.end_of], more_nexts])
-        alive = nexts != DEAD  # seq(live end, live tail) is live: a guard, not expected to drop anything
+        alive = nexts != DEAD
         return ids[alive], nexts[alive]
 
     def _met_before(self, head: rx.Rx) -> bool:
@@ -297,17 +309,38 @@ class TokenIndex:
         return tokens, starts
 
 
-def _split(term: rx.Rx):
-    """(head, whole) where whole(d) is the state's term after a token that leaves `head` at its derivative d
-    without passing an end of it; None when the term has no head. The head is the innermost items of
-    any-order lists (`rx.split_pick`: shared by every list of one object) or the term, cut after its first
-    part that does not match the empty string (`rx.split_head`: shared by every tail)."""
-    items, frames = rx.split_pick(term) or (term, ())
-    split = rx.split_head(items)
-    if split is not None:
-        head, tail = split
-        return head, lambda end: rx.unsplit(rx.seq(end, tail), frames)
-    return (items, lambda end: rx.unsplit(end, frames)) if frames else None
+@dataclass(frozen=True)
+class Split:
+    """A state's term as its head, what follows the head inside the innermost items of any-order lists
+    (`tail`), and those lists (`frames`, see `rx.split_pick`). The head is the innermost items (shared by
+    every list of one object, whatever members are left) or the term, cut after its first part that does
+    not match the empty string (`rx.split_head`: shared by every tail)."""
+
+    head: rx.Rx
+    tail: rx.Rx
+    frames: tuple
+
+    @classmethod
+    def of(cls, term: rx.Rx) -> "Split | None":
+        items, frames = rx.split_pick(term) or (term, ())
+        split = rx.split_head(items)
+        if split is not None:
+            return cls(split[0], split[1], frames)
+        return cls(items, rx.EPSILON, frames) if frames else None
+
+    def whole(self, end: rx.Rx) -> rx.Rx:
+        """The state's term after a token that leaves the head at its derivative `end` without passing its end."""
+        return rx.unsplit(rx.seq(end, self.tail), self.frames)
+
+    def leads_on(self, end: rx.Rx) -> bool:
+        """Whether `whole(end)` matches something: the lists around the innermost one are unchanged (and
+        non-empty, as the state is), so it does when the innermost one's `pick` does."""
+        items = rx.seq(end, self.tail)
+        return not rx.is_empty(rx.pick(items, self.frames[-1][0]) if self.frames else items)
+
+
+def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:
+    return dfa.state_of(split.whole(ends[i]))
 
 
 def _size(entry) -> int:
@@ -368,12 +401,12 @@ def _walk_tokens(dfa: LazyDFA, layout, state: int, start: np.ndarray | None = No
     return np.concatenate(done_pos), np.concatenate(done_states).astype(np.int64), crossed
 
 
-def _head_state_info(walk: HeadWalk, mains: np.ndarray, extra_ids: np.ndarray, extra_nexts: np.ndarray,
+def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_nexts: np.ndarray,
                      lengths: np.ndarray) -> HeadStateInfo:
     order = np.argsort(extra_ids)
     extra_ids, extra_nexts = extra_ids[order].astype(np.int32), extra_nexts[order].astype(np.int32)
     longest = max(walk.max_token_length, int(lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
-    return HeadStateInfo(walk, mains, extra_ids, extra_nexts, walk.mask_with(extra_ids), longest)
+    return HeadStateInfo(walk, mains, number, extra_ids, extra_nexts, walk.mask_with(mains == DEAD, extra_ids), longest)
 
 
 def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:

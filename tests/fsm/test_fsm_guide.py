@@ -277,7 +277,7 @@ def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer,
     """Inside the third key of an open object in any order, the states after different first members hold
     the same items (`rx.split_pick`) with different members left: the vocabulary is walked once for those
     items (the first state plainly: a head met once), and each state allows exactly what its own walk allows
-    (a key already written is not)."""
+    (a key already written is not); a state after a token is numbered only once a token goes there."""
     from fsm import index as ix
 
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in ("alpha", "beta", "gamma")}}
@@ -291,6 +291,9 @@ def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer,
     states = [index.dfa.walk(prefix) for prefix in prefixes]
     infos = [index.info(state) for state in states]
     assert len(set(states)) == 4 and len(walks) == 1 and plain == [states[0]]
+    numbered = index.dfa.n_states  # an end's state is numbered when a token first goes there
+    infos[1].next_of(int(infos[1].token_ids[-1]))
+    assert index.dfa.n_states - numbered <= 1
     monkeypatch.setattr(ix, "_walk_all_tokens", real_plain)
     for state, info in zip(states, infos):
         expected = _plain_walk(index, state)
