@@ -61,34 +61,33 @@ class StateInfo:
 class HeadWalk:
     """Every token walked through the DFA of a head term alone (see `Split`), shared by every state that
     starts with the head: a token that stays inside the head ends in the state `Split.whole` makes of its
-    end; only the tokens that pass an end of the head inside their bytes (`crossing`) need the state's own walk."""
+    end; only the tokens that pass an end of the head inside their bytes (`crossing`) need the state's own
+    walk. Arrays over tokens are indexed by their row in the vocabulary's walk_layout.order."""
 
     dfa: LazyDFA  # the index's DFA of heads (one for all heads: rows filled for one serve the next)
-    ids: np.ndarray  # (n,) int32 sorted: tokens that survive inside the head without crossing its end
-    ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` they end in
-    end_of: np.ndarray  # (n,) int32 index into `ends` for each of `ids`
+    ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` the tokens that stay inside end in
+    end_of_row: np.ndarray  # (n_tokens,) int32 index into `ends` of each token, -1 for the others
     crossing: np.ndarray  # (m,) int64 rows of walk_layout.order (ascending) of the crossing tokens
-    allowed: np.ndarray  # (vocab_size,) bool of `ids`
-    max_token_length: int  # of `ids`
+    allowed: np.ndarray  # (vocab_size,) bool by id: the tokens that stay inside
+    max_token_length: int  # of those tokens
     _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
 
-    def mask_with(self, dead: np.ndarray, extra_ids: np.ndarray) -> torch.Tensor:
-        """(vocab_size,) bool of `ids` but those ending in a `dead` end ((n_ends,) bool), and the sorted
-        `extra_ids` (shared by the states with the same dead ends and extras)."""
+    def mask_with(self, dead: np.ndarray, extra_ids: np.ndarray, order: np.ndarray) -> torch.Tensor:
+        """(vocab_size,) bool of the tokens that stay inside but those ending in a `dead` end ((n_ends,)
+        bool), and the sorted `extra_ids` (shared by the states with the same dead ends and extras)."""
         key = (np.packbits(dead).tobytes(), extra_ids.tobytes())
         found = self._masks.get(key)
         if found is None:
             allowed = self.allowed.copy() if len(extra_ids) or dead.any() else self.allowed
             if dead.any():
-                allowed[self.ids[dead[self.end_of]]] = False
+                allowed[order[np.append(dead, False)[self.end_of_row]]] = False  # -1 (not inside) reads False
             allowed[extra_ids] = True
             found = self._masks[key] = torch.from_numpy(allowed)
         return found
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.ids, self.ends, self.end_of, self.crossing)
-        return sum(a.nbytes for a in arrays) + self.allowed.nbytes
+        return self.ends.nbytes + self.end_of_row.nbytes + self.crossing.nbytes + self.allowed.nbytes
 
 
 UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
@@ -105,6 +104,7 @@ class HeadStateInfo:
     walk: HeadWalk
     mains: np.ndarray  # (n_ends,) int32 state after walk.ends[i]: DEAD, or UNNUMBERED until asked
     number: Callable[[int], int]  # end index -> its state of the whole DFA
+    row_of: np.ndarray  # (vocab_size,) int32 walk_layout.row_of
     extra_ids: np.ndarray  # (k,) int32 sorted
     extra_nexts: np.ndarray  # (k,) int32
     mask: torch.Tensor  # (vocab_size,) bool, shared with the head's other states alike
@@ -112,8 +112,7 @@ class HeadStateInfo:
 
     @cached_property
     def token_ids(self) -> np.ndarray:
-        walk = self.walk
-        return np.union1d(walk.ids[self.mains[walk.end_of] != DEAD], self.extra_ids).astype(np.int32)
+        return np.flatnonzero(self.mask.numpy()).astype(np.int32)
 
     @cached_property
     def next_states(self) -> np.ndarray:
@@ -126,7 +125,7 @@ class HeadStateInfo:
             return int(self.extra_nexts[i])
         if not self.walk.allowed[token_id]:
             return DEAD
-        end = int(self.walk.end_of[int(np.searchsorted(self.walk.ids, token_id))])
+        end = int(self.walk.end_of_row[self.row_of[token_id]])
         if self.mains[end] == UNNUMBERED:
             self.mains[end] = self.number(end)
         return int(self.mains[end])
@@ -237,15 +236,16 @@ class TokenIndex:
         ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
         live = np.fromiter((split.leads_on(end) for end in ends), dtype=bool, count=len(ends))
         layout = self.vocabulary.walk_layout
-        more_rows, more_nexts, _ = _walk_tokens(self.dfa, layout, state, start=walk.crossing)
+        more_rows, more_nexts = _walk_some(self.dfa, layout, state, walk.crossing)
         more_ids = layout.order[more_rows].astype(np.int64)
         number = partial(_number_end, self.dfa, split, ends)
         if self._live.trivial:  # the head is never nullable: the state does not accept
             mains = np.where(live, UNNUMBERED, DEAD).astype(np.int32)
-            return _head_state_info(walk, mains, number, more_ids, more_nexts, layout.lengths)
+            return _head_state_info(walk, mains, number, more_ids, more_nexts, layout)
         mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int64)
-        ids = np.concatenate([walk.ids, more_ids]).astype(np.int64)
-        nexts = np.concatenate([mains[walk.end_of], more_nexts])
+        inside = np.flatnonzero(walk.end_of_row >= 0)
+        ids = np.concatenate([layout.order[inside], more_ids]).astype(np.int64)
+        nexts = np.concatenate([mains[walk.end_of_row[inside]], more_nexts])
         alive = nexts != DEAD
         return ids[alive], nexts[alive]
 
@@ -349,40 +349,57 @@ def _size(entry) -> int:
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
-    """Walk every token from `state`; return the (ids, end states) of those that survive.
-
-    A token whose first byte leads to a state that loops on each of its other bytes (the characters
-    of a free string or undeclared key) survives and ends there without a walk: a cached set test.
-    """
+    """Walk every token from `state`; return the (ids, end states) of those that survive."""
     layout = vocabulary.walk_layout
-    rows, ends, _ = _walk_tokens(dfa, layout, state)
-    return layout.order[rows].astype(np.int64), ends
+    end_states, _ = _walk_rows(dfa, layout, state)
+    rows = np.flatnonzero(end_states != DEAD)
+    return layout.order[rows].astype(np.int64), end_states[rows].astype(np.int64)
 
 
-def _walk_tokens(dfa: LazyDFA, layout, state: int, start: np.ndarray | None = None, track_accepting: bool = False):
-    """(rows, end states, crossing) of the tokens (all, or the rows `start` of `layout.order`, ascending) that
-    survive from `state`, as rows of `layout.order`. With `track_accepting`, crossing holds the rows of the tokens that pass an
-    accepting state strictly inside their bytes (after 1..len-1 of them), whether they survive or not."""
-    if start is not None and not len(start):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(ends, crossing): ends (n_tokens,) int32 over the rows of layout.order, the state after each token's
+    bytes from `state`, DEAD where it dies. A token whose first byte leads to a state that loops on its
+    other bytes (free text) ends there without a walk (`_staying`). With `track_crossing`, crossing holds
+    the rows (ascending) of the tokens that pass an accepting state strictly inside their bytes, whose
+    ends read DEAD; else it is empty."""
+    ends = np.full(len(layout.order), DEAD, dtype=np.int32)
+    if not layout.max_length:
+        return ends, np.zeros(0, np.int64)
     row = dfa.row(state)
-    crossing = []
-    if start is None:
-        first = row[layout.columns[0]] if layout.max_length else np.zeros(0, np.int32)
-        alive = first != DEAD
-        done_pos, done_states = [], []
-        for stay in _staying(dfa, layout, row, first):
-            alive[stay.rows] = False
-            done_pos.append(stay.rows)
-            done_states.append(stay.ends)
-            if track_accepting:
-                crossing.append(stay.rows[stay.crossing])
-        positions = np.flatnonzero(alive)  # rows of layout.order still alive, ascending
-        states = first[positions]  # (n_alive,) int32 state after each live token's bytes so far
-    else:
-        states = row[layout.columns[0][start]]
-        positions, states = start[states != DEAD], states[states != DEAD]
-        done_pos, done_states = [], []
+    first = row[layout.columns[0]]
+    walking = first != DEAD
+    crossed = []
+    for stay in _staying(dfa, layout, row, first):
+        walking[stay.rows] = False
+        ends[stay.rows] = stay.ends
+        if track_crossing:
+            crossed.append(stay.rows[stay.crossing])
+    positions = np.flatnonzero(walking)  # rows still walking, ascending (longest tokens first)
+    states = first[positions]
+    for j, column in enumerate(layout.columns[1:], start=1):
+        ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
+        ends[positions[ended:]] = states[ended:]
+        positions, states = positions[:ended], states[:ended]
+        if not len(positions):
+            break
+        if track_crossing:
+            crossed.append(positions[dfa.accepting[states]])
+        states = dfa.step(states, column[positions])
+        alive = states != DEAD
+        positions, states = positions[alive], states[alive]
+    ends[positions] = states
+    crossing = np.unique(np.concatenate(crossed)).astype(np.int64) if crossed else np.zeros(0, np.int64)
+    ends[crossing] = DEAD
+    return ends, crossing
+
+
+def _walk_some(dfa: LazyDFA, layout, state: int, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, end states) of the tokens at rows `start` of layout.order (ascending) that survive from `state`."""
+    if not len(start):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    states = dfa.row(state)[layout.columns[0][start]]
+    positions, states = start[states != DEAD], states[states != DEAD]
+    done_pos, done_states = [], []
     for j, column in enumerate(layout.columns[1:], start=1):
         ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
         done_pos.append(positions[ended:])
@@ -390,42 +407,35 @@ def _walk_tokens(dfa: LazyDFA, layout, state: int, start: np.ndarray | None = No
         positions, states = positions[:ended], states[:ended]
         if not len(positions):
             break
-        if track_accepting:
-            crossing.append(positions[dfa.accepting[states]])
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
     done_pos.append(positions)
     done_states.append(states)
-    crossed = np.unique(np.concatenate(crossing)) if crossing else np.zeros(0, np.int64)
-    return np.concatenate(done_pos), np.concatenate(done_states).astype(np.int64), crossed
+    return np.concatenate(done_pos), np.concatenate(done_states).astype(np.int64)
 
 
 def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_nexts: np.ndarray,
-                     lengths: np.ndarray) -> HeadStateInfo:
+                     layout) -> HeadStateInfo:
     order = np.argsort(extra_ids)
     extra_ids, extra_nexts = extra_ids[order].astype(np.int32), extra_nexts[order].astype(np.int32)
-    longest = max(walk.max_token_length, int(lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
-    return HeadStateInfo(walk, mains, number, extra_ids, extra_nexts, walk.mask_with(mains == DEAD, extra_ids), longest)
+    longest = max(walk.max_token_length, int(layout.lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
+    mask = walk.mask_with(mains == DEAD, extra_ids, layout.order)
+    return HeadStateInfo(walk, mains, number, layout.row_of, extra_ids, extra_nexts, mask, longest)
 
 
 def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart."""
     layout = vocabulary.walk_layout
-    rows, ends, crossing = _walk_tokens(dfa, layout, dfa.state_of(head), track_accepting=True)
-    inside = np.ones(len(layout.order), dtype=bool)
-    inside[crossing] = False
-    rows, ends = rows[inside[rows]], ends[inside[rows]]
-    by_id = np.full(vocabulary.vocab_size, DEAD, dtype=np.int32)  # sorts by id without argsort
-    by_id[layout.order[rows]] = ends
-    mask = by_id != DEAD
-    ids = np.flatnonzero(mask).astype(np.int32)
-    ends = by_id[ids]
-    distinct = np.flatnonzero(np.bincount(ends, minlength=dfa.n_states))
-    number = np.zeros(dfa.n_states, dtype=np.int32)
+    end_states, crossing = _walk_rows(dfa, layout, dfa.state_of(head), track_crossing=True)
+    inside = end_states != DEAD
+    distinct = np.flatnonzero(np.bincount(end_states + 1, minlength=dfa.n_states + 1)[1:])
+    number = np.full(dfa.n_states + 1, -1, dtype=np.int32)  # the last slot: DEAD (-1) reads -1
     number[distinct] = np.arange(len(distinct), dtype=np.int32)
-    longest = int(layout.lengths[ids].max(initial=0)) if len(ids) else 0
-    return HeadWalk(dfa, ids, distinct.astype(np.int64), number[ends], crossing, mask, longest)
+    allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
+    allowed[layout.order] = inside
+    longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
+    return HeadWalk(dfa, distinct.astype(np.int64), number[end_states], crossing, allowed, longest)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ Only `Rx.classes` (a partition of the 256 bytes into blocks with equal derivativ
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 
@@ -324,6 +325,11 @@ def _open_holes(items: Rx) -> frozenset:
 def without_words(term: Rx, words) -> Rx:
     """`term` less the finite set of byte strings `words`: inter(term, complement(alt(*words))) as a term
     of the same kind as `term` (plain when it is plain), byte by byte along the trie of `words`."""
+    return _without_words(term, frozenset(w.encode() if isinstance(w, str) else bytes(w) for w in words))
+
+
+@functools.lru_cache(maxsize=1024)  # objects that share their declared names (a $ref used many times)
+def _without_words(term: Rx, words: frozenset) -> Rx:
     memo: dict = {}
 
     def build(t: Rx, left: frozenset) -> Rx:
@@ -344,7 +350,7 @@ def without_words(term: Rx, words) -> Rx:
             memo[key] = alt(*parts)
         return memo[key]
 
-    return build(term, frozenset(w.encode() if isinstance(w, str) else bytes(w) for w in words))
+    return build(term, words)
 
 
 def split_pick(term: Rx) -> tuple[Rx, tuple[tuple[Rx, Rx], ...]] | None:

@@ -117,6 +117,13 @@ class WalkLayout:
         columns = tuple(np.ascontiguousarray(padded[: counts[j], j]) for j in range(width))
         return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)))
 
+    @cached_property
+    def row_of(self) -> np.ndarray:
+        """(vocab_size,) int32: the row of each id in `order`, -1 for ids of no bytes."""
+        out = np.full(len(self.lengths), -1, dtype=np.int32)
+        out[self.order] = np.arange(len(self.order), dtype=np.int32)
+        return out
+
     def tails_within(self, mask: int) -> np.ndarray:
         """(n_tokens,) bool over `order`: tokens whose bytes after the first are all in the 256-bit `mask`
         (cached per mask: free-string states of every schema share a few masks)."""
