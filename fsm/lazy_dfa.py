@@ -127,7 +127,7 @@ class LazyDFA:
 
     def _fill_locked(self, state: int) -> None:
         term = self._terms[state]
-        targets = [(mask, self._add(rx.derivative(term, rx.lowest_byte(mask)))) for mask in term.classes]
+        targets = [(mask, self._add(rx.derivative_of_block(term, i))) for i, mask in enumerate(term.classes)]
         row = self._table[state]  # after _add: the table may have been reallocated
         for mask, target in targets:
             row[_bytes_of(mask)] = target

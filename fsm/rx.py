@@ -43,7 +43,7 @@ class Rx:
         self._classes = None  # tuple of byte masks, a partition of all 256 bytes
         self._derivatives: dict[int, Rx] = {}  # block index -> derivative
         self._empty = None if not plain else kind == "nothing"
-        self._expansion = None  # anyorder: (pick of its universe, {item: what follows it}) (see `any_order_list`)
+        self._expansion = None  # anyorder: see `_list_memo`
         self._holes = None  # items whose hole ends a branch of this term (see `_holes_in`)
         self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
 
@@ -229,9 +229,20 @@ def _any_order_parts(term: Rx) -> tuple[Rx, Rx, tuple, tuple]:
 
 def _expansion(term: Rx) -> Rx:
     """An anyorder term as the pick of its universe (memoized)."""
-    if term._expansion is None:
-        term._expansion = (pick(term.args[2], term), {})
-    return term._expansion[0]
+    memo = _list_memo(term)
+    if memo[0] is None:
+        memo[0] = pick(term.args[2], term)
+    return memo[0]
+
+
+def _list_memo(owner: Rx) -> list:
+    """[its expansion or None, {item: what follows it}, the items it still allows] of an anyorder term."""
+    memo = owner._expansion
+    if memo is None:
+        sep, extra, required, optional = _any_order_parts(owner)
+        fillable = frozenset((*required, *optional, *((extra,) if extra is not NOTHING else ())))
+        memo = owner._expansion = [None, {}, fillable]
+    return memo
 
 
 def hole(item: Rx) -> Rx:
@@ -250,14 +261,13 @@ def pick(items: Rx, owner: Rx) -> Rx:
 
 def _fillable(owner: Rx) -> frozenset:
     """The items an anyorder term still allows."""
-    sep, extra, required, optional = _any_order_parts(owner)
-    return frozenset((*required, *optional, *((extra,) if extra is not NOTHING else ())))
+    return _list_memo(owner)[2]
 
 
 def _after(item: Rx, owner: Rx) -> Rx:
     """What may follow `item` in the anyorder term `owner` (nothing when `owner` no longer allows it)."""
-    _expansion(owner)
-    found = owner._expansion[1].get(item)
+    afters = _list_memo(owner)[1]
+    found = afters.get(item)
     if found is None:
         sep, extra, required, optional = _any_order_parts(owner)
         universe = owner.args[2]
@@ -265,7 +275,7 @@ def _after(item: Rx, owner: Rx) -> Rx:
         found = alt(rest(required, optional) if item is extra else NOTHING,
                     rest(_without(required, item), optional) if item in required else NOTHING,
                     rest(required, _without(optional, item)) if item in optional else NOTHING)
-        owner._expansion[1][item] = found
+        afters[item] = found
     return found
 
 
@@ -434,6 +444,14 @@ def derivative(term: Rx, byte: int) -> Rx:
     found = term._derivatives.get(block)
     if found is None:
         found = term._derivatives[block] = _derive(term, byte)
+    return found
+
+
+def derivative_of_block(term: Rx, block: int) -> Rx:
+    """The derivative of `term` by the bytes of `term.classes[block]` (memoized as `derivative`)."""
+    found = term._derivatives.get(block)
+    if found is None:
+        found = term._derivatives[block] = _derive(term, lowest_byte(term.classes[block]))
     return found
 
 
