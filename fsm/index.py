@@ -397,7 +397,7 @@ def _walk_some(dfa: LazyDFA, layout, state: int, start: np.ndarray) -> tuple[np.
     """(rows, end states) of the tokens at rows `start` of layout.order (ascending) that survive from `state`."""
     if not len(start):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    states = dfa.row(state)[layout.columns[0][start]]
+    states = dfa.step(np.full(len(start), state, dtype=np.int32), layout.columns[0][start])  # the cells it needs
     positions, states = start[states != DEAD], states[states != DEAD]
     done_pos, done_states = [], []
     for j, column in enumerate(layout.columns[1:], start=1):

@@ -1,12 +1,14 @@
-"""A byte DFA over an `rx` term, expanded lazily: a state's row is computed on its first use.
+"""A byte DFA over an `rx` term, expanded lazily: a state's transitions are computed on their first use.
 
 States are terms (the derivatives of the root), numbered in discovery order with 0 = the root.
-A row of the transition table is filled from one derivative per block of the state's byte classes.
-A derivative whose language is empty is DEAD, so every live transition can still reach acceptance:
-the token index relies on that to drop tokens early.
+A row of the transition table is filled from one derivative per block of the state's byte classes:
+all of it by `row`, only the blocks its bytes fall in by `step` (a walk of a few tokens through a
+state with many blocks, a key's first letters, derives a few). A derivative whose language is empty
+is DEAD, so every live transition can still reach acceptance: the token index relies on that to
+drop tokens early.
 
-Growing happens under `fsm.budget.BUILD_LOCK`; a row, once filled, never changes, and arrays are
-replaced (never resized in place), so readers of filled rows need no lock.
+Growing happens under `fsm.budget.BUILD_LOCK`; a cell, once filled, never changes, and arrays are
+replaced (never resized in place), so readers of filled cells need no lock.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from fsm import rx
 from fsm.budget import BUILD_LOCK, DEFAULT_BUDGET, GuideBudgetError
 
 DEAD = -1
+UNFILLED = -2  # a cell of the table not derived yet
+CELLS_PER_ROW = 8  # a step that needs more cells of one row than this fills the whole row
 
 
 class LazyDFA:
@@ -37,8 +41,8 @@ class LazyDFA:
         self.root, self.pattern, self.max_states = root, pattern, max_states
         self._terms: list[rx.Rx] = []  # state -> term
         self._ids: dict[int, int] = {}  # term id -> state
-        self._table = np.full((16, 256), DEAD, dtype=np.int32)  # (capacity, 256), rows < n_states used
-        self._filled = np.zeros(16, dtype=bool)  # (capacity,) row computed
+        self._table = np.full((16, 256), UNFILLED, dtype=np.int32)  # (capacity, 256), rows < n_states used
+        self._filled = np.zeros(16, dtype=bool)  # (capacity,) whole row computed
         self._accepting = np.zeros(16, dtype=bool)  # (capacity,)
         self._add(root, check=False)  # state 0 even when the language is empty (its row is all DEAD)
         if rx.is_empty(root):
@@ -56,8 +60,9 @@ class LazyDFA:
 
     @property
     def transitions(self) -> np.ndarray:
-        """(n_states, 256) int32 table; rows not yet filled read DEAD (call `explore_all` first)."""
-        return self._table[: self.n_states]
+        """(n_states, 256) int32 table; cells not yet filled read DEAD (call `explore_all` first)."""
+        table = self._table[: self.n_states]
+        return np.where(table == UNFILLED, DEAD, table)
 
     def name(self) -> str:
         """The pattern, shortened, or the root term."""
@@ -86,12 +91,14 @@ class LazyDFA:
 
     def step(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
         """Next states of live `states` (n,) on bytes `data` (n,): (n,) int32, DEAD where it dies."""
-        filled = self._filled[states]
-        if not filled.all():
-            for state in np.unique(states[~filled]).tolist():
-                self._fill(state)
+        cells = (states.astype(np.int32, copy=False) << 8) | data  # (n,) flat index into the table
         # flat take, as a method (np.take's dispatch costs as much on short arrays): 3x faster than [s, d]
-        return self._table.reshape(-1).take((states.astype(np.int32, copy=False) << 8) | data)
+        out = self._table.reshape(-1).take(cells)
+        missing = out == UNFILLED
+        if missing.any():
+            self._fill_cells(np.unique(cells[missing]))
+            out = self._table.reshape(-1).take(cells)
+        return out
 
     def walk(self, data: bytes, state: int = 0) -> int:
         """State after reading `data` from `state` (DEAD if it leaves the language)."""
@@ -119,6 +126,23 @@ class LazyDFA:
         return self
 
     # -- growing -----------------------------------------------------------------------------------
+
+    def _fill_cells(self, cells: np.ndarray) -> None:
+        """Fill the blocks of the flat `cells` (unique, ascending); a row with many of them entirely."""
+        rows, counts = np.unique(cells >> 8, return_counts=True)
+        for state in rows[counts > CELLS_PER_ROW].tolist():
+            self._fill(state)
+        few = np.isin(cells >> 8, rows[counts <= CELLS_PER_ROW])
+        with BUILD_LOCK:
+            for cell in cells[few].tolist():
+                state, byte = cell >> 8, cell & 255
+                if self._table[state, byte] == UNFILLED:  # a block filled a moment ago fills its other bytes
+                    self._fill_block(state, rx.block_index(self._terms[state], byte))
+
+    def _fill_block(self, state: int, block: int) -> None:
+        term = self._terms[state]
+        target = self._add(rx.derivative_of_block(term, block))
+        self._table[state, _bytes_of(term.classes[block])] = target  # after _add: the table may be new
 
     def _fill(self, state: int) -> None:
         with BUILD_LOCK:
@@ -152,7 +176,7 @@ class LazyDFA:
 
     def _grow(self) -> None:
         extra = len(self._filled)  # table before flags: a reader that sees a row filled finds it in the table
-        self._table = np.concatenate([self._table, np.full((extra, 256), DEAD, dtype=np.int32)])
+        self._table = np.concatenate([self._table, np.full((extra, 256), UNFILLED, dtype=np.int32)])
         self._accepting = np.concatenate([self._accepting, np.zeros(extra, dtype=bool)])
         self._filled = np.concatenate([self._filled, np.zeros(extra, dtype=bool)])
 

@@ -455,6 +455,11 @@ def derivative_of_block(term: Rx, block: int) -> Rx:
     return found
 
 
+def block_index(term: Rx, byte: int) -> int:
+    """The index of the block of `term.classes` that holds `byte`."""
+    return _block_of(term.classes, byte)
+
+
 def _block_of(classes: tuple[int, ...], byte: int) -> int:
     bit = 1 << byte
     for i, mask in enumerate(classes):

@@ -153,6 +153,30 @@ def test_lazy_dfa_agrees_with_derivatives(pattern, text, cut):
         assert not rx.is_empty(dfa.term(state))
 
 
+@FAST
+@given(pattern=patterns, text=texts)
+def test_a_fresh_dfa_steps_to_the_derivatives(pattern, text):
+    """`step` on a DFA whose rows are not filled yet (cells filled as the bytes need them) reaches the
+    derivative of each byte, or DEAD where that is empty."""
+    term, data = parse(pattern[0]), np.frombuffer(text.encode() or b"a", dtype=np.uint8)
+    dfa = LazyDFA(term)
+    stepped = dfa.step(np.zeros(len(data), dtype=np.int32), data)
+    for byte, state in zip(data.tolist(), stepped.tolist()):
+        after = rx.derivative(term, byte)
+        assert (state == DEAD) == rx.is_empty(after) and (state == DEAD or dfa.term(state) is after)
+
+
+def test_a_step_derives_only_the_blocks_its_bytes_need():
+    """Through a state with a block per first letter, a step on two letters derives two blocks; `row`
+    then derives the rest (work counted)."""
+    words = [rx.literal(chr(c) + "xyz") for c in range(ord("a"), ord("z") + 1)]
+    root = rx.alt(*words)
+    dfa = LazyDFA(root)
+    dfa.step(np.zeros(3, dtype=np.int32), np.frombuffer(b"aab", dtype=np.uint8))
+    assert len(root._derivatives) == 2 and (dfa.transitions[0] != DEAD).sum() == 2
+    assert (dfa.row(0) != DEAD).sum() == 26 and len(root._derivatives) == len(root.classes)
+
+
 def test_terms_are_interned():
     assert parse("(?:ab|cd)+") is parse("(ab|cd)+") is parse("(?:cd|ab)+")
     assert parse("[a-c]x") is rx.seq(rx.byte_range(97, 99), rx.literal("x"))
