@@ -35,7 +35,7 @@ SCHEMA_COLUMNS = (
     "false_rejects false_rejects_regex false_rejects_token invalid_rejected false_accepts false_accepts_regex_only "
     "tokenization_mismatch walk_errors compile_ms compile_cpu_ms regex_ms dfa_ms index_ms first_mask_ms regex_chars dfa_states "
     "states_visited first_n first_median_us first_p99_us revisit_n revisit_median_us revisit_p99_us tokens_valid "
-    "forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
+    "walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
 ).split()
 FAILURE_COLUMNS = "file subset test kind description path detail text".split()
 

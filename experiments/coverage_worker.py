@@ -107,7 +107,7 @@ def _walk_tests(guide, schema, tests: list[dict], tokenizer, row: dict, out: dic
                             "invalid_rejected", "false_accepts", "false_accepts_regex_only", "tokenization_mismatch",
                             "walk_errors", "tokens_valid", "forced_tokens"), 0)
     first, revisit = [], []
-    accepted_valid = []
+    accepted_valid, longest = [], 0.0
     ordered = sorted(enumerate(tests), key=lambda it: not it[1]["valid"])  # valid ones first: timings
     for number, test in ordered:
         text = compact(test["data"])
@@ -120,6 +120,8 @@ def _walk_tests(guide, schema, tests: list[dict], tokenizer, row: dict, out: dic
             counts["walk_errors"] += 1
             out["failures"].append(_failure(number, test, text, "walk_error", f"{type(error).__name__}: {error}"[:300]))
             continue
+        if test["valid"]:
+            longest = max(longest, verdict[2])
         regex_ok = guide.index.dfa.fullmatch(text.encode())
         _count(counts, out, number, test, text, ids, verdict, regex_ok, guide, schema)
         if test["valid"] and verdict[0]:
@@ -130,6 +132,7 @@ def _walk_tests(guide, schema, tests: list[dict], tokenizer, row: dict, out: dic
     row.update(counts)
     row["status"] = "covered" if _covered(row) else "not_covered"
     row.update(**_step_stats("first", first), **_step_stats("revisit", revisit))
+    row["walk_max_ms"] = round(longest / 1000, 3) if any(t["valid"] for t in tests) else ""
     row["states_visited"] = len(getattr(guide.index, "_states", ()))
     out["hist_first"] = np.histogram(first, STEP_BINS)[0] if first else None
     out["hist_revisit"] = np.histogram(revisit, STEP_BINS)[0] if revisit else None
@@ -139,11 +142,12 @@ def _covered(row: dict) -> bool:
     return row["false_rejects"] == 0 and row["false_accepts"] == 0 and row["walk_errors"] == 0
 
 
-def _walk(guide, ids: list[int], first: list | None, revisit: list | None) -> tuple[bool, int]:
-    """(accepted?, tokens walked). Times mask()+advance() per token into first/revisit (µs)."""
+def _walk(guide, ids: list[int], first: list | None, revisit: list | None) -> tuple[bool, int, float]:
+    """(accepted?, tokens walked, µs spent in mask()+advance()). Times each step into first/revisit (µs)."""
     g = guide.copy()
     built = getattr(g.index, "_states", None)
     seen = set() if built is None else built
+    spent = 0.0
     for position, token in enumerate(ids):
         state = g.state
         fresh = state not in seen
@@ -152,17 +156,18 @@ def _walk(guide, ids: list[int], first: list | None, revisit: list | None) -> tu
         try:
             g.advance(token)
         except fsm.InvalidTokenError:
-            return False, position
+            return False, position, spent
         elapsed = (time.perf_counter_ns() - start) / 1000
+        spent += elapsed
         if first is not None:
             (first if fresh else revisit).append(elapsed)
         if built is None:
             seen.add(state)
-    return g.is_final(), len(ids)
+    return g.is_final(), len(ids), spent
 
 
 def _count(counts, out, number, test, text, ids, verdict, regex_ok, guide, schema) -> None:
-    accepted, walked = verdict
+    accepted, walked, _ = verdict
     if test["valid"] and accepted:
         counts["valid_accepted"] += 1
     elif test["valid"]:
