@@ -22,13 +22,12 @@ from fsm import rx
 from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
+from fsm.staying import staying
 from fsm.vocabulary import Vocabulary
 
 FINISHED = -2  # the state after EOS
 MAX_CACHED_STATES = 4096  # per index
 MAX_CACHED_BYTES = 256 << 20  # per index: a state allowing all of a 49k vocabulary holds ~0.8 MiB
-MIN_LOOP_BYTES = 32  # a state looping on this many bytes ends the tokens made of them without a walk
-MAX_LOOP_TARGETS = 8  # looping states tested per first visit (each costs a pass over the vocabulary)
 MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
 MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
 EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at its first state
@@ -359,7 +358,7 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
 def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(ends, crossing): ends (n_tokens,) int32 over the rows of layout.order, the state after each token's
     bytes from `state`, DEAD where it dies. A token whose first byte leads to a state that loops on its
-    other bytes (free text) ends there without a walk (`_staying`). With `track_crossing`, crossing holds
+    other bytes (free text) ends there without a walk (`fsm.staying`). With `track_crossing`, crossing holds
     the rows (ascending) of the tokens that pass an accepting state strictly inside their bytes, whose
     ends read DEAD; else it is empty."""
     ends = np.full(len(layout.order), DEAD, dtype=np.int32)
@@ -369,7 +368,7 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -
     first = row[layout.columns[0]]
     walking = first != DEAD
     crossed = []
-    for stay in _staying(dfa, layout, row, first):
+    for stay in staying(dfa, layout, state, first):
         walking[stay.rows] = False
         ends[stay.rows] = stay.ends
         if track_crossing:
@@ -436,82 +435,6 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     allowed[layout.order] = inside
     longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
     return HeadWalk(dfa, distinct.astype(np.int64), number[end_states], crossing, allowed, longest)
-
-
-@dataclass(frozen=True)
-class Staying:
-    """Tokens that end without a walk: rows of layout.order (ascending), their end states, and which of
-    them pass an accepting state strictly inside their bytes."""
-
-    rows: np.ndarray  # (n,) int64
-    ends: np.ndarray  # (n,) int32
-    crossing: np.ndarray  # (n,) bool
-
-
-def _staying(dfa: LazyDFA, layout, row: np.ndarray, first: np.ndarray):
-    """A Staying for each state the first byte leads to that loops on at least MIN_LOOP_BYTES bytes (free
-    text: a string, an undeclared key): the tokens whose first byte leads there and whose other bytes all
-    loop on it end there. Else, where at least MIN_LOOP_BYTES first bytes lead there and as many bytes
-    lead on as one through a chain of states (a counter: the characters of a string with maxLength), the
-    tokens whose other bytes are all among them end at the chain's state after their length."""
-    targets, counts = np.unique(row[row != DEAD], return_counts=True)  # (<= 256,) the states one byte leads to
-    found = 0
-    by_count = np.argsort(-counts, kind="stable")  # most first bytes first
-    for target, count in zip(targets[by_count].tolist(), counts[by_count].tolist()):
-        stay = _looping(dfa, layout, target, first)
-        if stay is None and count >= MIN_LOOP_BYTES:  # counted text: many first bytes count alike too
-            stay = _counting(dfa, layout, target, first)
-        if stay is None:
-            continue
-        yield stay
-        found += 1
-        if found == MAX_LOOP_TARGETS:
-            return
-
-
-def _looping(dfa: LazyDFA, layout, target: int, first: np.ndarray) -> Staying | None:
-    loops = dfa.row(target) == target
-    if int(loops.sum()) < MIN_LOOP_BYTES:
-        return None
-    rows = np.flatnonzero((first == target) & layout.tails_within(_mask_of(loops)))
-    crossing = (layout.lengths[layout.order[rows]] > 1) & bool(dfa.accepting[target])
-    return Staying(rows, np.full(len(rows), target, dtype=np.int32), crossing)
-
-
-def _counting(dfa: LazyDFA, layout, target: int, first: np.ndarray) -> Staying | None:
-    after = dfa.row(target)
-    live = after[after != DEAD]
-    if len(live) < MIN_LOOP_BYTES:
-        return None
-    values, counts = np.unique(live, return_counts=True)
-    if counts.max() < MIN_LOOP_BYTES:
-        return None
-    group = after == values[counts.argmax()]
-    rows = np.flatnonzero((first == target) & layout.tails_within(_mask_of(group)))
-    lengths = layout.lengths[layout.order[rows]]
-    chain = _counter_chain(dfa, target, np.flatnonzero(group), int(lengths.max(initial=0)))
-    rows, lengths = rows[lengths <= len(chain)], lengths[lengths <= len(chain)]
-    passed = np.cumsum(dfa.accepting[chain]) > 0  # passed[i]: an accepting state among chain[:i + 1]
-    crossing = (lengths > 1) & passed[np.maximum(lengths - 2, 0)]
-    return Staying(rows, chain[lengths - 1], crossing)
-
-
-def _counter_chain(dfa: LazyDFA, target: int, group: np.ndarray, longest: int) -> np.ndarray:
-    """(m,) int32 states [target, c1, c2, ...] (m <= longest) where every byte of `group` leads from each to
-    the next: a token of length n whose bytes after the first are in `group` ends at chain[n - 1]."""
-    chain = [target]
-    while len(chain) < longest:
-        after = dfa.row(chain[-1])[group]
-        nxt = int(after[0])
-        if nxt == DEAD or not (after == nxt).all():
-            break
-        chain.append(nxt)
-    return np.asarray(chain, dtype=np.int32)
-
-
-def _mask_of(bits: np.ndarray) -> int:
-    """The 256-bit mask of a (256,) bool array."""
-    return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

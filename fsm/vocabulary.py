@@ -90,6 +90,8 @@ class WalkLayout:
              `order` (exactly those longer than j bytes).
     lengths: (vocab_size,) byte length of every id (0 = no token).
     tail_bytes: (n_tokens, 4) uint64 over `order`: bit b set when the token holds byte b after its first.
+    valid_utf8: (n_tokens,) bool over `order`: the token's bytes are whole UTF-8 characters.
+    first_char_lengths: (n_tokens,) int8 over `order`: bytes of the token's first character (by its lead byte).
     """
 
     order: np.ndarray
@@ -97,6 +99,8 @@ class WalkLayout:
     counts: np.ndarray
     lengths: np.ndarray
     tail_bytes: np.ndarray
+    valid_utf8: np.ndarray
+    first_char_lengths: np.ndarray
     _tails_within: dict = field(default_factory=dict, repr=False)  # byte mask -> tails_within(mask)
 
     @property
@@ -115,7 +119,10 @@ class WalkLayout:
             padded[row, : len(data)] = np.frombuffer(data, dtype=np.uint8)
         counts = np.array([(lengths[order] > j).sum() for j in range(width)], dtype=np.int64)
         columns = tuple(np.ascontiguousarray(padded[: counts[j], j]) for j in range(width))
-        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)))
+        valid = np.fromiter((_is_utf8(token_bytes[i]) for i in order.tolist()), dtype=bool, count=len(order))
+        first = columns[0] if columns else np.zeros(0, np.uint8)
+        first_lengths = np.select([first < 0x80, first < 0xE0, first < 0xF0], [1, 2, 3], 4).astype(np.int8)
+        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)), valid, first_lengths)
 
     @cached_property
     def row_of(self) -> np.ndarray:
@@ -140,6 +147,14 @@ class WalkLayout:
 
 
 MAX_CACHED_MASKS = 64  # byte masks whose tails_within a layout keeps (n_tokens bytes each)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _byte_sets(columns: tuple[np.ndarray, ...], n_tokens: int) -> np.ndarray:

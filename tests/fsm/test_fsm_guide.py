@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fsm
-from fsm import rx
+from fsm import rx, staying
 from fsm.lazy_dfa import DEAD
 from fsm.vocabulary import vocabulary_from_tokenizer
 from tests.fsm_walk import random_walk, text_of
@@ -155,7 +155,7 @@ def _counted_token_walk(guide, text: str, monkeypatch):
 
     def walk(min_loop_bytes: int) -> tuple[dict, int]:
         stepped.clear()
-        monkeypatch.setattr(ix, "MIN_LOOP_BYTES", min_loop_bytes)
+        monkeypatch.setattr(staying, "MIN_LOOP_BYTES", min_loop_bytes)
         ids, ends = ix._walk_all_tokens(guide.index.dfa, guide.index.vocabulary, state)
         return dict(zip(ids.tolist(), ends.tolist())), sum(stepped)
 
@@ -172,6 +172,25 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
     (shortcut, work), (full, full_work) = walk(32), walk(257)
     assert shortcut == full
     assert (work < full_work / 2) if free else (work == full_work)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "pattern": "^[^数]*$"}])
+def test_tokens_of_whole_characters_end_in_place_without_a_walk(tokenizer, monkeypatch, schema):
+    """In free text, tokens whose characters are multi-byte (é, 数) end in place like ASCII ones, unwalked,
+    where every character of their lead bytes leads back; a lead byte some of whose characters are barred
+    (a pattern without 数) is walked: same (ids, end states) as a full walk either way."""
+    guide = fsm.Guide.from_schema(schema, tokenizer)
+    walk = _counted_token_walk(guide, '"x', monkeypatch)
+    (full, _), (shortcut, _) = walk(257), walk(32)
+    assert shortcut == full
+    index, layout = guide.index, guide.index.vocabulary.walk_layout
+    state = index.dfa.walk(b'"x')
+    first = index.dfa.row(state)[layout.columns[0]]
+    rows = np.concatenate([s.rows for s in staying.staying(index.dfa, layout, state, first)])
+    leads = layout.columns[0][rows]
+    assert (leads >= 0xC2).any()  # multi-byte first characters among the tokens set apart
+    barred = "数".encode()[0]
+    assert (barred in leads.tolist()) == ("pattern" not in schema)
 
 
 @pytest.mark.parametrize("text, saved", [('"', 2), ('"ab', 2), ('"abcdefghijklmnopqrstuvwxyz01234', 1.2)])
@@ -202,7 +221,7 @@ def test_counted_text_in_a_head_walk_keeps_the_crossing_tokens_apart(tokenizer, 
         head = rx.repeat(letters, accepted_after, 40)
     walks = {}
     for min_loop_bytes in (32, 257):
-        monkeypatch.setattr(ix, "MIN_LOOP_BYTES", min_loop_bytes)
+        monkeypatch.setattr(staying, "MIN_LOOP_BYTES", min_loop_bytes)
         dfa = LazyDFA(head)
         walk = ix._walk_head(dfa, head, vocabulary_from_tokenizer(tokenizer))
         inside = walk.end_of_row >= 0
