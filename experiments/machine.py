@@ -25,13 +25,17 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
+STARTED_AT = git("describe", "--always", "--dirty") or "unknown"  # the commit of the code this process imported
+
+
 def machine_lines() -> list[str]:
     """README lines naming the machine (the CPU and its vector ISA decide what a verification costs) and the
-    code's commit."""
+    commit of the code the run imported (taken when this module is imported: a long run's README is
+    written after later commits)."""
     import torch
 
     isa = torch.backends.cpu.get_cpu_capability()
-    commit = git("describe", "--always", "--dirty") or "unknown"
+    commit = STARTED_AT
     return [f"- machine: {platform.node()} ({cpu_name() or platform.machine()}, torch CPU capability {isa}, "
             f"{os.cpu_count()} CPUs, shared with other jobs: noisy)", f"- code: commit {commit}"]
 

@@ -26,7 +26,8 @@ from drafting.cache import crop_to, forward, new_cache  # noqa: E402
 from drafting.tree import BRANCH_BELOW, Branch, tree_forward  # noqa: E402
 from experiments.intervals import paired_ratio  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
-from experiments.speedup import PROMPTS, _chat_ids, load_prompts  # noqa: E402
+from experiments.prompt_split import SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.speedup import _chat_ids  # noqa: E402
 from experiments.tasks import load_pair, write_rows  # noqa: E402
 
 SYSTEMS = ("chain", "tree")
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
-    prompts = load_prompts(PROMPTS, args.per_class)
+    prompts = load_prompts(SPLIT_PROMPTS, "tuning", args.per_class)  # tuned on the tuning half
     costs = forward_costs(model, tokenizer, prompts[0], args.cost_reps)
     cost_line = (f"- one target forward, median of {args.cost_reps} interleaved (`--costs-only`): chain of 5 drafts "
                  f"(6 rows) {costs['chain'] * 1e3:.1f} ms, the same plus a leaf (7 rows, tree mask) "

@@ -53,3 +53,19 @@ def test_no_import_cycles_inside_a_package():
     for start in graph:
         visit(start, (start,))
     assert sorted(cycles) == []
+
+
+def test_every_name_imported_from_a_project_module_exists():
+    """A name imported from a project module is defined there (a renamed constant breaks a script at once)."""
+    import importlib
+
+    missing = []
+    for layer in LAYERS:
+        for path in (ROOT / layer).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in LAYERS:
+                    module = importlib.import_module(node.module)
+                    missing += [f"{path.parent.name}/{path.name}: {node.module}.{a.name}" for a in node.names
+                                if a.name != "*" and not hasattr(module, a.name)
+                                and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+    assert missing == []
