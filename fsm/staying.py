@@ -25,6 +25,8 @@ MIN_LOOP_BYTES = 32  # a state looping on this many ASCII bytes ends the tokens 
 MAX_LOOP_TARGETS = 8  # looping states tested per walk (each costs a pass over the vocabulary)
 MIXED = -3  # a lead byte whose characters end in different states, or pass an accepting one inside
 _SECOND = {0xE0: (0xA0, 0xC0), 0xED: (0x80, 0xA0), 0xF0: (0x90, 0xC0), 0xF4: (0x80, 0x90)}  # valid 2nd bytes
+_LEAD_GROUPS = tuple(np.asarray(g) for g in ([*range(0xC2, 0xE0)], [0xE0], [*range(0xE1, 0xED), 0xEE, 0xEF], [0xED],
+                                            [0xF0], [0xF1, 0xF2, 0xF3], [0xF4]))  # lead bytes with alike 2nd bytes
 _CHAR_ENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dfa -> {state: (256,) ends, key: end}
 
 
@@ -79,8 +81,10 @@ def char_ends(dfa: LazyDFA, state: int) -> np.ndarray:
         row = dfa.row(state)
         found = np.full(256, MIXED, dtype=np.int32)
         found[:0x80] = row[:0x80]
-        for lead in range(0xC2, 0xF5):
-            found[lead] = _char_end(dfa, int(row[lead]), lead, memo)
+        for leads in _LEAD_GROUPS:  # leads alike: one computation per state they lead to
+            after, where = np.unique(row[leads], return_inverse=True)
+            ends = [_char_end(dfa, a, int(leads[0]), memo) for a in after.tolist()]
+            found[leads] = np.asarray(ends, dtype=np.int32)[where]
         memo[state] = found
     return found
 
@@ -114,8 +118,11 @@ def _loop_mask(dfa: LazyDFA, target: int) -> np.ndarray:
 
 
 def _looping(dfa: LazyDFA, layout, target: int, mask: np.ndarray, first_chars: np.ndarray) -> Staying:
-    rows = np.flatnonzero((first_chars == target) & layout.valid_utf8 & layout.tails_within(_mask_of(mask)))
-    crossing = (layout.lengths[layout.order[rows]] > layout.first_char_lengths[rows]) & bool(dfa.accepting[target])
+    rows = np.flatnonzero((first_chars == target) & layout.chars_within(_mask_of(mask)))
+    if dfa.accepting[target]:  # a token of more than one character passes it inside
+        crossing = layout.lengths[layout.order[rows]] > layout.first_char_lengths[rows]
+    else:
+        crossing = np.zeros(len(rows), dtype=bool)
     return Staying(rows, np.full(len(rows), target, dtype=np.int32), crossing)
 
 

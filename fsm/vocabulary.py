@@ -131,6 +131,13 @@ class WalkLayout:
         out[self.order] = np.arange(len(self.order), dtype=np.int32)
         return out
 
+    def chars_within(self, mask: int) -> np.ndarray:
+        """(n_tokens,) bool over `order`: `tails_within(mask)` among the tokens of whole UTF-8 characters (cached)."""
+        found = self._tails_within.get(("chars", mask))
+        if found is None:
+            found = self._tails_within[("chars", mask)] = self.tails_within(mask) & self.valid_utf8
+        return found
+
     def tails_within(self, mask: int) -> np.ndarray:
         """(n_tokens,) bool over `order`: tokens whose bytes after the first are all in the 256-bit `mask`
         (cached per mask: free-string states of every schema share a few masks)."""
