@@ -367,12 +367,12 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -
     row = dfa.row(state)
     first = row[layout.columns[0]]
     walking = first != DEAD
-    crossed = []
-    for stay in staying(dfa, layout, state, first):
-        walking[stay.rows] = False
-        ends[stay.rows] = stay.ends
-        if track_crossing:
-            crossed.append(stay.rows[stay.crossing])
+    crossed = np.zeros(len(layout.order), dtype=bool) if track_crossing else None  # (n_tokens,)
+    for stay in staying(dfa, layout, state):
+        walking &= ~stay.rows
+        np.copyto(ends, stay.ends, where=stay.rows)
+        if track_crossing and stay.crossing is not None:
+            crossed |= stay.crossing
     positions = np.flatnonzero(walking)  # rows still walking, ascending (longest tokens first)
     states = first[positions]
     for j, column in enumerate(layout.columns[1:], start=1):
@@ -382,12 +382,12 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -
         if not len(positions):
             break
         if track_crossing:
-            crossed.append(positions[dfa.accepting[states]])
+            crossed[positions[dfa.accepting[states]]] = True
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
     ends[positions] = states
-    crossing = np.unique(np.concatenate(crossed)).astype(np.int64) if crossed else np.zeros(0, np.int64)
+    crossing = np.flatnonzero(crossed) if track_crossing else np.zeros(0, np.int64)
     ends[crossing] = DEAD
     return ends, crossing
 

@@ -6,8 +6,9 @@ from a few cached facts about the states their first character leads to:
 - looping (free text: a string, an undeclared key): that state returns to itself on each of the
   token's other characters, an ASCII byte that loops or a multi-byte character all of whose valid byte
   sequences lead back; the token, valid UTF-8, ends there;
-- counting (a string with maxLength): at least MIN_LOOP_BYTES bytes lead on alike through a chain of
-  states; a token whose other bytes are all among them ends at the chain's state for its length.
+- counting (a string with maxLength): at least MIN_LOOP_BYTES characters (ASCII bytes, lead bytes) lead
+  on alike through a chain of states; a token whose other characters are all among them ends at the
+  chain's state for its number of characters.
 
 Everything else is walked byte by byte. Facts about characters are memoized per DFA state.
 """
@@ -23,6 +24,7 @@ from fsm.lazy_dfa import DEAD, LazyDFA
 
 MIN_LOOP_BYTES = 32  # a state looping on this many ASCII bytes ends the tokens made of them without a walk
 MAX_LOOP_TARGETS = 8  # looping states tested per walk (each costs a pass over the vocabulary)
+MAX_CHAIN = 16  # counter states followed per walk: the few tokens of more characters are walked
 MIXED = -3  # a lead byte whose characters end in different states, or pass an accepting one inside
 _SECOND = {0xE0: (0xA0, 0xC0), 0xED: (0x80, 0xA0), 0xF0: (0x90, 0xC0), 0xF4: (0x80, 0x90)}  # valid 2nd bytes
 _LEAD_GROUPS = tuple(np.asarray(g) for g in ([*range(0xC2, 0xE0)], [0xE0], [*range(0xE1, 0xED), 0xEE, 0xEF], [0xED],
@@ -32,32 +34,29 @@ _CHAR_ENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # dfa -> {s
 
 @dataclass(frozen=True)
 class Staying:
-    """Tokens that end without a walk: rows of layout.order (ascending), their end states, and which of
-    them pass an accepting state strictly inside their bytes."""
+    """Tokens that end without a walk, over the rows of layout.order: which, their end states (DEAD for
+    those that die), and which of them pass an accepting state strictly inside their bytes."""
 
-    rows: np.ndarray  # (n,) int64
-    ends: np.ndarray  # (n,) int32
-    crossing: np.ndarray  # (n,) bool
+    rows: np.ndarray  # (n_tokens,) bool
+    ends: np.ndarray | int  # (n_tokens,) int32 read where `rows`, or one state for all of them
+    crossing: np.ndarray | None  # (n_tokens,) bool within `rows`; None: none of them
 
 
-def staying(dfa: LazyDFA, layout, state: int, first: np.ndarray):
+def staying(dfa: LazyDFA, layout, state: int):
     """A Staying for each state the first character of a token leads to from `state` that loops on at least
-    MIN_LOOP_BYTES ASCII bytes, else counts alike on as many (see the module docstring); at most
-    MAX_LOOP_TARGETS of them, those most first bytes lead to first. `first` is (n_tokens,) the state after
-    each token's first byte."""
+    MIN_LOOP_BYTES ASCII bytes, else counts alike on as many characters (see the module docstring); at most
+    MAX_LOOP_TARGETS of them, those most first bytes lead to first."""
     ends = char_ends(dfa, state)
     targets, counts = np.unique(ends[ends >= 0], return_counts=True)  # (<= 256,) the states a character leads to
-    first_chars = None
+    first_chars = ends[layout.columns[0]]  # (n_tokens,) the state after each token's first character
     found = 0
     for target, count in zip(*(a.tolist() for a in _by_count(targets, counts))):
         stay = None
         mask = _loop_mask(dfa, target)
         if int(mask[:0x80].sum()) >= MIN_LOOP_BYTES:
-            if first_chars is None:
-                first_chars = ends[layout.columns[0]]  # (n_tokens,) the state after each token's first character
             stay = _looping(dfa, layout, target, mask, first_chars)
-        elif count >= MIN_LOOP_BYTES:  # counted text: many first bytes count alike too
-            stay = _counting(dfa, layout, target, first)
+        elif count >= MIN_LOOP_BYTES:  # counted text: many first characters count alike too
+            stay = _counting(dfa, layout, target, first_chars)
         if stay is None:
             continue
         yield stay
@@ -118,43 +117,49 @@ def _loop_mask(dfa: LazyDFA, target: int) -> np.ndarray:
 
 
 def _looping(dfa: LazyDFA, layout, target: int, mask: np.ndarray, first_chars: np.ndarray) -> Staying:
-    rows = np.flatnonzero((first_chars == target) & layout.chars_within(_mask_of(mask)))
+    rows = (first_chars == target) & layout.chars_within(_mask_of(mask))
+    crossing = None
     if dfa.accepting[target]:  # a token of more than one character passes it inside
-        crossing = layout.lengths[layout.order[rows]] > layout.first_char_lengths[rows]
-    else:
-        crossing = np.zeros(len(rows), dtype=bool)
-    return Staying(rows, np.full(len(rows), target, dtype=np.int32), crossing)
+        crossing = rows & (layout.char_counts > 1)
+    return Staying(rows, target, crossing)
 
 
-def _counting(dfa: LazyDFA, layout, target: int, first: np.ndarray) -> Staying | None:
-    after = dfa.row(target)
-    live = after[after != DEAD]
+def _counting(dfa: LazyDFA, layout, target: int, first_chars: np.ndarray) -> Staying | None:
+    after = char_ends(dfa, target)
+    live = after[after >= 0]
     if len(live) < MIN_LOOP_BYTES:
         return None
     values, counts = np.unique(live, return_counts=True)
     if counts.max() < MIN_LOOP_BYTES:
         return None
-    group = after == values[counts.argmax()]
-    rows = np.flatnonzero((first == target) & layout.tails_within(_mask_of(group)))
-    lengths = layout.lengths[layout.order[rows]]
-    chain = _counter_chain(dfa, target, np.flatnonzero(group), int(lengths.max(initial=0)))
-    rows, lengths = rows[lengths <= len(chain)], lengths[lengths <= len(chain)]
-    passed = np.cumsum(dfa.accepting[chain]) > 0  # passed[i]: an accepting state among chain[:i + 1]
-    crossing = (lengths > 1) & passed[np.maximum(lengths - 2, 0)]
-    return Staying(rows, chain[lengths - 1], crossing)
+    group = after == values[counts.argmax()]  # (256,) the ASCII and lead bytes of the characters that count alike
+    mask = group.copy()
+    mask[0x80:0xC0] = True
+    rows = (first_chars == target) & layout.chars_within(_mask_of(mask))
+    chars = layout.char_counts  # (n_tokens,)
+    longest = min(int(chars[rows].max(initial=0)), MAX_CHAIN)
+    chain, dies_after = _counter_chain(dfa, target, np.flatnonzero(group), longest)
+    if not dies_after:  # a token of more characters than the chain is walked
+        rows &= chars <= len(chain)
+    steps = np.minimum(chars, len(chain) + 1) - 1  # (n_tokens,) the chain's index after each token, len: past its end
+    ends = np.append(chain, DEAD)[steps]
+    passed = np.append(np.cumsum(dfa.accepting[chain]) > 0, True)  # an accepting state among chain[:i + 1]
+    crossing = rows & (chars > 1) & passed[np.maximum(steps - 1, 0)]
+    return Staying(rows, ends, crossing if crossing.any() else None)
 
 
 def _counter_chain(dfa: LazyDFA, target: int, group: np.ndarray, longest: int) -> np.ndarray:
-    """(m,) int32 states [target, c1, c2, ...] (m <= longest) where every byte of `group` leads from each to
-    the next: a token of length n whose bytes after the first are in `group` ends at chain[n - 1]."""
+    """((m,) int32 states [target, c1, c2, ...] (m <= longest) where every character that starts with a byte of
+    `group` leads from each to the next, so a token of n <= m such characters ends at chain[n - 1]; and whether
+    every such character dies after the chain's last state, so a token of more of them dies)."""
     chain = [target]
     while len(chain) < longest:
-        after = dfa.row(chain[-1])[group]
+        after = char_ends(dfa, chain[-1])[group]
         nxt = int(after[0])
-        if nxt == DEAD or not (after == nxt).all():
-            break
+        if nxt < 0 or not (after == nxt).all():
+            return np.asarray(chain, dtype=np.int32), bool((after == DEAD).all())
         chain.append(nxt)
-    return np.asarray(chain, dtype=np.int32)
+    return np.asarray(chain, dtype=np.int32), False
 
 
 def _mask_of(bits: np.ndarray) -> int:

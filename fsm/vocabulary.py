@@ -92,6 +92,7 @@ class WalkLayout:
     tail_bytes: (n_tokens, 4) uint64 over `order`: bit b set when the token holds byte b after its first.
     valid_utf8: (n_tokens,) bool over `order`: the token's bytes are whole UTF-8 characters.
     first_char_lengths: (n_tokens,) int8 over `order`: bytes of the token's first character (by its lead byte).
+    char_counts: (n_tokens,) int32 over `order`: the token's bytes that start a character (not 0x80-0xBF).
     """
 
     order: np.ndarray
@@ -101,6 +102,7 @@ class WalkLayout:
     tail_bytes: np.ndarray
     valid_utf8: np.ndarray
     first_char_lengths: np.ndarray
+    char_counts: np.ndarray
     _tails_within: dict = field(default_factory=dict, repr=False)  # byte mask -> tails_within(mask)
 
     @property
@@ -122,7 +124,9 @@ class WalkLayout:
         valid = np.fromiter((_is_utf8(token_bytes[i]) for i in order.tolist()), dtype=bool, count=len(order))
         first = columns[0] if columns else np.zeros(0, np.uint8)
         first_lengths = np.select([first < 0x80, first < 0xE0, first < 0xF0], [1, 2, 3], 4).astype(np.int8)
-        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)), valid, first_lengths)
+        inside = np.arange(width) < lengths[order][:, None]  # (n_tokens, width) bytes of the token, not padding
+        starts = (((padded & 0xC0) != 0x80) & inside).sum(axis=1).astype(np.int32)
+        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)), valid, first_lengths, starts)
 
     @cached_property
     def row_of(self) -> np.ndarray:
