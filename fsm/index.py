@@ -79,7 +79,7 @@ class HeadWalk:
         if found is None:
             allowed = self.allowed.copy() if len(extra_ids) or dead.any() else self.allowed
             if dead.any():
-                allowed[order[np.append(dead, False)[self.end_of_row]]] = False  # -1 (not inside) reads False
+                allowed[order[np.append(dead, False).take(self.end_of_row)]] = False  # -1 (not inside) reads False
             allowed[extra_ids] = True
             found = self._masks[key] = torch.from_numpy(allowed)
         return found
@@ -365,7 +365,7 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -
     if not layout.max_length:
         return ends, np.zeros(0, np.int64)
     row = dfa.row(state)
-    first = row[layout.columns[0]]
+    first = row.take(layout.columns[0])  # take: 3x faster than indexing with uint8
     walking = first != DEAD
     crossed = np.zeros(len(layout.order), dtype=bool) if track_crossing else None  # (n_tokens,)
     for stay in staying(dfa, layout, state):
@@ -434,7 +434,7 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
     allowed[layout.order] = inside
     longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
-    return HeadWalk(dfa, distinct.astype(np.int64), number[end_states], crossing, allowed, longest)
+    return HeadWalk(dfa, distinct.astype(np.int64), number.take(end_states), crossing, allowed, longest)
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

@@ -13,7 +13,7 @@ replaced (never resized in place), so readers of filled cells need no lock.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from functools import lru_cache
 
 import numpy as np
@@ -96,7 +96,7 @@ class LazyDFA:
         out = self._table.reshape(-1).take(cells)
         missing = out == UNFILLED
         if missing.any():
-            self._fill_cells(np.unique(cells[missing]))
+            self._fill_cells(set(cells[missing].tolist()))
             out = self._table.reshape(-1).take(cells)
         return out
 
@@ -127,14 +127,14 @@ class LazyDFA:
 
     # -- growing -----------------------------------------------------------------------------------
 
-    def _fill_cells(self, cells: np.ndarray) -> None:
-        """Fill the blocks of the flat `cells` (unique, ascending); a row with many of them entirely."""
-        rows, counts = np.unique(cells >> 8, return_counts=True)
-        for state in rows[counts > CELLS_PER_ROW].tolist():
-            self._fill(state)
-        few = np.isin(cells >> 8, rows[counts <= CELLS_PER_ROW])
+    def _fill_cells(self, cells: set[int]) -> None:
+        """Fill the blocks of the flat `cells`; a row with many of them entirely."""
+        per_row = Counter(cell >> 8 for cell in cells)
+        for state, n in per_row.items():
+            if n > CELLS_PER_ROW:
+                self._fill(state)
         with BUILD_LOCK:
-            for cell in cells[few].tolist():
+            for cell in cells:
                 state, byte = cell >> 8, cell & 255
                 if self._table[state, byte] == UNFILLED:  # a block filled a moment ago fills its other bytes
                     self._fill_block(state, rx.block_index(self._terms[state], byte))

@@ -48,7 +48,7 @@ def staying(dfa: LazyDFA, layout, state: int):
     MAX_LOOP_TARGETS of them, those most first bytes lead to first."""
     ends = char_ends(dfa, state)
     targets, counts = np.unique(ends[ends >= 0], return_counts=True)  # (<= 256,) the states a character leads to
-    first_chars = ends[layout.columns[0]]  # (n_tokens,) the state after each token's first character
+    first_chars = ends.take(layout.columns[0])  # (n_tokens,) the state after each token's first character
     found = 0
     for target, count in zip(*(a.tolist() for a in _by_count(targets, counts))):
         stay = None
