@@ -233,7 +233,7 @@ class TokenIndex:
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
         walk = self._head_walk(split.head)
         ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
-        live = np.fromiter((split.leads_on(end) for end in ends), dtype=bool, count=len(ends))
+        live = split.leads_on(ends)
         layout = self.vocabulary.walk_layout
         more_rows, more_nexts = _walk_some(self.dfa, layout, state, walk.crossing)
         more_ids = layout.order[more_rows].astype(np.int64)
@@ -331,9 +331,17 @@ class Split:
         """The state's term after a token that leaves the head at its derivative `end` without passing its end."""
         return rx.unsplit(rx.seq(end, self.tail), self.frames)
 
-    def leads_on(self, end: rx.Rx) -> bool:
-        """Whether `whole(end)` matches something: the lists around the innermost one are unchanged (and
-        non-empty, as the state is), so it does when the innermost one's `pick` does."""
+    def leads_on(self, ends: list[rx.Rx]) -> np.ndarray:
+        """(n_ends,) bool: whether `whole(end)` matches something. The lists around the innermost one are
+        unchanged (and non-empty, as the state is), so it does when the innermost one's `pick` does. Plain
+        terms match something unless they are NOTHING: without a list the answer is yes (a live end and a
+        live tail), and behind a tail it is one for every end (the tail's hole decides)."""
+        plain = self.head.plain and self.tail.plain and all(owner.plain for owner, _ in self.frames)
+        if plain and (not self.frames or self.tail is not rx.EPSILON):
+            return np.full(len(ends), self._leads_on(ends[0]) if ends else True)
+        return np.fromiter((self._leads_on(end) for end in ends), dtype=bool, count=len(ends))
+
+    def _leads_on(self, end: rx.Rx) -> bool:
         items = rx.seq(end, self.tail)
         return not rx.is_empty(rx.pick(items, self.frames[-1][0]) if self.frames else items)
 
