@@ -390,7 +390,7 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -
         if not len(positions):
             break
         if track_crossing:
-            crossed[positions[dfa.accepting[states]]] = True
+            crossed[positions[dfa.accepting.take(states)]] = True
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
@@ -440,7 +440,7 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     number = np.full(dfa.n_states + 1, -1, dtype=np.int32)  # the last slot: DEAD (-1) reads -1
     number[distinct] = np.arange(len(distinct), dtype=np.int32)
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
-    allowed[layout.order] = inside
+    allowed[layout.order_index] = inside
     longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
     return HeadWalk(dfa, distinct.astype(np.int64), number.take(end_states), crossing, allowed, longest)
 

@@ -142,9 +142,9 @@ def _counting(dfa: LazyDFA, layout, target: int, first_chars: np.ndarray) -> Sta
     if not dies_after:  # a token of more characters than the chain is walked
         rows &= chars <= len(chain)
     steps = np.minimum(chars, len(chain) + 1) - 1  # (n_tokens,) the chain's index after each token, len: past its end
-    ends = np.append(chain, DEAD)[steps]
+    ends = np.append(chain, DEAD).take(steps)
     passed = np.append(np.cumsum(dfa.accepting[chain]) > 0, True)  # an accepting state among chain[:i + 1]
-    crossing = rows & (chars > 1) & passed[np.maximum(steps - 1, 0)]
+    crossing = rows & (chars > 1) & passed.take(np.maximum(steps - 1, 0))
     return Staying(rows, ends, crossing if crossing.any() else None)
 
 

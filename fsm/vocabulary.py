@@ -129,6 +129,11 @@ class WalkLayout:
         return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)), valid, first_lengths, starts)
 
     @cached_property
+    def order_index(self) -> np.ndarray:
+        """`order` as intp, to index with (numpy converts an int32 index array on every use)."""
+        return self.order.astype(np.intp)
+
+    @cached_property
     def row_of(self) -> np.ndarray:
         """(vocab_size,) int32: the row of each id in `order`, -1 for ids of no bytes."""
         out = np.full(len(self.lengths), -1, dtype=np.int32)
