@@ -343,7 +343,7 @@ class Split:
 
     def _leads_on(self, end: rx.Rx) -> bool:
         items = rx.seq(end, self.tail)
-        return not rx.is_empty(rx.pick(items, self.frames[-1][0]) if self.frames else items)
+        return not (rx.pick_is_empty(items, self.frames[-1][0]) if self.frames else rx.is_empty(items))
 
 
 def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:

@@ -259,6 +259,16 @@ def pick(items: Rx, owner: Rx) -> Rx:
     return _term("pick", (items, owner), nullable, items.plain and owner.plain)
 
 
+def pick_is_empty(items: Rx, owner: Rx) -> bool:
+    """Whether pick(items, owner) matches nothing; decided without building it where both are plain (a plain
+    pick is NOTHING exactly when no hole of `items` can be filled)."""
+    if items is NOTHING or owner is NOTHING:
+        return True
+    if items.plain and owner.plain:
+        return not _holes_in(items) & _fillable(owner)
+    return is_empty(pick(items, owner))
+
+
 def _fillable(owner: Rx) -> frozenset:
     """The items an anyorder term still allows."""
     return _list_memo(owner)[2]
