@@ -67,6 +67,8 @@ class HeadWalk:
     ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` the tokens that stay inside end in
     end_of_row: np.ndarray  # (n_tokens,) int32 index into `ends` of each token, -1 for the others
     crossing: np.ndarray  # (m,) int64 rows of walk_layout.order (ascending) of the crossing tokens
+    cross_at: np.ndarray  # (m,) int32 bytes before each one first passes an end of the head (0: not known)
+    cross_state: np.ndarray  # (m,) int32 the state of `dfa` there (-1: not known; walked from the start)
     allowed: np.ndarray  # (vocab_size,) bool by id: the tokens that stay inside
     max_token_length: int  # of those tokens
     _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
@@ -86,7 +88,8 @@ class HeadWalk:
 
     @property
     def nbytes(self) -> int:
-        return self.ends.nbytes + self.end_of_row.nbytes + self.crossing.nbytes + self.allowed.nbytes
+        arrays = (self.ends, self.end_of_row, self.crossing, self.cross_at, self.cross_state, self.allowed)
+        return sum(a.nbytes for a in arrays)
 
 
 UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
@@ -235,7 +238,7 @@ class TokenIndex:
         ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
         live = split.leads_on(ends)
         layout = self.vocabulary.walk_layout
-        more_rows, more_nexts = _walk_some(self.dfa, layout, state, walk.crossing)
+        more_rows, more_nexts = _walk_crossing(self.dfa, layout, state, walk, split)
         more_ids = layout.order[more_rows].astype(np.int64)
         number = partial(_number_end, self.dfa, split, ends)
         if self._live.trivial:  # the head is never nullable: the state does not accept
@@ -358,20 +361,22 @@ def _size(entry) -> int:
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     """Walk every token from `state`; return the (ids, end states) of those that survive."""
     layout = vocabulary.walk_layout
-    end_states, _ = _walk_rows(dfa, layout, state)
+    end_states = _walk_rows(dfa, layout, state)[0]
     rows = np.flatnonzero(end_states != DEAD)
     return layout.order[rows].astype(np.int64), end_states[rows].astype(np.int64)
 
 
-def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(ends, crossing): ends (n_tokens,) int32 over the rows of layout.order, the state after each token's
-    bytes from `state`, DEAD where it dies. A token whose first byte leads to a state that loops on its
-    other bytes (free text) ends there without a walk (`fsm.staying`). With `track_crossing`, crossing holds
-    the rows (ascending) of the tokens that pass an accepting state strictly inside their bytes, whose
-    ends read DEAD; else it is empty."""
+def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False):
+    """(ends, crossing, cross_at, cross_state): ends (n_tokens,) int32 over the rows of layout.order, the state
+    after each token's bytes from `state`, DEAD where it dies. A token whose first byte leads to a state that
+    loops on its other bytes (free text) ends there without a walk (`fsm.staying`). With `track_crossing`,
+    crossing holds the rows (ascending) of the tokens that pass an accepting state strictly inside their bytes,
+    whose ends read DEAD, and for each the bytes before the first such state and the state (0 and -1 where not
+    known: tokens set apart without a walk); else all three are empty."""
     ends = np.full(len(layout.order), DEAD, dtype=np.int32)
+    first_at = []  # (rows, j, states): where column-walked tokens first pass an accepting state
     if not layout.max_length:
-        return ends, np.zeros(0, np.int64)
+        return ends, *_crossings(None, first_at)
     row = dfa.row(state)
     first = row.take(layout.columns[0])  # take: 3x faster than indexing with uint8
     walking = first != DEAD
@@ -390,25 +395,66 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False) -
         if not len(positions):
             break
         if track_crossing:
-            crossed[positions[dfa.accepting.take(states)]] = True
+            accepting = dfa.accepting.take(states)
+            newly = accepting & ~crossed[positions]
+            if newly.any():
+                first_at.append((positions[newly], j, states[newly]))
+                crossed[positions[newly]] = True
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
     ends[positions] = states
-    crossing = np.flatnonzero(crossed) if track_crossing else np.zeros(0, np.int64)
-    ends[crossing] = DEAD
-    return ends, crossing
+    crossing = _crossings(crossed, first_at)
+    ends[crossing[0]] = DEAD
+    return ends, *crossing
 
 
-def _walk_some(dfa: LazyDFA, layout, state: int, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, end states) of the tokens at rows `start` of layout.order (ascending) that survive from `state`."""
-    if not len(start):
+def _crossings(crossed: np.ndarray | None, first_at: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cross_at, cross_state) of the crossing tokens (see `_walk_rows`)."""
+    if crossed is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+    at, where = np.zeros(len(crossed), dtype=np.int32), np.full(len(crossed), -1, dtype=np.int32)
+    for rows, j, states in first_at:
+        at[rows], where[rows] = j, states
+    rows = np.flatnonzero(crossed)
+    return rows, at[rows], where[rows]
+
+
+def _walk_crossing(dfa: LazyDFA, layout, state: int, walk: HeadWalk, split) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, end states) of the head's crossing tokens that survive from `state`. A token whose first pass
+    of an end of the head is known goes on from there: from the state `split.whole` makes of the head's
+    state at that point (what the state's own DFA reaches after those bytes) through its bytes left, so the
+    bytes inside the head are not walked again in the state's DFA; the others are walked from the start."""
+    known = walk.cross_state >= 0
+    rows, ends = [], []
+    if (~known).any():
+        r, e = _walk_on(dfa, layout, walk.crossing[~known], np.full(int((~known).sum()), state, np.int32), 0)
+        rows.append(r), ends.append(e)
+    for (at, where), group in _groups(walk.cross_at[known], walk.cross_state[known]):
+        there = dfa.state_of(split.whole(walk.dfa.term(where)))
+        if there != DEAD:
+            start = walk.crossing[known][group]
+            r, e = _walk_on(dfa, layout, start, np.full(len(start), there, np.int32), at)
+            rows.append(r), ends.append(e)
+    if not rows:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    states = dfa.step(np.full(len(start), state, dtype=np.int32), layout.columns[0][start])  # the cells it needs
-    positions, states = start[states != DEAD], states[states != DEAD]
-    done_pos, done_states = [], []
-    for j, column in enumerate(layout.columns[1:], start=1):
-        ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
+    return np.concatenate(rows), np.concatenate(ends).astype(np.int64)
+
+
+def _groups(at: np.ndarray, where: np.ndarray):
+    """((at, where), indices) for each distinct pair."""
+    keys = (at.astype(np.int64) << 32) | where.astype(np.int64)
+    values, inverse = np.unique(keys, return_inverse=True)
+    for i, key in enumerate(values.tolist()):
+        yield (key >> 32, key & 0xFFFFFFFF), np.flatnonzero(inverse == i)
+
+
+def _walk_on(dfa: LazyDFA, layout, start: np.ndarray, states: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, end states) of the tokens at rows `start` of layout.order (ascending, each longer than j bytes)
+    that survive their bytes from the j-th on, from `states` (one per row)."""
+    positions, done_pos, done_states = start, [], []
+    for j, column in enumerate(layout.columns[j:], start=j):
+        ended = int(positions.searchsorted(layout.counts[j]))  # tokens of j bytes have ended
         done_pos.append(positions[ended:])
         done_states.append(states[ended:])
         positions, states = positions[:ended], states[:ended]
@@ -419,7 +465,7 @@ def _walk_some(dfa: LazyDFA, layout, state: int, start: np.ndarray) -> tuple[np.
         positions, states = positions[alive], states[alive]
     done_pos.append(positions)
     done_states.append(states)
-    return np.concatenate(done_pos), np.concatenate(done_states).astype(np.int64)
+    return np.concatenate(done_pos), np.concatenate(done_states)
 
 
 def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_nexts: np.ndarray,
@@ -434,7 +480,7 @@ def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.nd
 def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart."""
     layout = vocabulary.walk_layout
-    end_states, crossing = _walk_rows(dfa, layout, dfa.state_of(head), track_crossing=True)
+    end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, dfa.state_of(head), track_crossing=True)
     inside = end_states != DEAD
     distinct = np.flatnonzero(np.bincount(end_states + 1, minlength=dfa.n_states + 1)[1:])
     number = np.full(dfa.n_states + 1, -1, dtype=np.int32)  # the last slot: DEAD (-1) reads -1
@@ -442,7 +488,8 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
     allowed[layout.order_index] = inside
     longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
-    return HeadWalk(dfa, distinct.astype(np.int64), number.take(end_states), crossing, allowed, longest)
+    return HeadWalk(dfa, distinct.astype(np.int64), number.take(end_states), crossing, cross_at, cross_state,
+                    allowed, longest)
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

@@ -324,6 +324,24 @@ def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer,
     assert again[0] == DEAD and DEAD not in again[1:]
 
 
+def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
+    """A token that passes the end of a head (a string value's closing quote, then `,"` and a key) goes on
+    from the state its bytes reach there, not from the start: same (token, end state) pairs as walking each
+    from the state, and most of them resumed."""
+    from fsm import index as ix
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "note": {"type": "string"}, "n": {"type": "integer"}}}
+    index = fsm.Guide.from_schema(schema, tokenizer, policy="spec").index
+    state = index.dfa.walk(b'{"name":"ab')
+    split = ix.Split.of(index.dfa.term(state))
+    walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
+    layout = index.vocabulary.walk_layout
+    resumed = ix._walk_crossing(index.dfa, layout, state, walk, split)
+    from_start = ix._walk_on(index.dfa, layout, walk.crossing, np.full(len(walk.crossing), state, np.int32), 0)
+    assert dict(zip(*(a.tolist() for a in resumed))) == dict(zip(*(a.tolist() for a in from_start)))
+    assert len(resumed[0]) > 10 and (walk.cross_state >= 0).mean() > 0.5
+
+
 def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, monkeypatch, fresh_fsm_caches):
     """Past EAGER_AFTER_HEADS head walks (a document whose states share heads), a head is walked on its own
     at the first state it starts: no plain walk of that state (work counted)."""
