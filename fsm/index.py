@@ -420,7 +420,7 @@ def _crossings(crossed: np.ndarray | None, first_at: list) -> tuple[np.ndarray, 
     return rows, at[rows], where[rows]
 
 
-def _walk_crossing(dfa: LazyDFA, layout, state: int, walk: HeadWalk, split) -> tuple[np.ndarray, np.ndarray]:
+def _walk_crossing(dfa: LazyDFA, layout, state: int, walk: HeadWalk, split: Split) -> tuple[np.ndarray, np.ndarray]:
     """(rows, end states) of the head's crossing tokens that survive from `state`. A token whose first pass
     of an end of the head is known goes on from there: from the state `split.whole` makes of the head's
     state at that point (what the state's own DFA reaches after those bytes) through its bytes left, so the
@@ -449,11 +449,11 @@ def _groups(at: np.ndarray, where: np.ndarray):
         yield (key >> 32, key & 0xFFFFFFFF), np.flatnonzero(inverse == i)
 
 
-def _walk_on(dfa: LazyDFA, layout, start: np.ndarray, states: np.ndarray, j: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, end states) of the tokens at rows `start` of layout.order (ascending, each longer than j bytes)
-    that survive their bytes from the j-th on, from `states` (one per row)."""
+def _walk_on(dfa: LazyDFA, layout, start: np.ndarray, states: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, end states) of the tokens at rows `start` of layout.order (ascending, each longer than `skip`
+    bytes) that survive their bytes after the first `skip`, from `states` (one per row)."""
     positions, done_pos, done_states = start, [], []
-    for j, column in enumerate(layout.columns[j:], start=j):
+    for j, column in enumerate(layout.columns[skip:], start=skip):
         ended = int(positions.searchsorted(layout.counts[j]))  # tokens of j bytes have ended
         done_pos.append(positions[ended:])
         done_states.append(states[ended:])

@@ -91,7 +91,6 @@ class WalkLayout:
     lengths: (vocab_size,) byte length of every id (0 = no token).
     tail_bytes: (n_tokens, 4) uint64 over `order`: bit b set when the token holds byte b after its first.
     valid_utf8: (n_tokens,) bool over `order`: the token's bytes are whole UTF-8 characters.
-    first_char_lengths: (n_tokens,) int8 over `order`: bytes of the token's first character (by its lead byte).
     char_counts: (n_tokens,) int32 over `order`: the token's bytes that start a character (not 0x80-0xBF).
     """
 
@@ -101,7 +100,6 @@ class WalkLayout:
     lengths: np.ndarray
     tail_bytes: np.ndarray
     valid_utf8: np.ndarray
-    first_char_lengths: np.ndarray
     char_counts: np.ndarray
     _tails_within: dict = field(default_factory=dict, repr=False)  # byte mask -> tails_within(mask)
 
@@ -122,11 +120,9 @@ class WalkLayout:
         counts = np.array([(lengths[order] > j).sum() for j in range(width)], dtype=np.int64)
         columns = tuple(np.ascontiguousarray(padded[: counts[j], j]) for j in range(width))
         valid = np.fromiter((_is_utf8(token_bytes[i]) for i in order.tolist()), dtype=bool, count=len(order))
-        first = columns[0] if columns else np.zeros(0, np.uint8)
-        first_lengths = np.select([first < 0x80, first < 0xE0, first < 0xF0], [1, 2, 3], 4).astype(np.int8)
         inside = np.arange(width) < lengths[order][:, None]  # (n_tokens, width) bytes of the token, not padding
         starts = (((padded & 0xC0) != 0x80) & inside).sum(axis=1).astype(np.int32)
-        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)), valid, first_lengths, starts)
+        return cls(order, columns, counts, lengths, _byte_sets(columns[1:], len(order)), valid, starts)
 
     @cached_property
     def order_index(self) -> np.ndarray:
