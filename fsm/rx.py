@@ -207,7 +207,7 @@ def any_order_list(required, optional, extra: Rx, sep: Rx, universe: Rx | None =
     optional = tuple(sorted((t for t in optional if t is not NOTHING), key=lambda t: t.id))
     if any(t.nullable for t in (*required, *optional, extra)):
         raise ValueError("the items of an any-order list must not match the empty string")
-    if not required and not optional and extra is NOTHING:
+    if (not required and not optional and extra is NOTHING) or (sep is NOTHING and len(required) > 1):
         return NOTHING
     if universe is None:  # a first list (the lists that follow it keep its universe, whatever they allow)
         if sep is NOTHING:  # lists of one item
