@@ -72,6 +72,7 @@ class HeadWalk:
     allowed: np.ndarray  # (vocab_size,) bool by id: the tokens that stay inside
     max_token_length: int  # of those tokens
     _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
+    _mask_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the masks in _masks
 
     def mask_with(self, dead: np.ndarray, extra_ids: np.ndarray, order: np.ndarray) -> torch.Tensor:
         """(vocab_size,) bool of the tokens that stay inside but those ending in a `dead` end ((n_ends,)
@@ -84,12 +85,14 @@ class HeadWalk:
                 allowed[order[np.append(dead, False).take(self.end_of_row)]] = False  # -1 (not inside) reads False
             allowed[extra_ids] = True
             found = self._masks[key] = torch.from_numpy(allowed)
+            self._mask_bytes[0] += found.numel()
         return found
 
     @property
     def nbytes(self) -> int:
+        """Bytes of its arrays and of the masks it keeps for its states."""
         arrays = (self.ends, self.end_of_row, self.crossing, self.cross_at, self.cross_state, self.allowed)
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + self._mask_bytes[0]
 
 
 UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
@@ -243,7 +246,10 @@ class TokenIndex:
         number = partial(_number_end, self.dfa, split, ends)
         if self._live.trivial:  # the head is never nullable: the state does not accept
             mains = np.where(live, UNNUMBERED, DEAD).astype(np.int32)
-            return _head_state_info(walk, mains, number, more_ids, more_nexts, layout)
+            before = walk.nbytes
+            info = _head_state_info(walk, mains, number, more_ids, more_nexts, layout)
+            self._grow_head(split.head, walk.nbytes - before)  # a new mask kept by the walk counts
+            return info
         mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int64)
         inside = np.flatnonzero(walk.end_of_row >= 0)
         ids = np.concatenate([layout.order[inside], more_ids]).astype(np.int64)
@@ -270,12 +276,25 @@ class TokenIndex:
         found = self._heads.get(head)
         if found is None:
             found = _walk_head(self._dfa_for(head), head, self.vocabulary)
-            while self._heads and (len(self._heads) >= MAX_CACHED_HEADS
-                                   or self._head_bytes[0] + found.nbytes > MAX_CACHED_HEAD_BYTES):
-                self._head_bytes[0] -= self._heads.pop(next(iter(self._heads))).nbytes
+            self._evict_heads(found.nbytes)
             self._heads[head] = found
             self._head_bytes[0] += found.nbytes
         return found
+
+    def _grow_head(self, head: rx.Rx, more: int) -> None:
+        """Count `more` bytes that the walk of `head` now keeps (a mask), the oldest other walks dropped past the bound."""
+        if more and head in self._heads:
+            walk = self._heads.pop(head)  # not evicted by its own growth
+            self._head_bytes[0] -= walk.nbytes - more
+            self._evict_heads(walk.nbytes)
+            self._heads[head] = walk
+            self._head_bytes[0] += walk.nbytes
+
+    def _evict_heads(self, room: int) -> None:
+        """Drop the oldest head walks until one more of `room` bytes fits (MAX_CACHED_HEADS, MAX_CACHED_HEAD_BYTES)."""
+        while self._heads and (len(self._heads) >= MAX_CACHED_HEADS
+                               or self._head_bytes[0] + room > MAX_CACHED_HEAD_BYTES):
+            self._head_bytes[0] -= self._heads.pop(next(iter(self._heads))).nbytes
 
     def _dfa_for(self, head: rx.Rx) -> LazyDFA:
         """The DFA heads are walked in: shared, so that a head derived from an earlier one finds its rows

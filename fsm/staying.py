@@ -25,6 +25,7 @@ from fsm.lazy_dfa import DEAD, LazyDFA
 MIN_LOOP_BYTES = 32  # a state looping on this many ASCII bytes ends the tokens made of them without a walk
 MAX_LOOP_TARGETS = 8  # looping states tested per walk (each costs a pass over the vocabulary)
 MAX_CHAIN = 16  # counter states followed per walk: the few tokens of more characters are walked
+MAX_CHAR_ENDS = 16_384  # states (and lead-byte facts) memoized per DFA
 MIXED = -3  # a lead byte whose characters end in different states, or pass an accepting one inside
 _SECOND = {0xE0: (0xA0, 0xC0), 0xED: (0x80, 0xA0), 0xF0: (0x90, 0xC0), 0xF4: (0x80, 0x90)}  # valid 2nd bytes
 _LEAD_GROUPS = tuple(np.asarray(g) for g in ([*range(0xC2, 0xE0)], [0xE0], [*range(0xE1, 0xED), 0xEE, 0xEF], [0xED],
@@ -75,6 +76,8 @@ def char_ends(dfa: LazyDFA, state: int) -> np.ndarray:
     character it starts (DEAD where they all die, MIXED where they differ or pass an accepting state inside);
     MIXED for the other bytes (memoized)."""
     memo = _CHAR_ENDS.setdefault(dfa, {})
+    if len(memo) > MAX_CHAR_ENDS:  # ~1 KiB a state: start over rather than grow with a long walk
+        memo.clear()
     found = memo.get(state)
     if found is None:
         row = dfa.row(state)

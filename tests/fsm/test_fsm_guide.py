@@ -322,6 +322,7 @@ def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer,
             assert nxt == expected[token] or _same_language(index.dfa.term(nxt), index.dfa.term(expected[token]))
     again = [index.dfa.walk(b'alpha":1}', state) for state in states]
     assert again[0] == DEAD and DEAD not in again[1:]
+    assert index._head_bytes[0] == sum(walk.nbytes for walk in index._heads.values())  # masks kept count
 
 
 def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
