@@ -2,11 +2,11 @@
 
 A model source is a named offline source (`assisted.sources.SOURCES`, converted once into a cache), a
 hub id or local folder (`from_pretrained`; offline under ``HF_HUB_OFFLINE=1``) or a ``.gguf`` file
-(de-quantized on every load). The assistant may be loaded as an int8 copy (CPU), and the target's
+(de-quantized on every load). The assistant may be loaded as a 4-bit or int8 copy (CPU), and the target's
 Linear weights packed for cheaper verification forwards (`assisted.packing`).
 
     from assisted.loading import load_pair
-    model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", int8_assistant=True)
+    model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", quantize_assistant="int4")
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from assisted.int4 import int4_copy
 from assisted.packing import pack_linear_weights
 from assisted.sources import SOURCES, _gguf_tokenizer, _to_dtype, cached
 
@@ -90,6 +91,9 @@ def int8_copy(model):
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
 
 
+QUANTIZED_COPIES = {"int4": int4_copy, "int8": int8_copy}  # quantize_assistant -> copy maker
+
+
 def eos_set(tokenizer, model=None) -> list[int]:
     """EOS ids: the tokenizer's, the model's generation config's, and Qwen's two turn enders if present."""
     ids = {tokenizer.eos_token_id}
@@ -113,7 +117,7 @@ def set_eos(tokenizer, *models) -> list[int]:
 
 def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = None, *,
               dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-              device_map: str | dict | None = None, int8_assistant: bool = False, pack: bool = False):
+              device_map: str | dict | None = None, quantize_assistant: str | None = None, pack: bool = False):
     """Load a target, its tokenizer and an optional assistant, ready for `assisted.generate`.
 
     Parameters
@@ -123,8 +127,10 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         source twice loads one model and uses it for both.
     dtype, device, device_map
         As for `load_model`, for both models.
-    int8_assistant : bool
-        Use an int8 copy of the assistant (dynamic quantization, CPU only).
+    quantize_assistant : {None, "int4", "int8"}
+        Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.int4.int4_copy`, group-wise
+        4-bit weights: the faster and the closer to the float assistant) or "int8" (`int8_copy`, dynamic
+        quantization, one scale per tensor).
     pack : bool
         Pack the target's Linear weights (`assisted.pack_linear_weights`; CPU, float32/bfloat16).
 
@@ -141,8 +147,12 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         For a source that cannot be found.
     """
     on_cpu = device_map is None and torch.device(device).type == "cpu"
-    if int8_assistant and (assistant is None or not on_cpu):
-        raise ValueError("int8_assistant needs an assistant on the CPU (dynamic int8 quantization is CPU-only)")
+    if quantize_assistant not in QUANTIZED_COPIES and quantize_assistant is not None:
+        raise ValueError(f"quantize_assistant must be one of {sorted(QUANTIZED_COPIES)} or None, "
+                         f"not {quantize_assistant!r}")
+    if quantize_assistant and (assistant is None or not on_cpu):
+        raise ValueError(f"quantize_assistant={quantize_assistant!r} needs an assistant on the CPU "
+                         "(the quantized kernels are CPU-only)")
     if pack and not on_cpu:
         raise ValueError("pack needs the target on the CPU (packed oneDNN weights are a CPU kernel)")
     tokenizer = load_tokenizer(target)  # first: cheap, and its errors are the clear ones
@@ -153,7 +163,7 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     helper = None
     if assistant is not None:
         helper = model if str(assistant) == str(target) else load_model(assistant, **options)
-        helper = int8_copy(helper) if int8_assistant else helper
+        helper = QUANTIZED_COPIES[quantize_assistant](helper) if quantize_assistant else helper
     if pack:
         pack_linear_weights(model)
     set_eos(tokenizer, model, helper)

@@ -27,11 +27,13 @@ from experiments.intervals import grouped, table  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.speedup import _chat_ids  # noqa: E402
-from experiments.tasks import load_pair, write_rows  # noqa: E402
+from experiments.tasks import add_assistant_quantization, assistant_label, assistant_quantization, load_pair, write_rows  # noqa: E402
 
 BASE = "defaults"
-ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True}}  # arm -> generate() arguments
-# changed from the defaults
+ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True},  # arm -> generate() arguments
+        "int4-assistant": {}, "int8-assistant": {}}  # changed from the defaults
+SWAPPED_ASSISTANT = {"int4-assistant": "int4", "int8-assistant": "int8"}  # arm -> the copy of --assistant it drafts
+# with (the defaults draft with the copy the flags ask for)
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards")
 
 
@@ -39,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.ablation", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    p.add_argument("--assistant-int8", action="store_true")
+    add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
@@ -71,15 +73,20 @@ def run_arm(arm: str, model, assistant, tokenizer, ids: list[int], temperature: 
 
 def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
     """Every (prompt, temperature, repeat) cell, arms interleaved in rotating order; one row per generation."""
+    from experiments.models import load_assistant
     arms = tuple(a for a in ARMS if a in {*args.arms, BASE})
+    helpers = {arm: load_assistant(args.assistant, model, quantize=SWAPPED_ASSISTANT[arm])
+               for arm in arms if arm in SWAPPED_ASSISTANT}
     for arm in arms:  # untimed: allocators, and the costs auto keeps per model pair
-        run_arm(arm, model, assistant, tokenizer, _chat_ids(tokenizer, prompts[0]), 0.0, 0, args.max_new_tokens)
+        run_arm(arm, model, helpers.get(arm, assistant), tokenizer, _chat_ids(tokenizer, prompts[0]), 0.0, 0,
+                args.max_new_tokens)
     rows = []
     cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
     for i, (p, t, r) in enumerate(cells):
         ids = _chat_ids(tokenizer, p)
         for arm in arms[i % len(arms):] + arms[: i % len(arms)]:
-            res = run_arm(arm, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens)
+            res = run_arm(arm, model, helpers.get(arm, assistant), tokenizer, ids, t, args.seed + r,
+                          args.max_new_tokens)
             rows.append({"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": arm, **res})
             print(f"{p['name']:28} T={t} {arm:16} {res['seconds'] / max(res['new_tokens'], 1):.3f} s/token",
                   file=sys.stderr, flush=True)
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     shards.check(args.shard)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)
+    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
@@ -112,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / "results.csv", rows, FIELDS)
     lines = [f"# Ablation {out.name}", "", *run_lines("experiments.ablation", argv),
-             f"- target {args.target}{' (packed)' if args.packed_target else ''}, assistant {args.assistant}"
-             f"{' (int8)' if args.assistant_int8 else ''}, {args.half} half, {len(prompts)} prompts, "
+             f"- target {args.target}{' (packed)' if args.packed_target else ''}, assistant {assistant_label(args)}"
+             f", {args.half} half, {len(prompts)} prompts, "
              f"T {args.temperatures}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)", "",
-             f"Each arm's seconds per token / the defaults' (> 1: the defaults are faster), paired per "
+             "Each arm's seconds per token / the defaults' (> 1: the defaults are faster), paired per "
              "(prompt, temperature, repeat) unit, geometric mean with a 90% t-interval.", "", *report(rows), ""]
     (out / "README.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from assisted.loading import int8_copy, load_model, load_pair, load_tokenizer  # noqa: F401  (re-exported)
+from assisted.loading import QUANTIZED_COPIES, int8_copy, load_model, load_pair, load_tokenizer  # noqa: F401  (re-exported)
 from assisted.sources import (  # noqa: F401  (re-exported)
     SOURCES, ChecksumError, NotPreparedError, Source, _assemble, _installed_gguf, _publish, cache_root,
     convert_gguf, model_dir, prepare, status, tokenizer_dir)
@@ -36,10 +36,11 @@ def truncated(model, layers: int):
     return small.eval()
 
 
-def load_assistant(source: str, target, *, int8: bool = False, **load_options):
-    """The assistant for `target`: a model source (`load`) or "random" (`random_like`), as an int8 copy if asked."""
+def load_assistant(source: str, target, *, quantize: str | None = None, **load_options):
+    """The assistant for `target`: a model source (`load`) or "random" (`random_like`), as a quantized copy
+    ("int4" or "int8", `assisted.loading.QUANTIZED_COPIES`) if asked."""
     assistant = random_like(target) if source == "random" else load(source, **load_options)[0]
-    return int8_copy(assistant) if int8 else assistant
+    return QUANTIZED_COPIES[quantize](assistant) if quantize else assistant
 
 
 def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):

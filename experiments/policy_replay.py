@@ -59,6 +59,7 @@ from assisted.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # 
 from assisted.costs import CostTable, StepCost  # noqa: E402
 from assisted.policy import Constant, Heuristic, Policy  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
+from experiments.tasks import add_assistant_quantization  # noqa: E402
 
 CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
 
@@ -306,8 +307,8 @@ def collect(args) -> int:
     from drafting.cache import forward, new_cache
     from experiments.prompt_split import load_prompts
     from experiments.speedup import _chat_ids
-    from experiments.tasks import load_pair
-    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)
+    from experiments.tasks import assistant_quantization, load_pair
+    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder of traces.json (collect writes it, replay reads it)")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    p.add_argument("--assistant-int8", action="store_true")
+    add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)

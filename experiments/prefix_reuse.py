@@ -21,7 +21,7 @@ import torch
 from assisted import PrefixCache, generate
 from assisted.loading import load_pair
 from experiments.machine import run_lines
-from experiments.tasks import write_rows
+from experiments.tasks import add_assistant_quantization, assistant_label, assistant_quantization, write_rows
 
 SCHEMA = {
     "type": "object",
@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--assistant", help="drafting model (default: none)")
-    parser.add_argument("--int8-assistant", action="store_true")
+    add_assistant_quantization(parser, ("--int4-assistant", "--int8-assistant"))
     parser.add_argument("--documents", type=int, default=len(DOCUMENTS))
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -146,7 +146,7 @@ def write(args, rows: list[dict], tokenizer, argv: list[str]) -> None:
     shared = shared_prefix(tokenizer, DOCUMENTS[0], DOCUMENTS[1])
     readme = [f"# Prefix reuse {args.out.name}", "",
               *run_lines("experiments.prefix_reuse", argv),
-              f"- target {args.model}, assistant {args.assistant or 'none'}{' (int8)' if args.int8_assistant else ''}, "
+              f"- target {args.model}, assistant {assistant_label(args) if args.assistant else 'none'}, "
               f"greedy, schema-constrained (coalesced forced tokens), max_new_tokens {args.max_new_tokens}",
               f"- {len({r['document'] for r in rows})} documents behind one shared system instruction with three "
               f"few-shot examples ({shared} prompt tokens shared by every document's prompt)", "",
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer, assistant = load_pair(args.model, args.assistant, int8_assistant=args.int8_assistant)
+    model, tokenizer, assistant = load_pair(args.model, args.assistant, quantize_assistant=assistant_quantization(args))
     rows = measure(model, tokenizer, assistant, DOCUMENTS[: args.documents], args.max_new_tokens)
     write(args, rows, tokenizer, argv)
     print("\n".join(summary(rows)))

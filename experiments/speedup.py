@@ -40,7 +40,8 @@ from experiments import shards  # noqa: E402
 from experiments.machine import machine_lines  # noqa: E402
 from experiments.intervals import grouped, paired_ratio, table  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.tasks import assistant_label, count_forwards, load_pair, write_rows  # noqa: E402
+from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
+                               count_forwards, load_pair, write_rows)
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -54,8 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b",
                    help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)')
-    p.add_argument("--assistant-int8", action="store_true",
-                   help="draft with an int8 (dynamically quantized, CPU) copy of the assistant; the target stays as loaded")
+    add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true",
                    help="pre-pack the target's Linear weights for multi-token forwards (assisted.packing; CPU): "
                         "every system, the target alone included, runs on the same packed model")
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shards.check(args.shard)
     out = shards.folder(out, args.shard)
-    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8,
+    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args),
                        packed=args.packed_target, dtype=args.dtype, device=args.device)
     if loaded is None:
         return 1

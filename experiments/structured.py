@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments.tasks import (  # noqa: E402
-    MODES, STRUCTURED_TASKS, assistant_label, extract_json, load_pair, run_mode, validate, write_rows)
+    MODES, STRUCTURED_TASKS, add_assistant_quantization, assistant_label, assistant_quantization, extract_json,
+    load_pair, run_mode, validate, write_rows)
 from experiments.machine import machine_lines  # noqa: E402
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
@@ -33,8 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.structured", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--assistant", default=None)
-    p.add_argument("--assistant-int8", action="store_true",
-                   help="draft with an int8 (dynamically quantized, CPU) copy of the assistant")
+    add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true",
                    help="pre-pack the target's Linear weights for multi-token forwards (assisted.packing; CPU): "
                         "every system, the target alone included, runs on the same packed model")
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_pair(args.target, args.assistant, int8=args.assistant_int8, packed=args.packed_target)
+    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

@@ -114,16 +114,16 @@ STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
 
 
 # ---------------------------------------------------------------- loading
-def load_pair(target: str, assistant: str | None = None, *, int8: bool = False, packed: bool = False,
+def load_pair(target: str, assistant: str | None = None, *, quantize: str | None = None, packed: bool = False,
               **load_options) -> tuple | None:
-    """(target, tokenizer, assistant or None) as the experiments run them: the assistant as an int8 copy if
-    asked, the target's Linear weights packed if asked (`assisted.packing`), both stopping on the same EOS
+    """(target, tokenizer, assistant or None) as the experiments run them: the assistant as a quantized copy
+    ("int4" or "int8") if asked, the target's Linear weights packed if asked (`assisted.packing`), both stopping on the same EOS
     set; None, after printing why to stderr, when a model is not prepared or cannot be loaded or packed."""
     from assisted.packing import pack_linear_weights
     from experiments.models import NotPreparedError, load, load_assistant
     try:
         model, tokenizer = load(target, **load_options)
-        helper = None if assistant is None else load_assistant(assistant, model, int8=int8, **load_options)
+        helper = None if assistant is None else load_assistant(assistant, model, quantize=quantize, **load_options)
         if packed:
             pack_linear_weights(model)
     except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
@@ -234,7 +234,23 @@ def write_rows(path, rows: list[dict], fields) -> None:
         w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
 
 
+def add_assistant_quantization(parser, names: tuple[str, str] = ("--assistant-int4", "--assistant-int8")) -> None:
+    """Flags for a quantized copy of the assistant (results cite both spellings of the int8 one)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(names[0], dest="assistant_int4", action="store_true",
+                       help="draft with a group-wise int4 copy of the assistant (CPU; `assisted.int4`)")
+    group.add_argument(names[1], dest="assistant_int8", action="store_true",
+                       help="draft with a dynamically quantized int8 copy of the assistant (CPU)")
+
+
+def assistant_quantization(args) -> str | None:
+    """"int4", "int8" or None, from the flags of `add_assistant_quantization`."""
+    if getattr(args, "assistant_int4", False):
+        return "int4"
+    return "int8" if getattr(args, "assistant_int8", False) else None
+
+
 def assistant_label(args) -> str:
     """The assistant as a results README names it."""
-    int8 = " (int8 copy)" if getattr(args, "assistant_int8", False) else ""
-    return f"{args.assistant}{int8}"
+    quantize = assistant_quantization(args)
+    return f"{args.assistant}{f' ({quantize} copy)' if quantize else ''}"

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     argv = list(argv if argv is not None else sys.argv[1:])
-    loaded = load_pair(args.target, args.assistant, int8=True, packed=True)
+    loaded = load_pair(args.target, args.assistant, quantize="int8", packed=True)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

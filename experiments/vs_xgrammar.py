@@ -33,7 +33,7 @@ from assisted import generate, logits_processor
 from assisted.loading import load_pair
 from experiments.intervals import paired_ratio
 from experiments.machine import run_lines
-from experiments.tasks import Task, validate, write_rows
+from experiments.tasks import Task, add_assistant_quantization, assistant_label, assistant_quantization, validate, write_rows
 
 
 class LineItem(BaseModel):
@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--assistant", default="smollm2-135m")
-    parser.add_argument("--int8-assistant", action="store_true")
+    add_assistant_quantization(parser, ("--int4-assistant", "--int8-assistant"))
     parser.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1)
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("error: xgrammar is not importable; see this module's docstring for the CPU install", file=sys.stderr)
         return 2
-    model, tokenizer, assistant = load_pair(args.target, args.assistant, int8_assistant=args.int8_assistant,
+    model, tokenizer, assistant = load_pair(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
                                             pack=args.pack)
     rows = measure(Systems(model, tokenizer, assistant, args.max_new_tokens), TASKS, args.systems, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     version = getattr(xgrammar, "__version__", None) or _dist_version("xgrammar")
     readme = [f"# Our full system vs transformers + XGrammar: {args.out.name}", "",
               *run_lines("experiments.vs_xgrammar", argv, f"xgrammar {version}"),
-              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {args.assistant}"
-              f"{' (int8)' if args.int8_assistant else ''}, greedy, max_new_tokens {args.max_new_tokens}",
+              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {assistant_label(args)}, greedy, "
+              f"max_new_tokens {args.max_new_tokens}",
               f"- four held-out extraction tasks written for this comparison (invoice, patient, flight, review), "
               f"{args.repeats} run(s) each, systems in rotated order per (task, run)", "",
               *table(rows), "",

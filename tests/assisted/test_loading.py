@@ -1,4 +1,4 @@
-"""assisted.loading: the library's loader (folders, named sources, int8 assistant, packing) and the layering rule."""
+"""assisted.loading: the library's loader (folders, named sources, quantized assistants, packing) and the layering rule."""
 
 from __future__ import annotations
 
@@ -36,18 +36,20 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
     assert out.stop_reason == "final" and len(out.text.replace(" ", "")) == 3
 
 
-def test_int8_assistant_and_packed_target(tiny_folder):
-    model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), int8_assistant=True, pack=True)
+@pytest.mark.parametrize("quantize, module", [("int8", "torch.ao.nn.quantized"), ("int4", "assisted.int4")])
+def test_quantized_assistant_and_packed_target(tiny_folder, quantize, module):
+    model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), quantize_assistant=quantize, pack=True)
     assert assistant is not model and is_packed(model) and not is_packed(assistant)
-    assert any("quantized" in type(m).__module__ for m in assistant.modules())
+    assert any(type(m).__module__.startswith(module) for m in assistant.modules())
     ref = generate(model, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
     out = generate(model, assistant, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
     assert out.token_ids == ref.token_ids
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"int8_assistant": True}, "int8_assistant needs an assistant"),
-    ({"assistant": "x", "int8_assistant": True, "device": "meta"}, "CPU"),
+    ({"quantize_assistant": "int8"}, "quantize_assistant='int8' needs an assistant"),
+    ({"assistant": "x", "quantize_assistant": "int4", "device": "meta"}, "CPU"),
+    ({"assistant": "x", "quantize_assistant": "int2"}, "one of \\['int4', 'int8'\\]"),
     ({"pack": True, "device_map": "auto"}, "pack needs the target on the CPU"),
 ])
 def test_options_that_do_not_fit_fail_before_loading(kwargs, match):

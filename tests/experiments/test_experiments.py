@@ -190,7 +190,8 @@ def test_ablation_pairs_each_arm_with_the_defaults_over_shards(tiny, tmp_path):
     from experiments import ablation
 
     model, tok = tiny
-    args = ablation.parse_args(["--out", str(tmp_path), "--temperatures", "0", "1", "--max-new-tokens", "4"])
+    args = ablation.parse_args(["--out", str(tmp_path), "--temperatures", "0", "1", "--max-new-tokens", "4",
+                                "--assistant", "random"])  # the swapped-assistant arms quantize a random assistant
     assert args.half == "tuning" and set(args.arms) == set(ablation.ARMS)
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     with threads(1):
