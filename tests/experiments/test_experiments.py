@@ -204,3 +204,20 @@ def test_ablation_pairs_each_arm_with_the_defaults_over_shards(tiny, tmp_path):
     assert ablation.main(["--out", str(tmp_path), "--report-only"]) == 0
     readme = (tmp_path / "README.md").read_text()
     assert "- command: `shard 1`" in readme and "| all | 4 | " in readme and "no-lookup" in readme
+
+
+def test_assistant_copies_judges_each_copy_on_the_target_s_own_text(tiny):
+    from experiments import assistant_copies
+
+    model, tok = tiny  # hidden size 32: int4 groups of 32 fit
+    copies = assistant_copies.make_copies(model, ("float32", "int8", "int4-g32"))
+    assert copies["float32"] is model
+    prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
+    with threads(1):
+        rows = assistant_copies.judge(model, copies, tok, prompts, [0.0, 0.7], max_new_tokens=6, repeats=1)
+    assert len(rows) == 2 * 2 * 3
+    itself = [r["acceptance"] for r in rows if r["copy"] == "float32"]
+    assert all(a == pytest.approx(1.0, abs=1e-4) for a in itself)  # the target drafting for itself: always taken
+    assert all(0.0 <= r["acceptance"] <= 1.0 and r["step_seconds"] > 0 for r in rows)
+    lines = assistant_copies.report(rows)
+    assert lines[2].startswith("| float32 |") and lines[2].endswith("| 1.000 | 1.000 | 1.000 | 1.000 |")
