@@ -35,6 +35,13 @@ def test_parsers():
     assert structured.parse_args([]).assistant is None
     assert structured.parse_args([]).schedule == "heuristic" and structured.parse_args(["--schedule", "auto"]).schedule == "auto"
     assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
+    from experiments.tasks import assistant_label, assistant_quantization
+    for flags, quantize in (([], None), (["--assistant-int4"], "int4"), (["--assistant-int8"], "int8")):
+        parsed = speedup.parse_args(flags)
+        assert assistant_quantization(parsed) == quantize
+        assert assistant_label(parsed) == "qwen2.5-coder-0.5b" + (f" ({quantize} copy)" if quantize else "")
+    with pytest.raises(SystemExit):
+        speedup.parse_args(["--assistant-int4", "--assistant-int8"])  # one copy at a time
 
 
 def test_prompt_split_is_fixed_balanced_and_disjoint():
