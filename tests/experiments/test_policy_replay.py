@@ -114,6 +114,10 @@ def test_report_compares_auto_with_the_best_other_policy_per_cell():
     assert summary[("code", 0.0, "heuristic")] < summary[("code", 0.0, "plain")]  # all drafts accepted: drafting pays
     lines = report(summary, list(policies))
     assert len(lines) == 4 and lines[2].startswith("| code | 0.0 |")
+    greedy = pr.headroom({key: v for key, v in summary.items() if key[1] == 0.0})  # sampled draws can beat it
+    assert [line.split(" | ")[0] for line in greedy[2:]] == ["| constant-20", "| heuristic-5"]
+    bound_over = [float(line.split(" | ")[3].split()[0]) for line in greedy[2:]]
+    assert all(b >= 1.0 for b in bound_over)  # no greedy stand-in beats the bound
     assert all(summary[("code", 0.0, "bound")] <= summary[("code", 0.0, p)] + 1e-12 for p in policies)
 
 
