@@ -147,7 +147,7 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         For a source that cannot be found.
     """
     on_cpu = device_map is None and torch.device(device).type == "cpu"
-    if quantize_assistant not in QUANTIZED_COPIES and quantize_assistant is not None:
+    if quantize_assistant is not None and quantize_assistant not in QUANTIZED_COPIES:
         raise ValueError(f"quantize_assistant must be one of {sorted(QUANTIZED_COPIES)} or None, "
                          f"not {quantize_assistant!r}")
     if quantize_assistant and (assistant is None or not on_cpu):

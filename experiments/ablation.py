@@ -27,7 +27,8 @@ from experiments.intervals import grouped, table  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.speedup import _chat_ids  # noqa: E402
-from experiments.tasks import add_assistant_quantization, assistant_label, assistant_quantization, load_pair, write_rows  # noqa: E402
+from experiments.tasks import (  # noqa: E402
+    add_assistant_quantization, assistant_label, assistant_quantization, load_pair, write_rows)
 
 BASE = "defaults"
 ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True},  # arm -> generate() arguments

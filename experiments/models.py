@@ -12,7 +12,8 @@ import os
 
 import torch
 
-from assisted.loading import QUANTIZED_COPIES, int8_copy, load_model, load_pair, load_tokenizer  # noqa: F401  (re-exported)
+from assisted.loading import (  # noqa: F401  (re-exported)
+    QUANTIZED_COPIES, int8_copy, load_model, load_pair, load_tokenizer)
 from assisted.sources import (  # noqa: F401  (re-exported)
     SOURCES, ChecksumError, NotPreparedError, Source, _assemble, _installed_gguf, _publish, cache_root,
     convert_gguf, model_dir, prepare, status, tokenizer_dir)

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer, assistant = load_pair(args.model, args.assistant, quantize_assistant=assistant_quantization(args))
+    model, tokenizer, assistant = load_pair(args.model, args.assistant,
+                                            quantize_assistant=assistant_quantization(args))
     rows = measure(model, tokenizer, assistant, DOCUMENTS[: args.documents], args.max_new_tokens)
     write(args, rows, tokenizer, argv)
     print("\n".join(summary(rows)))

@@ -117,8 +117,9 @@ STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
 def load_pair(target: str, assistant: str | None = None, *, quantize: str | None = None, packed: bool = False,
               **load_options) -> tuple | None:
     """(target, tokenizer, assistant or None) as the experiments run them: the assistant as a quantized copy
-    ("int4" or "int8") if asked, the target's Linear weights packed if asked (`assisted.packing`), both stopping on the same EOS
-    set; None, after printing why to stderr, when a model is not prepared or cannot be loaded or packed."""
+    ("int4" or "int8") if asked, the target's Linear weights packed if asked (`assisted.packing`), both
+    stopping on the same EOS set; None, after printing why to stderr, when a model is not prepared or cannot
+    be loaded or packed."""
     from assisted.packing import pack_linear_weights
     from experiments.models import NotPreparedError, load, load_assistant
     try:

@@ -33,7 +33,8 @@ from assisted import generate, logits_processor
 from assisted.loading import load_pair
 from experiments.intervals import paired_ratio
 from experiments.machine import run_lines
-from experiments.tasks import Task, add_assistant_quantization, assistant_label, assistant_quantization, validate, write_rows
+from experiments.tasks import (
+    Task, add_assistant_quantization, assistant_label, assistant_quantization, validate, write_rows)
 
 
 class LineItem(BaseModel):
@@ -221,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("error: xgrammar is not importable; see this module's docstring for the CPU install", file=sys.stderr)
         return 2
-    model, tokenizer, assistant = load_pair(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
-                                            pack=args.pack)
+    model, tokenizer, assistant = load_pair(args.target, args.assistant, pack=args.pack,
+                                            quantize_assistant=assistant_quantization(args))
     rows = measure(Systems(model, tokenizer, assistant, args.max_new_tokens), TASKS, args.systems, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)
