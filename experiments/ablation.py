@@ -2,7 +2,8 @@
 
     python -m experiments.ablation --assistant-int8 --packed-target --threads 1 --half tuning
 
-Each arm is `assisted.generate` with the defaults and one argument changed (ARMS). Per (prompt, temperature,
+Each arm is `assisted.generate` with the defaults and one argument changed (ARMS), or with another copy of the
+assistant (SWAPPED_ASSISTANT: `--arms int8-assistant` against `--assistant-int4` defaults). Per (prompt, temperature,
 repeat) cell the arms run interleaved, the order rotating per cell; each arm is paired with "defaults" per
 cell (seconds per new token, geometric mean with a 90% interval): > 1 where the defaults are faster than the
 arm. Decisions about defaults are made on the tuning half (`experiments.prompt_split`). Writes results.csv and
@@ -31,10 +32,11 @@ from experiments.tasks import (  # noqa: E402
     add_assistant_quantization, assistant_label, assistant_quantization, load_pair, write_rows)
 
 BASE = "defaults"
-ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True},  # arm -> generate() arguments
-        "int4-assistant": {}, "int8-assistant": {}}  # changed from the defaults
-SWAPPED_ASSISTANT = {"int4-assistant": "int4", "int8-assistant": "int8"}  # arm -> the copy of --assistant it drafts
-# with (the defaults draft with the copy the flags ask for)
+ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True},
+        "int4-assistant": {}, "int8-assistant": {}}  # arm -> generate() arguments changed from the defaults
+# arm -> the copy of --assistant it drafts with (the defaults draft with the copy the flags ask for)
+SWAPPED_ASSISTANT = {"int4-assistant": "int4", "int8-assistant": "int8"}
+DEFAULT_ARMS = ("no-lookup", "tree")  # what --arms runs unless told
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards")
 
 
@@ -44,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
     add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true")
-    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(DEFAULT_ARMS))
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="tuning")
     p.add_argument("--per-class", type=int, default=None)

@@ -197,8 +197,9 @@ def test_ablation_pairs_each_arm_with_the_defaults_over_shards(tiny, tmp_path):
     from experiments import ablation
 
     model, tok = tiny
+    assert set(ablation.parse_args(["--out", "x"]).arms) == set(ablation.DEFAULT_ARMS)
     args = ablation.parse_args(["--out", str(tmp_path), "--temperatures", "0", "1", "--max-new-tokens", "4",
-                                "--assistant", "random"])  # the swapped-assistant arms quantize a random assistant
+                                "--assistant", "random", "--arms", *ablation.ARMS])  # swapped arms: random copies
     assert args.half == "tuning" and set(args.arms) == set(ablation.ARMS)
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     with threads(1):
