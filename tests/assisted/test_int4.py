@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.int4 import Int4Linear, int4_copy
+from assisted.int4 import KERNEL_ROWS, Int4Linear, int4_copy
 from tests.helpers_models import tiny_llama
 
 
@@ -39,6 +39,14 @@ def test_forward_is_the_input_times_the_dequantized_weight():
     got = quantized(x)
     assert got.shape == (2, 3, 32) and got.dtype == torch.float32
     assert torch.allclose(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_long_inputs_take_the_dense_path_over_the_same_weights():
+    quantized = Int4Linear(_linear(64, 96), 32)
+    assert torch.equal(quantized.dense.float(), quantized.dequantized())  # the kernel's weights, exactly
+    x = torch.randn(KERNEL_ROWS + 5, 96)
+    few = torch.cat([quantized(x[i : i + 1]) for i in range(len(x))])  # (n, 64) one row at a time: the kernel
+    assert torch.allclose(quantized(x), few, rtol=1e-2, atol=1e-2)  # all rows at once: the dense path
 
 
 def test_copy_replaces_the_linears_that_fit_and_leaves_the_model_alone():
