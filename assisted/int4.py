@@ -86,6 +86,7 @@ def int4_copy(model: torch.nn.Module, group_size: int = 32) -> torch.nn.Module:
     -------
     torch.nn.Module
         The copy, in eval mode. Every Linear whose shape the kernel cannot hold (`fits`) stays as it was.
+        A replaced Linear keeps 2.5 bytes a weight: the 4-bit codes, and the bfloat16 copy long inputs use.
 
     Raises
     ------
