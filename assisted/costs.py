@@ -97,18 +97,19 @@ class _Alone:
 _ALONE = _Alone()
 
 
-def _device_key(model) -> tuple:
+def _device_key(model, engine: str) -> tuple:
     p = next(model.parameters())
-    return str(p.device), str(p.dtype), torch.get_num_threads(), is_packed(model)
+    return str(p.device), str(p.dtype), torch.get_num_threads(), is_packed(model), engine
 
 
-def recall(target, assistant) -> CostTable | None:
-    """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads
-    and weight layout (`assisted.packing`)."""
+def recall(target, assistant, engine: str = "dynamic") -> CostTable | None:
+    """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads,
+    weight layout (`assisted.packing`) and engine (`assisted.caching.CachePlan.engine`: a captured step costs a
+    fraction of an eager one)."""
     with _LOCK:
         pairs = _MEMORY.get(target)
         entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
-    return entry[1] if entry is not None and entry[0] == _device_key(target) else None
+    return entry[1] if entry is not None and entry[0] == _device_key(target, engine) else None
 
 
 def recall_calibration(target, assistant, warp) -> object | None:
@@ -120,9 +121,10 @@ def recall_calibration(target, assistant, warp) -> object | None:
         return None if entry is None else entry.get(warp)
 
 
-def memorize(target, assistant, costs: CostTable | None, calibration: object | None = None, warp=None) -> None:
+def memorize(target, assistant, costs: CostTable | None, calibration: object | None = None, warp=None,
+             engine: str = "dynamic") -> None:
     """Keep a call's costs (and its policy's calibration under `warp`) for the next call on the pair."""
-    key, device = (_ALONE if assistant is None else assistant), _device_key(target)
+    key, device = (_ALONE if assistant is None else assistant), _device_key(target, engine)
     with _LOCK:
         if costs is not None:
             _MEMORY.setdefault(target, weakref.WeakKeyDictionary())[key] = (device, costs)

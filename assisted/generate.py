@@ -12,6 +12,7 @@ import time
 import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
+from assisted.caching import Held, plan_caches, static_caches
 from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
                              prompt_ids)
@@ -51,6 +52,8 @@ def generate(
     prefix_cache: PrefixCache | None = None,
     guide_options: dict | None = None,
     tree: bool = False,
+    cache_implementation: str | None = None,
+    cuda_graphs: bool | None = None,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
@@ -118,6 +121,16 @@ def generate(
         rejection when sampling). Needs `assistant_model`. Under "auto" the leaf is verified only where its
         expected extra token pays for its extra row in the forward, from the measured costs and the assistant's
         (calibrated) confidence at and before it; ``stats.leaves_priced_out`` counts the others.
+    cache_implementation : {"dynamic", "static"}, optional
+        The KV caches of both models, as transformers names them. "static": pre-allocated caches (prompt + budget
+        + 32 positions, kept on the model for later calls and grown by `assisted.caching.CAPACITY_STEP`), where a
+        rejected draft's crop moves a length. Default (None): "static" on a CUDA target where possible (not with
+        `tree` or `prefix_cache`, nor for sliding-window models), else "dynamic"; ``stats.cache_note`` says why a
+        CUDA target fell back. Same tokens either way, up to floating-point rounding.
+    cuda_graphs : bool, optional
+        With static caches on CUDA, replay every forward over up to 32 tokens from a CUDA graph captured once per
+        model and width (1, 2, 4, 8, 16, 32: drafts are padded to the next width). Default (None): on wherever
+        the models' weights sit on one CUDA device. Capture time is reported as ``stats.seconds.capture``.
 
     Returns
     -------
@@ -135,6 +148,7 @@ def generate(
                          schedule, coalesce, prompt_lookup)
     _check_tree(tree, model, assistant_model)
     vocab_size = check_models(model, assistant_model, tokenizer)
+    plan = plan_caches(model, assistant_model, cache_implementation, cuda_graphs, tree, prefix_cache)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = fit_positions(opts, len(ids), model, assistant_model)
     cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer), guide_options)
@@ -146,14 +160,15 @@ def generate(
     lookup = PromptLookup(tokenizer, ids) if opts.prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
                             output_device(model))
-    policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model),
+    policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
                          recall_calibration(model, assistant_model, opts.warp))
-    with torch.inference_mode():
-        cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids)
+    with torch.inference_mode(), static_caches(plan, model, assistant_model, len(ids) + opts.max_new_tokens) as held:
+        recorder.caches(plan.engine, plan.note, held.capture_seconds)
+        cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids, held)
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, tree)
         if prefix_cache is not None:
             prefix_cache.put(model, assistant_model, ids + new, cache, assistant and assistant.cache)
-    memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp)
+    memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp, plan.engine)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
@@ -161,8 +176,13 @@ def generate(
     return GenerationResult(text, new, value, stop, stats)
 
 
-def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int]):
-    """(target cache, tokens it holds): empty, or a kept prefix of `ids` (the drafter gets its own too)."""
+def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held):
+    """(target cache, tokens it holds): the `held` static caches, empty ones, or a kept prefix of `ids` (the drafter
+    gets its own too)."""
+    if drafter is not None and held.assistant is not None:
+        drafter.cache = held.assistant
+    if held.target is not None:
+        return held.target, 0
     if prefix_cache is None:
         return new_cache(), 0
     if not isinstance(prefix_cache, PrefixCache):

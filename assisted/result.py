@@ -29,10 +29,11 @@ class Seconds:
     target: float  # target forward passes
     assistant: float  # assistant forward passes
     fsm: float  # guide calls: mask, advance, forced, is_final
+    capture: float = 0.0  # capturing CUDA graphs (paid once per model and width, before the first forward)
 
     @property
     def overhead(self) -> float:
-        return self.total - self.target - self.assistant
+        return self.total - self.target - self.assistant - self.capture
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class Stats:
     branches: int = 0  # generate(tree=True): steps whose draft had a side leaf
     leaves_taken: int = 0  # of those, steps that committed the leaf
     leaves_priced_out: int = 0  # schedule="auto": steps whose leaf was not verified, its row worth more than it
+    cache: str = "dynamic"  # the KV caches decoded on: "dynamic", "static" or "static+graphs" (captured steps)
+    cache_note: str | None = None  # on a CUDA target, why the default left static caches or graphs off
 
     @property
     def acceptance_rate(self) -> float:
@@ -106,6 +109,11 @@ class Recorder:
         self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.appended, self.steps = 0, []
         self.branches, self.leaves_taken, self.priced_out = 0, 0, 0
+        self.cache, self.cache_note, self.capture_seconds = "dynamic", None, 0.0
+
+    def caches(self, engine: str, note: str | None, capture_seconds: float) -> None:
+        """Book the call's KV caches (`assisted.caching.CachePlan`) and what capturing their steps cost."""
+        self.cache, self.cache_note, self.capture_seconds = engine, note, capture_seconds
 
     def step(self, k: int, sources: tuple[str, ...], n: int, coalesce: bool) -> None:
         """Book a step whose draft came from `sources` and whose first `n` tokens were accepted."""
@@ -127,7 +135,7 @@ class Recorder:
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
                estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
         total = time.perf_counter() - self.start
-        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s)
+        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds)
         return Stats(
             new_tokens=new_tokens,
             target_forward_passes=self.target_passes,
@@ -144,4 +152,6 @@ class Recorder:
             branches=self.branches,
             leaves_taken=self.leaves_taken,
             leaves_priced_out=self.priced_out,
+            cache=self.cache,
+            cache_note=self.cache_note,
         )

@@ -1,8 +1,10 @@
 """KV caches in one place: a forward over the tokens a cache has not seen, and the crop after commit.
 
-Both the target and the assistant keep one `DynamicCache` for the whole generation. After each step
-it is cropped back to the committed length (transformers 5.x: `DynamicCache.crop(-n)` removes n
-positions); it is never rebuilt. The caller tracks how many committed tokens each cache holds.
+Both the target and the assistant keep one cache for the whole generation: a `DynamicCache`, or a
+`drafting.static_cache.StaticKV` (pre-allocated, its forwards possibly replayed from CUDA graphs), which runs
+its own forwards. After each step it is cropped back to the committed length (transformers 5.x:
+`DynamicCache.crop(-n)` removes n positions; a static cache moves its length); it is never rebuilt. The
+caller tracks how many committed tokens each cache holds.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ def logits_size(model: torch.nn.Module) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
-def forward(model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
+def forward(model, cache, ids: list[int], keep: int) -> torch.Tensor:
     """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V)."""
+    if not isinstance(cache, DynamicCache):  # a StaticKV runs its own (possibly captured) forwards
+        return cache.run(ids, keep)
     x = torch.tensor([ids], dtype=torch.long, device=input_device(model))  # (1, m)
     out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_argument(type(model)): cache})
     return out.logits[0, -keep:]
@@ -55,8 +59,10 @@ def cache_argument(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def crop_to(cache: DynamicCache, length: int) -> None:
+def crop_to(cache, length: int) -> None:
     """Drop every cached position at or after `length` (no-op when the cache is not longer)."""
+    if not isinstance(cache, DynamicCache):
+        return cache.crop(length)
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)

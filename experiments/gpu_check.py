@@ -40,18 +40,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from assisted import generate  # noqa: E402
 from drafting.cache import crop_to, forward, new_cache  # noqa: E402
+from experiments.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
+                                    section_extraction, section_steps)
 from experiments.gpu_models import build, random_prompt  # noqa: E402
 from experiments.models import truncated  # noqa: E402
 
 TARGET, ASSISTANT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"
-INVOICE = {"type": "object", "properties": {
-    "customer": {"type": "string", "maxLength": 16}, "quantity": {"type": "integer", "minimum": 1, "maximum": 999},
-    "status": {"enum": ["draft", "sent", "paid", "overdue"]}, "paid": {"type": "boolean"},
-    "lines": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "cents": {"type": "integer", "minimum": 0, "maximum": 99999}}, "required": ["sku", "cents"]}}}, "required": ["customer", "quantity", "status", "paid", "lines"]}
 
 
 class Check:
@@ -224,11 +219,6 @@ def hf_generate(model, ids: list[int], new: int, assistant=None) -> int:
     kwargs = {} if assistant is None else {"assistant_model": assistant}
     out = model.generate(x, do_sample=False, max_new_tokens=new, **kwargs)  # EOS rows are zeroed: never argmax
     return out.shape[1] - len(ids)
-
-
-def ours(model, assistant, tokenizer, ids: list[int], new: int, schedule: str = "auto", **options):
-    return generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=new, schedule=schedule,
-                    **options)
 
 
 def section_generate(check: Check) -> None:
@@ -413,6 +403,7 @@ def write_readme(check: Check) -> None:
     if "masks" in s:
         lines += ["## Masks over the Qwen tokenizer", "", "| what | ms |", "|---|---|",
                   *(f"| {k} | {v} |" for k, v in s["masks"].items()), ""]
+    lines += readme_lines(s)
     (check.out / "README.md").write_text("\n".join(lines))
     (check.out / "summary.json").write_text(json.dumps(s, indent=1, default=str))
 
@@ -452,7 +443,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 SECTIONS = {"costs": section_costs, "graphs": section_graphs, "generate": section_generate, "identity": section_identity,
-            "masks": section_masks}
+            "masks": section_masks, "extraction": section_extraction, "steps": section_steps,
+            "captured_identity": section_captured_identity}
 
 
 def main(argv: list[str] | None = None) -> int:
