@@ -54,13 +54,14 @@ def plan_caches(model, assistant_model, cache_implementation, cuda_graphs, tree:
                 + ["tree=True verifies with a tree mask on a dynamic cache"] * tree
                 + ["prefix_cache keeps dynamic caches"] * (prefix_cache is not None))
     on_cuda = output_device(model).type == "cuda"
-    implementation = cache_implementation or ("static" if on_cuda and not blockers else "dynamic")
+    implementation = cache_implementation or ("static" if (on_cuda or cuda_graphs) and not blockers else "dynamic")
     note = f"static cache off: {blockers[0]}" if cache_implementation is None and on_cuda and blockers else None
-    if implementation == "static" and blockers:
-        raise ValueError(f"cache_implementation='static' cannot be used here: {blockers[0]}")
+    if blockers and (implementation == "static" or cuda_graphs):
+        option = "cuda_graphs=True" if implementation == "dynamic" else "cache_implementation='static'"
+        raise ValueError(f"{option} cannot be used here: {blockers[0]}")
     if implementation == "dynamic":
         if cuda_graphs:
-            raise ValueError("cuda_graphs=True needs static caches: cache_implementation='static' (or None on CUDA)")
+            raise ValueError("cuda_graphs=True needs static caches: cache_implementation='static' or None")
         return CachePlan("dynamic", False, note)
     graph_blockers = [f"{name}: {why}" for name, m in models.items() if (why := graphs_unsupported(m))]
     if cuda_graphs and graph_blockers:

@@ -19,6 +19,13 @@ one that would start past --budget-s is skipped):
             margin there (batched verification rounds differently from one-token steps).
   masks     a JSON Schema guide over the Qwen tokenizer (152k ids): building it, first visits of its states
             against a GPU step, and a step's (k+1, V) masks stacked on the host and copied vs kept on the device.
+  extraction, steps, captured_identity
+            captured steps (static caches + CUDA graphs) against eager ones, transformers + XGrammar (eager and
+            static + torch.compile) and a 7B target's step costs: see `experiments.gpu_engine`.
+
+The prepared run for captured steps (xgrammar and its tvm-ffi travel as wheels in .whl, the tokenizers in .gpu):
+    python -m experiments.gpu_check --out $OUT/gpu-check --tokenizers .gpu/tokenizers --commit <hash> \
+        --sections steps extraction captured_identity generate --budget-s 380
 """
 
 from __future__ import annotations

@@ -73,3 +73,28 @@ def fresh_fsm_caches():
             if isinstance(value, functools._lru_cache_wrapper):
                 value.cache_clear()
     gc.collect()
+
+
+@pytest.fixture(params=["dynamic", "static", "static+graphs"])
+def every_cache(request, monkeypatch):
+    """Run a test once per KV-cache engine, by making it generate()'s default on the CPU: dynamic caches, static
+    caches, and static caches whose steps are bucketed and replayed through an eager stand-in for CUDA-graph capture
+    (the same padding, buffers and logits slicing as on a GPU). Calls that name their caches, draft trees and prefix
+    caches keep what they ask for."""
+    if request.param != "dynamic":
+        import importlib
+
+        caching, loop = importlib.import_module("assisted.caching"), importlib.import_module("assisted.generate")
+
+        graphs, plan = request.param == "static+graphs", caching.plan_caches
+
+        def static_default(model, assistant_model, cache_implementation, cuda_graphs, tree, prefix_cache):
+            if cache_implementation is None and cuda_graphs is None and not tree and prefix_cache is None:
+                cache_implementation, cuda_graphs = "static", graphs
+            return plan(model, assistant_model, cache_implementation, cuda_graphs, tree, prefix_cache)
+
+        monkeypatch.setattr(loop, "plan_caches", static_default)
+        if graphs:
+            monkeypatch.setattr(caching, "graphs_unsupported", lambda model: None)
+            monkeypatch.setattr(caching, "_capture_for", lambda model: lambda step: step)
+    return request.param

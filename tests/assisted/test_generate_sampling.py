@@ -19,7 +19,7 @@ from tests.assisted.test_generate import Scripted
 from tests.drafting.test_sampling import hf_probs
 from tests.helpers_models import tiny_llama, tiny_tokenizer
 
-pytestmark = [pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.usefixtures("one_thread", "every_cache")]  # every test on every KV-cache engine
 
 PROMPT = [1, 3]
 COPYABLE = [1, 6, 7, 1, 6]  # "a cd ba a cd": the tail "acd" occurred before, followed by "ba": a lookup draft
