@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from assisted.config import LOOKUP_UNBOUNDED
 from assisted.batch import BatchError, Document, read_input, read_output, run_batch, stats_record
 
 EXIT_ERROR = 2
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     prompt.add_argument("--prompt", help="the prompt text (see --chat)")
     prompt.add_argument("--messages", type=Path, help="a JSON file with a list of {role, content} chat messages")
     one.add_argument("--stats", action="store_true", help="also print the run's statistics (JSON, on stderr)")
+    one.add_argument("--stream", action="store_true", help="print the text as it is committed")
     many = commands.add_parser("batch", help="generate for every line of a JSONL file, resumable")
     _model_options(many)
     many.add_argument("--input", type=Path, required=True, help='JSONL: {"id", "prompt"} or {"id", "messages"}')
@@ -70,7 +72,10 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument("--chat", action="store_true", help="format --prompt / prompts as one user chat message")
     decoding.add_argument("--max-new-tokens", type=int, default=512)
-    decoding.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
+    decoding.add_argument("--temperature", type=float,
+                          help="0: greedy; > 0: sample (default: the model's generation config, greedy if it says none)")
+    decoding.add_argument("--repetition-penalty", type=float, help="transformers' repetition penalty (> 1 penalizes)")
+    decoding.add_argument("--stop", action="append", help="a stop string (repeatable)")
     decoding.add_argument("--top-k", type=int)
     decoding.add_argument("--top-p", type=float)
     decoding.add_argument("--seed", type=int)
@@ -129,11 +134,17 @@ def _pydantic_class(spec: str):
 
 
 def decoding_of(args: argparse.Namespace) -> dict:
-    """generate()'s decoding keywords from the arguments."""
-    return {"max_new_tokens": args.max_new_tokens, "do_sample": args.temperature > 0,
-            "temperature": args.temperature if args.temperature > 0 else 1.0, "top_k": args.top_k,
-            "top_p": args.top_p, "seed": args.seed, "num_assistant_tokens": args.num_assistant_tokens,
-            "schedule": args.schedule, "coalesce": not args.lossless, "prompt_lookup": args.prompt_lookup}
+    """generate()'s options (transformers' names) from the arguments given; the model's generation config fills
+    the rest."""
+    given = {"max_new_tokens": args.max_new_tokens, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+             "num_assistant_tokens": args.num_assistant_tokens, "num_assistant_tokens_schedule": args.schedule,
+             "coalesce": not args.lossless, "repetition_penalty": args.repetition_penalty, "stop_strings": args.stop,
+             "prompt_lookup_num_tokens": None if args.prompt_lookup is None else (LOOKUP_UNBOUNDED if args.prompt_lookup
+                                                                                 else 0)}
+    if args.temperature is not None:
+        sample = args.temperature > 0
+        given |= {"do_sample": sample, "temperature": args.temperature if sample else 1.0}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def load_models(args: argparse.Namespace):
@@ -166,12 +177,20 @@ def command_generate(args, load: Callable) -> int:
     constraint, decoding = constraint_of(args), decoding_of(args)
     messages = None if args.messages is None else _messages_file(args.messages)
     model, tokenizer, assistant = load(args)
+    streamer = _printer(tokenizer) if args.stream else None
     result = generate(model, assistant, tokenizer=tokenizer, **_prompt_of(args.prompt, messages, args.chat),
-                      **constraint, **decoding)
-    print(result.text)
+                      **constraint, **decoding, streamer=streamer)
+    if streamer is None:
+        print(result.text)
     if args.stats:
         print(json.dumps({"stop_reason": result.stop_reason, **stats_record(result.stats)}), file=sys.stderr)
     return 0
+
+
+def _printer(tokenizer):
+    """transformers' TextStreamer: the new text on stdout as it is committed (the prompt not repeated)."""
+    from transformers import TextStreamer
+    return TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
 
 
 def command_batch(args, load: Callable) -> int:
@@ -239,9 +258,10 @@ def main(argv: list[str] | None = None, *, load: Callable | None = None) -> int:
 def _check_numbers(args) -> None:
     """The numeric options generate() would refuse, refused before loading a model."""
     from assisted.inputs import check_options
-    check_options(args.max_new_tokens, args.temperature > 0, args.temperature if args.temperature > 0 else 1.0,
-                  args.top_k, args.top_p, args.seed, args.num_assistant_tokens, args.schedule, True)
-    if args.temperature < 0:
+    temperature = args.temperature or 0.0
+    check_options(args.max_new_tokens, temperature > 0, temperature if temperature > 0 else 1.0,
+                  args.top_k or None, args.top_p, args.seed, args.num_assistant_tokens, args.schedule, True)
+    if temperature < 0:
         raise CliError(f"--temperature must be >= 0, got {args.temperature}")
 
 

@@ -11,18 +11,20 @@ import time
 
 import torch
 
+import fsm
 from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.caching import Held, plan_caches, static_caches
+from assisted.config import resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
-from assisted.inputs import (Options, check_models, check_options, eos_ids, fit_positions, make_cursor, parse_value,
-                             prompt_ids)
+from assisted.inputs import Options, check_models, eos_ids, fit_positions, make_cursor, options, parse_value, prompt_ids
 from assisted.policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
+from assisted.stopping import Sink, Stops
 from assisted.tree_accept import verify_tree
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource
-from drafting.cache import crop_to, forward, new_cache, output_device
+from drafting.cache import crop_to, forward, input_device, new_cache, output_device
 from drafting.combined import CombinedSource
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
@@ -39,28 +41,20 @@ def generate(
     input_ids=None,
     schema=None,
     regex=None,
-    max_new_tokens: int = 256,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    num_assistant_tokens: int = 5,
-    schedule: str | None = None,
-    coalesce: bool = True,
-    prompt_lookup: bool | None = None,
+    generation_config=None,
+    logits_processor=None,
+    stopping_criteria=None,
+    streamer=None,
     prefix_cache: PrefixCache | None = None,
     guide_options: dict | None = None,
-    tree: bool = False,
-    cache_implementation: str | None = None,
-    cuda_graphs: bool | None = None,
+    **kwargs,
 ) -> GenerationResult:
     """Generate from `model`, optionally drafted by `assistant_model` and constrained by a schema/regex.
 
-    Greedy output is token-identical to plain (constrained) decoding of `model`, and sampled output
-    has exactly its distribution, whatever the assistant proposes (speculative sampling). Forced
-    tokens of the constraint are appended without a model call (`coalesce=True`) or drafted as point
-    masses that the target verifies (`coalesce=False`, exactly lossless).
+    Greedy output is token-identical to plain (constrained) decoding of `model` with the same logits processors,
+    and sampled output has exactly its distribution, whatever the assistant proposes (speculative sampling). Forced
+    tokens of the constraint are appended without a model call (`coalesce=True`) or drafted as point masses that the
+    target verifies (`coalesce=False`, exactly lossless).
 
     Parameters
     ----------
@@ -76,96 +70,102 @@ def generate(
         JSON Schema the output must satisfy (compact JSON).
     regex : str, optional
         Regex the output must fully match. At most one of `schema` and `regex`.
-    max_new_tokens : int
-        Budget of new tokens (>= 1), EOS included; cut to what the models' position limits leave after the
-        prompt (stop reason "length" there).
-    do_sample : bool
-        Sample instead of taking the argmax.
-    temperature, top_k, top_p : float, int, float
-        Warpers applied after the mask, to target and assistant alike (temperature > 0 when sampling;
-        top_k >= 1; top_p in (0, 1]).
-    seed : int, optional
-        Seeds the sampling generators; None draws fresh entropy. A seed reproduces a sample under the
-        "constant" and "heuristic" schedules; under "auto" the draft lengths follow measured timings, so a
-        seeded sample can differ from run to run (its distribution does not).
-    num_assistant_tokens : int
-        Model-drafted tokens per step at the start (forced tokens do not count).
-    schedule : {"auto", "heuristic", "constant"}, optional
-        Default (None): "auto"; "heuristic" when sampling with a `seed`, so that the seed reproduces the sample.
-        "heuristic": +2 after a fully accepted draft, -1 otherwise (minimum 1); "constant": fixed;
-        "auto": drafts (up to 20) are cut after each token where the expected time saved over plain
-        decoding is largest, from measured costs and the assistant's confidence in each token (calibrated
-        online), and plain decoding (k = 0) takes over while it is measured faster (see
-        `assisted.auto`). The costs are kept per model pair for later calls, and the confidence calibration
-        per pair and sampling setting (`assisted.reset_remembered_state()` clears both).
-    coalesce : bool
-        Append forced tokens unverified (fast, the documented default) or verify them (lossless).
-    prompt_lookup : bool, optional
-        Also draft by copying from the prompt what followed the latest occurrence of the text just written
-        (free, verified like the assistant's tokens); strong when the output quotes the input. Default (None):
-        on under "auto", which verifies a copied token only where its acceptance, measured on the call's own
-        copies, pays for its share of the forward (so a call whose copies fail stops verifying them), and off
-        under the fixed schedules, where copies count in k and are all verified.
+    generation_config : transformers.GenerationConfig, optional
+        Options by transformers' names; default: ``model.generation_config`` (a hub model's sampling defaults and
+        repetition penalty apply, as in ``model.generate``). Keyword arguments override it. A field set to something
+        this function cannot honour raises ValueError naming it (see `assisted.config`).
+    logits_processor : list of transformers.LogitsProcessor, optional
+        Applied at every scored position with that position's prefix (prompt included), for the target and the
+        assistant's drafts, before the constraint's mask and the warpers. They must be functions of their inputs.
+    stopping_criteria : list of transformers.StoppingCriteria, optional
+        Asked after every committed token with the ids so far and ``scores=None``; stop reason "criteria".
+    streamer : transformers streamer, optional
+        Gets the prompt, then each step's committed tokens as they are committed (never a token later rolled back),
+        then ``end()``: `TextStreamer`, `TextIteratorStreamer`, or any object with ``put`` and ``end``.
     prefix_cache : assisted.PrefixCache, optional
-        Reuse the target's and the assistant's KV caches for the longest token prefix this prompt shares with
-        a kept earlier call, and keep this call's caches there (``stats.prefill_tokens`` counts what ran).
+        Reuse the target's and the assistant's KV caches for the longest token prefix this prompt shares with a kept
+        earlier call, and keep this call's caches there (``stats.prefill_tokens`` counts what ran).
     guide_options : dict, optional
         How the schema is read, passed to `fsm.Guide.from_schema`: ``policy`` ("compact", the default: closed
         objects in schema order; "spec": any order, open objects, as validators read them), ``whitespace``,
         ``additional_properties``, ``property_order``, ``max_recursion_depth``, ``budget`` (`fsm.Budget`; the only
         option of a regex guide).
-    tree : bool
-        Draft a tree: where the assistant is unsure (its first token with confidence below
-        `drafting.tree.BRANCH_BELOW`), also its runner-up there (greedy: second choice; sampling: a second draw
-        without replacement), verified in the same target forward. Lossless like a chain (multi-candidate
-        rejection when sampling). Needs `assistant_model`. Under "auto" the leaf is verified only where its
-        expected extra token pays for its extra row in the forward, from the measured costs and the assistant's
-        (calibrated) confidence at and before it; ``stats.leaves_priced_out`` counts the others.
-    cache_implementation : {"dynamic", "static"}, optional
-        The KV caches of both models, as transformers names them. "static": pre-allocated caches (prompt + budget
-        + 32 positions, kept on the model for later calls and grown by `assisted.caching.CAPACITY_STEP`), where a
-        rejected draft's crop moves a length. Default (None): "static" on a CUDA target where possible (not with
-        `tree` or `prefix_cache`, nor for sliding-window models), else "dynamic"; ``stats.cache_note`` says why a
-        CUDA target fell back. Same tokens either way, up to floating-point rounding.
-    cuda_graphs : bool, optional
-        With static caches on CUDA, replay every forward over up to 32 tokens from a CUDA graph captured once per
-        model and width (1, 2, 4, 8, 16, 32: drafts are padded to the next width). Default (None): on wherever
-        the models' weights sit on one CUDA device. Capture time is reported as ``stats.seconds.capture``.
+    **kwargs
+        Generation options, by transformers' names where transformers has the concept (`assisted.config.DEFAULTS`
+        lists where unset values differ from transformers' defaults):
+
+        - ``max_new_tokens`` (256; or a config's ``max_length`` minus the prompt): budget of new tokens, EOS
+          included; cut to what the models' position limits leave after the prompt (stop reason "length").
+        - ``do_sample``, ``temperature``, ``top_k`` (0 or None: none), ``top_p``: greedy or sampling; warpers apply
+          after the mask, to target and assistant alike.
+        - ``repetition_penalty``, ``no_repeat_ngram_size``: transformers' processors, applied like
+          `logits_processor`.
+        - ``num_assistant_tokens`` (5): model-drafted tokens per step at the start (forced tokens do not count).
+        - ``num_assistant_tokens_schedule``: "auto" (default; "heuristic" when sampling with a `seed`, so that the
+          seed reproduces the sample), "heuristic" (+2 after a fully accepted draft, -1 otherwise; each call starts
+          afresh, as transformers' "heuristic_transient"), "constant". "auto" cuts drafts (up to 20) after each token
+          where the expected time saved over plain decoding is largest, from measured costs and the assistant's
+          calibrated confidence, and decodes plainly while that is faster (`assisted.auto`); costs are kept per
+          model pair and engine, calibration per pair and sampling setting (`assisted.reset_remembered_state()`).
+        - ``prompt_lookup_num_tokens``: also draft copies of the prompt (what followed the latest occurrence of the
+          text just written; free, verified), at most this many per step; 0: off. Default: on under "auto", which
+          verifies a copy only where its measured acceptance pays for its row; off under fixed schedules.
+        - ``eos_token_id`` (int or list; default: the tokenizer's and the model config's), ``stop_strings`` (str or
+          list: generation ends at the token completing one, stop reason "stop_string").
+        - ``cache_implementation`` ("dynamic" | "static") and ``cuda_graphs`` (bool): the KV caches; default static
+          caches with steps replayed from CUDA graphs captured once per model and width (1, 2, 4, 8, 16, 32) on a CUDA
+          target where possible (not with `tree` or `prefix_cache`, nor for sliding-window models), else dynamic;
+          ``stats.cache_note`` says why a CUDA target fell back, ``stats.seconds.capture`` what capture cost.
+        - ``seed``: seeds the sampling generators; None draws fresh entropy. Under "auto" the draft lengths follow
+          measured timings, so a seeded sample can differ from run to run (its distribution does not).
+        - ``coalesce`` (True): append forced tokens unverified (fast, the documented default) or verify them.
+        - ``tree`` (False): also draft the assistant's runner-up where it is unsure (`drafting.tree.BRANCH_BELOW`),
+          verified in the same forward; lossless like a chain. Needs `assistant_model`; not with logits processors.
+          Under "auto" the leaf is verified only where its expected extra token pays for its row.
+        - ``schedule``, ``prompt_lookup`` (bool): deprecated aliases of the two transformers names above.
 
     Returns
     -------
     GenerationResult
-        ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length") and ``stats``.
-        ``value`` is a validated instance of `schema` (pydantic, or `jsonschema` for a dict) or None: never a
-        parsed prefix of a text the budget cut.
+        ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length" | "stop_string" |
+        "criteria") and ``stats``. ``value`` is a validated instance of `schema` (pydantic, or `jsonschema` for a
+        dict) or None: never a parsed prefix of a text the budget cut.
 
     Raises
     ------
     ValueError, TypeError
         For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
     """
-    opts = check_options(max_new_tokens, do_sample, temperature, top_k, top_p, seed, num_assistant_tokens,
-                         schedule, coalesce, prompt_lookup)
-    _check_tree(tree, model, assistant_model)
+    settings = resolve(model, generation_config, kwargs)
+    _check_tree(settings.tree, model, assistant_model)
     vocab_size = check_models(model, assistant_model, tokenizer)
-    plan = plan_caches(model, assistant_model, cache_implementation, cuda_graphs, tree, prefix_cache)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
+    opts = options(settings, len(ids), logits_processor)
+    _check_tree_processors(settings.tree, opts)
+    plan = plan_caches(model, assistant_model, settings.cache_implementation, settings.cuda_graphs, settings.tree,
+                       prefix_cache)
     opts = fit_positions(opts, len(ids), model, assistant_model)
-    cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos_ids(model, tokenizer), guide_options)
+    eos = eos_ids(model, tokenizer, settings.eos_token_id)
+    cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos, guide_options)
+    stops = Stops(settings.stop_strings, stopping_criteria,
+                  fsm.vocabulary_from_tokenizer(tokenizer, vocab_size).token_bytes, input_device(model))
     recorder = Recorder()
     assistant = None
     if assistant_model is not None:
         seed2 = None if opts.seed is None else opts.seed + 1
-        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2))
+        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2),
+                                     opts.processors)
     lookup = PromptLookup(tokenizer, ids) if opts.prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
                             output_device(model))
     policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
                          recall_calibration(model, assistant_model, opts.warp))
-    with torch.inference_mode(), static_caches(plan, model, assistant_model, len(ids) + opts.max_new_tokens) as held:
+    sink = Sink(stops, streamer, ids)
+    with torch.inference_mode(), static_caches(plan, model, assistant_model, len(ids) + opts.max_new_tokens) as held, \
+            sink:
         recorder.caches(plan.engine, plan.note, held.capture_seconds)
         cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids, held)
-        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, tree)
+        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, settings.tree, sink)
         if prefix_cache is not None:
             prefix_cache.put(model, assistant_model, ids + new, cache, assistant and assistant.cache)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp, plan.engine)
@@ -194,7 +194,7 @@ def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, draf
 
 
 def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
-            rec: Recorder, cache, cached: int, tree: bool = False):
+            rec: Recorder, cache, cached: int, tree: bool, sink: Sink):
     """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
     seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
@@ -203,7 +203,8 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
     while True:
         # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
         k, spent = policy.k, (rec.target_seconds, source.calls, source.seconds)
-        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, policy.lookup_k)
+        lookup_k = min(policy.lookup_k, opts.lookup_tokens)
+        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, lookup_k)
         # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
         ids, took = seq[cached:] + list(draft.tokens), False
         branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # the runner-up where unsure
@@ -214,11 +215,12 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
             ids.append(leaf.token)
             n, took, after = verify_tree(model, cache, len(seq), ids, draft, leaf, opts, generator, rec)
         else:
-            n, token = _verify(model, cache, ids, draft, opts, generator, rec)
+            n, token = _verify(model, cache, ids, seq, draft, opts, generator, rec)
             after = [token]
         # 3. commit the accepted prefix, the taken leaf and the target's token; crop both caches to what was committed
-        valid = len(seq) + n
-        stop = _commit(seq, cursor, [*draft.tokens[:n], *after], end)
+        valid, before = len(seq) + n, len(seq)
+        stop = _commit(seq, cursor, [*draft.tokens[:n], *after], end, sink)
+        sink.put(seq[before:])
         cached = min(valid + took, len(seq) - 1)
         crop_to(cache, cached)
         source.rollback(valid)
@@ -232,13 +234,16 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
             return seq[len(prompt) :], stop
 
 
-def _verify(model, cache, ids: list[int], draft: Draft, opts: Options, generator, rec: Recorder) -> tuple[int, int]:
+def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, opts: Options, generator, rec: Recorder
+            ) -> tuple[int, int]:
     """One timed target forward over `ids` and the acceptance test; (accepted drafts, the target's token).
 
     The clock stops after the acceptance's host sync, so on a GPU it times the forward's kernels, not their launch.
     """
     start = time.perf_counter()
     logits = forward(model, cache, ids, len(draft.tokens) + 1)  # (k+1, V)
+    if opts.processors:
+        logits = opts.processors(seq + list(draft.tokens), logits, len(seq))  # row i after seq + draft[:i]
     n, token = _accept(logits, draft, opts, generator)  # the step's one host sync
     rec.target_passes += 1
     rec.target_seconds += time.perf_counter() - start
@@ -258,6 +263,12 @@ def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tup
         out = greedy_accept(masked(logits, masks), tokens, auto)
     n, token = out.tolist()
     return n, token
+
+
+def _check_tree_processors(tree: bool, opts: Options) -> None:
+    if tree and opts.processors:
+        raise ValueError("tree=True cannot apply logits processors (repetition_penalty, logits_processor=...): "
+                         "a leaf's row has another prefix than its chain row")
 
 
 def _check_tree(tree, model, assistant_model) -> None:
@@ -285,7 +296,7 @@ def _judge_runner_up(policy: Policy, branch: Branch | None, n: int, after: list[
         policy.observe_leaf(branch.confidence, after[0] == branch.token)
 
 
-def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int) -> StopReason | None:
+def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int, sink: Sink) -> StopReason | None:
     """Append `tokens`, advancing the guide; the first stop condition met ends the commit."""
     for token in tokens:
         seq.append(token)
@@ -294,6 +305,8 @@ def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int) -> Stop
         cursor.advance(token)
         if cursor.finished():
             return "final"
+        if sink.stops and (reason := sink.stops.after(seq)):
+            return reason
         if len(seq) >= end:
             return "length"
     return None

@@ -18,6 +18,7 @@ import torch
 
 import fsm
 from drafting.cache import logits_size
+from drafting.processors import Processors, built_in
 from assisted.policy import SCHEDULES
 from drafting.sampling import Warp
 from drafting.base import Cursor
@@ -34,6 +35,40 @@ class Options:
     schedule: str  # a key of policy.SCHEDULES: "constant", "heuristic" or "auto"
     coalesce: bool  # forced tokens appended unverified (True) or drafted as point masses (False)
     prompt_lookup: bool = False  # also draft copies of the prompt
+    lookup_tokens: int = 10**9  # ... at most this many per step
+    processors: Processors | None = None  # logits processors, applied per scored position (None: none)
+
+
+def options(settings, prompt_length: int, logits_processor) -> Options:
+    """The loop's Options from merged settings (`assisted.config.resolve`); errors name the option."""
+    budget = settings.max_new_tokens
+    if settings.max_length is not None:  # a config that sets only max_length bounds prompt + output, as transformers
+        budget = settings.max_length - prompt_length
+        if budget < 1:
+            raise ValueError(f"max_length={settings.max_length} leaves no room after the prompt's {prompt_length} "
+                             "tokens; pass max_new_tokens")
+    lookup = settings.prompt_lookup_num_tokens
+    if lookup is not None:
+        _int("prompt_lookup_num_tokens", lookup, low=0)
+    if settings.top_k is not None:
+        _int("top_k", settings.top_k, low=0)
+    top_k = None if settings.top_k == 0 else settings.top_k  # 0: no top-k, as in transformers
+    opts = check_options(budget, settings.do_sample, settings.temperature, top_k, settings.top_p, settings.seed,
+                         settings.num_assistant_tokens, settings.num_assistant_tokens_schedule, settings.coalesce,
+                         None if lookup is None else lookup > 0)
+    processors = Processors([*built_in(settings.repetition_penalty, settings.no_repeat_ngram_size),
+                             *_processor_list(logits_processor)])
+    return replace(opts, lookup_tokens=lookup or 10**9, processors=processors or None)
+
+
+def _processor_list(logits_processor) -> list:
+    if logits_processor is None:
+        return []
+    items = list(logits_processor) if isinstance(logits_processor, (list, tuple)) else None
+    if items is None or not all(callable(p) for p in items):
+        raise TypeError(f"logits_processor must be a list of transformers LogitsProcessor objects, got "
+                        f"{type(logits_processor).__name__}")
+    return items
 
 
 def check_options(
@@ -207,8 +242,14 @@ def fit_positions(opts: Options, prompt_length: int, *models) -> Options:
     return replace(opts, max_new_tokens=min(opts.max_new_tokens, limit - prompt_length))
 
 
-def eos_ids(model, tokenizer) -> frozenset[int]:
-    """EOS ids of the tokenizer and of the model's generation config."""
+def eos_ids(model, tokenizer, eos_token_id=None) -> frozenset[int]:
+    """EOS ids: `eos_token_id` where the call or its config sets one (int or list), else the tokenizer's and the
+    model's generation config's."""
+    if eos_token_id is not None:
+        found = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+        if not found or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in found):
+            raise ValueError(f"eos_token_id must be a non-negative int or a list of them, got {eos_token_id!r}")
+        return frozenset(int(i) for i in found)
     ids = {tokenizer.eos_token_id}
     config = getattr(model, "generation_config", None)
     found = getattr(config, "eos_token_id", None) if config is not None else None
@@ -231,14 +272,14 @@ def make_cursor(schema, regex, tokenizer, vocab_size: int, eos: frozenset[int], 
         if guide_options:
             raise ValueError("guide_options need a schema or a regex")
         return Cursor(None, eos)
-    options = _guide_options(guide_options, schema is not None)
+    options = check_guide_options(guide_options, schema is not None)
     build = fsm.Guide.from_regex if regex is not None else fsm.Guide.from_schema
     guide = build(regex if regex is not None else schema, tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos),
                   **options)
     return Cursor(guide, frozenset(guide.eos_token_ids))
 
 
-def _guide_options(options, for_schema: bool) -> dict:
+def check_guide_options(options, for_schema: bool) -> dict:
     """`guide_options` checked against what the guide takes (a dict; schema options only with a schema)."""
     if options is None:
         return {}

@@ -9,10 +9,13 @@ positions that are later rejected, and by the assistant's own drafting loop).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import LogitsProcessor
 
 import fsm
+from assisted.inputs import check_guide_options
 from fsm.index import FINISHED
 from fsm.lazy_dfa import DEAD
 
@@ -89,7 +92,8 @@ class GuideLogitsProcessor(LogitsProcessor):
         return found
 
 
-def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, **guide_options) -> GuideLogitsProcessor:
+def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, guide_options: dict | None = None,
+                     **deprecated_options) -> GuideLogitsProcessor:
     """A logits processor that constrains `model.generate(...)` to a JSON Schema or a regex.
 
         from assisted import logits_processor
@@ -107,9 +111,10 @@ def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, 
     eos_token_ids : sequence of int, optional
         Ids that end the output (allowed where the text is complete); default: the tokenizer's EOS. Pass the
         model's ``generation_config.eos_token_id`` if it differs.
-    **guide_options
-        For `schema`: `fsm.compile_schema` options (whitespace, additional_properties, property_order,
-        max_recursion_depth).
+    guide_options : dict, optional
+        How the schema is read, as in `generate`: ``policy``, ``whitespace``, ``additional_properties``,
+        ``property_order``, ``max_recursion_depth``, ``budget`` (only ``budget`` for a regex). Passing them as keyword
+        arguments is deprecated.
 
     Returns
     -------
@@ -125,14 +130,16 @@ def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, 
     """
     if (schema is None) == (regex is None):
         raise ValueError("pass exactly one of schema and regex")
+    if deprecated_options:
+        warnings.warn("logits_processor(): schema options as keyword arguments are deprecated, pass guide_options={...}",
+                      DeprecationWarning, stacklevel=2)
+    options = check_guide_options({**(guide_options or {}), **deprecated_options}, for_schema=schema is not None)
     if regex is not None:
         if not isinstance(regex, str):
             raise TypeError(f"regex must be a str, got {type(regex).__name__}")
-        if guide_options:
-            raise TypeError(f"options {sorted(guide_options)} apply to schema=, not regex=")
         term = fsm.compile_regex(regex).root
     else:
-        term = fsm.compile_schema(schema, **guide_options)
+        term = fsm.compile_schema(schema, **options)
     eos = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
     if isinstance(eos, int):
         eos = [eos]

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from assisted.auto import Estimates
 
-StopReason = Literal["eos", "final", "length"]
+StopReason = Literal["eos", "final", "length", "stop_string", "criteria"]
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ class GenerationResult:
         The validated pydantic instance (schema was a pydantic class), the parsed JSON validated by
         `jsonschema` (JSON Schema), or None (regex, no constraint, or a text the guide does not accept as
         complete: cut by the token budget, stop reason "length"). Never a parsed prefix.
-    stop_reason : {"eos", "final", "length"}
-        EOS emitted; the guide reached a final state that allows nothing else; or the budget ran out.
+    stop_reason : {"eos", "final", "length", "stop_string", "criteria"}
+        EOS emitted; the guide reached a final state that allows nothing else; the budget ran out; a stop string
+        was completed; or a stopping criterion said stop.
     stats : Stats
         Forward passes, drafted/accepted tokens by source, timings and per-step records.
     """

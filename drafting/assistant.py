@@ -18,8 +18,8 @@ class AssistantDrafter:
     produce (the target's corrections and bonus tokens, forced tokens) are fed on the next call.
     """
 
-    def __init__(self, model, warp: Warp, generator: torch.Generator | None):
-        self.model, self.warp, self.generator = model, warp, generator
+    def __init__(self, model, warp: Warp, generator: torch.Generator | None, processors=None):
+        self.model, self.warp, self.generator, self.processors = model, warp, generator, processors
         self.cache, self.cached = new_cache(), 0
         self.device = input_device(model)
         self.masks = DeviceMasks(self.device)
@@ -37,6 +37,8 @@ class AssistantDrafter:
         start = time.perf_counter()
         logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
         self.cached = len(seq)
+        if self.processors:  # the target's processors, so that drafts follow what the target will be asked
+            logits = self.processors(seq, logits, len(seq))
         mask = self.masks(mask)
         logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
         self.last_logits = logits  # what a draft tree's runner-up is chosen from

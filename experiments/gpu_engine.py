@@ -37,8 +37,8 @@ INVOICE = {"type": "object", "properties": {
 
 
 def ours(model, assistant, tokenizer, ids: list[int], new: int, schedule: str = "auto", **options):
-    return generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=new, schedule=schedule,
-                    **options)
+    return generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=new,
+                    num_assistant_tokens_schedule=schedule, **options)
 
 
 # ---- extraction ---------------------------------------------------------------------------------------------

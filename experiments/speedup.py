@@ -111,7 +111,7 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
         if system in OURS:
             out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=max_new_tokens,
                            do_sample=sample, temperature=temperature if sample else 1.0, seed=seed,
-                           num_assistant_tokens=k, schedule=OURS[system])
+                           num_assistant_tokens=k, num_assistant_tokens_schedule=OURS[system])
             new = out.stats.new_tokens
             d, a = out.stats.drafted_by_source["assistant"], out.stats.accepted_by_source["assistant"]
             acceptance = a / d if d else float("nan")

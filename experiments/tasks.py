@@ -174,7 +174,7 @@ def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new
     out = generate(model, assistant if needs_assistant else None, tokenizer=tokenizer,
                    messages=task.messages(constrained), schema=task.schema if constrained else None,
                    max_new_tokens=max_new_tokens, coalesce=coalesce, num_assistant_tokens=num_assistant_tokens,
-                   schedule=schedule, prompt_lookup=lookup)
+                   num_assistant_tokens_schedule=schedule, prompt_lookup=lookup)
     seconds = time.perf_counter() - start
     s = out.stats
     return Run(mode, out.text, s.new_tokens, seconds, s.target_forward_passes, s.forced_tokens_appended, out.value)

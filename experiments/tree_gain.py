@@ -56,7 +56,7 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
     """One timed generation; the row's measurements."""
     start = time.perf_counter()
     out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=args.max_new_tokens,
-                   do_sample=temperature > 0, temperature=temperature or 1.0, seed=seed, schedule=args.schedule,
+                   do_sample=temperature > 0, temperature=temperature or 1.0, seed=seed, num_assistant_tokens_schedule=args.schedule,
                    tree=system == "tree")
     seconds, s = time.perf_counter() - start, out.stats
     return {"seconds": seconds, "new_tokens": s.new_tokens, "target_forwards": s.target_forward_passes,

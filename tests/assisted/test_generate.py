@@ -509,7 +509,7 @@ BAD = [
     (dict(do_sample=True, temperature=-1.0), ValueError, "temperature must be > 0"),
     (dict(top_p=0.0), ValueError, "top_p must be in (0, 1], got 0.0"),
     (dict(top_p=1.5), ValueError, "top_p must be in (0, 1], got 1.5"),
-    (dict(top_k=0), ValueError, "top_k must be >= 1, got 0"),
+    (dict(top_k=-1), ValueError, "top_k must be >= 0, got -1"),  # 0: no top-k, as in transformers
     (dict(schedule="adaptive"), ValueError, "unknown schedule 'adaptive'"),
     (dict(num_assistant_tokens=0), ValueError, "num_assistant_tokens must be >= 1"),
     (dict(prompt=None, input_ids=[]), ValueError, "input_ids is empty"),

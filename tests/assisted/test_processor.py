@@ -170,7 +170,7 @@ def test_a_new_prompt_starts_a_new_generation(tok):
 
 @pytest.mark.parametrize("kwargs, error", [
     ({}, ValueError), ({"schema": POINT, "regex": "a"}, ValueError), ({"regex": 3}, TypeError),
-    ({"regex": "a", "whitespace": " "}, TypeError), ({"regex": "(a"}, fsm.RegexError),
+    ({"regex": "a", "whitespace": " "}, ValueError), ({"regex": "(a"}, fsm.RegexError),
     ({"schema": {"type": "string", "pattern": "(?<=a)b"}}, fsm.SchemaError), ({"regex": "a", "eos_token_ids": []}, ValueError),
 ])
 def test_bad_arguments_fail_before_any_model_call(tok, kwargs, error):
