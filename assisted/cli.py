@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from assisted.batch import BatchError, Document, read_input, read_output, run_batch, stats_record
+from assisted.batch_lock import output_lock
 
 EXIT_ERROR = 2
 
@@ -175,6 +176,12 @@ def command_generate(args, load: Callable) -> int:
 
 
 def command_batch(args, load: Callable) -> int:
+    note = lambda message: print(f"structspec: note: {message}", file=sys.stderr)  # noqa: E731
+    with output_lock(args.output, note):  # a second run on this output stops here, at once
+        return _batch_locked(args, load)
+
+
+def _batch_locked(args, load: Callable) -> int:
     from assisted import PrefixCache, generate
     constraint, decoding = constraint_of(args), decoding_of(args)
     inputs = read_input(args.input)
