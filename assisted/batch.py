@@ -1,10 +1,11 @@
 """Generate over a JSONL file of documents, one output line per input, resumable.
 
-Input lines are ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}``. Output lines are
-``{"id", "text", "value", "stop_reason", "stats"}`` for a document done, and ``{"id", "line", "error"}`` for
-a line that could not be used (not JSON, no id, a duplicate id, ...) or whose generation failed. Each line is
-flushed as it is written, and the output file is only ever appended to: a rerun skips every id already done
-and every bad line already reported, so a crash or Ctrl-C loses nothing that was written.
+Input lines are ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}`` (read by
+`assisted.batch_input`, one line at a time). Output lines are ``{"id", "text", "value", "stop_reason", "stats"}``
+for a document done, and ``{"id", "line", "error"}`` for a line that could not be used (not UTF-8, not JSON, no
+id, a duplicate id, ...) or whose generation failed. Each line is flushed as it is written, and the output file
+is only ever appended to: a rerun skips every id already done and every bad line already reported, so a crash,
+a SIGKILL or Ctrl-C loses nothing that was written. One run at a time holds the output (`assisted.batch_lock`).
 """
 
 from __future__ import annotations
@@ -13,32 +14,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pydantic
 
+from assisted.batch_input import BadLine, BatchError, Document, Inputs, id_key, read_input
 
-class BatchError(ValueError):
-    """A problem that stops the whole run (unreadable input, an output file that is not ours)."""
-
-
-@dataclass(frozen=True)
-class Document:
-    """A usable input line."""
-
-    line: int  # 1-based line number in the input file
-    id: Any  # str or int, as given
-    prompt: str | None
-    messages: list | None
-
-
-@dataclass(frozen=True)
-class BadLine:
-    """An input line that cannot be used, and why."""
-
-    line: int
-    id: Any  # None when the line has no usable id
-    error: str
+__all__ = ["BadLine", "BatchError", "Document", "Done", "Inputs", "Summary", "id_key", "read_input", "read_output",
+           "run_batch"]
 
 
 @dataclass
@@ -50,83 +33,48 @@ class Done:
     ends_cut: bool = False  # the last line has no newline: a write cut short by a crash
 
 
-def id_key(value) -> str:
-    """Ids compare by JSON text: 1 and "1" are different ids."""
-    return json.dumps(value)
-
-
-def read_input(path: Path) -> tuple[list[Document], list[BadLine]]:
-    """Every line of `path` as a Document or a BadLine (blank lines are skipped); duplicates are bad lines."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise BatchError(f"--input {path}: cannot read it ({error})") from error
-    documents, bad, first = [], [], {}
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        item = _parse_line(number, text)
-        if isinstance(item, Document) and id_key(item.id) in first:
-            item = BadLine(number, item.id, f"duplicate id {item.id!r} (first on line {first[id_key(item.id)]})")
-        if isinstance(item, Document):
-            first[id_key(item.id)] = number
-            documents.append(item)
-        else:
-            bad.append(item)
-    return documents, bad
-
-
-def _parse_line(number: int, text: str) -> Document | BadLine:
-    try:
-        record = json.loads(text)
-    except ValueError as error:
-        return BadLine(number, None, f"not JSON ({error})")
-    if not isinstance(record, dict):
-        return BadLine(number, None, f"not a JSON object but {type(record).__name__}")
-    ident = record.get("id")
-    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        return BadLine(number, None, 'no "id" (a string or an integer)')
-    prompt, messages = record.get("prompt"), record.get("messages")
-    if (prompt is None) == (messages is None):
-        return BadLine(number, ident, 'needs exactly one of "prompt" and "messages"')
-    if prompt is not None and not isinstance(prompt, str):
-        return BadLine(number, ident, f'"prompt" must be a string, got {type(prompt).__name__}')
-    if messages is not None and not (
-        isinstance(messages, list) and messages
-        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages)):
-        return BadLine(number, ident, '"messages" must be a non-empty list of {"role": str, "content": str}')
-    return Document(number, ident, prompt, messages)
-
-
 def read_output(path: Path) -> Done:
-    """The ids and bad lines an existing output already holds; BatchError if a line is not one of ours."""
+    """The ids and bad lines an existing output already holds, read one line at a time.
+
+    Raises
+    ------
+    BatchError
+        If the file cannot be read, or a line is not one of ours (a line of ours cut short by a crash, even in
+        the middle of a UTF-8 character, is skipped).
+    """
     done = Done()
-    if not path.exists():
-        return done
     try:
-        data = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise BatchError(f"--output {path}: cannot read it ({error})") from error
-    lines = data.split("\n")
-    done.ends_cut = lines[-1] != ""
-    for number, text in enumerate(lines if done.ends_cut else lines[:-1], 1):
-        if not text.strip():
-            continue
-        record = _our_record(text)
-        if record is None:
-            if text.startswith(CUT_PREFIX) and _unparseable(text):
-                continue  # a line of ours cut short by a crash: kept as it is, skipped
-            raise BatchError(f"--output {path} line {number} is not a structspec output line; "
-                             "refusing to append to a file that is not ours (choose another --output)")
-        if "error" in record:
-            done.bad_lines.add(record.get("line"))
-        else:
-            done.ids.add(id_key(record["id"]))
+        file = open(path, "rb")
+    except FileNotFoundError:
+        return done
+    except OSError as error:
+        raise BatchError(f"--output {path}: cannot read it ({error.strerror or error})") from error
+    with file:
+        for number, raw in enumerate(file, 1):
+            done.ends_cut = not raw.endswith(b"\n")
+            if raw.strip():
+                _read_output_line(path, number, raw, done)
     return done
 
 
 CUT_PREFIX = '{"id": '  # how every line we write starts
+
+
+def _read_output_line(path: Path, number: int, raw: bytes, done: Done) -> None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    record = None if text is None else _our_record(text)
+    if record is None:
+        if raw.startswith(CUT_PREFIX.encode()) and (text is None or _unparseable(text)):
+            return  # a line of ours cut short by a crash: kept as it is, skipped
+        raise BatchError(f"--output {path} line {number} is not a structspec output line; "
+                         "refusing to append to a file that is not ours (choose another --output)")
+    if "error" in record:
+        done.bad_lines.add(record.get("line"))
+    else:
+        done.ids.add(id_key(record["id"]))
 
 
 def _unparseable(text: str) -> bool:
@@ -182,26 +130,37 @@ class Summary:
     tokens: int  # new tokens generated by this run
 
 
-def run_batch(documents: list[Document], bad: list[BadLine], output: Path, generate_one: Callable,
-              report: Callable[[str], None], progress: bool = True) -> Summary:
+def run_batch(inputs: Inputs, output: Path, generate_one: Callable, report: Callable[[str], None],
+              progress: bool = True) -> Summary:
     """Append a line per document not done yet (and per bad line not reported yet) to `output`.
 
-    `generate_one(document)` returns a GenerationResult; a ValueError/TypeError it raises becomes an error
-    line for that document and the batch goes on. Bad lines are reported through `report`.
+    Parameters
+    ----------
+    inputs : Inputs
+        The first pass over the input (`read_input`); documents are read again one at a time as they are done.
+    output : Path
+        The output file, appended to (the caller holds its lock, `assisted.batch_lock.output_lock`).
+    generate_one : callable
+        ``generate_one(document)`` returns a GenerationResult; a ValueError/TypeError it raises becomes an error
+        line for that document and the batch goes on.
+    report : callable
+        Called with one line per bad input line and per failed document.
+    progress : bool
+        Show a progress bar.
     """
     done = read_output(output)
-    todo = [d for d in documents if id_key(d.id) not in done.ids]
+    todo = inputs.todo(done.ids)
     tokens = failed = written = 0
     with open(output, "a", encoding="utf-8") as out:
         if done.ends_cut:
             out.write("\n")  # end the cut-off line so that ours start on a line of their own
-        for item in bad:
+        for item in inputs.bad:
             report(f"input line {item.line}: {item.error}")
             if item.line not in done.bad_lines:
                 _write(out, {"id": item.id, "line": item.line, "error": item.error})
-        bar = _progress(len(todo), progress)
+        bar = _progress(todo, progress)
         start = time.perf_counter()
-        for document in todo:
+        for document in inputs.documents(skip=done.ids):
             try:
                 result = generate_one(document)
             except (ValueError, TypeError) as error:
@@ -215,7 +174,7 @@ def run_batch(documents: list[Document], bad: list[BadLine], output: Path, gener
             bar.update(1)
             bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
         bar.close()
-    return Summary(written, len(documents) - len(todo), len(bad), failed, tokens)
+    return Summary(written, len(inputs.first) - todo, len(inputs.bad), failed, tokens)
 
 
 def _write(out, record: dict) -> None:

@@ -21,6 +21,7 @@ from typing import Callable
 
 from assisted.config import LOOKUP_UNBOUNDED
 from assisted.batch import BatchError, Document, read_input, read_output, run_batch, stats_record
+from assisted.batch_lock import output_lock
 
 EXIT_ERROR = 2
 
@@ -194,9 +195,15 @@ def _printer(tokenizer):
 
 
 def command_batch(args, load: Callable) -> int:
+    note = lambda message: print(f"structspec: note: {message}", file=sys.stderr)  # noqa: E731
+    with output_lock(args.output, note):  # a second run on this output stops here, at once
+        return _batch_locked(args, load)
+
+
+def _batch_locked(args, load: Callable) -> int:
     from assisted import PrefixCache, generate
     constraint, decoding = constraint_of(args), decoding_of(args)
-    documents, bad = read_input(args.input)
+    inputs = read_input(args.input)
     read_output(args.output)  # not ours: refuse before loading anything
     model, tokenizer, assistant = load(args)
     reuse = PrefixCache() if not args.no_prefix_cache else None  # the shared instruction is prefilled once
@@ -206,7 +213,7 @@ def command_batch(args, load: Callable) -> int:
                         **_prompt_of(document.prompt, document.messages, args.chat))
 
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
-    summary = run_batch(documents, bad, args.output, generate_one, report, progress=not args.no_progress)
+    summary = run_batch(inputs, args.output, generate_one, report, progress=not args.no_progress)
     print(f"{args.output}: {summary.written} written, {summary.skipped} already done, {summary.bad} bad input "
           f"lines, {summary.failed} failed, {summary.tokens} new tokens", file=sys.stderr)
     return 0
