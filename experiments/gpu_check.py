@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from drafting.cache import crop_to, forward, new_cache  # noqa: E402
+from drafting.cache import cache_argument, crop_to, forward, new_cache  # noqa: E402
 from experiments.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
                                     section_extraction, section_steps)
 from experiments.gpu_models import build, random_prompt  # noqa: E402
@@ -178,19 +178,19 @@ def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dic
     """Timings of one n: "static" (eager forward into a StaticCache) and, on CUDA, "graph" (its captured replay)."""
     from transformers import StaticCache
     tokenizer = check.tokenizers["qwen2"]
-    cache = StaticCache(config=model.config, max_cache_len=context + 64)
+    cache, argument = StaticCache(config=model.config, max_cache_len=context + 64), cache_argument(type(model))
     prompt = torch.tensor([random_prompt(tokenizer, context, seed=n)], device=check.device)
     ids = torch.tensor([random_prompt(tokenizer, n, seed=1000 + n)], device=check.device)  # (1, n)
     positions = torch.arange(context, context + n, device=check.device)  # (n,)
     with torch.inference_mode():
-        model(input_ids=prompt, cache_position=torch.arange(context, device=check.device), past_key_values=cache,
+        model(input_ids=prompt, cache_position=torch.arange(context, device=check.device), **{argument: cache},
               use_cache=True, logits_to_keep=1)
 
     def step():  # rewinds the cache's own write counters (newer StaticCache layers keep one on the device) first
         for layer in getattr(cache, "layers", ()):
             if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
                 layer.cumulative_length.fill_(context)
-        return model(input_ids=ids, cache_position=positions, past_key_values=cache, use_cache=True,
+        return model(input_ids=ids, cache_position=positions, **{argument: cache}, use_cache=True,
                      logits_to_keep=n).logits
     rounds = 2 * check.args.repeats + 1
     with torch.inference_mode():
