@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from assisted.inputs import Options, _int, check_options
+from drafting.processors import Processors, built_in
 
 DEFAULTS = {  # where unset everywhere (transformers' global default in the comment where it differs)
     "max_new_tokens": 256,  # transformers: max_length 20, prompt included
@@ -116,3 +119,35 @@ def _refuse_unhonoured(set_fields: dict, source: str) -> None:
 
 def _first(value, default):
     return default if value is None else value
+
+
+def options(settings, prompt_length: int, logits_processor) -> Options:
+    """The loop's Options from merged settings (`assisted.config.resolve`); errors name the option."""
+    budget = settings.max_new_tokens
+    if settings.max_length is not None:  # a config that sets only max_length bounds prompt + output, as transformers
+        budget = settings.max_length - prompt_length
+        if budget < 1:
+            raise ValueError(f"max_length={settings.max_length} leaves no room after the prompt's {prompt_length} "
+                             "tokens; pass max_new_tokens")
+    lookup = settings.prompt_lookup_num_tokens
+    if lookup is not None:
+        _int("prompt_lookup_num_tokens", lookup, low=0)
+    if settings.top_k is not None:
+        _int("top_k", settings.top_k, low=0)
+    top_k = None if settings.top_k == 0 else settings.top_k  # 0: no top-k, as in transformers
+    opts = check_options(budget, settings.do_sample, settings.temperature, top_k, settings.top_p, settings.seed,
+                         settings.num_assistant_tokens, settings.num_assistant_tokens_schedule, settings.coalesce,
+                         None if lookup is None else lookup > 0)
+    processors = Processors([*built_in(settings.repetition_penalty, settings.no_repeat_ngram_size),
+                             *_processor_list(logits_processor)])
+    return replace(opts, lookup_tokens=lookup or 10**9, processors=processors or None)
+
+
+def _processor_list(logits_processor) -> list:
+    if logits_processor is None:
+        return []
+    items = list(logits_processor) if isinstance(logits_processor, (list, tuple)) else None
+    if items is None or not all(callable(p) for p in items):
+        raise TypeError(f"logits_processor must be a list of transformers LogitsProcessor objects, got "
+                        f"{type(logits_processor).__name__}")
+    return items

@@ -18,7 +18,7 @@ import torch
 
 import fsm
 from drafting.cache import logits_size
-from drafting.processors import Processors, built_in
+from drafting.processors import Processors
 from assisted.policy import SCHEDULES
 from drafting.sampling import Warp
 from drafting.base import Cursor
@@ -37,38 +37,6 @@ class Options:
     prompt_lookup: bool = False  # also draft copies of the prompt
     lookup_tokens: int = 10**9  # ... at most this many per step
     processors: Processors | None = None  # logits processors, applied per scored position (None: none)
-
-
-def options(settings, prompt_length: int, logits_processor) -> Options:
-    """The loop's Options from merged settings (`assisted.config.resolve`); errors name the option."""
-    budget = settings.max_new_tokens
-    if settings.max_length is not None:  # a config that sets only max_length bounds prompt + output, as transformers
-        budget = settings.max_length - prompt_length
-        if budget < 1:
-            raise ValueError(f"max_length={settings.max_length} leaves no room after the prompt's {prompt_length} "
-                             "tokens; pass max_new_tokens")
-    lookup = settings.prompt_lookup_num_tokens
-    if lookup is not None:
-        _int("prompt_lookup_num_tokens", lookup, low=0)
-    if settings.top_k is not None:
-        _int("top_k", settings.top_k, low=0)
-    top_k = None if settings.top_k == 0 else settings.top_k  # 0: no top-k, as in transformers
-    opts = check_options(budget, settings.do_sample, settings.temperature, top_k, settings.top_p, settings.seed,
-                         settings.num_assistant_tokens, settings.num_assistant_tokens_schedule, settings.coalesce,
-                         None if lookup is None else lookup > 0)
-    processors = Processors([*built_in(settings.repetition_penalty, settings.no_repeat_ngram_size),
-                             *_processor_list(logits_processor)])
-    return replace(opts, lookup_tokens=lookup or 10**9, processors=processors or None)
-
-
-def _processor_list(logits_processor) -> list:
-    if logits_processor is None:
-        return []
-    items = list(logits_processor) if isinstance(logits_processor, (list, tuple)) else None
-    if items is None or not all(callable(p) for p in items):
-        raise TypeError(f"logits_processor must be a list of transformers LogitsProcessor objects, got "
-                        f"{type(logits_processor).__name__}")
-    return items
 
 
 def check_options(
