@@ -29,6 +29,7 @@ class Upper:
 
     def __init__(self, compiler):
         self.c, self.memo, self.active = compiler, {}, set()
+        self._integers = INTEGER_SPELLINGS if compiler.dialect.fraction_integers else jt.INTEGER  # draft-04: no 1.0
 
     def __call__(self, schema, pointer: str) -> rx.Rx:
         if schema is True or schema == {} or not isinstance(schema, (dict, bool)):
@@ -78,7 +79,7 @@ class Upper:
         types = schema.get("type", ["null", "boolean", "array", "string", "object", "number"])
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
         build = {"string": self._string, "object": self._object, "number": lambda s: rx.inter(_number(s), _multiple(s)),
-                 "integer": lambda s: rx.inter(_number(s), _multiple(s), INTEGER_SPELLINGS)}
+                 "integer": lambda s: rx.inter(_number(s), _multiple(s), self._integers)}
         return rx.alt(*(build[t](schema) if t in build else UPPER_TYPES.get(t, ANY) for t in types)) if types else ANY
 
     def _string(self, schema: dict) -> rx.Rx:

@@ -1,0 +1,195 @@
+"""`$schema` -> the dialect whose semantics the guide applies, and each subschema read in that dialect.
+
+The compiler speaks draft 2020-12's vocabulary. `read` turns a subschema of any supported dialect into
+that vocabulary, keeping only what the dialect defines (a keyword it does not define is an annotation
+there, even under `not`), so every later step applies the declared dialect's semantics:
+
+- draft-04: `exclusiveMinimum`/`exclusiveMaximum` are booleans that make `minimum`/`maximum` exclusive
+  (read as the numeric form); `type: integer` excludes 1.0 (`Dialect.fraction_integers`, used by the compiler).
+- draft-04/06/07: every keyword beside `$ref` is ignored; `items` as an array is `prefixItems`, with
+  `additionalItems` as the rest; `dependencies` holds both required names and schemas.
+- 2019-09: as 2020-12, but `items` may still be an array (with `additionalItems`); no `prefixItems`.
+- No `$schema`: draft 2020-12, where the legacy `dependencies` and array-form `items`/`additionalItems`
+  still apply with their draft-07 meaning (they only narrow what is generated, as they did before).
+An unknown `$schema` raises `SchemaError` naming it: its semantics cannot be known.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from fsm.errors import SchemaError
+
+DIALECTS = ("draft-04", "draft-06", "draft-07", "2019-09", "2020-12")
+_URI = re.compile(r"https?://json-schema\.org/(draft-0[467]|draft/2019-09|draft/2020-12)/schema#?")
+_COMMON = frozenset("type enum multipleOf maximum minimum maxLength minLength pattern format maxItems minItems "
+                    "uniqueItems maxProperties minProperties required properties patternProperties "
+                    "additionalProperties items allOf anyOf oneOf not $ref".split())
+_D4 = _COMMON | {"additionalItems", "dependencies", "exclusiveMinimum", "exclusiveMaximum"}
+_D6 = _D4 | {"const", "contains", "propertyNames"}
+_D7 = _D6 | {"if", "then", "else"}
+_D2019 = (_D7 - {"dependencies"}) | {"dependentRequired", "dependentSchemas", "minContains", "maxContains",
+                                     "unevaluatedProperties", "unevaluatedItems", "$recursiveRef"}
+_D2020 = (_D2019 - {"additionalItems", "$recursiveRef"}) | {"prefixItems", "$dynamicRef"}
+KEYWORDS = {"draft-04": _D4, "draft-06": _D6, "draft-07": _D7, "2019-09": _D2019, "2020-12": _D2020}
+_LEGACY = _D2020 | {"dependencies", "additionalItems", "$recursiveRef"}  # no $schema: 2020-12 plus these
+_EXCLUSIVE = (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum"))
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The JSON Schema dialect of one schema document (`declared`: named by its `$schema`)."""
+
+    name: str
+    declared: bool = True
+
+    @property
+    def keywords(self) -> frozenset:
+        """The validation keywords the dialect defines (the others are annotations)."""
+        return KEYWORDS[self.name] if self.declared else _LEGACY
+
+    @property
+    def legacy(self) -> bool:
+        """Draft-04, -06 or -07: `$ref` replaces its object, anchors are spelled `"$id": "#name"`."""
+        return self.name.startswith("draft-")
+
+    @property
+    def id_keyword(self) -> str:
+        return "id" if self.name == "draft-04" else "$id"
+
+    @property
+    def fraction_integers(self) -> bool:
+        """Whether 1.0 is an integer (draft-06 on; in draft-04 an integer has no fraction or exponent)."""
+        return self.name != "draft-04"
+
+    @property
+    def dollar_anchors(self) -> bool:
+        return not self.legacy
+
+    @property
+    def id_anchors(self) -> bool:
+        """Whether `"$id": "#name"` (draft-04: `"id"`) names a plain-name fragment."""
+        return self.legacy or not self.declared
+
+
+DEFAULT = Dialect("2020-12", declared=False)
+
+
+def dialect_of(schema) -> Dialect:
+    """The dialect `schema`'s `$schema` names (none: 2020-12); SchemaError for one the guide does not know."""
+    if not isinstance(schema, dict) or "$schema" not in schema:
+        return DEFAULT
+    return Dialect(_name(schema["$schema"], "#"))
+
+
+def schema_dialect(schema) -> str:
+    """The name of the dialect the guide reads `schema` in.
+
+    Parameters
+    ----------
+    schema : pydantic model class, dict, bool or str
+        As `fsm.compile_schema` takes it (a pydantic model's schema is 2020-12).
+
+    Returns
+    -------
+    str
+        One of `DIALECTS`: "draft-04", "draft-06", "draft-07", "2019-09" or "2020-12" (no `$schema`).
+
+    Raises
+    ------
+    SchemaError
+        For a `$schema` that names no dialect the guide knows (the error names it), or a schema that is not JSON.
+    """
+    return dialect_of(as_dict(schema)).name
+
+
+def as_dict(schema) -> dict | bool:
+    """The JSON Schema of a pydantic model class, a dict or a JSON string (SchemaError for anything else)."""
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as error:
+            raise SchemaError(f"schema is not valid JSON: {error}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a schema must be a pydantic model class, a dict or a JSON string, not {type(schema).__name__}")
+    return schema
+
+
+def _name(uri, pointer: str) -> str:
+    found = _URI.fullmatch(uri) if isinstance(uri, str) else None
+    if found is None:
+        raise SchemaError(f"unknown dialect {uri!r}: the guide reads draft-04, draft-06, draft-07, 2019-09 and "
+                          "2020-12 (json-schema.org meta-schema URIs, http or https, with or without '#'); "
+                          "leave $schema out for 2020-12", keyword="$schema", pointer=pointer)
+    return found.group(1).removeprefix("draft/")
+
+
+def read(node, dialect: Dialect, pointer: str):
+    """`node` in draft 2020-12's vocabulary with `dialect`'s semantics (subschemas read too; `$ref`s as they are)."""
+    if not isinstance(node, dict):
+        return node
+    if pointer != "#" and "$schema" in node and _name(node["$schema"], pointer) != dialect.name:
+        raise SchemaError(f"a subschema declares another dialect than the root's {dialect.name}, which is not "
+                          "supported", keyword="$schema", pointer=pointer)
+    if "$ref" in node and dialect.legacy:  # draft-07 core 8.3: all other properties are ignored
+        return {"$ref": node["$ref"]}
+    out = {k: v for k, v in node.items() if k in dialect.keywords}
+    _exclusive(out, dialect, pointer)
+    _items(out, dialect, pointer)
+    return {k: _children(k, v, dialect, f"{pointer}/{_escape(k)}") for k, v in out.items()}
+
+
+def _exclusive(out: dict, dialect: Dialect, pointer: str) -> None:
+    """Draft-04's boolean flags -> the numeric form; booleans elsewhere (and numbers in draft-04) are refused."""
+    for flag, bound in _EXCLUSIVE:
+        if flag not in out:
+            continue
+        value = out[flag]
+        if dialect.name != "draft-04":
+            if isinstance(value, bool):
+                raise SchemaError(f"must be a number in {dialect.name}; a boolean is draft-04's form (declare "
+                                  "\"$schema\": \"http://json-schema.org/draft-04/schema#\")", keyword=flag, pointer=pointer)
+            continue
+        if not isinstance(value, bool):
+            raise SchemaError(f"must be a boolean in draft-04 (it makes {bound} exclusive), not {value!r}",
+                              keyword=flag, pointer=pointer)
+        del out[flag]
+        if value and isinstance(out.get(bound), (int, float)) and not isinstance(out[bound], bool):
+            out[flag] = out.pop(bound)
+
+
+def _items(out: dict, dialect: Dialect, pointer: str) -> None:
+    """Array-form `items` -> `prefixItems`, `additionalItems` -> `items`; `additionalItems` alone is ignored."""
+    rest = out.pop("additionalItems", None)
+    if not isinstance(out.get("items"), list):
+        return
+    if dialect.declared and dialect.name == "2020-12":
+        raise SchemaError("must be a schema in 2020-12 (the array form is 2019-09's and earlier: use prefixItems)",
+                          keyword="items", pointer=pointer)
+    out["prefixItems"] = out.pop("items")
+    if rest is not None:
+        out["items"] = rest
+
+
+_ONE = frozenset("not if then else items additionalProperties propertyNames contains unevaluatedItems "
+                 "unevaluatedProperties".split())
+_LISTS = frozenset("allOf anyOf oneOf prefixItems".split())
+_MAPS = frozenset("properties patternProperties dependentSchemas dependencies".split())
+
+
+def _children(keyword: str, value, dialect: Dialect, pointer: str):
+    if keyword in _ONE:
+        return read(value, dialect, pointer)
+    if keyword in _LISTS and isinstance(value, list):
+        return [read(v, dialect, f"{pointer}/{i}") for i, v in enumerate(value)]
+    if keyword in _MAPS and isinstance(value, dict):
+        return {k: read(v, dialect, f"{pointer}/{_escape(k)}") for k, v in value.items()}
+    return value
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
