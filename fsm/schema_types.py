@@ -49,10 +49,9 @@ def constants(c, schema: dict, pointer: str) -> rx.Rx:
     rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
     check = c.compile(rest, pointer) if rest else None
     texts = {json.dumps(v, separators=(",", ":"), ensure_ascii=False): v for v in values}
-    kept = [value_spellings(v) for t, v in texts.items() if check is None or rx.matches(check, t)]
-    if check is not None and not c.dialect.fraction_integers:  # draft-04: 1 is in enum [1] but 1.0 not an integer
-        kept = [rx.inter(k, check) for k in kept]
-    return rx.alt(*kept)
+    if check is not None and not c.dialect.fraction_integers:  # draft-04: enum [1.0] holds 1, but 1.0 is no integer
+        return rx.alt(*(rx.inter(value_spellings(v), check) for v in texts.values()))
+    return rx.alt(*(value_spellings(v) for t, v in texts.items() if check is None or rx.matches(check, t)))
 
 
 def value_spellings(value) -> rx.Rx:

@@ -54,6 +54,7 @@ CASES = {
     # draft-06 validation 6.25 (and later): any number with a zero fractional part.
     "integer": Case({"type": "integer"}, ALL, INTEGERS, frozenset({"-0.0"})),
     "integer_enum": Case({"type": "integer", "enum": [1, 2, 3]}, ALL, INTEGERS),
+    "integer_float_enum": Case({"type": "integer", "enum": [1.0, 2.5, "x"]}, ALL, INTEGERS + ("2.5", '"x"')),
     "integer_items_enum": Case({"type": "array", "items": {"type": "integer"}, "enum": [[1], [2]]}, LEGACY, INTEGERS),
     "integer_multiple": Case({"type": "integer", "multipleOf": 2}, ALL, INTEGERS, frozenset({"-0.0"})),
     "not_integer": Case({"type": ["number", "string"], "not": {"type": "integer"}}, ALL, INTEGERS, frozenset(INTEGERS)),
