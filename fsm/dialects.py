@@ -51,6 +51,12 @@ class Dialect:
         return KEYWORDS[self.name] if self.declared else _LEGACY
 
     @property
+    def places(self) -> frozenset:
+        """The keywords whose values are subschemas, where an `$id` names a resource (`definitions` in every
+        dialect, as its meta-schemas keep it; `$defs` from 2019-09): an `$id` anywhere else is plain data."""
+        return (self.keywords & _SUBSCHEMAS) | {"definitions"} | (set() if self.legacy else {"$defs"})
+
+    @property
     def legacy(self) -> bool:
         """Draft-04, -06 or -07: `$ref` replaces its object, anchors are spelled `"$id": "#name"`."""
         return self.name.startswith("draft-")
@@ -179,6 +185,7 @@ _ONE = frozenset("not if then else items additionalProperties propertyNames cont
                  "unevaluatedProperties".split())
 _LISTS = frozenset("allOf anyOf oneOf prefixItems".split())
 _MAPS = frozenset("properties patternProperties dependentSchemas dependencies".split())
+_SUBSCHEMAS = _ONE | _LISTS | _MAPS | {"additionalItems"}
 
 
 def _children(keyword: str, value, dialect: Dialect, pointer: str):

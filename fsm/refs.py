@@ -5,7 +5,8 @@ against the base URI of the nearest enclosing `$id`, to an embedded resource, a 
 The dialect decides the spellings: draft-04 names resources with `id`; up to draft-07 an `$id` beside a
 `$ref` is ignored like every other sibling (draft-07 core 8.3), so it neither changes the base URI nor
 names a resource or an anchor; `$anchor` exists from 2019-09, `"$id": "#name"` up to draft-07 (and, as
-before, in schemas without `$schema`).
+before, in schemas without `$schema`). Only subschemas reached through the dialect's subschema keywords
+(`Dialect.places`) name resources: an `$id` inside an unknown keyword is data, as in validators.
 
 After `absolute_refs(root)` every resolvable `$ref` is a pointer from the root, so the compiler may copy
 and merge subschemas freely without losing their base. Refs that resolve to nothing are left as they
@@ -55,9 +56,17 @@ class _Index:
         self.resources: dict[str, str] = {}
         self.anchors: dict[str, str] = {}
 
-    def visit(self, node, base: str, pointer: str) -> None:
+    def visit(self, node, base: str, pointer: str, known: bool = True) -> None:
+        """Index `node` (`known`: reached through subschema keywords only, else its ids are plain data)."""
         if not isinstance(node, dict):
             return
+        if known:
+            base = self._register(node, base, pointer)
+        for keyword, child, where in _children(node, pointer):
+            self.visit(child, base, where, known and keyword in self.dialect.places)
+
+    def _register(self, node: dict, base: str, pointer: str) -> str:
+        """Record the resource and anchor `node` names; its base URI."""
         base = _base(base, node, self.dialect)
         self.resources.setdefault(base, pointer)
         anchor = node.get("$anchor") if self.dialect.dollar_anchors else None
@@ -66,8 +75,7 @@ class _Index:
             anchor = anchor or sid[1:]
         if isinstance(anchor, str):
             self.anchors.setdefault(f"{base}#{anchor}", pointer)
-        for keyword, child, where in _children(node, pointer):
-            self.visit(child, base, where)
+        return base
 
     def resolve(self, ref: str, base: str) -> str | None:
         uri, fragment = urldefrag(urljoin(base, ref))
@@ -93,22 +101,23 @@ def _children(node: dict, pointer: str):
             yield keyword, value, where
 
 
-def _rewrite(node, base: str, index: _Index):
+def _rewrite(node, base: str, index: _Index, known: bool = True):
     if not isinstance(node, dict):
         return node
-    base = _base(base, node, index.dialect)
+    base = _base(base, node, index.dialect) if known else base
     out = {}
     for keyword, value in node.items():
+        inner = known and keyword in index.dialect.places
         if keyword == "$ref" and isinstance(value, str):
             out[keyword] = index.resolve(value, base) or value
         elif keyword in NOT_SCHEMAS:
             out[keyword] = value
         elif keyword in SCHEMA_MAPS and isinstance(value, dict):
-            out[keyword] = {name: _rewrite(sub, base, index) for name, sub in value.items()}
+            out[keyword] = {name: _rewrite(sub, base, index, inner) for name, sub in value.items()}
         elif isinstance(value, list):
-            out[keyword] = [_rewrite(sub, base, index) for sub in value]
+            out[keyword] = [_rewrite(sub, base, index, inner) for sub in value]
         else:
-            out[keyword] = _rewrite(value, base, index)
+            out[keyword] = _rewrite(value, base, index, inner)
     return out
 
 

@@ -48,6 +48,16 @@ def _sibling_id(id_keyword: str) -> dict:
             "allOf": [{id_keyword: root, "$ref": "x.json"}]}
 
 
+def _unknown_keyword_id(id_keyword: str) -> dict:
+    """2019-09 core 8.2.2 (draft-07 core 8.2, draft-04 core 7.2): an identifier names a (sub)schema; inside a
+    keyword the dialect does not define it is plain data, so x.json is the string schema, not the null one."""
+    root = "http://example.com/schemas/"
+    return {id_keyword: root + "root.json",
+            "definitions": {"decoy": {"x-wrapper": {id_keyword: root + "x.json", "type": "null"}},
+                            "real": {id_keyword: root + "x.json", "type": "string"}},
+            "allOf": [{"$ref": "x.json"}]}
+
+
 INTEGERS = ("1", "1.0", "12345.0", "-0", "-0.0", "-7", "1.5", "2.0", "4.0", "[1]", "[1.0]", '"1"')
 CASES = {
     # draft-04 core 3.5 / validation 5.5.2: an integer is a number without fraction or exponent part;
@@ -108,6 +118,8 @@ CASES = {
                         ALL, ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":"s"}')),
     "sibling_id": Case(_sibling_id("$id"), ALL[1:], ("5", "1.5", '"a"', "null")),
     "sibling_id_draft4": Case(_sibling_id("id"), ("draft-04",), ("5", "1.5", '"a"', "null")),
+    "unknown_keyword_id": Case(_unknown_keyword_id("$id"), ALL[1:], ('"a"', "null", "1"), shared=True),
+    "unknown_keyword_id_draft4": Case(_unknown_keyword_id("id"), ("draft-04",), ('"a"', "null", "1")),
     # draft-04 core 7.2: `id` (not `$id`) sets the base URI and "#name" names a fragment.
     "draft4_id": Case({"id": "http://example.com/root.json", "definitions": {"a": {"id": "a.json", "type": "integer"},
                        "b": {"id": "#b", "type": "string"}}, "type": "object",
