@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from fsm.errors import SchemaError
 
@@ -50,11 +51,11 @@ class Dialect:
         """The validation keywords the dialect defines (the others are annotations)."""
         return KEYWORDS[self.name] if self.declared else _LEGACY
 
-    @property
+    @cached_property
     def places(self) -> frozenset:
         """The keywords whose values are subschemas, where an `$id` names a resource (`definitions` in every
         dialect, as its meta-schemas keep it; `$defs` from 2019-09): an `$id` anywhere else is plain data."""
-        return (self.keywords & _SUBSCHEMAS) | {"definitions"} | (set() if self.legacy else {"$defs"})
+        return frozenset((self.keywords & _SUBSCHEMAS) | {"definitions"} | (set() if self.legacy else {"$defs"}))
 
     @property
     def legacy(self) -> bool:
