@@ -5,13 +5,14 @@ that vocabulary, keeping only what the dialect defines (a keyword it does not de
 there, even under `not`), so every later step applies the declared dialect's semantics:
 
 - draft-04: `exclusiveMinimum`/`exclusiveMaximum` are booleans that make `minimum`/`maximum` exclusive
-  (read as the numeric form); `type: integer` excludes 1.0 (`Dialect.fraction_integers`, used by the compiler).
+  (read as the numeric form); `type: integer` excludes 1.0 (marked `WHOLE_INTEGERS` for the compiler).
 - draft-04/06/07: every keyword beside `$ref` is ignored; `items` as an array is `prefixItems`, with
   `additionalItems` as the rest; `dependencies` holds both required names and schemas.
 - 2019-09: as 2020-12, but `items` may still be an array (with `additionalItems`); no `prefixItems`.
 - No `$schema`: draft 2020-12, where the legacy `dependencies` and array-form `items`/`additionalItems`
   still apply with their draft-07 meaning (they only narrow what is generated, as they did before).
-An unknown `$schema` raises `SchemaError` naming it: its semantics cannot be known.
+An unknown `$schema` raises `SchemaError` naming it: its semantics cannot be known. A subschema that declares
+another dialect is read in it, as validators do (`_nested`, `dialect_at`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from urllib.parse import unquote
 
 from fsm.errors import SchemaError
 
@@ -37,6 +39,11 @@ _D2020 = (_D2019 - {"additionalItems", "$recursiveRef"}) | {"prefixItems", "$dyn
 KEYWORDS = {"draft-04": _D4, "draft-06": _D6, "draft-07": _D7, "2019-09": _D2019, "2020-12": _D2020}
 _LEGACY = _D2020 | {"dependencies", "additionalItems", "$recursiveRef"}  # no $schema: 2020-12 plus these
 _EXCLUSIVE = (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum"))
+CANONICAL = {"draft-04": "http://json-schema.org/draft-04/schema", "draft-06": "http://json-schema.org/draft-06/schema",
+             "draft-07": "http://json-schema.org/draft-07/schema", "2019-09": "https://json-schema.org/draft/2019-09/schema",
+             "2020-12": "https://json-schema.org/draft/2020-12/schema"}  # each meta-schema's own id
+WHOLE_INTEGERS = "fsm:wholeIntegers"  # added beside a draft-04 `type` with "integer": no 1.0 (not a JSON Schema keyword)
+_DATA = frozenset("enum const default examples".split())
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,37 @@ def as_dict(schema) -> dict | bool:
     return schema
 
 
+def dialect_at(root, pointer: str, dialect: Dialect) -> Dialect:
+    """The dialect in effect at `pointer` ("#/a/b"): the last `$schema` on the way there, the node's own
+    included (spelled as its meta-schema's own URI: the ones validators switch on), else the root's `dialect`."""
+    node = root
+    for part in [p for p in pointer[1:].split("/") if p] if pointer.startswith("#/") else []:
+        key = unquote(part).replace("~1", "/").replace("~0", "~")
+        node = node[int(key)] if isinstance(node, list) and key.isdigit() and int(key) < len(node) else \
+            node.get(key) if isinstance(node, dict) else None
+        uri = node.get("$schema") if isinstance(node, dict) else None
+        found = _URI.fullmatch(uri) if isinstance(uri, str) else None
+        if found and uri.rstrip("#") == CANONICAL[found.group(1).removeprefix("draft/")]:
+            dialect = Dialect(found.group(1).removeprefix("draft/"))
+    return dialect
+
+
+def declared(root) -> set[str]:
+    """The dialects `root` and its subschemas declare (known spellings of them)."""
+    found, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            uri = node.get("$schema")
+            match = _URI.fullmatch(uri) if isinstance(uri, str) else None
+            if match:
+                found.add(match.group(1).removeprefix("draft/"))
+            stack.extend(v for k, v in node.items() if k not in _DATA)
+    return found
+
+
 def _name(uri, pointer: str) -> str:
     found = _URI.fullmatch(uri) if isinstance(uri, str) else None
     if found is None:
@@ -139,15 +177,49 @@ def read(node, dialect: Dialect, pointer: str):
     """`node` in draft 2020-12's vocabulary with `dialect`'s semantics (subschemas read too; `$ref`s as they are)."""
     if not isinstance(node, dict):
         return node
-    if pointer != "#" and "$schema" in node and _name(node["$schema"], pointer) != dialect.name:
-        raise SchemaError(f"a subschema declares another dialect than the root's {dialect.name}, which is not "
-                          "supported", keyword="$schema", pointer=pointer)
+    if pointer != "#" and "$schema" in node:
+        dialect = _nested(node, dialect, pointer)
     if "$ref" in node and dialect.legacy:  # draft-07 core 8.3: all other properties are ignored
         return {"$ref": node["$ref"]}
     out = {k: v for k, v in node.items() if k in dialect.keywords}
+    if not dialect.fraction_integers and "integer" in _types(out.get("type")):
+        out[WHOLE_INTEGERS] = True
     _exclusive(out, dialect, pointer)
     _items(out, dialect, pointer)
     return {k: _children(k, v, dialect, f"{pointer}/{_escape(k)}") for k, v in out.items()}
+
+
+def _nested(node: dict, dialect: Dialect, pointer: str) -> Dialect:
+    """The dialect of a subschema that declares one: validators switch to it there (jsonschema reads every
+    subschema's `$schema`), so the guide does too. Refused: a spelling validators may not know there (only the
+    meta-schema's own URI, with or without '#'), and a switch at or above identifiers, which the guide
+    resolves by the root's rules."""
+    uri = node["$schema"]
+    name = _name(uri, pointer)
+    if name == dialect.name:
+        return dialect
+    if uri.rstrip("#") != CANONICAL[name]:
+        raise SchemaError(f"a subschema's $schema must be spelled {CANONICAL[name]!r} to switch dialects, not "
+                          f"{uri!r}", keyword="$schema", pointer=pointer)
+    if _has_identifiers(node):
+        raise SchemaError(f"a subschema switches from {dialect.name} to {name} around an identifier ($id, id or "
+                          "$anchor), which is not supported", keyword="$schema", pointer=pointer)
+    return Dialect(name)
+
+
+def _has_identifiers(node) -> bool:
+    if isinstance(node, list):
+        return any(_has_identifiers(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    if any(isinstance(node.get(k), str) for k in ("$id", "id", "$anchor")):
+        return True
+    return any(_has_identifiers(v if k not in _MAPS | {"definitions", "$defs"} or not isinstance(v, dict)
+                                else list(v.values())) for k, v in node.items() if k not in _DATA)
+
+
+def _types(value) -> list:
+    return [value] if isinstance(value, str) else value if isinstance(value, list) else []
 
 
 def _exclusive(out: dict, dialect: Dialect, pointer: str) -> None:

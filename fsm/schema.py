@@ -24,7 +24,7 @@ from __future__ import annotations
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import Budget, GuideBudgetError, metered
-from fsm.dialects import DEFAULT, Dialect, as_dict, dialect_of, read
+from fsm.dialects import DEFAULT, Dialect, as_dict, declared, dialect_at, dialect_of, read
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 from fsm.policy import object_policy
@@ -144,6 +144,9 @@ class Compiler:
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
         self.dialect, self.targets = dialect, {}  # targets: $ref -> its subschema read in the dialect
+        found = declared(root) | {dialect.name}
+        self.whole_integers = "draft-04" in found  # enum/const values then meet their type's spelling
+        self.switches = len(found) > 1  # a subschema declares another dialect than the root
         self.property_order = property_order  # "schema" | "any" (see compile_schema)
         self.depth = 0  # recursive $refs (those on a cycle) entered on the way here
         self.memo: dict[tuple, rx.Rx] = {}
@@ -191,9 +194,25 @@ class Compiler:
     # -- references -------------------------------------------------------------------------------
 
     def resolve(self, ref: str, pointer: str):
-        """The subschema `ref` points to, read in the document's dialect (`fsm.dialects.read`)."""
+        """The subschema `ref` points to, read in its dialect (`fsm.dialects.read`), for a `$ref` at `pointer`.
+
+        Where a subschema declares its own `$schema`, the spec reads a target in the dialect above it and
+        jsonschema in the referring subschema's: a `$ref` across such a boundary is refused unless both agree
+        (or the target declares its own)."""
+        target = self.target(ref, pointer)
+        if self.switches and not (isinstance(target[0], dict) and "$schema" in target[0]):
+            here = dialect_at(self.root, pointer, self.dialect)
+            if here != target[1]:
+                raise SchemaError(f"a $ref from {here.name} into {target[1].name} (a subschema's $schema) is not "
+                                  "supported; declare $schema in the target", keyword="$ref", pointer=pointer)
+        return target[2]
+
+    def target(self, ref: str, pointer: str) -> tuple:
+        """(raw subschema, its dialect, its reading) of the pointer `ref`."""
         if ref not in self.targets:
-            self.targets[ref] = read(resolve_pointer(self.root, ref, pointer), self.dialect, ref)
+            raw = resolve_pointer(self.root, ref, pointer)
+            dialect = dialect_at(self.root, ref.rsplit("/", 1)[0] if "/" in ref else "#", self.dialect)
+            self.targets[ref] = (raw, dialect, read(raw, dialect, ref))
         return self.targets[ref]
 
     def ref(self, schema: dict, pointer: str) -> rx.Rx:
@@ -222,7 +241,7 @@ class Compiler:
             found, todo = set(), [ref]
             while todo:
                 try:
-                    target = self.resolve(todo.pop(), "#")
+                    target = self.target(todo.pop(), "#")[2]
                 except SchemaError:
                     continue  # reported where it is compiled
                 for r in _refs_in(target):

@@ -9,6 +9,7 @@ from fractions import Fraction
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import GuideBudgetError
+from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.formats import format_term
 from fsm.keywords import natural
@@ -49,7 +50,7 @@ def constants(c, schema: dict, pointer: str) -> rx.Rx:
     rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
     check = c.compile(rest, pointer) if rest else None
     texts = {json.dumps(v, separators=(",", ":"), ensure_ascii=False): v for v in values}
-    if check is not None and not c.dialect.fraction_integers:  # draft-04: enum [1.0] holds 1, but 1.0 is no integer
+    if check is not None and c.whole_integers:  # draft-04: enum [1.0] holds 1, but 1.0 is no integer
         return rx.alt(*(rx.inter(value_spellings(v), check) for v in texts.values()))
     return rx.alt(*(value_spellings(v) for t, v in texts.items() if check is None or rx.matches(check, t)))
 
@@ -158,7 +159,7 @@ def type_integer(c, schema: dict, pointer: str) -> rx.Rx:
     term = jt.integer_range(low, high)
     if term is rx.NOTHING:
         raise SchemaError("no integer satisfies the bounds", keyword="minimum", pointer=pointer)
-    fraction = rx.optional(ZERO_FRACTION) if c.dialect.fraction_integers else rx.EPSILON  # 1.0: not in draft-04
+    fraction = rx.EPSILON if schema.get(WHOLE_INTEGERS) else rx.optional(ZERO_FRACTION)  # 1.0: not in draft-04
     return rx.seq(rx.inter(term, _multiple(schema, pointer, integer=True)), fraction)
 
 

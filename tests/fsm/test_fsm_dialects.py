@@ -61,7 +61,7 @@ def _unknown_keyword_id(id_keyword: str) -> dict:
 INTEGERS = ("1", "1.0", "12345.0", "-0", "-0.0", "-7", "1.5", "2.0", "4.0", "[1]", "[1.0]", '"1"')
 CASES = {
     # draft-04 core 3.5 / validation 5.5.2: an integer is a number without fraction or exponent part;
-    # draft-06 core 4.2 (and later): "integer which matches any number with a zero fractional part".
+    # draft-06 validation 6.25 (type; and later): "integer which matches any number with a zero fractional part".
     "integer": Case({"type": "integer"}, ALL, INTEGERS, frozenset({"-0.0"})),
     "integer_enum": Case({"type": "integer", "enum": [1, 2, 3]}, ALL, INTEGERS),
     "integer_float_enum": Case({"type": "integer", "enum": [1.0, 2.5, "x"]}, ALL, INTEGERS + ("2.5", '"x"')),
@@ -187,13 +187,30 @@ def test_an_unknown_dialect_is_refused_naming_it(uri):
     assert error.value.keyword == "$schema" and error.value.pointer == "#" and repr(uri) in str(error.value)
 
 
-def test_a_subschema_of_another_dialect_is_refused():
-    body = {"type": "object", "properties": {"p": {"$schema": URI["draft-04"], "type": "integer"}}}
+@pytest.mark.parametrize("root", ["draft-07", "2019-09", None])
+def test_a_subschema_that_declares_a_dialect_is_read_in_it(root):
+    """jsonschema reads every subschema's `$schema` (bundled schemas repeat draft-04's in their definitions):
+    the guide does too, so 1.0 is no integer inside the draft-04 definition and one outside it."""
+    body = {"definitions": {"n": {"$schema": URI["draft-04"], "type": "integer"}}, "type": "object",
+            "properties": {"p": {"$ref": "#/definitions/n"}, "q": {"type": "integer"}}}
+    schema = body if root is None else _schema(body, root)
+    validator = ORACLE[root or "2020-12"](schema)
+    term = fsm.compile_schema(schema, policy="spec")
+    for text, valid in (('{"p":1.0}', False), ('{"p":1}', True), ('{"q":1.0}', True), ('{"p":"s"}', False)):
+        assert validator.is_valid(json.loads(text)) is valid and rx.matches(term, text) is valid, text
+
+
+@pytest.mark.parametrize("inner, keyword, pointer", [
+    ({"$schema": "https://json-schema.org/draft-04/schema", "type": "integer"}, "$schema", "#/properties/p"),  # not its id
+    ({"$schema": URI["draft-04"], "id": "http://example.com/p.json", "type": "integer"}, "$schema", "#/properties/p"),
+    ({"$schema": URI["draft-04"], "type": "object", "properties": {"x": {"type": "integer"}}}, "$ref", "#/properties/r"),
+])
+def test_a_dialect_switch_the_guide_cannot_follow_is_refused(inner, keyword, pointer):
+    schema = _schema({"$defs": {"d": inner}, "type": "object", "properties": {"p": inner, "r": {"$ref": "#/$defs/d/properties/x"}}},
+                     "2020-12") if keyword == "$ref" else _schema({"type": "object", "properties": {"p": inner}}, "2020-12")
     with pytest.raises(fsm.SchemaError) as error:
-        fsm.compile_schema(_schema(body, "draft-07"))
-    assert error.value.keyword == "$schema" and error.value.pointer == "#/properties/p"
-    same = fsm.compile_schema(_schema(body, "draft-04"))  # the same dialect again is fine
-    assert rx.matches(same, '{"p":1}') and not rx.matches(same, '{"p":1.0}')
+        fsm.compile_schema(schema)
+    assert error.value.keyword == keyword and error.value.pointer == pointer
 
 
 @pytest.mark.parametrize("body, dialect, keyword", [
