@@ -141,10 +141,8 @@ def dialect_at(root, pointer: str, dialect: Dialect) -> Dialect:
         key = unquote(part).replace("~1", "/").replace("~0", "~")
         node = node[int(key)] if isinstance(node, list) and key.isdigit() and int(key) < len(node) else \
             node.get(key) if isinstance(node, dict) else None
-        uri = node.get("$schema") if isinstance(node, dict) else None
-        found = _URI.fullmatch(uri) if isinstance(uri, str) else None
-        if found and uri.rstrip("#") == CANONICAL[found.group(1).removeprefix("draft/")]:
-            dialect = Dialect(found.group(1).removeprefix("draft/"))
+        name = _switch(node.get("$schema")) if isinstance(node, dict) else None
+        dialect = Dialect(name) if name is not None else dialect
     return dialect
 
 
@@ -156,21 +154,30 @@ def declared(root) -> set[str]:
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
-            uri = node.get("$schema")
-            match = _URI.fullmatch(uri) if isinstance(uri, str) else None
-            if match:
-                found.add(match.group(1).removeprefix("draft/"))
+            found.add(_known(node.get("$schema")))
             stack.extend(v for k, v in node.items() if k not in _DATA)
-    return found
+    return found - {None}
+
+
+def _known(uri) -> str | None:
+    """The dialect a `$schema` value names, None when it is not a known spelling."""
+    found = _URI.fullmatch(uri) if isinstance(uri, str) else None
+    return found.group(1).removeprefix("draft/") if found else None
+
+
+def _switch(uri) -> str | None:
+    """The dialect a subschema's `$schema` switches to: spelled as the meta-schema's own URI, as validators read it."""
+    name = _known(uri)
+    return name if name is not None and uri.rstrip("#") == CANONICAL[name] else None
 
 
 def _name(uri, pointer: str) -> str:
-    found = _URI.fullmatch(uri) if isinstance(uri, str) else None
-    if found is None:
+    name = _known(uri)
+    if name is None:
         raise SchemaError(f"unknown dialect {uri!r}: the guide reads draft-04, draft-06, draft-07, 2019-09 and "
                           "2020-12 (json-schema.org meta-schema URIs, http or https, with or without '#'); "
                           "leave $schema out for 2020-12", keyword="$schema", pointer=pointer)
-    return found.group(1).removeprefix("draft/")
+    return name
 
 
 def read(node, dialect: Dialect, pointer: str):
@@ -198,7 +205,7 @@ def _nested(node: dict, dialect: Dialect, pointer: str) -> Dialect:
     name = _name(uri, pointer)
     if name == dialect.name:
         return dialect
-    if uri.rstrip("#") != CANONICAL[name]:
+    if _switch(uri) is None:
         raise SchemaError(f"a subschema's $schema must be spelled {CANONICAL[name]!r} to switch dialects, not "
                           f"{uri!r}", keyword="$schema", pointer=pointer)
     if _has_identifiers(node):
