@@ -261,13 +261,26 @@ def check_guide_options(options, for_schema: bool) -> dict:
     return dict(options)
 
 
+VALIDATORS = {"draft-04": jsonschema.Draft4Validator, "draft-06": jsonschema.Draft6Validator,
+              "draft-07": jsonschema.Draft7Validator, "2019-09": jsonschema.Draft201909Validator,
+              "2020-12": jsonschema.Draft202012Validator}
+
+
+def validator_class(schema) -> type:
+    """The `jsonschema` validator of the dialect the guide reads `schema` in (`fsm.schema_dialect`), so that
+    `value` validation and the guide agree on it ("https://json-schema.org/draft-07/schema" is draft-07 to
+    both, where `jsonschema.validators.validator_for` would fall back to 2020-12)."""
+    return VALIDATORS[fsm.schema_dialect(schema)]
+
+
 def parse_value(schema, text: str, complete: bool) -> Any:
     """The output as a validated instance of `schema`, or None when the text is not complete.
 
     Completeness comes from the guide (`complete`: it accepts the text as a whole match), validity from the
-    schema's own validator: pydantic for a pydantic class, `jsonschema` (the draft the schema's `$schema` names,
-    else 2020-12) for a dict or a JSON string. A text cut by the token budget before it was complete gives None,
-    never a parsed prefix ("1" for an integer of at least 1000).
+    schema's own validator: pydantic for a pydantic class, `jsonschema` for a dict or a JSON string, in the
+    dialect the guide reads (`validator_class`: the draft the schema's `$schema` names, else 2020-12). A text
+    cut by the token budget before it was complete gives None, never a parsed prefix ("1" for an integer of
+    at least 1000).
 
     Raises
     ------
@@ -280,7 +293,7 @@ def parse_value(schema, text: str, complete: bool) -> Any:
         return schema.model_validate_json(text)
     value = json.loads(text)
     schema = json.loads(schema) if isinstance(schema, str) else schema
-    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = validator_class(schema)
     error = jsonschema.exceptions.best_match(validator(schema).iter_errors(value))
     if error is not None:
         raise ValueError(f"the guide accepted {text[:80]!r}, which the schema rejects at "

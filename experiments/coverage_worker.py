@@ -270,9 +270,9 @@ def _jsonschema_verdict(schema, data) -> str:
     if schema is None:
         return ""
     try:
-        import jsonschema
+        from assisted.inputs import validator_class
 
-        cls = jsonschema.validators.validator_for(schema)
+        cls = validator_class(schema)  # the dialect the guide reads
         errors = list(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(data))
     except Exception as error:
         return f"jsonschema could not check it ({type(error).__name__})"

@@ -17,9 +17,8 @@ import random
 import time
 from pathlib import Path
 
-import jsonschema
-
 import fsm
+from assisted.inputs import validator_class
 from experiments.differential_cases import combination_schema, compact, mutants, valid_instances, value_pool
 
 POLICIES = ("compact", "spec")
@@ -43,7 +42,10 @@ def texts_for(schema, seed: int, n_valid: int, n_mutants: int, pool: list | None
 
 def judge(schema, texts: list[str], policies=POLICIES) -> dict:
     """Per policy: compile error (keyword) or the false accepts and (under "spec") rejected valid texts."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls = validator_class(schema)  # the dialect the guide reads, as `value` validation does
+    except fsm.SchemaError as error:  # an unknown $schema: the guide refuses it, nothing to compare
+        return {"oracle_error": f"SchemaError: {str(error)[:120]}"}
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     try:
         verdicts = {t: validator.is_valid(json.loads(t)) for t in texts}

@@ -4,6 +4,7 @@
 """
 
 from fsm.budget import Budget, GuideBudgetError
+from fsm.dialects import DIALECTS, schema_dialect
 from fsm.errors import InvalidTokenError, RegexError, SchemaError
 from fsm.guide import Guide
 from fsm.index import TokenIndex
@@ -20,6 +21,8 @@ __all__ = [
     "compile_regex",
     "compile_schema",
     "compile_with_notes",
+    "schema_dialect",
+    "DIALECTS",
     "vocabulary_from_tokenizer",
     "SchemaError",
     "RegexError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from urllib.parse import unquote
 
+from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 
 _LOWER = ("minimum", "minLength", "minItems", "exclusiveMinimum", "minProperties", "minContains")  # merged by max
@@ -15,7 +16,7 @@ VALIDATION = frozenset(
     "dependentRequired dependentSchemas dependencies properties patternProperties additionalProperties "
     "propertyNames items prefixItems additionalItems allOf anyOf oneOf not if then else $ref "
     "unevaluatedProperties unevaluatedItems $dynamicRef $recursiveRef".split()
-)  # every other keyword is an annotation
+) | {WHOLE_INTEGERS}  # every other keyword is an annotation
 MAX_UNION_PRODUCT = 64
 
 

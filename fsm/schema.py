@@ -14,15 +14,17 @@ The language is always a subset of the valid instances (the compiler builds an u
 L and, for `not`, `oneOf` and `if`, an over-approximation U of each subschema: `not S` is L ∩ ¬U(S)).
 A validation keyword it cannot enforce raises `SchemaError` naming it and its JSON pointer; unknown
 keywords are annotations and unknown `format`s are ignored, as validators do (see `notes`).
+The dialect `$schema` names (draft-04 to 2020-12; none: 2020-12) decides what each keyword means
+(`fsm.dialects`); an unknown `$schema` raises `SchemaError`.
 """
 
 from __future__ import annotations
 
-import json
 
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import Budget, GuideBudgetError, metered
+from fsm.dialects import DEFAULT, Dialect, as_dict, declared, dialect_at, dialect_of, read
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 from fsm.policy import object_policy
@@ -105,29 +107,17 @@ def compile_with_notes(schema, *, whitespace: str = "", policy: str | None = Non
 def _compile_with_notes(schema, whitespace, policy, additional_properties, max_recursion_depth, property_order):
     additional_properties, property_order = object_policy(policy, additional_properties, property_order)
     root, ws = as_dict(schema), _whitespace(whitespace)
+    dialect = dialect_of(root)
     try:
-        root = absolute_refs(root)
-        compiler = Compiler(root, ws, additional_properties, max_recursion_depth, property_order)
-        term = compiler.compile(root, "#")
+        root = absolute_refs(root, dialect)
+        compiler = Compiler(root, ws, additional_properties, max_recursion_depth, property_order, dialect)
+        term = compiler.compile(read(root, dialect, "#"), "#")
     except RecursionError:  # e.g. allOf through $ref cycles: a clear error instead of a crash
         raise SchemaError("the schema nests too deeply to compile (Python's recursion limit)", pointer="#") from None
     if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
         keyword = "$ref" if compiler.cut else None
         raise SchemaError("the schema accepts no value that can be generated", keyword=keyword, pointer="#")
     return term, compiler.notes
-
-
-def as_dict(schema) -> dict | bool:
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as error:
-            raise SchemaError(f"schema is not valid JSON: {error}") from None
-    if not isinstance(schema, (dict, bool)):
-        raise SchemaError(f"a schema must be a pydantic model class, a dict or a JSON string, not {type(schema).__name__}")
-    return schema
 
 
 def _whitespace(pattern: str) -> rx.Rx:
@@ -148,10 +138,15 @@ def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
 class Compiler:
     """Schema -> under-approximation L (`compile`) and over-approximation U (`upper`) of its JSON texts."""
 
-    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int, property_order: str = "schema"):
+    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int, property_order: str = "schema",
+                 dialect: Dialect = DEFAULT):
         from fsm.schema_upper import Upper
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
+        self.dialect, self.targets = dialect, {}  # targets: $ref -> its subschema read in the dialect
+        found = declared(root) | {dialect.name}
+        self.whole_integers = "draft-04" in found  # enum/const values then meet their type's spelling
+        self.switches = len(found) > 1  # a subschema declares another dialect than the root
         self.property_order = property_order  # "schema" | "any" (see compile_schema)
         self.depth = 0  # recursive $refs (those on a cycle) entered on the way here
         self.memo: dict[tuple, rx.Rx] = {}
@@ -199,13 +194,32 @@ class Compiler:
     # -- references -------------------------------------------------------------------------------
 
     def resolve(self, ref: str, pointer: str):
-        return resolve_pointer(self.root, ref, pointer)
+        """The subschema `ref` points to, read in its dialect (`fsm.dialects.read`), for a `$ref` at `pointer`.
+
+        Where a subschema declares its own `$schema`, the spec reads a target in the dialect above it and
+        jsonschema in the referring subschema's: a `$ref` across such a boundary is refused unless both agree
+        (or the target declares its own)."""
+        target = self.target(ref, pointer)
+        if self.switches and not (isinstance(target[0], dict) and "$schema" in target[0]):
+            here = dialect_at(self.root, pointer, self.dialect)
+            if here != target[1]:
+                raise SchemaError(f"a $ref from {here.name} into {target[1].name} (a subschema's $schema) is not "
+                                  "supported; declare $schema in the target", keyword="$ref", pointer=pointer)
+        return target[2]
+
+    def target(self, ref: str, pointer: str) -> tuple:
+        """(raw subschema, its dialect, its reading) of the pointer `ref`."""
+        if ref not in self.targets:
+            raw = resolve_pointer(self.root, ref, pointer)
+            dialect = dialect_at(self.root, ref.rsplit("/", 1)[0] if "/" in ref else "#", self.dialect)
+            self.targets[ref] = (raw, dialect, read(raw, dialect, ref))
+        return self.targets[ref]
 
     def ref(self, schema: dict, pointer: str) -> rx.Rx:
         ref = schema["$ref"]
         target = self.resolve(ref, pointer)
         siblings = {k: v for k, v in schema.items() if k != "$ref"}
-        if siblings:  # draft 2019+ applies them, earlier drafts ignore them: applying them is safe
+        if siblings:  # only from 2019-09 (`read` drops them in earlier drafts)
             return self.compile({"allOf": [{"$ref": ref}, siblings]}, pointer)
         cyclic = ref in self.reachable(ref)
         if cyclic and self.depth >= self.max_depth:
@@ -227,7 +241,7 @@ class Compiler:
             found, todo = set(), [ref]
             while todo:
                 try:
-                    target = self.resolve(todo.pop(), "#")
+                    target = self.target(todo.pop(), "#")[2]
                 except SchemaError:
                     continue  # reported where it is compiled
                 for r in _refs_in(target):

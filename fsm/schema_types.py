@@ -9,6 +9,7 @@ from fractions import Fraction
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import GuideBudgetError
+from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.formats import format_term
 from fsm.keywords import natural
@@ -49,8 +50,9 @@ def constants(c, schema: dict, pointer: str) -> rx.Rx:
     rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
     check = c.compile(rest, pointer) if rest else None
     texts = {json.dumps(v, separators=(",", ":"), ensure_ascii=False): v for v in values}
-    kept = [value_spellings(v) for t, v in texts.items() if check is None or rx.matches(check, t)]
-    return rx.alt(*kept)
+    if check is not None and c.whole_integers:  # draft-04: enum [1.0] holds 1, but 1.0 is no integer
+        return rx.alt(*(rx.inter(value_spellings(v), check) for v in texts.values()))
+    return rx.alt(*(value_spellings(v) for t, v in texts.items() if check is None or rx.matches(check, t)))
 
 
 def value_spellings(value) -> rx.Rx:
@@ -157,7 +159,8 @@ def type_integer(c, schema: dict, pointer: str) -> rx.Rx:
     term = jt.integer_range(low, high)
     if term is rx.NOTHING:
         raise SchemaError("no integer satisfies the bounds", keyword="minimum", pointer=pointer)
-    return rx.seq(rx.inter(term, _multiple(schema, pointer, integer=True)), rx.optional(ZERO_FRACTION))  # 1.0 is an integer
+    fraction = rx.EPSILON if schema.get(WHOLE_INTEGERS) else rx.optional(ZERO_FRACTION)  # 1.0: not in draft-04
+    return rx.seq(rx.inter(term, _multiple(schema, pointer, integer=True)), fraction)
 
 
 def type_number(c, schema: dict, pointer: str) -> rx.Rx:
@@ -205,9 +208,7 @@ def _exact_decimal(step) -> tuple[int, int] | None:
 def numeric_bounds(schema: dict, pointer: str) -> dict:
     keys = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
     bounds = {k: schema[k] for k in keys if k in schema}
-    for k, v in bounds.items():
-        if isinstance(v, bool) and k.startswith("exclusive"):
-            continue
+    for k, v in bounds.items():  # draft-04's boolean exclusive* are read as numbers (fsm.dialects)
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise SchemaError(f"must be a number, not {v!r}", keyword=k, pointer=pointer)
         if isinstance(v, float) and not math.isfinite(v):
@@ -222,12 +223,10 @@ MAX_BOUND_BITS = int(MAX_BOUND_DIGITS * 3.32)
 
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
-    """Inclusive integer bounds from minimum/maximum/exclusive* (draft 4 booleans and draft 6+ numbers)."""
+    """Inclusive integer bounds from minimum/maximum/exclusiveMinimum/exclusiveMaximum (numbers)."""
     low, high = schema.get("minimum"), schema.get("maximum")
-    if low is not None:
-        low = math.floor(low) + 1 if schema.get("exclusiveMinimum") is True and low == int(low) else math.ceil(low)
-    if high is not None:
-        high = math.ceil(high) - 1 if schema.get("exclusiveMaximum") is True and high == int(high) else math.floor(high)
+    low = None if low is None else math.ceil(low)
+    high = None if high is None else math.floor(high)
     for key, side in (("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
         value = schema.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -241,9 +240,8 @@ def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
 
 def _bound(bounds: dict, inclusive: str, exclusive: str, pointer: str) -> tuple[int | None, bool]:
     """One side of a number interval as (integer bound or None, open?)."""
-    value, is_open = bounds.get(inclusive), bounds.get(exclusive) is True
-    other = bounds.get(exclusive)
-    if isinstance(other, (int, float)) and not isinstance(other, bool):
+    value, is_open, other = bounds.get(inclusive), False, bounds.get(exclusive)
+    if other is not None:
         tighter = value is None or (other >= value if inclusive == "minimum" else other <= value)
         value, is_open = (other, True) if tighter else (value, False)
     if value is not None and value != int(value):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import GuideBudgetError
+from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.patterns import pattern_upper
 from fsm.utf8 import ANY_CHAR
@@ -36,7 +37,7 @@ class Upper:
         if schema is False:
             return rx.NOTHING
         if "$ref" in schema:  # drafts up to 7 ignore its siblings: U of the target alone is safe for all
-            return self._ref(schema["$ref"])
+            return self._ref(schema["$ref"], pointer)
         parts = [self._typed(schema)]
         parts += [self(s, pointer) for s in _list(schema.get("allOf"))]
         for keyword in ("anyOf", "oneOf"):
@@ -51,14 +52,14 @@ class Upper:
             parts.append(rx.alt(*(_value(v) for v in values)))
         return rx.inter(*parts)
 
-    def _ref(self, ref) -> rx.Rx:
+    def _ref(self, ref, pointer: str) -> rx.Rx:
         if not isinstance(ref, str) or ref in self.active:
             return ANY  # a cycle: anything is a safe over-approximation
+        try:
+            target = self.c.resolve(ref, pointer)  # every time: a $ref across dialects is refused by its pointer
+        except SchemaError:
+            return ANY
         if ref not in self.memo:
-            try:
-                target = self.c.resolve(ref, "#")
-            except SchemaError:
-                return ANY
             self.active.add(ref)
             try:
                 self.memo[ref] = self(target, ref)
@@ -78,7 +79,7 @@ class Upper:
         types = schema.get("type", ["null", "boolean", "array", "string", "object", "number"])
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
         build = {"string": self._string, "object": self._object, "number": lambda s: rx.inter(_number(s), _multiple(s)),
-                 "integer": lambda s: rx.inter(_number(s), _multiple(s), INTEGER_SPELLINGS)}
+                 "integer": lambda s: rx.inter(_number(s), _multiple(s), jt.INTEGER if s.get(WHOLE_INTEGERS) else INTEGER_SPELLINGS)}
         return rx.alt(*(build[t](schema) if t in build else UPPER_TYPES.get(t, ANY) for t in types)) if types else ANY
 
     def _string(self, schema: dict) -> rx.Rx:
