@@ -9,8 +9,13 @@ import weakref
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Property tests draw the same examples on every run and machine: a verdict never depends on a random seed.
+settings.register_profile("derandomized", derandomize=True, database=None, deadline=None)
+settings.load_profile("derandomized")
 
 
 @pytest.fixture(autouse=True)

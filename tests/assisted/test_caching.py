@@ -66,7 +66,8 @@ def test_static_caches_give_the_dynamic_caches_tokens(tok, pair, plain_reference
         dynamic = generate(pair[0], assistant, cache_implementation="dynamic", **kw)
         static = generate(pair[0], assistant, cache_implementation="static", **kw)
         assert static.token_ids == dynamic.token_ids
-        assert plain is None or dynamic.token_ids == plain
+        if not do_sample:
+            assert dynamic.token_ids == plain
         assert (dynamic.stats.cache, static.stats.cache, static.stats.cache_note) == ("dynamic", "static", None)
 
 

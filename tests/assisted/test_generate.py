@@ -620,4 +620,5 @@ def test_guide_options_reach_the_guide(tok, models):
     assert int(spec.mask().sum()) > int(compact.mask().sum()) == 2  # ... and more: compact allows only '"' and '}'
     out = generate(models["llama"], tokenizer=tok, prompt="hi", schema=schema, max_new_tokens=30,
                    guide_options={"policy": "spec"})
-    assert out.stop_reason != "final" or out.value is not None  # a complete text validates
+    assert out.stop_reason == "final" and out.value == json.loads(out.text)  # complete, and its value validates
+    jsonschema.validate(out.value, schema)

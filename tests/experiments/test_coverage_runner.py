@@ -117,9 +117,9 @@ def _sleepy(task: str, report) -> dict:
 
 
 def test_pool_kills_a_stuck_task():
-    start = time.monotonic()
+    """The stuck task (a 60 s sleep) ends as a timeout at its last reported stage: had the pool waited for it, it
+    would have come back "done"."""
     outcomes = {o.task: o for o in run_pool(["fast", "stuck", "also fast"], _sleepy, workers=2, timeout=0.5)}
-    assert time.monotonic() - start < 10
     assert outcomes["stuck"].kind == "timeout" and outcomes["stuck"].stage == "compile:regex"
     assert outcomes["fast"].kind == outcomes["also fast"].kind == "done"
     assert outcomes["fast"].result == {"task": "fast"}
