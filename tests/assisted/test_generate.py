@@ -605,7 +605,8 @@ def test_target_and_assistant_on_different_devices(tok, models, plain_reference)
     ref = plain_reference(target, **kw)
     for do_sample in (False, True):
         out = generate(target, models["llama-other"], do_sample=do_sample, seed=0, **kw)
-        assert do_sample or out.token_ids == ref.token_ids
+        if not do_sample:
+            assert out.token_ids == ref.token_ids
         assert out.stop_reason in ("final", "length")
 
 
