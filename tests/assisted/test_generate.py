@@ -294,7 +294,7 @@ def test_auto_stops_drafting_when_nothing_is_accepted(tok, models, plain_referen
 
 
 @pytest.mark.usefixtures("pinned_clock")
-def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
+def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models, plain_reference):
     target, helper = models["llama"], models["llama-other"]
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
     forget()
@@ -308,16 +308,18 @@ def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
     assert second.stats.k_trace[0] == Auto(5, costs=costs).k  # starts from the costs the first call measured
     with threads(torch.get_num_threads() + 1):
         assert recall(target, helper, first.stats.cache) is None  # timings on other threads (or device, dtype) do not carry
+    assert first.token_ids == plain_reference(target, **kw).token_ids  # (its own call remembers the target's costs)
     forget()
     assert recall(target, helper, first.stats.cache) is None
 
 
 @pytest.mark.usefixtures("pinned_clock")  # how far a call drafts, and so what it judges, follows its timings
-def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, models):
+def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, models, plain_reference):
     target, helper = models["llama"], models["llama"]  # drafting for itself: every draft is accepted
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
     forget()
     greedy = generate(target, helper, **kw)
+    assert greedy.token_ids == plain_reference(target, **kw).token_ids
     learned = recall_calibration(target, helper, Warp())
     assert learned is not None and sum(learned.judged) > 0  # the drafts the target judged, per confidence bin
     assert learned == greedy.stats.estimates.calibration
@@ -400,19 +402,21 @@ def test_value_is_checked_by_the_schemas_own_validator():
         parse_value(Character, '{"name": "x"}', complete=True)
 
 
-def test_prompt_forms_agree(tok, models):
+def test_prompt_forms_agree(tok, models, plain_reference):
     model = models["llama"]
     ids = tok("Tell me")["input_ids"]
     outs = [generate(model, tokenizer=tok, max_new_tokens=5, **kw).token_ids
             for kw in (dict(prompt="Tell me"), dict(input_ids=ids), dict(input_ids=torch.tensor([ids])),
                        dict(input_ids=torch.tensor(ids)))]
     assert all(o == outs[0] for o in outs)
+    assert outs[0] == plain_reference(model, tokenizer=tok, prompt="Tell me", max_new_tokens=5).token_ids
     messages = [{"role": "user", "content": "Tell me"}]
     chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     by_messages = generate(model, tokenizer=tok, messages=messages, max_new_tokens=5)
     by_text = generate(model, tokenizer=tok, input_ids=tok(chat, add_special_tokens=False)["input_ids"],
                        max_new_tokens=5)
     assert by_messages.token_ids == by_text.token_ids
+    assert by_messages.token_ids == plain_reference(model, tokenizer=tok, messages=messages, max_new_tokens=5).token_ids
 
 
 def test_sampling_is_reproducible_with_a_seed(tok, models):

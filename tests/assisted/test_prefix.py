@@ -59,6 +59,7 @@ def test_a_repeated_prompt_and_a_continuation_reuse_all_but_the_last_token(tok, 
     first = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=12, prefix_cache=cache)
     again = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=12, prefix_cache=cache)
     assert again.token_ids == first.token_ids and again.stats.prefill_tokens == 1
+    assert first.token_ids == plain_reference(model, tokenizer=tok, input_ids=ids, max_new_tokens=12).token_ids
     longer = ids + first.token_ids[:-1]  # a continuation: the cache also holds the previous output
     plain = plain_reference(model, tokenizer=tok, input_ids=longer, max_new_tokens=8)
     cont = generate(model, tokenizer=tok, input_ids=longer, max_new_tokens=8, prefix_cache=cache)
