@@ -157,7 +157,7 @@ def generate(
                                      opts.processors)
     lookup = PromptLookup(tokenizer, ids) if opts.prompt_lookup else None
     source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
-                            output_device(model))
+                            output_device(model), coalesced=opts.coalesce)
     policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
                          recall_calibration(model, assistant_model, opts.warp))
     sink = Sink(stops, streamer, ids)
@@ -209,7 +209,7 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         ids, took = seq[cached:] + list(draft.tokens), False
         branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # the runner-up where unsure
         leaf = branch if branch is not None and policy.leaf_pays(draft, branch, len(ids)) else None  # if its row pays
-        if opts.coalesce and all(draft.forced) and draft.finished:
+        if opts.coalesce and all(draft.forced) and (draft.finished or len(seq) + len(draft.tokens) >= end):
             n, after, ids = len(draft.tokens), [], []  # only coalesced tokens up to the end: nothing to decide
         elif leaf is not None:
             ids.append(leaf.token)

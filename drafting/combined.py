@@ -7,7 +7,9 @@ run on past the end of a copied value, and a failed copy would displace an assis
 usually right. The policy's `cut` may end the model drafting sooner; a forced run right after the
 last kept draft is still appended, so that a forced position always gets the canonical tokens whatever
 the cut (as without one, and as plain decoding with coalescence does). Drafting also stops at EOS, at a
-final state that allows only EOS, or at `limit` tokens in all. Without an assistant this yields forced
+final state that allows only EOS, or at `limit` tokens in all; with coalescing, a forced token may also take the
+slot after them (the budget's last, where the target's token would go), so that the budget never lets the target
+respell forced text. Without an assistant this yields forced
 runs only; without forced tokens either, empty drafts (plain decoding: one target forward per token).
 """
 
@@ -30,8 +32,9 @@ class CombinedSource:
     """Forced tokens (when `use_forced`), then prompt lookup and an assistant, each optional."""
 
     def __init__(self, assistant: AssistantDrafter | None, use_forced: bool, vocab_size: int, sampling: bool,
-                 lookup: PromptLookup | None = None, mask_device: torch.device | str = "cpu"):
+                 lookup: PromptLookup | None = None, mask_device: torch.device | str = "cpu", coalesced: bool = False):
         self.assistant, self.use_forced, self.lookup = assistant, use_forced, lookup
+        self.coalesced = coalesced  # forced tokens are appended unverified: one may also take the budget's last slot
         self.vocab_size, self.sampling = vocab_size, sampling
         self.device = assistant.device if assistant is not None else torch.device("cpu")
         self.target_masks = DeviceMasks(mask_device)  # each guide mask is copied to the target's device once
@@ -52,8 +55,13 @@ class CombinedSource:
         run, copied, finished = ForcedTokens(), [], cursor.finished()
         closed = False  # a cut kept every model draft: only the forced run that follows is still appended
         drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
-        while len(tokens) < limit and not finished:
+        while len(tokens) <= limit and not finished:
+            last = len(tokens) == limit  # the slot of the target's token: a coalesced forced token keeps it canonical
+            if last and not self.coalesced:
+                break
             token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
+            if last and token is None:
+                break
             assisting = not closed and self.assistant is not None and sources.count("assistant") < k
             if token is None and not assisting and not closed and (looked := sources.count("lookup")) < lookup_k:
                 (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - looked), "lookup"

@@ -5,11 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Property tests draw the same examples on every run and machine: a verdict never depends on a random seed.
+settings.register_profile("derandomized", derandomize=True, database=None, deadline=None)
+settings.load_profile("derandomized")
 
 
 @pytest.fixture(autouse=True)
@@ -98,3 +104,44 @@ def every_cache(request, monkeypatch):
             monkeypatch.setattr(caching, "graphs_unsupported", lambda model: None)
             monkeypatch.setattr(caching, "_capture_for", lambda model: lambda step: step)
     return request.param
+
+
+_PLAIN_RUNS = weakref.WeakKeyDictionary()  # model -> {case: (tokens, stop reason)}, filled by `plain_reference`
+
+
+@pytest.fixture
+def plain_reference():
+    """`check(model, **generate_kwargs)`: generate() without an assistant, checked against the independent plain
+    reference (`tests.helpers_reference.plain_decode`: same tokens, same stop reason) and returned.
+
+    Identity tests compare their assisted runs with what this returns, so each of them rests on the plain loop,
+    not on generate() alone. The plain loop runs once per model, prompt, constraint, budget and `coalesce` (and
+    output-head weights), whichever cache engine or test asks again."""
+    import json
+
+    from assisted import generate
+    from tests.helpers_reference import plain_decode
+
+    def check(model, **kw):
+        assert not kw.get("do_sample") and kw.get("prefix_cache") is None
+        result = generate(model, **kw)
+        tok = kw["tokenizer"]
+        if kw.get("messages") is not None:
+            chat = tok.apply_chat_template(kw["messages"], tokenize=False, add_generation_prompt=True)
+            ids = tok(chat, add_special_tokens=False)["input_ids"]
+        else:
+            ids = kw["input_ids"] if kw.get("input_ids") is not None else tok(kw["prompt"])["input_ids"]
+        ids = [int(i) for i in (ids.flatten().tolist() if hasattr(ids, "flatten") else ids)]
+        schema = kw.get("schema")
+        case = (tuple(ids), json.dumps(schema, sort_keys=True) if isinstance(schema, dict) else schema,
+                kw.get("regex"), kw.get("max_new_tokens", 256), kw.get("coalesce", True),
+                json.dumps(kw.get("guide_options"), sort_keys=True, default=repr),
+                sum(float(p.detach().sum()) for p in model.get_output_embeddings().parameters()), id(tok))
+        runs = _PLAIN_RUNS.setdefault(model, {})
+        if case not in runs:
+            runs[case] = plain_decode(model, tok, ids, case[3], schema=schema, regex=kw.get("regex"),
+                                      coalesce=case[4], guide_options=kw.get("guide_options"))
+        assert (result.token_ids, result.stop_reason) == runs[case], "generate() without an assistant is not plain decoding"
+        return result
+
+    return check

@@ -58,13 +58,16 @@ def test_options_that_cannot_be_honoured_are_refused_before_any_model_call(tok, 
 
 @pytest.mark.parametrize("constraint", [{}, {"schema": POINT}])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_static_caches_give_the_dynamic_caches_tokens(tok, pair, constraint, do_sample):
+def test_static_caches_give_the_dynamic_caches_tokens(tok, pair, plain_reference, constraint, do_sample):
     kw = dict(tokenizer=tok, prompt="Point:", max_new_tokens=24, do_sample=do_sample, seed=3, schedule="heuristic",
               **constraint)
+    plain = None if do_sample else plain_reference(pair[0], **kw).token_ids  # greedy: the plain loop's tokens
     for assistant in (None, pair[1], pair[0]):
         dynamic = generate(pair[0], assistant, cache_implementation="dynamic", **kw)
         static = generate(pair[0], assistant, cache_implementation="static", **kw)
         assert static.token_ids == dynamic.token_ids
+        if not do_sample:
+            assert dynamic.token_ids == plain
         assert (dynamic.stats.cache, static.stats.cache, static.stats.cache_note) == ("dynamic", "static", None)
 
 
@@ -81,10 +84,11 @@ def test_kept_static_caches_are_reused_grown_and_kept_per_role(tok):
     assert kept["target"].kv is not first and kept["target"].kv.capacity == 2 * CAPACITY_STEP  # grown in steps
 
 
-def test_calls_sharing_a_kept_cache_from_threads_equal_sequential_ones(tok, pair):
+def test_calls_sharing_a_kept_cache_from_threads_equal_sequential_ones(tok, pair, plain_reference):
     kw = dict(tokenizer=tok, max_new_tokens=16, schema=POINT, cache_implementation="static", schedule="heuristic")
     prompts = ["a", "bb", "ccc", "dddd"]
     expected = [generate(*pair, prompt=p, **kw).token_ids for p in prompts]
+    assert expected == [plain_reference(pair[0], prompt=p, **kw).token_ids for p in prompts]
     found = [None] * len(prompts)
 
     def run(i):

@@ -2,8 +2,9 @@
 
 Tiny random Llama- and GPT-2-style models (vocabulary of SmolLM2's real tokenizer) stand in for real
 ones: a different random model as assistant accepts almost nothing, the target itself accepts
-everything. The reference is generate() without an assistant and coalesce=False (one target
-forward per token), checked itself against a hand-written plain decoding loop.
+everything. Every identity test compares with the `plain_reference` fixture: generate() without an assistant,
+checked against the independent plain loop of tests/helpers_reference.py (full forwards, masks from
+fsm.Guide alone, forced text spelled from its definition) in the same case.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from assisted.inputs import check_options, make_cursor, parse_value
 from drafting.sampling import Warp
 from assisted.policy import Auto, AutoConfig, make_policy
 from tests.helpers_clock import pin_clock
+from tests.helpers_reference import plain_decode
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread", "every_cache")]  # every test on every KV-cache engine
@@ -72,35 +74,16 @@ def models():
     }
 
 
-def plain_greedy(model, tok, ids, guide, max_new_tokens):
-    """An independent reference: full forward without cache each step, masked argmax."""
-    out = []
-    for _ in range(max_new_tokens):
-        with torch.no_grad():
-            logits = model(torch.tensor([ids + out])).logits[0, -1]
-        if guide is not None:
-            if guide.is_final() and guide.allowed() == list(guide.eos_token_ids):
-                break
-            logits = logits.masked_fill(~guide.mask(), float("-inf"))
-        token = int(logits.argmax())
-        out.append(token)
-        if token == tok.eos_token_id:
-            break
-        if guide is not None:
-            guide.advance(token)
-    return out
-
-
+@pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", list(CONSTRAINTS))
-def test_reference_is_plain_decoding(tok, models, constraint):
-    model, ids = models["llama"], tok("Describe a hero:")["input_ids"]
-    out = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=30, coalesce=False, **CONSTRAINTS[constraint])
-    guide = None
-    if constraint != "none":
-        build = fsm.Guide.from_schema if constraint == "schema" else fsm.Guide.from_regex
-        guide = build(Character if constraint == "schema" else REGEX, tok, vocab_size=V, eos_token_ids=[tok.eos_token_id])
-    assert out.token_ids == plain_greedy(model, tok, ids, guide, 30)
-    assert out.stats.target_forward_passes == out.stats.new_tokens  # one forward per emitted token
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_reference_is_plain_decoding(tok, models, family, constraint, coalesce):
+    model, ids = models[family], tok("Describe a hero:")["input_ids"]
+    out = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=30, coalesce=coalesce, **CONSTRAINTS[constraint])
+    assert (out.token_ids, out.stop_reason) == plain_decode(model, tok, ids, 30, coalesce=coalesce, **CONSTRAINTS[constraint])
+    forced = out.stats.forced_tokens_appended
+    assert (forced > 0) == (coalesce and constraint != "none")  # the coalesced cases do append forced text
+    assert out.stats.target_forward_passes == out.stats.new_tokens - forced  # one forward per chosen token
     assert out.stats.assistant_forward_passes == 0 and out.stats.drafted == 0
 
 
@@ -109,10 +92,10 @@ def test_reference_is_plain_decoding(tok, models, constraint):
 @pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other"),
                                   ("gpt2", "gpt2"), ("llama", "gpt2")])
 @pytest.mark.usefixtures("pinned_clock")
-def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coalesce):
+def test_greedy_output_equals_the_reference(tok, models, plain_reference, pair, constraint, coalesce):
     target, assistant = models[pair[0]], models[pair[1]]
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
-    ref = generate(target, **kw)
+    ref = plain_reference(target, **kw)
     out = generate(target, assistant, **kw)
     assert out.token_ids == ref.token_ids
     assert out.stop_reason == ref.stop_reason and out.text == ref.text
@@ -125,12 +108,12 @@ def test_greedy_output_equals_the_reference(tok, models, pair, constraint, coale
 @pytest.mark.parametrize("constraint", ["none", "regex"])
 @pytest.mark.parametrize("assistant", [None, "llama-other"])
 @pytest.mark.usefixtures("pinned_clock")
-def test_prompt_lookup_is_greedy_identical(tok, models, assistant, constraint, schedule):
+def test_prompt_lookup_is_greedy_identical(tok, models, plain_reference, assistant, constraint, schedule):
     prompt = tok.encode("Describe a hero:")
     copyable = generate(models["llama"], tokenizer=tok, input_ids=prompt, max_new_tokens=30, **CONSTRAINTS[constraint])
     kw = dict(tokenizer=tok, input_ids=prompt + copyable.token_ids, max_new_tokens=30, coalesce=False,
               **CONSTRAINTS[constraint])
-    ref = generate(models["llama"], **kw)
+    ref = plain_reference(models["llama"], **kw)
     forget()
     out = generate(models["llama"], models.get(assistant), prompt_lookup=True, schedule=schedule, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
@@ -243,11 +226,12 @@ class CutAfter(Scripted):
 
 @pytest.mark.parametrize("constraint", ["schema", "regex"])
 @pytest.mark.parametrize("pair", [("llama", "llama"), ("llama", "llama-other"), ("gpt2", "gpt2")])
-def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(tok, models, monkeypatch, pair, constraint):
+def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(tok, models, monkeypatch, plain_reference, pair,
+                                                                        constraint):
     """A cut just before a forced run still commits the forced run's canonical tokens, as the reference does:
     the ids never depend on where the policy cut (auto cuts where measured timings say)."""
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=True, **CONSTRAINTS[constraint])
-    outputs = {"reference": generate(models[pair[0]], **kw).token_ids}
+    outputs = {"reference": plain_reference(models[pair[0]], **kw).token_ids}
     for n in [None, 1, 2, 3, 4, 5]:
         policy = Scripted([20]) if n is None else CutAfter(n)
         monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda *args: policy)
@@ -257,9 +241,10 @@ def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(tok, mo
 
 @pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
-def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkeypatch, constraint, coalesce):
+def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkeypatch, plain_reference, constraint,
+                                                             coalesce):
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce, **CONSTRAINTS[constraint])
-    ref = generate(models["llama"], **kw)
+    ref = plain_reference(models["llama"], **kw)
     policy = Scripted([2, 0, 0, 3, 0, 1, 0])
     monkeypatch.setattr(importlib.import_module("assisted.generate"), "make_policy", lambda *args: policy)
     out = generate(models["llama"], models["llama-other"], **kw)
@@ -276,9 +261,9 @@ def test_k_zero_makes_no_assistant_call_and_changes_no_token(tok, models, monkey
 @pytest.mark.parametrize("pair", [("llama", "llama-other"), ("llama", "llama"), ("gpt2", "gpt2-other")])
 @pytest.mark.parametrize("constraint", ["none", "schema"])
 @pytest.mark.usefixtures("pinned_clock")
-def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models, pair, constraint):
+def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models, plain_reference, pair, constraint):
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=False, **CONSTRAINTS[constraint])
-    ref = generate(models[pair[0]], **kw)
+    ref = plain_reference(models[pair[0]], **kw)
     forget()
     out = generate(models[pair[0]], models[pair[1]], schedule="auto", **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
@@ -295,12 +280,12 @@ def test_auto_schedule_is_greedy_identical_and_reports_its_decisions(tok, models
 
 
 @pytest.mark.usefixtures("pinned_clock")  # every forward takes one tick: the assistant costs what the target does
-def test_auto_stops_drafting_when_nothing_is_accepted(tok, models):
+def test_auto_stops_drafting_when_nothing_is_accepted(tok, models, plain_reference):
     target, bad = models["llama"], models["llama-other"]  # accepts almost nothing; costs what the target costs
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=60, coalesce=False)
     forget()
     out = generate(target, bad, schedule="auto", **kw)
-    assert out.token_ids == generate(target, **kw).token_ids
+    assert out.token_ids == plain_reference(target, **kw).token_ids
     trace, cfg = out.stats.k_trace, AutoConfig()
     assert trace[:3] == (5, 5, 0) and trace[3:].count(0) >= 0.8 * len(trace[3:])  # probes between plain steps ...
     assert set(trace[3:]) <= {0, 5}  # ... drafting at most the window: k0, as nothing is accepted
@@ -309,7 +294,7 @@ def test_auto_stops_drafting_when_nothing_is_accepted(tok, models):
 
 
 @pytest.mark.usefixtures("pinned_clock")
-def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
+def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models, plain_reference):
     target, helper = models["llama"], models["llama-other"]
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
     forget()
@@ -323,16 +308,18 @@ def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models):
     assert second.stats.k_trace[0] == Auto(5, costs=costs).k  # starts from the costs the first call measured
     with threads(torch.get_num_threads() + 1):
         assert recall(target, helper, first.stats.cache) is None  # timings on other threads (or device, dtype) do not carry
+    assert first.token_ids == plain_reference(target, **kw).token_ids  # (its own call remembers the target's costs)
     forget()
     assert recall(target, helper, first.stats.cache) is None
 
 
 @pytest.mark.usefixtures("pinned_clock")  # how far a call drafts, and so what it judges, follows its timings
-def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, models):
+def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, models, plain_reference):
     target, helper = models["llama"], models["llama"]  # drafting for itself: every draft is accepted
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=30, coalesce=False, schedule="auto")
     forget()
     greedy = generate(target, helper, **kw)
+    assert greedy.token_ids == plain_reference(target, **kw).token_ids
     learned = recall_calibration(target, helper, Warp())
     assert learned is not None and sum(learned.judged) > 0  # the drafts the target judged, per confidence bin
     assert learned == greedy.stats.estimates.calibration
@@ -415,19 +402,21 @@ def test_value_is_checked_by_the_schemas_own_validator():
         parse_value(Character, '{"name": "x"}', complete=True)
 
 
-def test_prompt_forms_agree(tok, models):
+def test_prompt_forms_agree(tok, models, plain_reference):
     model = models["llama"]
     ids = tok("Tell me")["input_ids"]
     outs = [generate(model, tokenizer=tok, max_new_tokens=5, **kw).token_ids
             for kw in (dict(prompt="Tell me"), dict(input_ids=ids), dict(input_ids=torch.tensor([ids])),
                        dict(input_ids=torch.tensor(ids)))]
     assert all(o == outs[0] for o in outs)
+    assert outs[0] == plain_reference(model, tokenizer=tok, prompt="Tell me", max_new_tokens=5).token_ids
     messages = [{"role": "user", "content": "Tell me"}]
     chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     by_messages = generate(model, tokenizer=tok, messages=messages, max_new_tokens=5)
     by_text = generate(model, tokenizer=tok, input_ids=tok(chat, add_special_tokens=False)["input_ids"],
                        max_new_tokens=5)
     assert by_messages.token_ids == by_text.token_ids
+    assert by_messages.token_ids == plain_reference(model, tokenizer=tok, messages=messages, max_new_tokens=5).token_ids
 
 
 def test_sampling_is_reproducible_with_a_seed(tok, models):
@@ -441,10 +430,10 @@ def test_sampling_is_reproducible_with_a_seed(tok, models):
 # ----------------------------------------------------------------------------- stops inside a draft block
 
 
-def test_eos_inside_a_draft_block_ends_the_output_there(tok):
+def test_eos_inside_a_draft_block_ends_the_output_there(tok, plain_reference):
     model = boost(tiny_llama(V, seed=10), tok.eos_token_id, 30.0)  # EOS wherever it is allowed
     kw = dict(tokenizer=tok, prompt="x", regex=r"[a-z]{3,12}", max_new_tokens=30, coalesce=False)
-    ref = generate(model, **kw)
+    ref = plain_reference(model, **kw)
     out = generate(model, model, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == "eos"
     assert out.token_ids[-1] == tok.eos_token_id and tok.eos_token_id not in out.token_ids[:-1]
@@ -452,11 +441,11 @@ def test_eos_inside_a_draft_block_ends_the_output_there(tok):
     assert out.stats.steps[0].drafted == len(out.token_ids)  # EOS was the last draft token: no bonus after it
 
 
-def test_final_state_inside_a_draft_block_ends_the_output_there(tok, models):
+def test_final_state_inside_a_draft_block_ends_the_output_there(tok, models, plain_reference):
     model = models["llama"]
     kw = dict(tokenizer=tok, prompt="x", regex=REGEX, max_new_tokens=40, coalesce=False, num_assistant_tokens=20,
               schedule="constant")
-    ref = generate(model, **kw)
+    ref = plain_reference(model, **kw)
     out = generate(model, model, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason == "final"
     assert out.text.endswith("!") and out.stats.target_forward_passes == 1
@@ -465,11 +454,11 @@ def test_final_state_inside_a_draft_block_ends_the_output_there(tok, models):
 
 @pytest.mark.parametrize("coalesce", [False, True])
 @pytest.mark.parametrize("budget", [1, 2, 3, 7, 8])
-def test_the_budget_inside_a_draft_block_is_never_exceeded(tok, models, budget, coalesce):
+def test_the_budget_inside_a_draft_block_is_never_exceeded(tok, models, plain_reference, budget, coalesce):
     model = models["llama"]
     for constraint in ({}, {"schema": Character}):
         kw = dict(tokenizer=tok, prompt="x", max_new_tokens=budget, coalesce=coalesce, **constraint)
-        ref = generate(model, **kw)
+        ref = plain_reference(model, **kw)
         out = generate(model, model, **kw)
         assert out.token_ids == ref.token_ids
         assert len(out.token_ids) == budget and out.stop_reason == "length"
@@ -554,12 +543,12 @@ def test_bad_input_is_refused_before_any_model_call(tok, models, kwargs, error, 
 
 
 @pytest.mark.parametrize("assistant", [None, "gpt2-other"])
-def test_a_budget_past_the_position_limit_stops_there_keeping_the_output(tok, models, assistant):
+def test_a_budget_past_the_position_limit_stops_there_keeping_the_output(tok, models, plain_reference, assistant):
     target, helper = models["gpt2"], models.get(assistant)  # learned positions: 512 of them
     ids = (tok("Describe a hero:")["input_ids"] * 512)[: 512 - 12]
     out = generate(target, helper, tokenizer=tok, input_ids=ids, max_new_tokens=40)
     assert out.stop_reason == "length" and len(out.token_ids) == 12
-    assert out.token_ids == generate(target, tokenizer=tok, input_ids=ids, max_new_tokens=12).token_ids
+    assert out.token_ids == plain_reference(target, tokenizer=tok, input_ids=ids, max_new_tokens=12).token_ids
 
 
 def test_an_assistant_with_another_vocabulary_is_refused(tok, models):
@@ -614,13 +603,14 @@ def test_one_cache_per_model_cropped_to_the_committed_length(tok, models, every_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_target_and_assistant_on_different_devices(tok, models):
+def test_target_and_assistant_on_different_devices(tok, models, plain_reference):
     target = tiny_llama(V, seed=0).to("cuda")
     kw = dict(tokenizer=tok, prompt="Describe a hero:", schema=Character, max_new_tokens=30, coalesce=False)
-    ref = generate(target, **kw)
+    ref = plain_reference(target, **kw)
     for do_sample in (False, True):
         out = generate(target, models["llama-other"], do_sample=do_sample, seed=0, **kw)
-        assert do_sample or out.token_ids == ref.token_ids
+        if not do_sample:
+            assert out.token_ids == ref.token_ids
         assert out.stop_reason in ("final", "length")
 
 
@@ -635,4 +625,5 @@ def test_guide_options_reach_the_guide(tok, models):
     assert int(spec.mask().sum()) > int(compact.mask().sum()) == 2  # ... and more: compact allows only '"' and '}'
     out = generate(models["llama"], tokenizer=tok, prompt="hi", schema=schema, max_new_tokens=30,
                    guide_options={"policy": "spec"})
-    assert out.stop_reason != "final" or out.value is not None  # a complete text validates
+    assert out.stop_reason == "final" and out.value == json.loads(out.text)  # complete, and its value validates
+    jsonschema.validate(out.value, schema)

@@ -17,6 +17,8 @@ from assisted import generate
 from tests.assisted.test_acceptance import compare, sampling_noise_tv
 from tests.assisted.test_generate import Scripted
 from tests.drafting.test_sampling import hf_probs
+from tests.helpers_clock import pin_clock
+from tests.helpers_reference import plain_distribution
 from tests.helpers_models import tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_thread", "every_cache")]  # every test on every KV-cache engine
@@ -120,3 +122,65 @@ def test_cutting_drafts_by_confidence_keeps_the_distribution(setup, monkeypatch,
     p_value, tv = compare(counts, expected, DRAWS)
     assert p_value > 1e-3, f"chi-square p={p_value:.2g}, TV={tv:.3f}"
     assert tv < 1.5 * sampling_noise_tv(expected, DRAWS), f"TV={tv:.3f}"
+
+
+# ----------------------------------------------------------------------------- whole outputs, coalesced, default schedule
+
+COALESCED = r"(a|b)cd(a|b|ab)cd(c|d)"  # forced "cd" spelled [cd] twice; after "a", "c" forces [d]: 20 outputs
+COALESCED_DRAWS = 1500
+
+
+def whole_outputs(tok, target, assistant, draws: int, schedule: str | None) -> Counter:
+    """Counts of the whole outputs of `draws` seeded coalesced samples (default coalesce=True)."""
+    kw = dict(tokenizer=tok, input_ids=PROMPT, regex=COALESCED, max_new_tokens=12, do_sample=True, temperature=1.0,
+              schedule=schedule)
+    return Counter(tuple(generate(target, assistant, seed=seed, **kw).token_ids) for seed in range(draws))
+
+
+def matches(counts: Counter, expected: dict[tuple, float], draws: int) -> tuple[bool, str]:
+    """(the draws fit `expected`: chi-square p > 1e-3 and TV within 1.5 times its sampling noise, the numbers)."""
+    if not set(counts) <= {s for s, p in expected.items() if p > 0}:
+        return False, f"outputs outside the reference: {sorted(set(counts) - set(expected))[:3]}"
+    p_value, tv = compare(counts, expected, draws)
+    return p_value > 1e-3 and tv < 1.5 * sampling_noise_tv(expected, draws), f"chi-square p={p_value:.2g}, TV={tv:.3f}"
+
+
+@pytest.fixture(scope="module")
+def coalesced_reference(setup):
+    """The exact distribution of whole outputs of plain coalesced sampling (tests/helpers_reference.py)."""
+    tok, target, _ = setup
+    probs = lambda logits, mask: hf_probs(logits, mask, temperature=1.0)
+    expected = plain_distribution(target, tok, PROMPT, 12, probs, regex=COALESCED, coalesce=True)
+    verified = plain_distribution(target, tok, PROMPT, 12, probs, regex=COALESCED, coalesce=False)
+    assert len(expected) == 20 and sum(expected.values()) == pytest.approx(1.0)
+    # coalescing changes the distribution: a loop that verified forced text instead would be seen
+    cells = set(expected) | set(verified)
+    assert 0.5 * sum(abs(expected.get(c, 0) - verified.get(c, 0)) for c in cells) > 0.2
+    return expected
+
+
+@pytest.mark.parametrize("schedule", [None, "auto"], ids=["default", "auto"])
+def test_coalesced_sampling_has_the_reference_distribution_of_whole_outputs(setup, coalesced_reference, monkeypatch,
+                                                                           schedule):
+    """The default call (coalesce=True, a seed: the "heuristic" schedule) and "auto" (the default without a seed) on a
+    pinned clock: every output of up to six tokens, three model choices and three forced runs."""
+    pin_clock(monkeypatch)
+    tok, target, assistant = setup
+    counts = whole_outputs(tok, target, assistant, COALESCED_DRAWS, schedule)
+    ok, numbers = matches(counts, coalesced_reference, COALESCED_DRAWS)
+    assert ok, numbers
+
+
+def test_a_biased_acceptance_fails_the_whole_output_check(setup, coalesced_reference, monkeypatch, every_cache):
+    """Negative control: an acceptance that takes every assistant token it is shown (no min(1, p/q) test) must fail
+    the same check, with the same draws (once: it checks the check, not a cache engine)."""
+    if every_cache != "dynamic":
+        pytest.skip("the control runs on the dynamic engine only")
+    pin_clock(monkeypatch)
+    loop = importlib.import_module("assisted.generate")
+    fair = loop.speculative_accept
+    monkeypatch.setattr(loop, "speculative_accept", lambda p, q, draft, auto, gen: fair(p, q, draft, auto | True, gen))
+    tok, target, assistant = setup
+    counts = whole_outputs(tok, target, assistant, COALESCED_DRAWS, None)
+    ok, numbers = matches(counts, coalesced_reference, COALESCED_DRAWS)
+    assert not ok, f"the biased acceptance passed: {numbers}"

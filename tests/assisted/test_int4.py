@@ -64,11 +64,11 @@ def test_copy_replaces_the_linears_that_fit_and_leaves_the_model_alone():
         int4_copy(torch.nn.Sequential(torch.nn.Linear(10, 10)))
 
 
-def test_greedy_drafts_from_an_int4_copy_give_the_target_s_text(smol_tokenizer):
+def test_greedy_drafts_from_an_int4_copy_give_the_target_s_text(smol_tokenizer, plain_reference):
     target = tiny_llama(len(smol_tokenizer), seed=3, hidden=64, init=0.2)
     assistant = int4_copy(target)
     options = dict(tokenizer=smol_tokenizer, prompt="Once upon", max_new_tokens=24, coalesce=False)
-    ref = generate(target, **options)
+    ref = plain_reference(target, **options)
     out = generate(target, assistant, schedule="constant", num_assistant_tokens=4, **options)
     assert out.token_ids == ref.token_ids
     assert out.stats.accepted > 0 and out.stats.accepted < out.stats.drafted  # drafts taken, and some rejected

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from assisted import generate
+from assisted import generate, packing
 from assisted.packing import CALIBRATION_ROWS, pack_linear_weights, smallest_winning_rows
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
@@ -47,7 +47,17 @@ def test_packing_starts_at_the_smallest_row_count_it_wins_from(packed, expected)
     assert smallest_winning_rows(dense, packed) == expected
 
 
-def test_measured_thresholds_are_per_shape_and_shapes_left_dense_keep_their_forward():
+def test_measured_thresholds_are_per_shape_and_shapes_left_dense_keep_their_forward(monkeypatch):
+    """The measurement is scripted (one threshold per weight shape, timed once per shape), so the verdict never
+    follows the machine's timings: a shape that wins from 4 rows is packed, one that never wins stays dense."""
+    scripted = {(512, 256): 4, (256, 512): None}
+    timed = []
+
+    def measure(module, packed_weight):
+        timed.append(tuple(module.weight.shape))
+        return scripted[tuple(module.weight.shape)]
+
+    monkeypatch.setattr(packing, "_measure_min_rows", measure)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256), torch.nn.Linear(256, 512))
     x = torch.randn(1, 16, 256)  # (batch, rows, in)
@@ -55,20 +65,27 @@ def test_measured_thresholds_are_per_shape_and_shapes_left_dense_keep_their_forw
         dense = model(x)
         packed = pack_linear_weights(model)
         torch.testing.assert_close(model(x), dense, rtol=1e-5, atol=1e-5)
-    assert set(packed.min_rows) == {(512, 256), (256, 512)}
-    assert all(rows is None or rows in CALIBRATION_ROWS for rows in packed.min_rows.values())
-    for module in model:  # a module has a packed forward exactly when its shape got a threshold
-        assert ("forward" in module.__dict__) == (packed.min_rows[tuple(module.weight.shape)] is not None)
+    assert packed.min_rows == scripted and sorted(timed) == sorted(scripted)  # each shape timed once
+    assert ["forward" in m.__dict__ for m in model] == [True, False, True]
     packed.unpack()
     assert not any("forward" in m.__dict__ for m in model)
 
 
+def test_the_measured_threshold_is_the_smallest_winning_row_count(monkeypatch):
+    """`_measure_min_rows` times both kernels at CALIBRATION_ROWS and hands the seconds to smallest_winning_rows
+    (a stand-in stopwatch: dense costs `rows`, packed half of that from 4 rows up)."""
+    calls = iter(seconds for rows in CALIBRATION_ROWS for seconds in (rows, rows / 2 if rows >= 4 else rows))
+    monkeypatch.setattr(packing, "_median_seconds", lambda call, repeats: next(calls))
+    module = torch.nn.Linear(8, 8)
+    assert packing._measure_min_rows(module, module.weight) == min(r for r in CALIBRATION_ROWS if r >= 4)
+
+
 @pytest.mark.parametrize("assistant_seed", [0, 1], ids=["itself", "other"])
-def test_speculation_on_a_packed_target_is_greedy_identical_to_the_unpacked_model(assistant_seed):
+def test_speculation_on_a_packed_target_is_greedy_identical_to_the_unpacked_model(plain_reference, assistant_seed):
     tok = smollm2_tokenizer()
     target, assistant = tiny_llama(V, seed=0, init=0.2), tiny_llama(V, seed=assistant_seed, init=0.2)
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40)
-    reference = generate(target, **kw)
+    reference = plain_reference(target, **kw)
     packed = pack_linear_weights(target, min_rows=2)
     try:
         out = generate(target, assistant, **kw)

@@ -34,13 +34,14 @@ DOCUMENTS = ["Document: the point is 12, tag a.", "Document: x equals 7.", "Docu
 @pytest.mark.parametrize("pair, constraint", [(("llama", None), {"schema": POINT}), (("llama", "other"), {"schema": POINT}),
                                               (("gpt2", "gpt2"), {}), (("llama", "llama"), {"regex": "[a-z ]{5,30}"})])
 @pytest.mark.parametrize("coalesce", [True, False])
-def test_greedy_output_is_the_same_with_and_without_reuse(tok, models, pair, constraint, coalesce):
+def test_greedy_output_is_the_same_with_and_without_reuse(tok, models, plain_reference, pair, constraint, coalesce):
     target, assistant = models[pair[0]], models.get(pair[1])
     cache = PrefixCache()
     for i, document in enumerate(DOCUMENTS):
         prompt = (INSTRUCTION if i < 3 else "") + document
         kw = dict(tokenizer=tok, prompt=prompt, max_new_tokens=20, coalesce=coalesce, schedule="heuristic", **constraint)
         plain = generate(target, assistant, **kw)
+        assert plain.token_ids == plain_reference(target, **kw).token_ids
         reused = generate(target, assistant, prefix_cache=cache, **kw)
         assert reused.token_ids == plain.token_ids and reused.stop_reason == plain.stop_reason
         n = len(tok(prompt)["input_ids"])
@@ -52,14 +53,15 @@ def test_greedy_output_is_the_same_with_and_without_reuse(tok, models, pair, con
         assert len(cache) == 1
 
 
-def test_a_repeated_prompt_and_a_continuation_reuse_all_but_the_last_token(tok, models):
+def test_a_repeated_prompt_and_a_continuation_reuse_all_but_the_last_token(tok, models, plain_reference):
     model, cache = models["llama"], PrefixCache()
     ids = tok(INSTRUCTION)["input_ids"]
     first = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=12, prefix_cache=cache)
     again = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=12, prefix_cache=cache)
     assert again.token_ids == first.token_ids and again.stats.prefill_tokens == 1
+    assert first.token_ids == plain_reference(model, tokenizer=tok, input_ids=ids, max_new_tokens=12).token_ids
     longer = ids + first.token_ids[:-1]  # a continuation: the cache also holds the previous output
-    plain = generate(model, tokenizer=tok, input_ids=longer, max_new_tokens=8)
+    plain = plain_reference(model, tokenizer=tok, input_ids=longer, max_new_tokens=8)
     cont = generate(model, tokenizer=tok, input_ids=longer, max_new_tokens=8, prefix_cache=cache)
     assert cont.token_ids == plain.token_ids and cont.stats.prefill_tokens <= 2
 

@@ -117,9 +117,9 @@ def test_assisted_generation_validates(tok, target, assistant, do_sample):
         assert rows == plain
 
 
-def test_assisted_generation_with_itself_as_assistant_equals_ours(tok, target):
+def test_assisted_generation_with_itself_as_assistant_equals_ours(tok, target, plain_reference):
     """Self-assisted: every draft is accepted, so the processor sees long candidate blocks."""
-    ours = generate(target, tokenizer=tok, prompt=PROMPTS[0], max_new_tokens=24, coalesce=False, schema=POINT)
+    ours = plain_reference(target, tokenizer=tok, prompt=PROMPTS[0], max_new_tokens=24, coalesce=False, schema=POINT)
     rows = hf_generate(target, tok, PROMPTS[:1], logits_processor(tok, schema=POINT), assistant_model=target,
                        max_new_tokens=24, num_assistant_tokens=6)
     assert strip_end(rows[0], tok) == ours.token_ids

@@ -175,12 +175,13 @@ def pairs():
 @pytest.mark.parametrize("constraint", list(CONSTRAINTS))
 @pytest.mark.parametrize("pair", ["nudged", "other"])
 @pytest.mark.parametrize("schedule", ["constant", "auto"])
-def test_greedy_tree_output_equals_the_reference(pairs, monkeypatch, pair, constraint, coalesce, schedule):
+def test_greedy_tree_output_equals_the_reference(pairs, monkeypatch, plain_reference, pair, constraint, coalesce,
+                                                schedule):
     pin_clock(monkeypatch)
     target, assistant = pairs[pair]
     kw = dict(tokenizer=smollm2_tokenizer(), prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce,
               schedule=schedule, **CONSTRAINTS[constraint])
-    ref = generate(target, **kw)
+    ref = plain_reference(target, **kw)
     out = generate(target, assistant, tree=True, **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
     assert out.stats.branches + out.stats.leaves_priced_out > 0  # auto may price a leaf out (one that gains nothing)
@@ -212,11 +213,12 @@ def priced_tree(monkeypatch, target, assistant, seconds, **kw):
 @pytest.mark.parametrize("coalesce", [False, True], ids=["verified", "coalesced"])
 @pytest.mark.parametrize("constraint", list(CONSTRAINTS))
 @pytest.mark.parametrize("pair", ["nudged", "other"])
-def test_greedy_priced_tree_output_equals_the_reference(pairs, monkeypatch, pair, constraint, coalesce, rows):
+def test_greedy_priced_tree_output_equals_the_reference(pairs, monkeypatch, plain_reference, pair, constraint, coalesce,
+                                                       rows):
     target, assistant = pairs[pair]
     kw = dict(tokenizer=smollm2_tokenizer(), prompt="Describe a hero:", max_new_tokens=40, coalesce=coalesce,
               **CONSTRAINTS[constraint])
-    ref = generate(target, **kw)
+    ref = plain_reference(target, **kw)
     out = priced_tree(monkeypatch, target, assistant, ROW_COSTS[rows], **kw)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
 

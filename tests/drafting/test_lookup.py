@@ -30,4 +30,4 @@ def test_no_draft_without_a_long_enough_aligned_match(smol_tokenizer):
     lookup = PromptLookup(smol_tokenizer, prompt, min_chars=3)
     assert lookup.continuation(prompt + smol_tokenizer.encode('{"x":"zq', add_special_tokens=False), 4) == []
     # the prompt's own end matches itself only; nothing follows it
-    assert lookup.continuation(prompt, 4) == [] or lookup.continuation(prompt, 4)[0] in prompt
+    assert lookup.continuation(prompt, 4) == []

@@ -104,7 +104,7 @@ def test_runner_counts(data_dir, smol_tokenizer, tmp_path):
     overall = summary["overall"]
     assert (overall["schemas"], overall["covered"], overall["unsupported"], overall["false_accepts"]) == (3, 1, 1, 1)
     assert summary["subsets"]["BFCL_simple"]["false_reject_schemas"] == 1
-    assert summary["unsupported_keywords"] == [["uniqueItems", 1]] or summary["unsupported_keywords"] == [("uniqueItems", 1)]
+    assert [list(pair) for pair in summary["unsupported_keywords"]] == [["uniqueItems", 1]]
     assert {"summary.md", "summary.json", "coverage.png", "README.md"} <= {p.name for p in tmp_path.iterdir()}
     assert "llguidance" in (tmp_path / "summary.md").read_text()
 
@@ -117,9 +117,9 @@ def _sleepy(task: str, report) -> dict:
 
 
 def test_pool_kills_a_stuck_task():
-    start = time.monotonic()
+    """The stuck task (a 60 s sleep) ends as a timeout at its last reported stage: had the pool waited for it, it
+    would have come back "done"."""
     outcomes = {o.task: o for o in run_pool(["fast", "stuck", "also fast"], _sleepy, workers=2, timeout=0.5)}
-    assert time.monotonic() - start < 10
     assert outcomes["stuck"].kind == "timeout" and outcomes["stuck"].stage == "compile:regex"
     assert outcomes["fast"].kind == outcomes["also fast"].kind == "done"
     assert outcomes["fast"].result == {"task": "fast"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import hashlib
 import math
 import shutil
 
@@ -54,7 +55,9 @@ def test_prompt_split_is_fixed_balanced_and_disjoint():
     assert len(tuning) + len(validation) == len(everything)
     for half in (tuning, validation):  # every class has at least five prompts in each half
         assert all(sum(p["class"] == c for p in half) >= 5 for c in classes)
-    assert half_of("py-lru") == half_of("py-lru")  # a pure function of the name
+    assert all(half_of(p["name"]) == "tuning" for p in tuning)  # the halves are what half_of says ...
+    assert all(half_of(p["name"]) == "validation" for p in validation)
+    assert half_of("py-lru") == ("tuning", "validation")[hashlib.sha256(b"py-lru").digest()[0] % 2]  # ... by the hash
     assert len(load_prompts(half="validation", per_class=1)) == 5
     with pytest.raises(ValueError, match="half"):
         load_prompts(half="test")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import time
 
 import jsonschema
 import pytest
@@ -185,11 +184,10 @@ WIDE_INSTANCE = {"field_0": 1, "field_1": "ab", "field_2": True, "field_3": -1.5
                  "field_6": 20, "field_8": False, "field_10": [], "field_11": {"x": 1}, "field_9": 0.25}
 
 
-def test_twelve_properties_compile_fast_and_walk_through_a_guide(smol_tokenizer):
-    start = time.perf_counter()
+def test_twelve_properties_compile_small_and_walk_through_a_guide(smol_tokenizer):
+    """The term's size, not a stopwatch, says the build is cheap: O(n^2) members, not n! orders or 2^n subsets."""
     term = _any(WIDE)
-    assert time.perf_counter() - start < 0.5
-    assert rx.size(term) < 2_000  # O(n^2) members, not n! orders or 2^n subsets
+    assert rx.size(term) < 2_000
     keys, rng = list(WIDE_INSTANCE), random.Random(0)
     for _ in range(20):
         rng.shuffle(keys)
@@ -252,7 +250,8 @@ def test_any_order_list_of_intersections_is_the_language_of_its_definition():
             completable = all(items.count(once) <= 1 for once in "abc")  # the missing required ones can follow
             assert rx.is_empty(after) == (not completable), text
             found = rx.witness(after)
-            assert found is None or rx.matches(term, text.encode() + found), text
+            assert (found is not None) == completable, text
+            assert not completable or rx.matches(term, text.encode() + found), text
 
 
 def test_lists_of_one_object_share_the_derivatives_of_their_items():
