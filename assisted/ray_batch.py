@@ -22,6 +22,7 @@ from assisted.batch import BadLine, BatchError, Document, Summary, _progress, _w
 from assisted.distributed import BatchGenerator, LoadError, map_batches_options, one_line, output_record
 
 MAX_BLOCKS = 10_000  # one document per block (each reaches the driver alone) up to this many documents
+LOAD_ERROR_PREFIX = f"{LoadError.__module__}.{LoadError.__qualname__}: "  # how Ray's tracebacks name it
 # A loaded machine can take longer than Ray's defaults to start a local node's agents.
 LOCAL_START_ENV = {"RAY_raylet_start_wait_time_s": "120", "RAY_agent_register_timeout_ms": "120000"}
 
@@ -173,11 +174,15 @@ def _dataset(ray, todo: list[Document], settings: RaySettings):
 
 
 def _load_error(error: BaseException) -> str | None:
-    """The message of the LoadError behind a Ray error, if there is one."""
+    """The message of the LoadError behind a Ray error, if there is one: Ray passes an actor's constructor error
+    on as text (an ActorDiedError whose message ends with the LoadError's line), or as a cause."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, LoadError):
-            return str(error).strip().splitlines()[-1].removeprefix("LoadError: ")
+            return str(error).strip().splitlines()[-1]
+        for line in reversed(str(error).splitlines()):
+            if line.startswith(LOAD_ERROR_PREFIX):
+                return line.removeprefix(LOAD_ERROR_PREFIX).strip()
         error = getattr(error, "cause", None) or error.__cause__ or error.__context__
     return None
