@@ -89,6 +89,7 @@ def _stream(todo: list[Document], out, settings: RaySettings, report, progress: 
     """Run `todo` through Ray and write each row as it arrives; returns the counts of what was written."""
     ray = _ray()
     started = _connect(ray, settings)
+    _configure_data(ray)
     counts, seen = {"written": 0, "failed": 0, "tokens": 0}, set()
     bar, start = _progress(len(todo), progress), time.perf_counter()
     try:
@@ -106,9 +107,12 @@ def _stream(todo: list[Document], out, settings: RaySettings, report, progress: 
                                     refresh=False)
     except Exception as error:  # noqa: BLE001  a worker's load failure arrives wrapped in Ray's errors
         load_error = _load_error(error)
-        if load_error is None:
-            raise
-        raise BatchError(load_error) from None
+        if load_error is not None:
+            raise BatchError(load_error) from None
+        if isinstance(error, ray.exceptions.RayError):
+            raise BatchError(f"--ray: the run failed ({one_line(error)}); every line written is kept, rerun the same "
+                             "command to resume") from error
+        raise
     finally:
         bar.close()
         if started:
@@ -142,9 +146,17 @@ def _connect(ray, settings: RaySettings) -> bool:
         start_local_ray(max(os.cpu_count() or 1, settings.workers * settings.threads_per_worker))
     else:
         ray.init(address=settings.address, log_to_driver=False, logging_level=logging.WARNING)
-    ray.data.DataContext.get_current().enable_progress_bars = False  # ours counts documents
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its per-run INFO lines would break our bar
     return True
+
+
+def _configure_data(ray) -> None:
+    """Ray Data's settings for this driver (its context travels with the tasks): pandas output blocks kept as
+    they are (Arrow would make every row's `value` have every field any row of its block has), no progress bars
+    and no INFO lines of its own (ours counts documents)."""
+    context = ray.data.DataContext.get_current()
+    context.batch_to_block_arrow_format = False
+    context.enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 def start_local_ray(num_cpus: int, attempts: int = 3) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -98,7 +99,26 @@ def test_the_library_imports_without_ray():
     code = ("import sys; sys.modules['ray'] = None\n"
             "import assisted, assisted.distributed, assisted.ray_batch, assisted.cli\n"
             "assisted.cli.parse_args(['batch', '--model', 'm', '--input', 'i', '--output', 'o', '--ray'])")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.getcwd())
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_ray_settings_follow_the_batch_arguments(tmp_path, capsys):
+    from assisted.cli import main, parse_args
+    from assisted.ray_batch import ray_settings
+    args = parse_args(["batch", "--model", "m", "--assistant", "a", "--input", "i", "--output", "o", "--ray",
+                       "ray://head:10001", "--workers", "3", "--device", "cuda:1", "--dtype", "bfloat16"])
+    settings = ray_settings(args, {"regex": "a+"}, {"max_new_tokens": 9})
+    assert (settings.address, settings.workers, settings.gpus_per_worker) == ("ray://head:10001", 3, 1)
+    assert settings.worker_kwargs["device"] == "cuda" and settings.worker_kwargs["regex"] == "a+"
+    assert settings.worker_kwargs["load_options"]["dtype"] == "bfloat16"
+    local = parse_args(["batch", "--model", "m", "--input", "i", "--output", "o", "--ray"])
+    assert ray_settings(local, {}, {}).address is None
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"id": 1, "prompt": "p"}\n')
+    assert main(["batch", "--model", "m", "--input", str(docs), "--output", str(tmp_path / "out.jsonl"), "--ray",
+                 "--workers", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "structspec: error: --workers and --threads-per-worker must be >= 1, got 0 and 1"
 
 
 # --- on a local Ray instance ---------------------------------------------------------------------------------------
