@@ -160,14 +160,15 @@ def _configure_data(ray) -> None:
 
 
 def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
-    """``ray.init(num_cpus=...)`` for a local instance, quiet, tried again when its node times out while starting
+    """``ray.init(address="local", num_cpus=...)``: a new local instance, quiet, tried again when its node times out while starting
     (on a busy machine the node's agents can take longer than Ray waits for them)."""
     import ray
     for name, value in LOCAL_START_ENV.items():
         os.environ.setdefault(name, value)
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)  # "local": a new instance, even where RAY_ADDRESS is set
             return
         except Exception as error:  # noqa: BLE001  Ray raises a bare Exception for a node that did not start
             ray.shutdown()
