@@ -79,6 +79,8 @@ def run_ray_batch(documents: list[Document], bad: list[BadLine], output: Path, s
     """
     done = read_output(output)
     todo = [d for d in documents if id_key(d.id) not in done.ids]
+    if todo and settings.address is None:
+        _check_sources(settings.worker_kwargs)
     with open(output, "a", encoding="utf-8") as out:
         write_bad_lines(out, bad, done, report)
         counts = _stream(todo, out, settings, report, progress) if todo else {"written": 0, "failed": 0, "tokens": 0}
@@ -120,6 +122,20 @@ def _stream(todo: list[Document], out, settings: RaySettings, report, progress: 
     return counts
 
 
+def _check_sources(worker_kwargs: dict) -> None:
+    """On this machine (a local instance), load the tokenizers the workers will load first: a source that cannot be
+    found stops the run with the loader's one line before Ray starts (on a cluster, the workers' machines decide)."""
+    if worker_kwargs.get("loader") is not None or "model" not in worker_kwargs:
+        return
+    from assisted.loading import load_tokenizer
+    for option, source in (("--model", worker_kwargs["model"]), ("--assistant", worker_kwargs.get("assistant"))):
+        try:
+            if source is not None:
+                load_tokenizer(source)
+        except (OSError, RuntimeError, ValueError) as error:
+            raise BatchError(f"cannot load {option} {source}: {one_line(error)}") from None
+
+
 def _count(counts: dict, document: Document, record: dict, report) -> None:
     if "error" in record:
         counts["failed"] += 1
@@ -152,11 +168,11 @@ def _connect(ray, settings: RaySettings) -> bool:
 def _configure_data(ray) -> None:
     """Ray Data's settings for this driver (its context travels with the tasks): pandas output blocks kept as
     they are (Arrow would make every row's `value` have every field any row of its block has), no progress bars
-    and no INFO lines of its own (ours counts documents)."""
+    (ours counts documents), and no log lines of its own (its full logs stay in the Ray session's folder)."""
     context = ray.data.DataContext.get_current()
     context.batch_to_block_arrow_format = False
     context.enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # its errors come back to us, reported in one line
 
 
 def start_local_ray(num_cpus: int, attempts: int = 3) -> None:

@@ -182,3 +182,12 @@ def test_a_worker_that_cannot_load_fails_the_run_with_one_line(local_ray, docume
         run_ray_batch(docs, [], tmp_path / "out.jsonl", settings, report=lambda message: None, progress=False)
     assert str(raised.value) == ("cannot load --model nowhere: cannot load 'nowhere' as a local folder or cached "
                                  "hub id (not found)")
+
+
+def test_a_local_run_checks_the_sources_before_starting_ray(documents, tmp_path):
+    from assisted.ray_batch import RaySettings, run_ray_batch
+    docs, bad = documents
+    settings = RaySettings(worker_kwargs={"model": str(tmp_path / "nowhere")})
+    with pytest.raises(BatchError, match=r"^cannot load --model .*nowhere: cannot load '.*nowhere' as a local folder"):
+        run_ray_batch(docs, bad, tmp_path / "out.jsonl", settings, report=lambda message: None, progress=False)
+    assert not (tmp_path / "out.jsonl").exists()
