@@ -176,8 +176,8 @@ def _configure_data(ray) -> None:
 
 
 def start_local_ray(num_cpus: int, attempts: int = 3) -> None:
-    """``ray.init(address="local", num_cpus=...)``: a new local instance, quiet, tried again when its node times out while starting
-    (on a busy machine the node's agents can take longer than Ray waits for them)."""
+    """``ray.init(address="local", num_cpus=...)``: a new local instance, quiet, tried again when its node times out
+    while starting (on a busy machine the node's agents can take longer than Ray waits for them)."""
     import ray
     for name, value in LOCAL_START_ENV.items():
         os.environ.setdefault(name, value)
