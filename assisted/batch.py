@@ -119,6 +119,31 @@ def result_record(ident, result) -> dict:
             "stats": stats_record(result.stats)}
 
 
+def error_record(ident, line: int | None, error: str) -> dict:
+    """The output line of an input line that could not be used, or of a document whose generation failed."""
+    return {"id": ident, "line": line, "error": error}
+
+
+def document_record(document: Document, generate_one: Callable) -> dict:
+    """The output line of one document: its result, or its error line if `generate_one(document)` raised a
+    ValueError/TypeError (the batch goes on)."""
+    try:
+        result = generate_one(document)
+    except (ValueError, TypeError) as error:
+        return error_record(document.id, document.line, str(error))
+    return result_record(document.id, result)
+
+
+def write_bad_lines(out, bad: list[BadLine], done: Done, report: Callable[[str], None]) -> None:
+    """Report every bad input line, and write those not reported by an earlier run; first end a line cut short."""
+    if done.ends_cut:
+        out.write("\n")  # end the cut-off line so that ours start on a line of their own
+    for item in bad:
+        report(f"input line {item.line}: {item.error}")
+        if item.line not in done.bad_lines:
+            _write(out, error_record(item.id, item.line, item.error))
+
+
 @dataclass(frozen=True)
 class Summary:
     """What one batch run did."""
@@ -152,25 +177,18 @@ def run_batch(inputs: Inputs, output: Path, generate_one: Callable, report: Call
     todo = inputs.todo(done.ids)
     tokens = failed = written = 0
     with open(output, "a", encoding="utf-8") as out:
-        if done.ends_cut:
-            out.write("\n")  # end the cut-off line so that ours start on a line of their own
-        for item in inputs.bad:
-            report(f"input line {item.line}: {item.error}")
-            if item.line not in done.bad_lines:
-                _write(out, {"id": item.id, "line": item.line, "error": item.error})
+        write_bad_lines(out, inputs.bad, done, report)
         bar = _progress(todo, progress)
         start = time.perf_counter()
         for document in inputs.documents(skip=done.ids):
-            try:
-                result = generate_one(document)
-            except (ValueError, TypeError) as error:
+            record = document_record(document, generate_one)
+            if "error" in record:
                 failed += 1
-                report(f"input line {document.line} (id {document.id!r}): {error}")
-                _write(out, {"id": document.id, "line": document.line, "error": str(error)})
+                report(f"input line {document.line} (id {document.id!r}): {record['error']}")
             else:
                 written += 1
-                tokens += result.stats.new_tokens
-                _write(out, result_record(document.id, result))
+                tokens += record["stats"]["new_tokens"]
+            _write(out, record)
             bar.update(1)
             bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
         bar.close()
