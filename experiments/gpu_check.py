@@ -48,6 +48,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from drafting.cache import cache_argument, crop_to, forward, new_cache  # noqa: E402
+from drafting.static_cache import cuda_capture  # noqa: E402
 from experiments.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
                                     section_extraction, section_steps)
 from experiments.gpu_models import build, random_prompt  # noqa: E402
@@ -197,25 +198,11 @@ def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dic
         step()
         timings = {"static": [check.timed(step)[0] for _ in range(rounds)]}
         if check.device.type == "cuda":
-            graph = capture(step)
-            graph.replay()
-            timings["graph"] = [check.timed(graph.replay)[0] for _ in range(rounds)]
+            replay = cuda_capture(step)
+            replay()
+            timings["graph"] = [check.timed(replay)[0] for _ in range(rounds)]
     return [{"model": name, "dtype": "bfloat16", "context": context, "layout": layout, "n": n, "repeat": r,
              "seconds": sec} for layout, values in timings.items() for r, sec in enumerate(values, start=1)]
-
-
-def capture(step):
-    """A CUDA graph of `step` (warmed up on a side stream first, as capture requires)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 # ---- generate ------------------------------------------------------------------------------------------------

@@ -15,17 +15,11 @@ import pytest
 
 from assisted.batch import BatchError, read_input
 from assisted.distributed import BatchGenerator, output_record, rows_of
+from tests.assisted.test_cli import POINT, V
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 
-V = 49152
-POINT = {
-    "type": "object",
-    "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["a", "bb"]}},
-    "required": ["x", "tag"],
-    "additionalProperties": False,
-}
 OPTIONS = {"max_new_tokens": 24}
 
 
