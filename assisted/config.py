@@ -18,7 +18,7 @@ import copy
 import warnings
 from dataclasses import dataclass, replace
 
-from assisted.inputs import Options, _int, check_options
+from assisted.inputs import LOOKUP_UNBOUNDED, Options, _int, check_options
 from drafting.processors import Processors, built_in
 
 DEFAULTS = {  # where unset everywhere (transformers' global default in the comment where it differs)
@@ -103,7 +103,6 @@ def _lookup_tokens(flag):
     return None if flag is None else (LOOKUP_UNBOUNDED if flag else 0)
 
 
-LOOKUP_UNBOUNDED = 10**9  # prompt_lookup=True: copies as long as the policy's lookup length allows
 
 
 def _refuse_unhonoured(set_fields: dict, source: str) -> None:
@@ -140,7 +139,7 @@ def options(settings, prompt_length: int, logits_processor) -> Options:
                          None if lookup is None else lookup > 0)
     processors = Processors([*built_in(settings.repetition_penalty, settings.no_repeat_ngram_size),
                              *_processor_list(logits_processor)])
-    return replace(opts, lookup_tokens=lookup or 10**9, processors=processors or None)
+    return replace(opts, lookup_tokens=lookup or LOOKUP_UNBOUNDED, processors=processors or None)
 
 
 def _processor_list(logits_processor) -> list:

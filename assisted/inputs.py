@@ -24,6 +24,9 @@ from drafting.sampling import Warp
 from drafting.base import Cursor
 
 
+LOOKUP_UNBOUNDED = 10**9  # prompt lookup copies as long as the policy's lookup length allows
+
+
 @dataclass(frozen=True)
 class Options:
     """Validated decoding options."""
@@ -35,7 +38,7 @@ class Options:
     schedule: str  # a key of policy.SCHEDULES: "constant", "heuristic" or "auto"
     coalesce: bool  # forced tokens appended unverified (True) or drafted as point masses (False)
     prompt_lookup: bool = False  # also draft copies of the prompt
-    lookup_tokens: int = 10**9  # ... at most this many per step
+    lookup_tokens: int = LOOKUP_UNBOUNDED  # ... at most this many per step
     processors: Processors | None = None  # logits processors, applied per scored position (None: none)
 
 

@@ -22,20 +22,14 @@ from assisted import batch_lock
 from assisted.batch import BatchError, read_input, read_output
 from assisted.batch_lock import OutputBusy, lock_path, output_lock
 from assisted.cli import main
-from tests.helpers_models import smollm2_tokenizer, tiny_llama
+from tests.assisted.test_cli import pair  # noqa: F401 (the CLI tests' tiny pair, a fixture)
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 
 ROOT = Path(__file__).resolve().parents[2]
-V = 49152
 NO_SUCH_PID = 4194305  # above the largest pid_max Linux allows: never a running process
 SCHEMA = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}},
           "required": ["x"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_llama(V, seed=0), smollm2_tokenizer(), tiny_llama(V, seed=1)
 
 
 @pytest.fixture
