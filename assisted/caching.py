@@ -49,26 +49,25 @@ def plan_caches(model, assistant_model, cache_implementation, cuda_graphs, tree:
         raise ValueError(f"unknown cache_implementation {cache_implementation!r}; choose 'dynamic', 'static' or None")
     if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
         raise TypeError(f"cuda_graphs must be a bool or None, got {type(cuda_graphs).__name__} {cuda_graphs!r}")
+    on_cuda = output_device(model).type == "cuda"
+    if cache_implementation == "dynamic" or (cache_implementation is None and not (on_cuda or cuda_graphs)):
+        if cuda_graphs:
+            raise ValueError("cuda_graphs=True needs static caches: cache_implementation='static' or None")
+        return CachePlan("dynamic", False)  # checked no further: nothing static is asked for or defaulted to
     models = {"model": model} | ({} if assistant_model is None else {"assistant_model": assistant_model})
     blockers = ([f"{name}: {why}" for name, m in models.items() if (why := static_unsupported(m))]
                 + ["tree=True verifies with a tree mask on a dynamic cache"] * tree
                 + ["prefix_cache keeps dynamic caches"] * (prefix_cache is not None))
-    on_cuda = output_device(model).type == "cuda"
-    implementation = cache_implementation or ("static" if (on_cuda or cuda_graphs) and not blockers else "dynamic")
-    note = f"static cache off: {blockers[0]}" if cache_implementation is None and on_cuda and blockers else None
-    if blockers and (implementation == "static" or cuda_graphs):
-        option = "cuda_graphs=True" if implementation == "dynamic" else "cache_implementation='static'"
+    if blockers and (cache_implementation == "static" or cuda_graphs):
+        option = "cache_implementation='static'" if cache_implementation == "static" else "cuda_graphs=True"
         raise ValueError(f"{option} cannot be used here: {blockers[0]}")
-    if implementation == "dynamic":
-        if cuda_graphs:
-            raise ValueError("cuda_graphs=True needs static caches: cache_implementation='static' or None")
-        return CachePlan("dynamic", False, note)
+    if blockers:  # the CUDA default falls back, and says why
+        return CachePlan("dynamic", False, f"static cache off: {blockers[0]}")
     graph_blockers = [f"{name}: {why}" for name, m in models.items() if (why := graphs_unsupported(m))]
     if cuda_graphs and graph_blockers:
         raise ValueError(f"cuda_graphs=True cannot be used here: {graph_blockers[0]}")
     graphs = not graph_blockers if cuda_graphs is None else cuda_graphs
-    if cuda_graphs is None and graph_blockers and on_cuda:
-        note = f"CUDA graphs off: {graph_blockers[0]}"
+    note = f"CUDA graphs off: {graph_blockers[0]}" if cuda_graphs is None and graph_blockers and on_cuda else None
     return CachePlan("static", graphs, note)
 
 
