@@ -17,14 +17,14 @@ from assisted.caching import Held, plan_caches, static_caches
 from assisted.config import options, resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.inputs import Options, check_models, eos_ids, fit_positions, make_cursor, parse_value, prompt_ids
-from assisted.policy import Policy, make_policy
+from assisted.draft_policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.stopping import Sink, Stops
 from assisted.tree_accept import verify_tree
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft, DraftSource
-from drafting.cache import crop_to, forward, input_device, new_cache, output_device
+from drafting.kv_cache import crop_to, forward, input_device, new_cache, output_device
 from drafting.combined import CombinedSource
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
@@ -198,7 +198,7 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
     """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
     seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
-    if cursor.finished():
+    if cursor.only_eos_left():
         return [], "final"
     while True:
         # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
@@ -209,7 +209,7 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
         ids, took = seq[cached:] + list(draft.tokens), False
         branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # the runner-up where unsure
         leaf = branch if branch is not None and policy.leaf_pays(draft, branch, len(ids)) else None  # if its row pays
-        if opts.coalesce and all(draft.forced) and (draft.finished or len(seq) + len(draft.tokens) >= end):
+        if opts.coalesce and all(draft.forced) and (draft.ends_output or len(seq) + len(draft.tokens) >= end):
             n, after, ids = len(draft.tokens), [], []  # only coalesced tokens up to the end: nothing to decide
         elif leaf is not None:
             ids.append(leaf.token)
@@ -303,7 +303,7 @@ def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int, sink: S
         if token in cursor.eos:
             return "eos"
         cursor.advance(token)
-        if cursor.finished():
+        if cursor.only_eos_left():
             return "final"
         if sink.stops and (reason := sink.stops.after(seq)):
             return reason

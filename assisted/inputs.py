@@ -17,9 +17,9 @@ import pydantic
 import torch
 
 import fsm
-from drafting.cache import logits_size
+from drafting.kv_cache import logits_size
 from drafting.processors import Processors
-from assisted.policy import SCHEDULES
+from assisted.draft_policy import SCHEDULES
 from drafting.sampling import Warp
 from drafting.base import Cursor
 

@@ -7,7 +7,7 @@ import time
 import torch
 
 from drafting.base import DeviceMasks
-from drafting.cache import crop_to, forward, input_device, new_cache
+from drafting.kv_cache import crop_to, forward, input_device, new_cache
 from drafting.sampling import Warp, confidence, masked, probs, sample
 
 

@@ -24,7 +24,7 @@ class Draft:
     masks: torch.Tensor | None  # (k+1, V) bool on the target's device, guide mask before each token / after the last
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
     confidence: tuple[float, ...]  # (k,) max of the assistant's distribution at each of its tokens; NaN elsewhere
-    finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows
+    ends_output: bool  # EOS drafted, or only EOS is left after the draft: no bonus token follows
 
     @property
     def forced(self) -> tuple[bool, ...]:
@@ -102,7 +102,7 @@ class Cursor:
         """The text so far is a complete match of the constraint (False without one)."""
         return self.guide is not None and self._timed(self.guide.is_final)
 
-    def finished(self) -> bool:
+    def only_eos_left(self) -> bool:
         """Final, and nothing but EOS is allowed: the output is complete."""
         if self.guide is None or not self._timed(self.guide.is_final):
             return False

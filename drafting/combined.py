@@ -52,7 +52,7 @@ class CombinedSource:
         lookup_k = k if lookup_k is None else lookup_k
         tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
         self.logits = []  # the assistant's masked logits (1, V) per assistant token, for a draft tree
-        run, copied, finished = ForcedTokens(), [], cursor.finished()
+        run, copied, finished = ForcedTokens(), [], cursor.only_eos_left()
         closed = False  # a cut kept every model draft: only the forced run that follows is still appended
         drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
         while len(tokens) <= limit and not finished:
@@ -81,7 +81,7 @@ class CombinedSource:
             if not ends:
                 cursor.advance(token)
             masks.append(masks[-1] if ends else cursor.mask())
-            finished = ends or cursor.finished()
+            finished = ends or cursor.only_eos_left()
             keep = None if cut is None or source == "forced" else cut(tuple(drafted))
             if keep is not None:
                 keep = max(keep, len(drafted) - 1) if self.sampling else keep  # see above

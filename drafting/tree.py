@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from drafting.base import Cursor, Draft
-from drafting.cache import cache_argument, input_device
+from drafting.kv_cache import cache_argument, input_device
 from drafting.combined import CombinedSource
 from drafting.sampling import NEG_INF, confidence, sample
 
@@ -92,7 +92,7 @@ def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: 
     mask = None if draft.masks is None else draft.masks[at] if ends else cursor.mask()
     mask = source.target_masks(mask)
     forced_next = coalesce and bool(cursor.forced())  # coalescence appends those, not the target's choice
-    return Branch(at, alt, mask, not ends and not forced_next and not cursor.finished(), sure)
+    return Branch(at, alt, mask, not ends and not forced_next and not cursor.only_eos_left(), sure)
 
 
 def check_tree_attention(model) -> None:

@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from drafting.cache import crop_to, forward, new_cache  # noqa: E402
+from drafting.kv_cache import crop_to, forward, new_cache  # noqa: E402
 from drafting.tree import BRANCH_BELOW, Branch, tree_forward  # noqa: E402
 from experiments.intervals import paired_ratio  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
