@@ -2,8 +2,9 @@
 
 A `Draft` holds k proposed tokens, the guide's mask before each of them and after the last (the rows
 the target's logits are masked with), which tokens the guide forced, the assistant's confidence in each
-of its tokens (the largest probability of its distribution there), and — when sampling — the draft
-probabilities q (one-hot rows for forced and lookup tokens, which are point masses).
+of its tokens (the largest probability of its distribution there), when sampling the draft probabilities
+q (one-hot rows for forced and lookup tokens, which are point masses), and the assistant's masked logits at
+its tokens (where a draft tree chooses the runner-up, `drafting.tree.grow_branch`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Draft:
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
     confidence: tuple[float, ...]  # (k,) max of the assistant's distribution at each of its tokens; NaN elsewhere
     ends_output: bool  # EOS drafted, or only EOS is left after the draft: no bonus token follows
+    logits: tuple[torch.Tensor | None, ...] = ()  # (k,) the assistant's masked logits (1, V) at its tokens, else None
 
     @property
     def forced(self) -> tuple[bool, ...]:
