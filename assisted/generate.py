@@ -16,7 +16,8 @@ from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.caching import Held, plan_caches, static_caches
 from assisted.config import options, resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
-from assisted.inputs import Options, check_models, eos_ids, fit_positions, make_cursor, parse_value, prompt_ids
+from assisted.eos import eos_ids
+from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
 from assisted.draft_policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason

@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.tasks import load_pair
-    loaded = load_pair(args.target, args.assistant, packed=args.packed_target)
+    from experiments.tasks import load_pair_or_none
+    loaded = load_pair_or_none(args.target, args.assistant, pack=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

@@ -325,8 +325,9 @@ def collect(args) -> int:
     from drafting.kv_cache import forward, new_cache
     from experiments.prompt_split import load_prompts
     from experiments.speedup import _chat_ids
-    from experiments.tasks import assistant_quantization, load_pair
-    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
+    from experiments.tasks import assistant_quantization, load_pair_or_none
+    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
+                               pack=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
