@@ -16,17 +16,17 @@ from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.caching import Held, plan_caches, static_caches
 from assisted.config import options, resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
+from assisted.draft_policy import Policy, make_policy
 from assisted.eos import eos_ids
 from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
-from assisted.draft_policy import Policy, make_policy
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.stopping import Sink, Stops
 from assisted.tree_accept import greedy_tree_accept, speculative_tree_accept
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft
-from drafting.kv_cache import crop_to, forward, input_device, new_cache, output_device
 from drafting.combined import CombinedSource
+from drafting.kv_cache import crop_to, forward, input_device, new_cache, output_device
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
 from drafting.tree import Branch, check_tree_attention, move_leaf, tree_forward
@@ -276,10 +276,8 @@ def _accept(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Optio
         scores = masked(logits, masks)  # (k+1 (+1), V)
         out = greedy_accept(scores, tokens, auto) if leaf is None else \
             greedy_tree_accept(scores, tokens, auto, leaf.at, leaf.token)
-    if leaf is None:
-        n, token = out.tolist()
-        return n, False, token
-    n, took, token = out.tolist()
+    found = out.tolist()  # [n, token] on a chain, [n, took, token] on a tree
+    n, took, token = found if leaf is not None else (found[0], 0, found[1])
     return n, bool(took), token
 
 

@@ -73,7 +73,7 @@ class Clock:
 
 
 class Cursor:
-    """A timed view of an `fsm.Guide` (or of no constraint at all) with a final-only test.
+    """A timed view of an `fsm.Guide` (or of no constraint at all) that also tells when only EOS is left.
 
     `mask()` is None when there is no constraint. EOS ids are never advanced through the guide:
     generation ends at EOS.
