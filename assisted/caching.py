@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drafting.cache import input_device, output_device
+from drafting.kv_cache import input_device, output_device
 from drafting.static_cache import BUCKETS, StaticKV, cuda_capture, graphs_unsupported, static_unsupported
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")

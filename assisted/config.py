@@ -78,7 +78,7 @@ def resolve(model, generation_config, kwargs: dict) -> Settings:
     values["num_assistant_tokens_schedule"] = SCHEDULE_NAMES.get(values["num_assistant_tokens_schedule"],
                                                                  values["num_assistant_tokens_schedule"])
     if "eos_token_id" not in kwargs and generation_config is None:
-        values["eos_token_id"] = None  # the model's own EOS joins the tokenizer's (`inputs.eos_ids`)
+        values["eos_token_id"] = None  # the model's own EOS joins the tokenizer's (`assisted.eos.eos_ids`)
     explicit_budget = "max_new_tokens" in kwargs or config.max_new_tokens is not None
     return Settings(values, None if explicit_budget else config.max_length)
 

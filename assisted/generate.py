@@ -16,19 +16,20 @@ from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.caching import Held, plan_caches, static_caches
 from assisted.config import options, resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
-from assisted.inputs import Options, check_models, eos_ids, fit_positions, make_cursor, parse_value, prompt_ids
-from assisted.policy import Policy, make_policy
+from assisted.draft_policy import Policy, make_policy
+from assisted.eos import eos_ids
+from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder, StopReason
 from assisted.stopping import Sink, Stops
-from assisted.tree_accept import verify_tree
+from assisted.tree_accept import greedy_tree_accept, speculative_tree_accept
 from drafting.assistant import AssistantDrafter
-from drafting.base import Cursor, Draft, DraftSource
-from drafting.cache import crop_to, forward, input_device, new_cache, output_device
+from drafting.base import Cursor, Draft
 from drafting.combined import CombinedSource
+from drafting.kv_cache import crop_to, forward, input_device, new_cache, output_device
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator, masked, probs
-from drafting.tree import Branch, check_tree_attention, grow_branch
+from drafting.tree import Branch, check_tree_attention, move_leaf, tree_forward
 
 
 def generate(
@@ -193,30 +194,27 @@ def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, draf
     return cache, cached
 
 
-def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
+def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
             rec: Recorder, cache, cached: int, tree: bool, sink: Sink):
     """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
     seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
-    if cursor.finished():
+    if cursor.only_eos_left():
         return [], "final"
     while True:
         # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
         k, spent = policy.k, (rec.target_seconds, source.calls, source.seconds)
         lookup_k = min(policy.lookup_k, opts.lookup_tokens)
         draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, lookup_k)
-        # 2. verify: one target forward over [uncached committed tokens, *draft] -> (k+1, V)
-        ids, took = seq[cached:] + list(draft.tokens), False
-        branch = grow_branch(draft, cursor, source, opts.coalesce) if tree else None  # the runner-up where unsure
+        # 2. verify: one target forward over [uncached committed tokens, *draft(, leaf)] -> (k+1 (+1), V)
+        ids = seq[cached:] + list(draft.tokens)
+        branch = source.branch(draft, cursor) if tree else None  # the runner-up where the assistant is unsure
         leaf = branch if branch is not None and policy.leaf_pays(draft, branch, len(ids)) else None  # if its row pays
-        if opts.coalesce and all(draft.forced) and (draft.finished or len(seq) + len(draft.tokens) >= end):
-            n, after, ids = len(draft.tokens), [], []  # only coalesced tokens up to the end: nothing to decide
-        elif leaf is not None:
-            ids.append(leaf.token)
-            n, took, after = verify_tree(model, cache, len(seq), ids, draft, leaf, opts, generator, rec)
+        ids += [] if leaf is None else [leaf.token]
+        if opts.coalesce and all(draft.forced) and (draft.ends_output or len(seq) + len(draft.tokens) >= end):
+            n, took, after, ids = len(draft.tokens), False, [], []  # only coalesced tokens up to the end: no forward
         else:
-            n, token = _verify(model, cache, ids, seq, draft, opts, generator, rec)
-            after = [token]
+            n, took, after = _verify(model, cache, ids, seq, draft, leaf, opts, generator, rec)
         # 3. commit the accepted prefix, the taken leaf and the target's token; crop both caches to what was committed
         valid, before = len(seq) + n, len(seq)
         stop = _commit(seq, cursor, [*draft.tokens[:n], *after], end, sink)
@@ -234,35 +232,53 @@ def _decode(model, source: DraftSource, policy: Policy, cursor: Cursor, prompt: 
             return seq[len(prompt) :], stop
 
 
-def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, opts: Options, generator, rec: Recorder
-            ) -> tuple[int, int]:
-    """One timed target forward over `ids` and the acceptance test; (accepted drafts, the target's token).
+def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, leaf: Branch | None, opts: Options,
+            generator, rec: Recorder) -> tuple[int, bool, list[int]]:
+    """One timed target forward over `ids` (the chain, then the leaf if any) and the acceptance test:
+    (accepted draft tokens, leaf taken, the tokens to commit after them).
 
-    The clock stops after the acceptance's host sync, so on a GPU it times the forward's kernels, not their launch.
+    The tokens after them are the target's token, or a taken leaf and the target's token after it (unless the
+    leaf ends in EOS or a forced run); a taken leaf's cache entries move to its committed position (the caller
+    crops as usual). The clock stops after the acceptance's host sync, so on a GPU it times the forward's
+    kernels, not their launch.
     """
-    start = time.perf_counter()
-    logits = forward(model, cache, ids, len(draft.tokens) + 1)  # (k+1, V)
-    if opts.processors:
+    start, k = time.perf_counter(), len(draft.tokens)
+    if leaf is None:
+        logits = forward(model, cache, ids, k + 1)  # (k+1, V)
+    else:
+        logits = tree_forward(model, cache, len(seq), ids, leaf)  # (k+2, V): row k+1 is the leaf's
+    if opts.processors:  # never with a leaf (`_check_tree_processors`)
         logits = opts.processors(seq + list(draft.tokens), logits, len(seq))  # row i after seq + draft[:i]
-    n, token = _accept(logits, draft, opts, generator)  # the step's one host sync
+    n, took, token = _accept(logits, draft, leaf, opts, generator)  # the step's one host sync
     rec.target_passes += 1
     rec.target_seconds += time.perf_counter() - start
-    return n, token
+    if not took:
+        return n, False, [token]
+    move_leaf(cache, len(seq) + k, len(seq) + leaf.at)
+    return n, True, [leaf.token, *([token] if leaf.bonus else [])]
 
 
-def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tuple[int, int]:
-    """Mask the target's rows with the guide states of the draft and apply the acceptance rule."""
+def _accept(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Options, generator
+            ) -> tuple[int, bool, int]:
+    """Mask the target's rows with the guide states of the draft (and the leaf) and apply the acceptance rule:
+    `assisted.acceptance` on a chain, `assisted.tree_accept` on a chain plus a leaf."""
     device = logits.device
     masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V), already there unless offloaded
+    if masks is not None and leaf is not None:
+        masks = torch.cat([masks, leaf.mask_after.to(device)[None]])  # (k+2, V)
     tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
     auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
     if opts.warp.do_sample:
-        p = probs(logits, masks, opts.warp)  # (k+1, V)
-        out = speculative_accept(p, draft.q.to(device), tokens, auto, generator)
+        p, q = probs(logits, masks, opts.warp), draft.q.to(device)  # (k+1 (+1), V), (k, V)
+        out = speculative_accept(p, q, tokens, auto, generator) if leaf is None else \
+            speculative_tree_accept(p, q, tokens, auto, leaf.at, leaf.token, generator)
     else:
-        out = greedy_accept(masked(logits, masks), tokens, auto)
-    n, token = out.tolist()
-    return n, token
+        scores = masked(logits, masks)  # (k+1 (+1), V)
+        out = greedy_accept(scores, tokens, auto) if leaf is None else \
+            greedy_tree_accept(scores, tokens, auto, leaf.at, leaf.token)
+    found = out.tolist()  # [n, token] on a chain, [n, took, token] on a tree
+    n, took, token = found if leaf is not None else (found[0], 0, found[1])
+    return n, bool(took), token
 
 
 def _check_tree_processors(tree: bool, opts: Options) -> None:
@@ -303,7 +319,7 @@ def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int, sink: S
         if token in cursor.eos:
             return "eos"
         cursor.advance(token)
-        if cursor.finished():
+        if cursor.only_eos_left():
             return "final"
         if sink.stops and (reason := sink.stops.after(seq)):
             return reason

@@ -17,9 +17,9 @@ import pydantic
 import torch
 
 import fsm
-from drafting.cache import logits_size
+from drafting.kv_cache import logits_size
 from drafting.processors import Processors
-from assisted.policy import SCHEDULES
+from assisted.draft_policy import SCHEDULES
 from drafting.sampling import Warp
 from drafting.base import Cursor
 
@@ -211,21 +211,6 @@ def fit_positions(opts: Options, prompt_length: int, *models) -> Options:
         raise ValueError(f"the prompt has {prompt_length} tokens but {name} takes at most {limit} positions "
                          "(config.max_position_embeddings): no room for a new token; shorten the prompt")
     return replace(opts, max_new_tokens=min(opts.max_new_tokens, limit - prompt_length))
-
-
-def eos_ids(model, tokenizer, eos_token_id=None) -> frozenset[int]:
-    """EOS ids: `eos_token_id` where the call or its config sets one (int or list), else the tokenizer's and the
-    model's generation config's."""
-    if eos_token_id is not None:
-        found = list(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
-        if not found or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in found):
-            raise ValueError(f"eos_token_id must be a non-negative int or a list of them, got {eos_token_id!r}")
-        return frozenset(int(i) for i in found)
-    ids = {tokenizer.eos_token_id}
-    config = getattr(model, "generation_config", None)
-    found = getattr(config, "eos_token_id", None) if config is not None else None
-    ids.update(found if isinstance(found, (list, tuple)) else [found])
-    return frozenset(i for i in ids if i is not None)
 
 
 SCHEMA_OPTIONS = frozenset({"policy", "whitespace", "additional_properties", "property_order", "max_recursion_depth",

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import torch
 
+from assisted.eos import eos_ids
 from assisted.int4 import int4_copy
 from assisted.packing import pack_linear_weights
 from assisted.sources import SOURCES, _gguf_tokenizer, _to_dtype, cached
-
-# Qwen's generation_config lists only <|im_end|>; <|endoftext|> also ends a turn.
-EXTRA_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 def load_tokenizer(source: str | os.PathLike):
@@ -94,19 +92,11 @@ def int8_copy(model):
 QUANTIZED_COPIES = {"int4": int4_copy, "int8": int8_copy}  # quantize_assistant -> copy maker
 
 
-def eos_set(tokenizer, model=None) -> list[int]:
-    """EOS ids: the tokenizer's, the model's generation config's, and Qwen's two turn enders if present."""
-    ids = {tokenizer.eos_token_id}
-    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(found if isinstance(found, (list, tuple)) else [found])
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in EXTRA_EOS_TOKENS if t in vocab)
-    return sorted(i for i in ids if i is not None)
-
-
 def set_eos(tokenizer, *models) -> list[int]:
-    """Make every model's generation_config stop on the same EOS set (`generate` reads it from there)."""
-    ids = eos_set(tokenizer, models[0])
+    """Make every model's generation_config stop on the same EOS set (`generate` reads it from there): the
+    tokenizer's, the first model's and the chat turn enders (`assisted.eos`; Qwen's generation_config lists only
+    <|im_end|>, and <|endoftext|> also ends a turn)."""
+    ids = sorted(eos_ids(models[0], tokenizer, turn_enders=True))
     for model in models:
         if model is not None:
             model.generation_config.eos_token_id = list(ids)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from drafting.cache import crop_to, new_cache
+from drafting.kv_cache import crop_to, new_cache
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 from transformers import LogitsProcessor
 
 import fsm
+from assisted.eos import eos_ids
 from assisted.inputs import check_guide_options
 from fsm.index import FINISHED
 from fsm.lazy_dfa import DEAD
@@ -140,9 +141,7 @@ def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, 
         term = fsm.compile_regex(regex).root
     else:
         term = fsm.compile_schema(schema, **options)
-    eos = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
-    if isinstance(eos, int):
-        eos = [eos]
-    if not eos or any(not isinstance(i, int) or i is None for i in eos):
-        raise ValueError(f"eos_token_ids must be a non-empty list of ints, got {eos!r} (the tokenizer has no EOS?)")
-    return GuideLogitsProcessor(term, tokenizer, tuple(sorted(set(eos))))
+    eos = eos_ids(None, tokenizer, eos_token_ids, name="eos_token_ids")
+    if not eos:
+        raise ValueError("the tokenizer has no EOS token: pass eos_token_ids")
+    return GuideLogitsProcessor(term, tokenizer, tuple(sorted(eos)))

@@ -3,7 +3,7 @@
 Rows 0..k of the target's output score the chain as in `assisted.acceptance`; row k+1 is the leaf's own
 row (the position after it). Both rules return a (3,) long tensor `[n, took, token]`: n accepted chain
 tokens, whether the leaf was taken after them (then n == at), and the target's token after the
-accepted path — one host sync per step, as for a chain.
+accepted path — one host sync per step, as for a chain. `assisted.generate._verify` runs both shapes.
 
 Sampling uses recursive rejection with candidates drawn without replacement (Jeon et al. 2024,
 "Recursive Speculative Decoding"; Chen et al. 2023, SpecTr): at position `at`, x1 ~ q is accepted with
@@ -15,16 +15,10 @@ sample from norm(max(r - q', 0)) — yields exactly r, so the position keeps p's
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
-from assisted.inputs import Options
-from assisted.result import Recorder
-from drafting.base import Draft
-from drafting.sampling import masked, probs, sample
-from drafting.tree import Branch, move_leaf, tree_forward
+from drafting.sampling import sample
 
 
 def greedy_tree_accept(logits: torch.Tensor, draft: torch.Tensor, auto: torch.Tensor, at: int, alt: int
@@ -65,30 +59,3 @@ def _normalized(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """`weights` / their sum, or `fallback` where they are all zero (a branch of probability 0)."""
     total = weights.sum()
     return torch.where(total > 0, weights / total.clamp_min(1e-30), fallback)
-
-
-def verify_tree(model, cache, seq_len: int, ids: list[int], draft: Draft, branch: Branch, opts: Options, generator,
-                rec: Recorder) -> tuple[int, bool, list[int]]:
-    """One timed target forward over the tree and its acceptance: (accepted chain tokens, leaf taken, tokens
-    after the accepted chain tokens).
-
-    The tokens after them are the leaf (if taken) and the target's token (unless the leaf ends in EOS or a
-    forced run). A taken leaf's cache entries move to its committed position; the caller crops as usual.
-    """
-    start = time.perf_counter()
-    device, k = generator.device, len(draft.tokens)
-    logits = tree_forward(model, cache, seq_len, ids, branch)  # (k+2, V)
-    masks = None if draft.masks is None else torch.cat([draft.masks.to(device), branch.mask_after.to(device)[None]])
-    tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
-    auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
-    if opts.warp.do_sample:
-        p = probs(logits, masks, opts.warp)  # (k+2, V)
-        out = speculative_tree_accept(p, draft.q.to(device), tokens, auto, branch.at, branch.token, generator)
-    else:
-        out = greedy_tree_accept(masked(logits, masks), tokens, auto, branch.at, branch.token)
-    n, took, token = out.tolist()  # the step's one host sync
-    rec.target_passes, rec.target_seconds = rec.target_passes + 1, rec.target_seconds + time.perf_counter() - start
-    if not took:
-        return n, False, [token]
-    move_leaf(cache, seq_len + k, seq_len + branch.at)
-    return n, True, [branch.token, *([token] if branch.bonus else [])]

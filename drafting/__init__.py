@@ -1,5 +1,5 @@
 """drafting: who proposes the next tokens — forced tokens from the guide, prompt lookup, an assistant model —
-and what both the drafters and the loop above use: KV-cache helpers (`cache`), warpers (`sampling`) and the
+and what both the drafters and the loop above use: KV-cache helpers (`kv_cache`), warpers (`sampling`) and the
 cursor over a guide (`base.Cursor`)."""
 
 from drafting.assistant import AssistantDrafter

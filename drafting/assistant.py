@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from drafting.base import DeviceMasks
-from drafting.cache import crop_to, forward, input_device, new_cache
+from drafting.kv_cache import crop_to, forward, input_device, new_cache
 from drafting.sampling import Warp, confidence, masked, probs, sample
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One assistant token and what it was drawn from."""
+
+    token: int
+    q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
+    confidence: float  # max of the masked distribution at temperature 1 (see `AssistantDrafter.draft`)
+    logits: torch.Tensor  # (1, V) masked logits before the warpers: a draft tree's runner-up is chosen from them
 
 
 class AssistantDrafter:
@@ -26,7 +37,12 @@ class AssistantDrafter:
         self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
 
     def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
-        """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence).
+        """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence)."""
+        drafted = self.draft(seq, mask)
+        return drafted.token, drafted.q, drafted.confidence
+
+    def draft(self, seq: list[int], mask: torch.Tensor | None) -> Drafted:
+        """Draft the token after `seq` under the guide's `mask`, with its distribution and masked logits.
 
         The confidence is the greedy token's probability under the masked distribution before the warpers
         (temperature 1): at a low sampling temperature the warped distribution is near one-hot wherever the
@@ -41,13 +57,12 @@ class AssistantDrafter:
             logits = self.processors(seq, logits, len(seq))
         mask = self.masks(mask)
         logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
-        self.last_logits = logits  # what a draft tree's runner-up is chosen from
         q = probs(logits, None, self.warp) if self.warp.do_sample else None  # (1, V), already masked
         token = sample(q, self.generator) if q is not None else logits.argmax(-1)  # (1,)
         token, conf = torch.cat([token.double(), confidence(logits).double()]).tolist()  # the one host sync
         # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
-        return int(token), q, conf
+        return Drafted(int(token), q, conf, logits)
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""

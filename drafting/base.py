@@ -2,8 +2,9 @@
 
 A `Draft` holds k proposed tokens, the guide's mask before each of them and after the last (the rows
 the target's logits are masked with), which tokens the guide forced, the assistant's confidence in each
-of its tokens (the largest probability of its distribution there), and — when sampling — the draft
-probabilities q (one-hot rows for forced and lookup tokens, which are point masses).
+of its tokens (the largest probability of its distribution there), when sampling the draft probabilities
+q (one-hot rows for forced and lookup tokens, which are point masses), and the assistant's masked logits at
+its tokens (where a draft tree chooses the runner-up, `drafting.tree.grow_branch`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class Draft:
     masks: torch.Tensor | None  # (k+1, V) bool on the target's device, guide mask before each token / after the last
     q: torch.Tensor | None  # (k, V) draft probabilities when sampling, else None
     confidence: tuple[float, ...]  # (k,) max of the assistant's distribution at each of its tokens; NaN elsewhere
-    finished: bool  # the guide is final-and-EOS-only after the draft: no bonus token follows
+    ends_output: bool  # EOS drafted, or only EOS is left after the draft: no bonus token follows
+    logits: tuple[torch.Tensor | None, ...] = ()  # (k,) the assistant's masked logits (1, V) at its tokens, else None
 
     @property
     def forced(self) -> tuple[bool, ...]:
@@ -71,7 +73,7 @@ class Clock:
 
 
 class Cursor:
-    """A timed view of an `fsm.Guide` (or of no constraint at all) with a final-only test.
+    """A timed view of an `fsm.Guide` (or of no constraint at all) that also tells when only EOS is left.
 
     `mask()` is None when there is no constraint. EOS ids are never advanced through the guide:
     generation ends at EOS.
@@ -102,7 +104,7 @@ class Cursor:
         """The text so far is a complete match of the constraint (False without one)."""
         return self.guide is not None and self._timed(self.guide.is_final)
 
-    def finished(self) -> bool:
+    def only_eos_left(self) -> bool:
         """Final, and nothing but EOS is allowed: the output is complete."""
         if self.guide is None or not self._timed(self.guide.is_final):
             return False

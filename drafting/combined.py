@@ -16,16 +16,45 @@ runs only; without forced tokens either, empty drafts (plain decoding: one targe
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from drafting.assistant import AssistantDrafter
+from drafting.assistant import AssistantDrafter, Drafted
 from drafting.base import Cursor, DeviceMasks, Draft
 from drafting.forced import ForcedTokens
 from drafting.lookup import PromptLookup
+from drafting.tree import BRANCH_BELOW, Branch, grow_branch
 
 
 NAN = math.nan
+
+
+@dataclass(frozen=True)
+class Proposed:
+    """One token of a draft being proposed, with what the draft keeps of it."""
+
+    token: int
+    source: str  # "forced" | "lookup" | "assistant"
+    mask_after: torch.Tensor | None  # (V,) the guide's mask after the token (after EOS: the one before it)
+    drafted: Drafted | None = None  # the assistant's draw (q row, confidence, logits) for its tokens
+
+    @property
+    def confidence(self) -> float:
+        return NAN if self.drafted is None else self.drafted.confidence
+
+
+class Turns:
+    """What model drafting may still add to one proposal: assistant and lookup tokens, and the copy under way."""
+
+    __slots__ = ("assistant", "lookup", "copied")
+
+    def __init__(self, assistant: int, lookup: int):
+        self.assistant, self.lookup, self.copied = assistant, lookup, []
+
+    def close(self) -> None:
+        """A cut kept every model draft: only the forced run that follows is still appended."""
+        self.assistant = self.lookup = 0
 
 
 class CombinedSource:
@@ -49,51 +78,51 @@ class CombinedSource:
         after it), or the accepted tokens would lean towards likely ones.
         Greedy drafts are deterministic: any cut is lossless.
         """
-        lookup_k = k if lookup_k is None else lookup_k
-        tokens, sources, confidence, rows, masks = [], [], [], [], [cursor.mask()]
-        self.logits = []  # the assistant's masked logits (1, V) per assistant token, for a draft tree
-        run, copied, finished = ForcedTokens(), [], cursor.finished()
-        closed = False  # a cut kept every model draft: only the forced run that follows is still appended
-        drafted: list[float] = []  # confidences of the model-drafted tokens so far (what `cut` sees)
-        while len(tokens) <= limit and not finished:
-            last = len(tokens) == limit  # the slot of the target's token: a coalesced forced token keeps it canonical
-            if last and not self.coalesced:
-                break
-            token, source, c = (run.next(cursor) if self.use_forced else None), "forced", NAN
-            if last and token is None:
-                break
-            assisting = not closed and self.assistant is not None and sources.count("assistant") < k
-            if token is None and not assisting and not closed and (looked := sources.count("lookup")) < lookup_k:
-                (token, copied), source = self._copy(seq + tokens, masks[-1], copied, lookup_k - looked), "lookup"
-            if token is None and assisting:
-                token, q, c = self.assistant.next(seq + tokens, masks[-1])
-                rows.append(q)
-                self.logits.append(self.assistant.last_logits)
-                source = "assistant"
+        turns = Turns(k if self.assistant is not None else 0, k if lookup_k is None else lookup_k)
+        start, out, run = cursor.mask(), [], ForcedTokens()
+        ends = cursor.only_eos_left()
+        room = limit + 1 if self.coalesced else limit  # coalescing: a forced token may take the target's slot
+        while not ends and len(out) < room:
+            mask = out[-1].mask_after if out else start
+            token, source, drafted = (run.next(cursor) if self.use_forced else None), "forced", None
+            if token is None and len(out) < limit:
+                token, source, drafted = self._model_token(seq + [p.token for p in out], mask, turns)
             if token is None:
                 break
-            if source != "forced":
-                drafted.append(c)
-            tokens.append(token)
-            sources.append(source)
-            confidence.append(c)
-            ends = token in cursor.eos  # nothing follows EOS; the bonus row is never used
-            if not ends:
+            eos = token in cursor.eos  # nothing follows EOS; the bonus row is never used
+            if not eos:
                 cursor.advance(token)
-            masks.append(masks[-1] if ends else cursor.mask())
-            finished = ends or cursor.finished()
-            keep = None if cut is None or source == "forced" else cut(tuple(drafted))
-            if keep is not None:
-                keep = max(keep, len(drafted) - 1) if self.sampling else keep  # see above
-                if keep == len(drafted):  # the forced run after the last draft is canonical, as without a cut
-                    closed = True
-                    continue
-                end = [i for i, s in enumerate(sources) if s != "forced"][keep]
-                tokens, sources, confidence, masks = tokens[:end], sources[:end], confidence[:end], masks[: end + 1]
-                rows, finished = rows[: sources.count("assistant")], False
-                break
-        return Draft(tuple(tokens), tuple(sources), self._stack(masks), self._q(tokens, sources, rows), tuple(confidence),
-                     finished)
+            out.append(Proposed(token, source, mask if eos else cursor.mask(), drafted))
+            ends = eos or cursor.only_eos_left()
+            if cut is not None and source != "forced" and (keep := self._kept(cut, out)) is not None:
+                models = [i for i, p in enumerate(out) if p.source != "forced"]  # positions of the model drafts
+                if keep < len(models):
+                    return self._draft(start, out[: models[keep]], False)
+                turns.close()
+        return self._draft(start, out, ends)
+
+    def branch(self, draft: Draft, cursor: Cursor, threshold: float = BRANCH_BELOW) -> Branch | None:
+        """The runner-up leaf of this source's last `draft` where the assistant was unsure, from the committed
+        guide state `cursor` (`drafting.tree.grow_branch`; its mask on the target's device)."""
+        return grow_branch(draft, cursor, self.coalesced, self.assistant.generator, self.target_masks, threshold)
+
+    def _model_token(self, context: list[int], mask, turns: Turns) -> tuple[int | None, str, Drafted | None]:
+        """The assistant's next token while it has turns left, else prompt lookup's; (None, ...) when neither."""
+        if turns.assistant > 0:
+            turns.assistant -= 1
+            drafted = self.assistant.draft(context, mask)
+            return drafted.token, "assistant", drafted
+        if turns.lookup > 0:
+            token, turns.copied = self._copy(context, mask, turns.copied, turns.lookup)
+            turns.lookup -= token is not None
+            return token, "lookup", None
+        return None, "lookup", None
+
+    def _kept(self, cut, out: list[Proposed]) -> int | None:
+        """How many of the model drafts in `out` `cut` keeps (None: go on); sampling drops at most the last."""
+        confidences = tuple(p.confidence for p in out if p.source != "forced")
+        keep = cut(confidences)
+        return max(keep, len(confidences) - 1) if keep is not None and self.sampling else keep
 
     def _copy(self, context: list[int], mask, copied: list[int], room: int) -> tuple[int | None, list[int]]:
         """The next prompt-lookup token if the guide allows it, and the rest of the copied run."""
@@ -118,17 +147,22 @@ class CombinedSource:
         if self.assistant is not None:
             self.assistant.rollback(valid)
 
-    def _stack(self, masks: list[torch.Tensor | None]) -> torch.Tensor | None:
-        """(k+1, V) bool on the target's device, or None without a constraint."""
-        return None if masks[0] is None else torch.stack([self.target_masks(m) for m in masks])
+    def _draft(self, start: torch.Tensor | None, out: list[Proposed], ends: bool) -> Draft:
+        """The proposal as a `Draft`: masks (k+1, V) on the target's device, q (k, V) when sampling."""
+        rows = [start, *(p.mask_after for p in out)]
+        masks = None if start is None else torch.stack([self.target_masks(m) for m in rows])  # (k+1, V)
+        logits = tuple(None if p.drafted is None else p.drafted.logits for p in out)
+        return Draft(tuple(p.token for p in out), tuple(p.source for p in out), masks, self._q(out),
+                     tuple(p.confidence for p in out), ends, logits)
 
-    def _q(self, tokens: list[int], sources: list[str], rows: list) -> torch.Tensor | None:
+    def _q(self, out: list[Proposed]) -> torch.Tensor | None:
         """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup)."""
         if not self.sampling:
             return None
-        q = torch.zeros(len(tokens), self.vocab_size, device=self.device)  # (k, V)
-        points = [i for i, s in enumerate(sources) if s != "assistant"]
-        q[points, [tokens[i] for i in points]] = 1.0
-        if rows:
-            q[[i for i, s in enumerate(sources) if s == "assistant"]] = torch.cat(rows)
+        q = torch.zeros(len(out), self.vocab_size, device=self.device)  # (k, V)
+        points = [i for i, p in enumerate(out) if p.drafted is None]
+        q[points, [out[i].token for i in points]] = 1.0
+        drawn = [i for i, p in enumerate(out) if p.drafted is not None]
+        if drawn:
+            q[drawn] = torch.cat([out[i].drafted.q for i in drawn])
         return q

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from drafting.cache import cache_argument, input_device
+from drafting.kv_cache import cache_argument, input_device
 
 BUCKETS = (1, 2, 4, 8, 16, 32)  # widths of the captured steps: a draft of k tokens runs in the next one >= k + 1
 Step = Callable[[], torch.Tensor]  # a forward over fixed buffers -> logits (bucket, V)

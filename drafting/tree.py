@@ -22,8 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from drafting.base import Cursor, Draft
-from drafting.cache import cache_argument, input_device
-from drafting.combined import CombinedSource
+from drafting.kv_cache import cache_argument, input_device
 from drafting.sampling import NEG_INF, confidence, sample
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
@@ -68,18 +67,18 @@ def runner_up(logits: torch.Tensor, q: torch.Tensor | None, token: int, generato
     return (int(alt), sure) if ok else None
 
 
-def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: bool,
+def grow_branch(draft: Draft, cursor: Cursor, coalesce: bool, generator, to_target=None,
                 threshold: float = BRANCH_BELOW) -> Branch | None:
-    """The branch for `source`'s last draft `draft` from the committed guide state `cursor` (not advanced), or None.
+    """The branch of `draft` from the committed guide state `cursor` (not advanced), or None.
 
-    The runner-up comes from the assistant's masked logits, or its q row and generator when sampling.
+    The runner-up comes from the assistant's masked logits at `at` (`draft.logits`), or from its q row and
+    `generator` (the assistant's) when sampling. `to_target` copies the leaf's mask to the target's device.
     """
     at = branch_position(draft, threshold)
     if at is None:
         return None
-    row = draft.sources[:at].count("assistant")
     q = None if draft.q is None else draft.q[at : at + 1]  # (1, V)
-    found = runner_up(source.logits[row], q, draft.tokens[at], source.assistant.generator)
+    found = runner_up(draft.logits[at], q, draft.tokens[at], generator)
     if found is None:
         return None
     alt, sure = found
@@ -90,9 +89,9 @@ def grow_branch(draft: Draft, cursor: Cursor, source: CombinedSource, coalesce: 
     if not ends:
         cursor.advance(alt)
     mask = None if draft.masks is None else draft.masks[at] if ends else cursor.mask()
-    mask = source.target_masks(mask)
+    mask = mask if to_target is None else to_target(mask)
     forced_next = coalesce and bool(cursor.forced())  # coalescence appends those, not the target's choice
-    return Branch(at, alt, mask, not ends and not forced_next and not cursor.finished(), sure)
+    return Branch(at, alt, mask, not ends and not forced_next and not cursor.only_eos_left(), sure)
 
 
 def check_tree_attention(model) -> None:

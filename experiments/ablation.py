@@ -29,7 +29,7 @@ from experiments.machine import run_lines  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.speedup import _chat_ids  # noqa: E402
 from experiments.tasks import (  # noqa: E402
-    add_assistant_quantization, assistant_label, assistant_quantization, load_pair, write_rows)
+    add_assistant_quantization, assistant_label, assistant_quantization, load_pair_or_none, write_rows)
 
 BASE = "defaults"
 ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True},
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     shards.check(args.shard)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
+    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
+                               pack=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

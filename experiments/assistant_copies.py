@@ -43,7 +43,7 @@ def make_copies(assistant, names: tuple[str, ...]) -> dict:
 
 def step_seconds(model, ids: list[int], repeats: int) -> list[float]:
     """Seconds of `repeats` drafting steps of `model`: one token after the prompt `ids`, with its logits."""
-    from drafting.cache import crop_to, forward, new_cache
+    from drafting.kv_cache import crop_to, forward, new_cache
     cache = new_cache()
     forward(model, cache, ids[:-1], 1)
     seconds = []
@@ -59,7 +59,7 @@ def judge(model, copies: dict, tokenizer, prompts: list[dict], temperatures: lis
           repeats: int) -> list[dict]:
     """One row per (prompt, temperature, copy): mean acceptance over the target's text, and a median step."""
     from assisted import generate
-    from drafting.cache import forward, new_cache
+    from drafting.kv_cache import forward, new_cache
     from experiments.policy_replay import trace_of
     from experiments.speedup import _chat_ids
     names, rows = list(copies), []
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.tasks import load_pair
-    loaded = load_pair(args.target, args.assistant, packed=args.packed_target)
+    from experiments.tasks import load_pair_or_none
+    loaded = load_pair_or_none(args.target, args.assistant, pack=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

@@ -18,7 +18,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from experiments.tasks import DEMO_TASKS, Run, Task, extract_json, run_mode, set_eos, validate  # noqa: E402
+from experiments.tasks import DEMO_TASKS, Run, Task, extract_json, load_pair_or_none, run_mode, validate  # noqa: E402
 
 SMALL = "smollm2-135m"
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
@@ -35,17 +35,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch CPU threads (0: torch's default). 1 is the default because on the shared "
                              "2-core CPU 1 thread ran SmolLM2 ~4x faster than 2 (0.20 vs 0.83 s/token measured)")
     return parser.parse_args(argv)
-
-
-def load_models(assistant: bool):
-    """(target, tokenizer, assistant or None); a missing model raises the loader's clear error."""
-    from experiments.models import load
-    if not assistant:
-        model, tokenizer = load(SMALL)
-        return model, tokenizer, None
-    model, tokenizer = load(PAIR[0])
-    helper, _ = load(PAIR[1])
-    return model, tokenizer, helper
 
 
 def table(task: Task, runs: list[Run]) -> str:
@@ -70,14 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    from experiments.models import NotPreparedError
     start = time.perf_counter()
-    try:
-        model, tokenizer, helper = load_models(args.assistant)
-    except (NotPreparedError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    loaded = load_pair_or_none(*PAIR) if args.assistant else load_pair_or_none(SMALL)
+    if loaded is None:
         return 1
-    set_eos(tokenizer, model, helper)
+    model, tokenizer, helper = loaded
     names = f"{PAIR[0]} + assistant {PAIR[1]}" if args.assistant else SMALL
     print(f"models: {names} (loaded in {time.perf_counter() - start:.1f} s); greedy, max {args.max_new_tokens} new tokens")
     modes = BASE_MODES + (ASSISTANT_MODES if args.assistant else ())

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from drafting.cache import cache_argument  # noqa: E402
+from drafting.kv_cache import cache_argument  # noqa: E402
 from assisted.packing import pack_linear_weights  # noqa: E402
 
 

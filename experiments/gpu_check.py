@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from drafting.cache import cache_argument, crop_to, forward, new_cache  # noqa: E402
+from drafting.kv_cache import cache_argument, crop_to, forward, new_cache  # noqa: E402
 from drafting.static_cache import cuda_capture  # noqa: E402
 from experiments.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
                                     section_extraction, section_steps)

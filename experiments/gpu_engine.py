@@ -22,7 +22,7 @@ import statistics
 import torch
 
 from assisted import generate
-from drafting.cache import crop_to, forward, new_cache
+from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import BUCKETS, StaticKV, cuda_capture
 from experiments.gpu_models import random_prompt
 

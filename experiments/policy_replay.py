@@ -57,7 +57,7 @@ import torch  # noqa: E402
 
 from assisted.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # noqa: E402
 from assisted.costs import CostTable, StepCost  # noqa: E402
-from assisted.policy import Constant, Heuristic, Policy  # noqa: E402
+from assisted.draft_policy import Constant, Heuristic, Policy  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
 from experiments.tasks import add_assistant_quantization  # noqa: E402
 
@@ -284,7 +284,7 @@ def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[
              ) -> tuple[list, list]:
     """(acceptance, confidence) per position of `text` after the prompt `ids`, whose first len(ids) - 1
     tokens each model's cache in `prompt_caches` holds (cropped back to that afterwards)."""
-    from drafting.cache import crop_to, forward
+    from drafting.kv_cache import crop_to, forward
     rows = []
     for m, cache in zip((model, assistant), prompt_caches):
         rows.append(forward(m, cache, ids[-1:] + text, len(text) + 1)[:-1].float())  # (L, V): rows predicting text
@@ -302,7 +302,7 @@ def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[
 
 def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -> Costs:
     """Median seconds of target forwards over n = 1..n_max tokens after the prompt, and of one assistant token."""
-    from drafting.cache import crop_to, forward, new_cache
+    from drafting.kv_cache import crop_to, forward, new_cache
 
     def timed(m, cache, tokens):
         start = time.perf_counter()
@@ -322,11 +322,12 @@ def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -
 
 def collect(args) -> int:
     from assisted import generate
-    from drafting.cache import forward, new_cache
+    from drafting.kv_cache import forward, new_cache
     from experiments.prompt_split import load_prompts
     from experiments.speedup import _chat_ids
-    from experiments.tasks import assistant_quantization, load_pair
-    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
+    from experiments.tasks import assistant_quantization, load_pair_or_none
+    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
+                               pack=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from assisted.loading import int8_copy, load_model
-from drafting.cache import crop_to, forward, new_cache
+from drafting.kv_cache import crop_to, forward, new_cache
 
 KS = (1, 2, 5, 9)
 

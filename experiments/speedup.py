@@ -41,7 +41,7 @@ from experiments.machine import machine_lines  # noqa: E402
 from experiments.intervals import grouped, paired_ratio, table  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
-                               count_forwards, load_pair, write_rows)
+                               count_forwards, load_pair_or_none, write_rows)
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shards.check(args.shard)
     out = shards.folder(out, args.shard)
-    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args),
-                       packed=args.packed_target, dtype=args.dtype, device=args.device)
+    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
+                               pack=args.packed_target, dtype=args.dtype, device=args.device)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

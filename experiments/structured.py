@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from experiments.tasks import (  # noqa: E402
     MODES, STRUCTURED_TASKS, add_assistant_quantization, assistant_label, assistant_quantization, extract_json,
-    load_pair, run_mode, validate, write_rows)
+    load_pair_or_none, run_mode, validate, write_rows)
 from experiments.machine import machine_lines  # noqa: E402
 
 FIELDS = ("task", "kind", "mode", "repeat", "seconds", "new_tokens", "target_forwards", "forced_share",
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_pair(args.target, args.assistant, quantize=assistant_quantization(args), packed=args.packed_target)
+    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
+                               pack=args.packed_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

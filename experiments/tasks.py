@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from assisted import generate
-from assisted.loading import EXTRA_EOS_TOKENS, eos_set, set_eos  # noqa: F401  (every system compared stops on one set)
+from assisted.loading import load_pair, set_eos  # noqa: F401  (every system compared stops on one set)
 
 
 # ---------------------------------------------------------------- schemas (pydantic at the boundary)
@@ -114,22 +114,23 @@ STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
 
 
 # ---------------------------------------------------------------- loading
-def load_pair(target: str, assistant: str | None = None, *, quantize: str | None = None, packed: bool = False,
-              **load_options) -> tuple | None:
-    """(target, tokenizer, assistant or None) as the experiments run them: the assistant as a quantized copy
-    ("int4" or "int8") if asked, the target's Linear weights packed if asked (`assisted.packing`), both
-    stopping on the same EOS set; None, after printing why to stderr, when a model is not prepared or cannot
-    be loaded or packed."""
-    from assisted.packing import pack_linear_weights
-    from experiments.models import NotPreparedError, load, load_assistant
+def load_pair_or_none(target: str, assistant: str | None = None, **options) -> tuple | None:
+    """`assisted.loading.load_pair(target, assistant, **options)` as the experiments run it: None, after printing
+    why to stderr, when a model is not prepared or cannot be loaded or packed. `assistant="random"`: a tiny random
+    model with the target's vocabulary (`experiments.models.random_like`; a bad drafter), quantized as
+    ``quantize_assistant`` asks."""
+    from experiments.models import QUANTIZED_COPIES, NotPreparedError, random_like
+    quantize = options.pop("quantize_assistant", None) if assistant == "random" else None
     try:
-        model, tokenizer = load(target, **load_options)
-        helper = None if assistant is None else load_assistant(assistant, model, quantize=quantize, **load_options)
-        if packed:
-            pack_linear_weights(model)
+        loaded = load_pair(target, None if assistant == "random" else assistant, **options)
     except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return None
+    if assistant != "random":
+        return loaded
+    model, tokenizer, _ = loaded
+    helper = random_like(model)
+    helper = QUANTIZED_COPIES[quantize](helper) if quantize else helper
     set_eos(tokenizer, model, helper)
     return model, tokenizer, helper
 

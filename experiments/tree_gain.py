@@ -22,13 +22,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from drafting.cache import crop_to, forward, new_cache  # noqa: E402
+from drafting.kv_cache import crop_to, forward, new_cache  # noqa: E402
 from drafting.tree import BRANCH_BELOW, Branch, tree_forward  # noqa: E402
 from experiments.intervals import paired_ratio  # noqa: E402
 from experiments.machine import run_lines  # noqa: E402
 from experiments.prompt_split import SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.speedup import _chat_ids  # noqa: E402
-from experiments.tasks import load_pair, write_rows  # noqa: E402
+from experiments.tasks import load_pair_or_none, write_rows  # noqa: E402
 
 SYSTEMS = ("chain", "tree")
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     argv = list(argv if argv is not None else sys.argv[1:])
-    loaded = load_pair(args.target, args.assistant, quantize="int8", packed=True)
+    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant="int8", pack=True)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

@@ -6,7 +6,7 @@ import torch
 
 from fsm import rx
 from fsm.budget import Budget, metered
-from fsm.cache import BoundedCache
+from fsm.bounded_cache import BoundedCache
 from fsm.errors import InvalidTokenError
 from fsm.index import FINISHED, TokenIndex
 from fsm.regex import DEAD, compile_regex, dfa_of

@@ -27,7 +27,7 @@ from fsm.budget import Budget, GuideBudgetError, metered
 from fsm.dialects import DEFAULT, Dialect, as_dict, declared, dialect_at, dialect_of, read
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
-from fsm.policy import object_policy
+from fsm.object_policy import object_policy
 from fsm.refs import absolute_refs
 from fsm.rewrites import exclusive_required_cases
 from fsm.schema_types import proved_empty

@@ -59,6 +59,14 @@ def one_thread():
 
 
 @pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """A test's own empty cache folder for the named sources, offline: the real one is never touched."""
+    monkeypatch.setenv("STRUCTSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path / "cache"
+
+
+@pytest.fixture
 def fresh_fsm_caches():
     """Drop every term, automaton and index the process keeps (the vocabulary stays): tests that count the terms
     or states a build creates then see the same counts whatever ran before them (terms are interned weakly, and

@@ -1,4 +1,5 @@
-"""assisted.int4: group-wise 4-bit copies of an assistant; drafting with one stays lossless."""
+"""assisted.int4 (group-wise 4-bit) and assisted.loading.int8_copy: quantized copies of an assistant; drafting with
+one stays lossless."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import torch
 
 from assisted import generate
 from assisted.int4 import KERNEL_ROWS, Int4Linear, int4_copy
-from tests.helpers_models import tiny_llama
+from assisted.loading import int8_copy, set_eos
+from tests.helpers_models import threads, tiny_llama
 
 
 def _linear(out_features: int, in_features: int, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
@@ -72,3 +74,15 @@ def test_greedy_drafts_from_an_int4_copy_give_the_target_s_text(smol_tokenizer, 
     out = generate(target, assistant, schedule="constant", num_assistant_tokens=4, **options)
     assert out.token_ids == ref.token_ids
     assert out.stats.accepted > 0 and out.stats.accepted < out.stats.drafted  # drafts taken, and some rejected
+
+
+def test_int8_copy_drafts_losslessly(smol_tokenizer):
+    model, tok = tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer  # (moved from tests/experiments)
+    set_eos(tok, model)
+    helper = int8_copy(model)
+    assert helper is not model and isinstance(model.model.layers[0].mlp.up_proj, torch.nn.Linear)  # target untouched
+    assert not isinstance(helper.model.layers[0].mlp.up_proj, torch.nn.Linear)  # int8 weights
+    kw = dict(tokenizer=tok, prompt="The cat", max_new_tokens=12)
+    with threads(1):
+        out, ref = generate(model, helper, **kw), generate(model, **kw)
+    assert out.token_ids == ref.token_ids and out.stats.drafted > 0

@@ -118,3 +118,17 @@ def test_costs_measured_on_the_dense_model_do_not_carry_to_the_packed_one():
         assert recall(target, assistant) is not None
     packed.unpack()
     assert recall(target, assistant) is not None
+
+
+def test_a_packed_model_computes_the_same_logits_and_comes_off_again(smol_tokenizer):
+    model, tok = tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer  # (moved from tests/experiments)
+    ids = torch.tensor([tok("The cat sat on the mat and looked around").input_ids])  # (1, n)
+    with torch.inference_mode():
+        dense, single = model(input_ids=ids).logits, model(input_ids=ids[:, :1]).logits
+        packed = pack_linear_weights(model, min_rows=2)
+        try:
+            assert torch.allclose(model(input_ids=ids).logits, dense, atol=1e-4)  # oneDNN rows
+            assert torch.equal(model(input_ids=ids[:, :1]).logits, single)  # one row: the dense kernel
+        finally:
+            packed.unpack()
+    assert all("forward" not in m.__dict__ for m in model.modules())

@@ -1,4 +1,4 @@
-"""assisted.policy: constant, transformers' heuristic, and the cost-aware `Auto` candidate-length schedules."""
+"""assisted.draft_policy: constant, transformers' heuristic, and the cost-aware `Auto` candidate-length schedules."""
 
 import math
 import random
@@ -9,7 +9,7 @@ import pytest
 
 from assisted.auto import AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf
 from assisted.costs import CostTable
-from assisted.policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
+from assisted.draft_policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
 from drafting.base import Draft
 
 

@@ -17,7 +17,7 @@ from assisted import generate, reset_remembered_state
 from assisted.costs import N_MAX, CostTable, memorize
 from assisted.acceptance import speculative_accept
 from assisted.tree_accept import greedy_tree_accept, speculative_tree_accept
-from drafting.cache import crop_to, forward, new_cache
+from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.sampling import make_generator, sample
 from drafting.tree import Branch, move_leaf, tree_forward
 from tests.assisted.test_acceptance import compare, sampling_noise_tv

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fsm
-from drafting.cache import forward, new_cache
+from drafting.kv_cache import forward, new_cache
 from drafting.sampling import Warp, make_generator
 from drafting import AssistantDrafter, CombinedSource, Cursor, ForcedTokens
 from drafting.base import DeviceMasks
@@ -46,7 +46,7 @@ def test_forced_only_source_drafts_the_run_and_stops_where_the_model_must_choose
     c = cursor(tok, "abcd(a|b)d")
     draft = source.propose([1], c.copy(), k=5, limit=10)
     assert draft.tokens == (5, 6) and draft.forced == (True, True) and draft.model_drafted == 0
-    assert draft.masks.shape == (3, len(tok)) and not draft.finished
+    assert draft.masks.shape == (3, len(tok)) and not draft.ends_output
     g = c.copy()
     for i, token in enumerate(draft.tokens):  # row i is the guide state before token i
         assert torch.equal(draft.masks[i], g.mask())
@@ -54,12 +54,12 @@ def test_forced_only_source_drafts_the_run_and_stops_where_the_model_must_choose
     assert torch.equal(draft.masks[2], g.mask())
 
 
-def test_a_forced_run_to_the_end_is_finished_and_the_limit_cuts_it(tok):
+def test_a_forced_run_to_the_end_ends_the_output_and_the_limit_cuts_it(tok):
     source = CombinedSource(None, True, len(tok), sampling=False)
     c = cursor(tok, "abcdba")
-    assert source.propose([1], c.copy(), k=5, limit=10).finished
+    assert source.propose([1], c.copy(), k=5, limit=10).ends_output
     cut = source.propose([1], c.copy(), k=5, limit=1)
-    assert cut.tokens == (5,) and not cut.finished
+    assert cut.tokens == (5,) and not cut.ends_output
 
 
 def test_without_assistant_and_forced_tokens_drafts_are_empty(tok):
@@ -112,26 +112,26 @@ def test_drafting_stops_after_eos(tok):
     assistant = AssistantDrafter(model, GREEDY, None)
     source = CombinedSource(assistant, True, len(tok), sampling=False)
     draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10)
-    assert draft.tokens == (EOS,) and draft.finished
+    assert draft.tokens == (EOS,) and draft.ends_output
 
 
 def test_drafting_stops_at_a_final_state_that_allows_only_eos(tok):
     model = tiny_llama(len(tok), seed=6, init=0.5, eos=EOS)
     source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
     draft = source.propose([1], cursor(tok, "(a|b)(c|d)"), k=5, limit=10)
-    assert len(draft.tokens) == 2 and draft.finished and draft.model_drafted == 2
+    assert len(draft.tokens) == 2 and draft.ends_output and draft.model_drafted == 2
 
 
 def test_cursor_final_only_and_clock(tok):
     c = cursor(tok, "ab(cd)?")
-    assert not c.finished()
+    assert not c.only_eos_left()
     c.advance(5)
-    assert c.guide.is_final() and not c.finished()  # final, but "cd" may still follow
+    assert c.guide.is_final() and not c.only_eos_left()  # final, but "cd" may still follow
     c.advance(6)
-    assert c.finished()
+    assert c.only_eos_left()
     assert c.clock.seconds > 0 and c.copy().clock is c.clock
     free = Cursor(None, frozenset([EOS]))
-    assert free.mask() is None and free.forced() == [] and not free.finished()
+    assert free.mask() is None and free.forced() == [] and not free.only_eos_left()
 
 
 def test_device_masks_copy_each_mask_once():
@@ -176,7 +176,7 @@ def test_a_cut_ends_the_draft_and_under_sampling_drops_only_its_last_token(tok, 
     source = CombinedSource(drafter, True, len(tok), sampling=warp.do_sample)
     draft = source.propose([1], cursor(tok, "[abcd]{12}"), k=5, limit=10, cut=cut)
     assert [len(c) for c in asked] == [1, 2, 3] and all(0 < c <= 1 for c in asked[-1])
-    assert len(draft.tokens) == (2 if warp.do_sample else 0) and not draft.finished
+    assert len(draft.tokens) == (2 if warp.do_sample else 0) and not draft.ends_output
     assert draft.masks.shape[0] == len(draft.tokens) + 1 and len(draft.confidence) == len(draft.tokens)
     if warp.do_sample:
         assert draft.q.shape[0] == 2
@@ -200,4 +200,4 @@ def test_the_cut_is_asked_after_eos_too(tok):
     model = boost(tiny_llama(len(tok), seed=5, eos=EOS), EOS, 50.0)
     source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
     draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10, cut=lambda confidence: 0)
-    assert draft.tokens == () and not draft.finished
+    assert draft.tokens == () and not draft.ends_output

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from drafting.cache import crop_to, forward, new_cache
+from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import BUCKETS, StaticKV, graphs_unsupported, static_unsupported
 from tests.helpers_models import tiny_gpt2, tiny_llama
 

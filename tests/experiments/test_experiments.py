@@ -14,7 +14,7 @@ import pytest
 from experiments import demo, forward_cost, speedup, stats, structured
 from experiments.intervals import paired_ratio
 from experiments.prompt_split import half_of, load_prompts
-from experiments.tasks import CHARACTER, STRUCTURED_TASKS, eos_set, extract_json, validate
+from experiments.tasks import CHARACTER, STRUCTURED_TASKS, extract_json, set_eos, validate
 from tests.helpers_models import threads, tiny_llama
 
 
@@ -22,8 +22,7 @@ from tests.helpers_models import threads, tiny_llama
 def tiny(smol_tokenizer):
     """A 1-layer random Llama with SmolLM2's vocabulary and tokenizer (chat template included)."""
     model = tiny_llama(len(smol_tokenizer), seed=0)
-    model.generation_config.eos_token_id = eos_set(smol_tokenizer, model)
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id[0]
+    set_eos(smol_tokenizer, model)  # the EOS set and pad id every experiment's models get
     return model, smol_tokenizer
 
 
@@ -138,7 +137,7 @@ def test_structured_cell_end_to_end(tiny, tmp_path):
         assert len(list(csv.DictReader(f))) == 4
 
 
-def test_a_packed_model_computes_the_same_logits_and_comes_off_again(tiny):
+def test_forward_cost_times_a_packed_model_and_the_clis_take_the_packing_and_int8_flags(tiny):
     import torch
 
     from assisted.packing import pack_linear_weights
@@ -146,32 +145,12 @@ def test_a_packed_model_computes_the_same_logits_and_comes_off_again(tiny):
     model, tok = tiny
     ids = torch.tensor([tok("The cat sat on the mat and looked around").input_ids])  # (1, n)
     with torch.inference_mode():
-        dense, single = model(input_ids=ids).logits, model(input_ids=ids[:, :1]).logits
         packed = pack_linear_weights(model, min_rows=2)
         try:
-            assert torch.allclose(model(input_ids=ids).logits, dense, atol=1e-4)  # oneDNN rows
-            assert torch.equal(model(input_ids=ids[:, :1]).logits, single)  # one row: the dense kernel
             assert forward_cost.time_forward(model, ids, 3) > 0
         finally:
             packed.unpack()
-    assert all("forward" not in m.__dict__ for m in model.modules())
     assert speedup.parse_args(["--packed-target"]).packed_target and structured.parse_args(["--packed-target"]).packed_target
-
-
-def test_int8_copy_drafts_losslessly(tiny):
-    import torch
-
-    from assisted import generate
-    from experiments.models import int8_copy
-
-    model, tok = tiny
-    helper = int8_copy(model)
-    assert helper is not model and isinstance(model.model.layers[0].mlp.up_proj, torch.nn.Linear)  # target untouched
-    assert not isinstance(helper.model.layers[0].mlp.up_proj, torch.nn.Linear)  # int8 weights
-    kw = dict(tokenizer=tok, prompt="The cat", max_new_tokens=12)
-    with threads(1):
-        out, ref = generate(model, helper, **kw), generate(model, **kw)
-    assert out.token_ids == ref.token_ids and out.stats.drafted > 0
     assert speedup.parse_args(["--assistant-int8"]).assistant_int8 and structured.parse_args(["--assistant-int8"]).assistant_int8
 
 

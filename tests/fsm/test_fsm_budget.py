@@ -9,7 +9,7 @@ import pytest
 
 import fsm
 from fsm.budget import Budget, GuideBudgetError
-from fsm.cache import BoundedCache
+from fsm.bounded_cache import BoundedCache
 from fsm.guide import INDEXES
 
 pytestmark = pytest.mark.usefixtures("fresh_fsm_caches")  # work counts must not depend on test order
