@@ -252,6 +252,12 @@ def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, opts: Op
 
 def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tuple[int, int]:
     """Mask the target's rows with the guide states of the draft and apply the acceptance rule."""
+    n, token = accept_tensor(logits, draft, opts, generator).tolist()
+    return n, token
+
+
+def accept_tensor(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> torch.Tensor:
+    """`_accept` before its host sync: (2,) long `[n, token]` on the logits' device (the batched loop stacks them)."""
     device = logits.device
     masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V), already there unless offloaded
     tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
@@ -261,8 +267,7 @@ def _accept(logits: torch.Tensor, draft: Draft, opts: Options, generator) -> tup
         out = speculative_accept(p, draft.q.to(device), tokens, auto, generator)
     else:
         out = greedy_accept(masked(logits, masks), tokens, auto)
-    n, token = out.tolist()
-    return n, token
+    return out
 
 
 def _check_tree_processors(tree: bool, opts: Options) -> None:
