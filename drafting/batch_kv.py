@@ -153,4 +153,5 @@ class BatchKV:
     def _grow_rows(self) -> None:
         for layer in self.cache.layers:
             if layer.is_initialized:
-                layer.keys, layer.values = (torch.cat([t, t.new_zeros((1, *t.shape[1:]))]) for t in (layer.keys, layer.values))
+                layer.keys, layer.values = (torch.cat([t, t.new_zeros((1, *t.shape[1:]))])
+                                            for t in (layer.keys, layer.values))

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from assisted import generate, generate_batch
 from assisted.loading import load_pair
@@ -78,7 +77,6 @@ def _gather_and_split(kv: BatchKV, feed: int, kept: int) -> float:
                for r, n in enumerate(kv.lengths)]
     width = max(kv.lengths)
     start = time.perf_counter()
-    batch = DynamicCache()
     for i in range(len(kv.cache.layers)):
         keys = torch.cat([F.pad(row[i][0], (0, 0, 0, width - row[i][0].shape[2])) for row in per_row])
         values = torch.cat([F.pad(row[i][1], (0, 0, 0, width - row[i][1].shape[2])) for row in per_row])

@@ -66,7 +66,8 @@ PAIRS = {"plain": ("llama", None), "accepted": ("llama", "llama"), "rejected": (
 
 
 SIZES = [(pair, constraint, 3) for pair in PAIRS for constraint in CONSTRAINTS] + [
-    (pair, constraint, size) for pair, constraint in (("accepted", "none"), ("rejected", "schema")) for size in (1, 2, 5)]
+    (pair, constraint, size) for pair, constraint in (("accepted", "none"), ("rejected", "schema"))
+    for size in (1, 2, 5)]
 
 
 @pytest.mark.parametrize("pair, constraint, batch_size", SIZES)
@@ -208,8 +209,8 @@ def test_each_sampled_row_has_its_own_reference_distribution(small):
 
 def test_a_seeded_row_gives_the_same_tokens_alone_and_in_any_batch(small):
     tok, target, helper = small
-    kw = dict(tokenizer=tok, do_sample=True, coalesce=False, max_new_tokens=12, num_assistant_tokens_schedule="constant",
-              num_assistant_tokens=3, **WARP)
+    kw = dict(tokenizer=tok, do_sample=True, coalesce=False, max_new_tokens=12, num_assistant_tokens=3,
+              num_assistant_tokens_schedule="constant", **WARP)
     prompts, regexes = [PROMPT, COPYABLE, PROMPT, [1, 2]], [None, None, r"(a|b)cd(a|b|c)+", r"[abcd]+"]
     together = generate_batch(target, helper, input_ids=prompts, regex=regexes, seed=[7, 8, 9, 10], batch_size=2, **kw)
     for i, (prompt, regex) in enumerate(zip(prompts, regexes)):
