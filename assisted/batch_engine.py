@@ -208,4 +208,6 @@ class Engine:
         return GenerationResult(text, new, value, stop or row.stop, stats, None, self.stats)
 
     def _error(self, message: str) -> GenerationResult:
+        """A failed row's result; its error on one line (an output line of the CLI)."""
+        message = " ".join(message.split("\n"))
         return GenerationResult("", [], None, "error", Recorder().freeze(0, 0, 0.0, 0.0), message, self.stats)
