@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-mechanism", action="store_true", help="skip the cache-mechanism probe")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, assistant = load_pair(args.model, args.assistant, quantize_assistant=args.quantize_assistant,
                                             pack=args.pack)
     lengths = [380, 120, 300, 60, 250, 340, 200, 90]
-    probes = [mechanism(model, rows, lengths, feed=6, kept=3) for rows in (2, 4, 8)]
+    probes = [] if args.no_mechanism else [mechanism(model, rows, lengths, feed=6, kept=3) for rows in (2, 4, 8)]
     for p in probes:
         print(p, file=sys.stderr)
     documents = (DOCUMENTS * 4)[: args.documents]
@@ -128,6 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _mechanism_lines(probes: list[dict]) -> list[str]:
+    if not probes:
+        return []
+    return ["## KV-cache mechanism (ms per verification step; rows of lengths 380, 120, 300, 60, 250, 340, 200, 90;"
+            " 6 tokens fed, 3 kept)", "",
+            "| rows | forward | shared cache: compaction | per-row caches: gather + split |", "|---|---|---|---|",
+            *(f"| {p['rows']} | {p['forward_ms']:.2f} | {p['compact_ms']:.3f} | {p['gather_split_ms']:.3f} |"
+              for p in probes), ""]
+
+
 def write(args, argv: list[str], probes: list[dict], runs: list[dict], systems: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     reference = {r["round"]: r["texts"] for r in runs if r["system"] == "generate"}
@@ -136,12 +147,7 @@ def write(args, argv: list[str], probes: list[dict], runs: list[dict], systems: 
              f"pack {args.pack}; greedy, schema-constrained extraction (experiments.prefix_reuse's documents "
              f"and system prompt, chat template), heuristic schedule, max_new_tokens {args.max_new_tokens}, "
              f"{args.documents} documents, {args.rounds} rounds, systems in rotating order", "",
-             "## KV-cache mechanism (ms per verification step; rows of lengths 380, 120, 300, 60, 250, 340, 200, 90;"
-             " 6 tokens fed, 3 kept)", "",
-             "| rows | forward | shared cache: compaction | per-row caches: gather + split |", "|---|---|---|---|",
-             *(f"| {p['rows']} | {p['forward_ms']:.2f} | {p['compact_ms']:.3f} | {p['gather_split_ms']:.3f} |"
-               for p in probes),
-             "", "## Documents per second", "",
+             *_mechanism_lines(probes), "## Documents per second", "",
              "Wall time and this process's CPU time (one thread: CPU time is what the work cost, less exposed to the "
              "other jobs on the machine than wall time). Ratios: median over rounds of the per-round ratio to "
              "`generate()` one document at a time.", "",
