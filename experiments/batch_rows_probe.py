@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from assisted import generate, generate_batch
+from assisted import PrefixCache, generate, generate_batch
 from assisted.loading import load_pair
 from drafting.batch_kv import BatchKV
 from experiments.machine import run_lines
@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reuse", action="store_true", help="also generate() with a PrefixCache (--batch-size 1)")
     parser.add_argument("--no-mechanism", action="store_true", help="skip the cache-mechanism probe")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
@@ -94,11 +95,14 @@ def throughput(system: str, model, tokenizer, assistant, documents: list[str], m
     start, cpu = time.perf_counter(), time.process_time()
     if system == "generate":
         outs = [generate(model, assistant, messages=messages(d), **kw) for d in documents]
+    elif system == "generate-reuse":  # `structspec batch --batch-size 1`: the shared prompt prefix prefilled once
+        cache = PrefixCache()
+        outs = [generate(model, assistant, messages=messages(d), prefix_cache=cache, **kw) for d in documents]
     else:
         outs = generate_batch(model, assistant, messages=[messages(d) for d in documents],
                               batch_size=int(system.split("-")[1]), **kw)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    batch = None if system == "generate" else outs[0].batch
+    batch = outs[0].batch
     return {"system": system, "seconds": seconds, "docs_per_s": len(documents) / seconds, "cpu_seconds": cpu,
             "docs_per_cpu_s": len(documents) / cpu,
             "new_tokens": sum(o.stats.new_tokens for o in outs), "texts": [o.text for o in outs],
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in probes:
         print(p, file=sys.stderr)
     documents = (DOCUMENTS * 4)[: args.documents]
-    systems = ["generate", *(f"batch-{s}" for s in args.sizes.split(","))]
+    systems = ["generate", *(["generate-reuse"] if args.reuse else []), *(f"batch-{s}" for s in args.sizes.split(","))]
     throughput(systems[-1], model, tokenizer, assistant, documents[:2], 8)  # warm-up: guide built, weights touched
     runs = []
     for round_ in range(args.rounds):
