@@ -5,6 +5,7 @@
 """
 
 from assisted.costs import forget as reset_remembered_state
+from assisted.batched import generate_batch, generate_batch_iter
 from assisted.generate import generate
 from assisted.int4 import int4_copy
 from assisted.packing import pack_linear_weights
@@ -12,5 +13,5 @@ from assisted.prefix import PrefixCache
 from assisted.processor import GuideLogitsProcessor, logits_processor
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord
 
-__all__ = ["generate", "logits_processor", "GuideLogitsProcessor", "PrefixCache", "reset_remembered_state",
+__all__ = ["generate", "generate_batch", "generate_batch_iter", "logits_processor", "GuideLogitsProcessor", "PrefixCache", "reset_remembered_state",
            "pack_linear_weights", "int4_copy", "GenerationResult", "Stats", "Seconds", "StepRecord"]

@@ -21,7 +21,7 @@ import pydantic
 from assisted.batch_input import BadLine, BatchError, Document, Inputs, id_key, read_input
 
 __all__ = ["BadLine", "BatchError", "Document", "Done", "Inputs", "Summary", "id_key", "read_input", "read_output",
-           "run_batch"]
+           "run_batch", "run_batch_rows"]
 
 
 @dataclass
@@ -173,6 +173,28 @@ def run_batch(inputs: Inputs, output: Path, generate_one: Callable, report: Call
     progress : bool
         Show a progress bar.
     """
+    def records(documents):
+        return ((document, document_record(document, generate_one)) for document in documents)
+
+    return _append(inputs, output, records, report, progress)
+
+
+def run_batch_rows(inputs: Inputs, output: Path, generate_rows: Callable, report: Callable[[str], None],
+                   progress: bool = True) -> Summary:
+    """`run_batch` for a batched generator: ``generate_rows(documents)`` yields ``(document, result)`` as rows
+    finish (`assisted.generate_batch_iter`), so lines are written in the order documents finish; a result with
+    ``error`` set becomes that document's error line."""
+    def records(documents):
+        for document, result in generate_rows(documents):
+            yield document, (error_record(document.id, document.line, result.error) if result.error is not None
+                             else result_record(document.id, result))
+
+    return _append(inputs, output, records, report, progress)
+
+
+def _append(inputs: Inputs, output: Path, records: Callable, report: Callable[[str], None], progress: bool
+            ) -> Summary:
+    """Write the bad lines, then ``records(documents)``'s ``(document, record)`` pairs as they come."""
     done = read_output(output)
     todo = inputs.todo(done.ids)
     tokens = failed = written = 0
@@ -180,8 +202,7 @@ def run_batch(inputs: Inputs, output: Path, generate_one: Callable, report: Call
         write_bad_lines(out, inputs.bad, done, report)
         bar = _progress(todo, progress)
         start = time.perf_counter()
-        for document in inputs.documents(skip=done.ids):
-            record = document_record(document, generate_one)
+        for document, record in records(inputs.documents(skip=done.ids)):
             if "error" in record:
                 failed += 1
                 report(f"input line {document.line} (id {document.id!r}): {record['error']}")
@@ -190,7 +211,9 @@ def run_batch(inputs: Inputs, output: Path, generate_one: Callable, report: Call
                 tokens += record["stats"]["new_tokens"]
             _write(out, record)
             bar.update(1)
-            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix_str(f"{(written + failed) / elapsed:.2f} doc/s, {tokens / elapsed:.1f} tok/s",
+                                refresh=False)
         bar.close()
     return Summary(written, len(inputs.first) - todo, len(inputs.bad), failed, tokens)
 

@@ -26,6 +26,7 @@ from assisted.batch_lock import output_lock
 from assisted.ray_batch import add_ray_options
 
 EXIT_ERROR = 2
+DEFAULT_BATCH_SIZE = 4  # `structspec batch --batch-size`: chosen from measurement (docs/design.md, "Batched rows")
 
 
 class CliError(ValueError):
@@ -47,6 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     many.add_argument("--input", type=Path, required=True, help='JSONL: {"id", "prompt"} or {"id", "messages"}')
     many.add_argument("--output", type=Path, required=True, help="JSONL, appended to; a rerun skips ids done")
     many.add_argument("--no-progress", action="store_true", help="no progress bar")
+    many.add_argument("--batch-size", type=int, default=None,
+                      help=f"documents decoded at once (default {DEFAULT_BATCH_SIZE}; 1: one at a time, with prefix "
+                           "reuse); lines are written as documents finish")
     many.add_argument("--no-prefix-cache", action="store_true",
                       help="prefill every prompt in full (default: reuse the KV cache of the prefix shared with the "
                            "previous document)")
@@ -209,7 +213,12 @@ def _batch_locked(args, load: Callable) -> int:
     inputs = read_input(args.input)
     read_output(args.output)  # not ours: refuse before loading anything
     if args.ray is not None:
+        if args.batch_size not in (None, 1):
+            raise CliError("--ray runs one document at a time per worker: leave --batch-size out")
         return command_ray_batch(args, constraint, decoding, inputs)
+    batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+    if batch_size > 1:
+        return _batch_rows(args, load, constraint, decoding, inputs, batch_size)
     model, tokenizer, assistant = load(args)
     reuse = PrefixCache() if not args.no_prefix_cache else None  # the shared instruction is prefilled once
 
@@ -219,6 +228,37 @@ def _batch_locked(args, load: Callable) -> int:
 
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
     summary = run_batch(inputs, args.output, generate_one, report, progress=not args.no_progress)
+    _print_summary(args, summary)
+    return 0
+
+
+def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, batch_size: int) -> int:
+    """`batch --batch-size B` (B > 1): documents decoded B at a time by `assisted.batched`, refilled as they finish."""
+    from assisted.batch import run_batch_rows
+    from assisted.batch_rows import Item
+    from assisted.batched import make_engine
+    if args.schedule == "auto":
+        raise CliError("--schedule auto prices one document per forward: pass --schedule heuristic or constant, "
+                       "or --batch-size 1")
+    model, tokenizer, assistant = load(args)
+    engine = make_engine(model, assistant, tokenizer=tokenizer, batch_size=batch_size,
+                         constrained=bool(constraint), **decoding)
+    seed = decoding.get("seed")
+
+    def generate_rows(documents):
+        waiting = {}
+
+        def items():
+            for index, document in enumerate(documents):
+                waiting[index] = document
+                (form, value), = _prompt_of(document.prompt, document.messages, args.chat).items()
+                yield Item(index, form, value, constraint.get("schema"), constraint.get("regex"), seed)
+
+        for index, result in engine.run(items()):
+            yield waiting.pop(index), result
+
+    report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
+    summary = run_batch_rows(inputs, args.output, generate_rows, report, progress=not args.no_progress)
     _print_summary(args, summary)
     return 0
 
@@ -290,6 +330,8 @@ def _check_numbers(args) -> None:
                   args.top_k or None, args.top_p, args.seed, args.num_assistant_tokens, args.schedule, True)
     if temperature < 0:
         raise CliError(f"--temperature must be >= 0, got {args.temperature}")
+    if getattr(args, "batch_size", None) is not None and args.batch_size < 1:
+        raise CliError(f"--batch-size must be >= 1, got {args.batch_size}")
 
 
 if __name__ == "__main__":

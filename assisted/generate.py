@@ -262,6 +262,15 @@ def _accept(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Optio
             ) -> tuple[int, bool, int]:
     """Mask the target's rows with the guide states of the draft (and the leaf) and apply the acceptance rule:
     `assisted.acceptance` on a chain, `assisted.tree_accept` on a chain plus a leaf."""
+    found = accept_tensor(logits, draft, leaf, opts, generator).tolist()  # [n, token] on a chain, [n, took, token]
+    n, took, token = found if leaf is not None else (found[0], 0, found[1])
+    return n, bool(took), token
+
+
+def accept_tensor(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Options, generator
+                  ) -> torch.Tensor:
+    """`_accept` before its host sync, on the logits' device: (2,) long [n, token] on a chain, (3,) [n, took,
+    token] on a tree (the batched loop stacks the chains' results for one sync)."""
     device = logits.device
     masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V), already there unless offloaded
     if masks is not None and leaf is not None:
@@ -276,9 +285,7 @@ def _accept(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Optio
         scores = masked(logits, masks)  # (k+1 (+1), V)
         out = greedy_accept(scores, tokens, auto) if leaf is None else \
             greedy_tree_accept(scores, tokens, auto, leaf.at, leaf.token)
-    found = out.tolist()  # [n, token] on a chain, [n, took, token] on a tree
-    n, took, token = found if leaf is not None else (found[0], 0, found[1])
-    return n, bool(took), token
+    return out
 
 
 def _check_tree_processors(tree: bool, opts: Options) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from assisted.auto import Estimates
 
-StopReason = Literal["eos", "final", "length", "stop_string", "criteria"]
+StopReason = Literal["eos", "final", "length", "stop_string", "criteria", "error"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,11 @@ class Stats:
     cache_note: str | None = None  # on a CUDA target, why the default left static caches or graphs off
 
     @property
+    def latency_seconds(self) -> float:
+        """Wall time of this output: the call's, or in `generate_batch` from the row's admission to its finish."""
+        return self.seconds.total
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
@@ -86,11 +91,17 @@ class GenerationResult:
         The validated pydantic instance (schema was a pydantic class), the parsed JSON validated by
         `jsonschema` (JSON Schema), or None (regex, no constraint, or a text the guide does not accept as
         complete: cut by the token budget, stop reason "length"). Never a parsed prefix.
-    stop_reason : {"eos", "final", "length", "stop_string", "criteria"}
+    stop_reason : {"eos", "final", "length", "stop_string", "criteria", "error"}
         EOS emitted; the guide reached a final state that allows nothing else; the budget ran out; a stop string
-        was completed; or a stopping criterion said stop.
+        was completed; a stopping criterion said stop; or (`generate_batch` only) the row failed, see `error`.
     stats : Stats
         Forward passes, drafted/accepted tokens by source, timings and per-step records.
+    error : str or None
+        `generate_batch` only: why this row could not be generated (empty prompt, too long, bad schema); the
+        other rows went on. None otherwise.
+    batch : assisted.batched_stats.BatchStats or None
+        `generate_batch` only: the statistics of the whole batch run, one object shared by all its rows
+        (final once the run has returned every row).
     """
 
     text: str
@@ -98,6 +109,8 @@ class GenerationResult:
     value: Any
     stop_reason: StopReason
     stats: Stats
+    error: str | None = None
+    batch: Any = None
 
 
 class Recorder:

@@ -48,6 +48,11 @@ def batch(schema, docs, out):
             "--output", str(out), "--max-new-tokens", "12", "--no-progress"]
 
 
+def one_at_a_time(schema, docs, out):
+    """The run through generate(), one document at a time (`--batch-size 1`), where a test hooks generate()."""
+    return [*batch(schema, docs, out), "--batch-size", "1"]
+
+
 def ids_of(out: Path) -> list:
     return [json.loads(line)["id"] for line in out.read_text().splitlines() if '"text": ' in line]
 
@@ -235,14 +240,14 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_goes_on(pair, 
         seen["calls"] = seen.get("calls", 0) + 1
         if seen["calls"] == 3:  # two lines written and flushed: start a second run on the same output, now
             seen["before"] = out.read_bytes()
-            seen["second"] = subprocess.run([sys.executable, "-m", "assisted.cli", *batch(schema, docs, out)],
+            seen["second"] = subprocess.run([sys.executable, "-m", "assisted.cli", *one_at_a_time(schema, docs, out)],
                                             cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                                             capture_output=True, text=True, timeout=600)
             seen["after"] = out.read_bytes()
         return real(*args, **kwargs)
 
     monkeypatch.setattr(assisted, "generate", generate)
-    assert main(batch(schema, docs, out), load=lambda args: pair) == 0
+    assert main(one_at_a_time(schema, docs, out), load=lambda args: pair) == 0
     second = seen["second"]
     assert second.returncode == 2 and second.stdout == ""
     assert second.stderr.count("\n") == 1, second.stderr
@@ -284,7 +289,8 @@ def test_a_run_killed_mid_batch_then_rerun_does_every_id_exactly_once(pair, file
     script, log = tmp_path / "child.py", tmp_path / "child.err"
     script.write_text(CHILD)
     with open(log, "w") as stderr:
-        child = subprocess.Popen([sys.executable, str(script), json.dumps(batch(schema, docs, out)), "4"], cwd=ROOT,
+        child = subprocess.Popen([sys.executable, str(script), json.dumps(one_at_a_time(schema, docs, out)), "4"],
+                                 cwd=ROOT,
                                  env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:

@@ -221,8 +221,8 @@ def test_batch_reuses_the_shared_instruction_and_writes_the_same_lines(pair, fil
     instruction = "Extract the point as JSON with keys x and tag. " * 5
     docs.write_text("".join(json.dumps({"id": i, "prompt": f"{instruction}Doc {i}:"}) + "\n" for i in range(3)))
     plain = tmp_path / "plain.jsonl"
-    assert main(batch(schema, docs, out), load=injected(pair)) == 0
-    assert main(batch(schema, docs, plain, "--no-prefix-cache"), load=injected(pair)) == 0
+    assert main(batch(schema, docs, out, "--batch-size", "1"), load=injected(pair)) == 0  # one at a time: reuse
+    assert main(batch(schema, docs, plain, "--no-prefix-cache", "--batch-size", "1"), load=injected(pair)) == 0
     reused, full = records(out), records(plain)
     assert [r["text"] for r in reused] == [r["text"] for r in full]
     prefill = [r["stats"]["prefill_tokens"] for r in reused]

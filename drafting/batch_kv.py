@@ -1,0 +1,157 @@
+"""One physical KV cache for B rows of different lengths (the batched loop's target and assistant caches).
+
+Every layer holds keys and values of shape (B, H, P, D). Row r's valid entries are always the prefix
+[0, lengths[r]) of its columns; columns [lengths[r], P) are holes (padding, rejected drafts, what a shorter row
+left behind), hidden from every query by an additive 4D attention mask. A forward appends m columns to every
+row (each row's feed, right-padded to m), then moves each row's real new entries left, to right after its valid
+prefix, and crops P to the longest row: holes never pile up in the middle of a row, and no full copy of the
+cache is made per step (the move touches only the step's new entries).
+
+Padded queries attend to their row's valid keys and to the new columns up to their own (they always see
+themselves), so no query row is fully masked: every stored value is finite (a NaN in a hole would poison
+later rows through 0 * NaN in the attention product). Positions are per row (`position_ids`), so a row's
+entries are those of the row decoded alone. This needs an attention that applies a custom 4D mask
+(`ATTENTIONS`) and a model without sliding-window layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from drafting.kv_cache import cache_argument, input_device
+
+ATTENTIONS = ("sdpa", "eager")  # attention implementations that apply a custom 4D additive mask
+PAD = 0  # the id fed at padded positions (its entries are holes)
+
+
+def check_batch_model(model, name: str = "model") -> None:
+    """Raise ValueError unless `model` can run rows of different lengths on one cache (before any model call)."""
+    config = model.config
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in ATTENTIONS:
+        raise ValueError(f"batched generation needs attn_implementation in {ATTENTIONS} (a custom 4D mask); "
+                         f"{name} has {attention!r}")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sliding = "sliding_attention" in (getattr(text, "layer_types", None) or ()) or (
+        getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None))
+    if sliding:
+        raise ValueError(f"batched generation does not support sliding-window attention ({name})")
+
+
+class BatchKV:
+    """The cache of one model for B rows; `lengths[r]` tokens of row r are cached."""
+
+    def __init__(self, model):
+        self.model, self.cache, self.lengths = model, DynamicCache(), []
+        self.device = input_device(model)
+        dtype = model.get_input_embeddings().weight.dtype
+        self.dtype = dtype if dtype.is_floating_point else torch.float32
+
+    @property
+    def width(self) -> int:
+        """P: the physical columns of every row."""
+        return self.cache.get_seq_length()
+
+    def forward(self, feeds: list[list[int]]) -> torch.Tensor:
+        """Run row r's `feeds[r]` (not yet cached) after its cached tokens; logits (B, m, V), m = longest feed.
+
+        Row r's logits are rows [0, len(feeds[r])) of its (m, V) block; after the call those tokens are cached.
+        """
+        b, m, past = len(feeds), max(1, max(map(len, feeds))), self.width
+        assert b == len(self.lengths), "one feed per row"
+        ids = torch.tensor([f + [PAD] * (m - len(f)) for f in feeds], dtype=torch.long, device=self.device)  # (B, m)
+        positions = torch.tensor([[n + min(j, max(len(f) - 1, 0)) for j in range(m)]
+                                  for n, f in zip(self.lengths, feeds)], device=self.device)  # (B, m)
+        out = self.model(input_ids=ids, attention_mask=self._mask(past, m), position_ids=positions, use_cache=True,
+                         logits_to_keep=m, **{cache_argument(type(self.model)): self.cache})
+        self._compact(past, [len(f) for f in feeds])
+        return out.logits  # (B, m, V)
+
+    def _mask(self, past: int, m: int) -> torch.Tensor:
+        """Additive (B, 1, m, past + m): row r's valid prefix, then causal over the new columns."""
+        lengths = torch.tensor(self.lengths, device=self.device)  # (B,)
+        cached = torch.arange(past, device=self.device)[None, :] < lengths[:, None]  # (B, past)
+        causal = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()  # (m, m)
+        seen = torch.cat([cached[:, None, :].expand(-1, m, -1), causal[None].expand(len(self.lengths), -1, -1)], -1)
+        low = torch.finfo(self.dtype).min
+        return torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill(~seen, low)[:, None]
+
+    def _compact(self, past: int, fed: list[int]) -> None:
+        """Move each row's `fed[r]` new entries (columns past, past + 1, ...) to right after its valid prefix."""
+        rows = [r for r, n in enumerate(fed) for _ in range(n) if self.lengths[r] != past]
+        if rows:
+            src = [past + j for r, n in enumerate(fed) for j in range(n) if self.lengths[r] != past]
+            dst = [self.lengths[r] + j for r, n in enumerate(fed) for j in range(n) if self.lengths[r] != past]
+            r, s, d = (torch.tensor(x, device=self.device) for x in (rows, src, dst))
+            for layer in self.cache.layers:
+                layer.keys[r, :, d] = layer.keys[r, :, s]  # (N, H, D)
+                layer.values[r, :, d] = layer.values[r, :, s]
+        self.lengths = [n + f for n, f in zip(self.lengths, fed)]
+        self._crop_width()
+
+    def crop_rows(self, lengths: list[int]) -> None:
+        """Keep at most `lengths[r]` cached tokens of row r."""
+        self.lengths = [min(n, keep) for n, keep in zip(self.lengths, lengths)]
+        self._crop_width()
+
+    def _crop_width(self) -> None:
+        extra = self.width - max(self.lengths, default=0)
+        if extra > 0:
+            for layer in self.cache.layers:
+                layer.crop(-extra)
+
+    def drop(self, keep: list[int]) -> None:
+        """Keep only the rows `keep` (in this order): finished rows with no document to take their slot."""
+        self.lengths = [self.lengths[r] for r in keep]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+        if not keep:
+            self.cache = DynamicCache()
+        self._crop_width()
+
+    def place(self, slot: int, ids: list[int]) -> None:
+        """Prefill `ids` alone (their own forward) into row `slot` (an existing row is replaced; `slot == B` adds one).
+
+        The caller never adds a row beyond its batch size: the cache holds at most that many rows.
+        """
+        if slot == len(self.lengths):
+            self.lengths.append(0)
+            self._grow_rows()
+        self.lengths[slot] = 0
+        if not ids:
+            return self._crop_width()
+        small = DynamicCache()
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, n)
+        self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_argument(type(self.model)): small})
+        n = len(ids)
+        if not self.cache.layers:
+            self._create(small, n)
+        if self.width < n:
+            self._grow_width(n)
+        for layer, new in zip(self.cache.layers, small.layers):
+            layer.keys[slot, :, :n], layer.values[slot, :, :n] = new.keys[0], new.values[0]
+        self.lengths[slot] = n
+        self._crop_width()
+
+    def _create(self, small: DynamicCache, n: int) -> None:
+        for new in small.layers:
+            layer = DynamicLayer()
+            shape = (len(self.lengths), new.keys.shape[1], n, new.keys.shape[3])
+            layer.lazy_initialization(new.keys, new.values)
+            layer.keys, layer.values = new.keys.new_zeros(shape), new.values.new_zeros(shape)
+            self.cache.layers.append(layer)
+
+    def _grow_width(self, n: int) -> None:
+        for layer in self.cache.layers:
+            layer.keys, layer.values = (torch.cat([t, t.new_zeros((*t.shape[:2], n - t.shape[2], t.shape[3]))], 2)
+                                        for t in (layer.keys, layer.values))
+
+    def _grow_rows(self) -> None:
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = (torch.cat([t, t.new_zeros((1, *t.shape[1:]))])
+                                            for t in (layer.keys, layer.values))

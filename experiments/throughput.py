@@ -1,0 +1,384 @@
+"""Throughput over many documents: our batched engine against batched transformers, the same run, interleaved.
+
+    python -m experiments.throughput --int4-assistant --pack --threads 1 \\
+        --out experiments/results/throughput-qwen-int4-packed-cpu-<date>
+
+Documents: `experiments/prompts/support_tickets.jsonl`, 48 support messages written for this experiment (1 to 4
+sentences), each extracted into `Ticket` (a nested object, an array of objects, four enums). Systems, greedy, one
+set of models:
+
+  ours:B          assisted.generate_batch(batch_size=B): assistant drafts, forced tokens, continuous refill
+  single          assisted.generate, one document after another (our single-row loop)
+  hf-xgrammar:B   transformers' model.generate on left-padded batches of B, XGrammar's logits processor with compact
+                  JSON (no whitespace, "," and ":": what ours writes)
+  hf-ours:B       the same with assisted.logits_processor
+
+Units: the documents are cut into chunks of `--chunk`; every (chunk, repeat) unit runs every system, the order
+rotated per unit, so slow phases of a shared machine hit all systems alike. Reported per system: documents per
+minute, new tokens per second, per-document latency p50/p95 (from the document's admission to its result: a batch's
+wall time for transformers, the row's time in the batch for ours; queueing excluded), padding share, valid outputs
+(every output checked with `jsonschema`). Ratios are paired per unit (geometric mean, 90% t-interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from assisted import generate, logits_processor
+from experiments.intervals import paired_ratio
+from experiments.machine import cpu_name, run_lines
+from experiments.tasks import add_assistant_quantization, assistant_label, assistant_quantization
+
+DOCUMENTS = Path(__file__).parent / "prompts" / "support_tickets.jsonl"
+INSTRUCTION = ("Extract the support ticket below as JSON: the customer (name, and account_tier: free, pro or "
+               "enterprise; free when not said), category, priority, the products it mentions with quantities "
+               "(an empty list if none), the customer's sentiment and a one-line summary.\n\n")
+UNIT_FIELDS = ("unit", "repeat", "system", "documents", "seconds", "new_tokens", "valid", "errors",
+               "latency_p50", "latency_p95", "padding_share", "target_forwards")
+DOC_FIELDS = ("unit", "repeat", "system", "id", "latency", "new_tokens", "valid", "error", "text")
+
+
+class Customer(BaseModel):
+    name: str = Field(max_length=40)
+    account_tier: Literal["free", "pro", "enterprise"]
+
+
+class Product(BaseModel):
+    product: str = Field(max_length=32)
+    quantity: int = Field(ge=1, le=500)
+
+
+class Ticket(BaseModel):
+    customer: Customer
+    category: Literal["billing", "shipping", "technical", "account", "feedback", "other"]
+    priority: Literal["low", "medium", "high", "urgent"]
+    products: list[Product] = Field(max_length=4)
+    sentiment: Literal["negative", "neutral", "positive"]
+    summary: str = Field(max_length=80)
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+
+    def messages(self) -> list[dict]:
+        return [{"role": "user", "content": INSTRUCTION + self.text}]
+
+
+@dataclass(frozen=True)
+class Output:
+    """One document's result under one system."""
+
+    text: str
+    new_tokens: int
+    latency: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One system over one chunk: its outputs in document order, and what the forwards computed."""
+
+    outputs: list[Output]
+    padding_share: float
+    target_forwards: int
+
+
+def load_documents(path: Path = DOCUMENTS) -> list[Document]:
+    return [Document(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def parse_system(name: str) -> tuple[str, int]:
+    """"ours:8" -> ("ours", 8); "single" -> ("single", 1)."""
+    kind, _, size = name.partition(":")
+    if kind not in ("ours", "single", "hf-xgrammar", "hf-ours") or (kind != "single") != bool(size):
+        raise ValueError(f"unknown system {name!r}: ours:B, single, hf-xgrammar:B or hf-ours:B")
+    return kind, int(size or 1)
+
+
+class Runner:
+    """Runs one system over a list of documents with one set of models."""
+
+    def __init__(self, model, tokenizer, assistant, max_new_tokens: int):
+        self.model, self.tokenizer, self.assistant, self.max_new = model, tokenizer, assistant, max_new_tokens
+        found = model.generation_config.eos_token_id
+        self.eos = [found] if isinstance(found, int) else list(found)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
+        self._xgrammar = None
+
+    def ids(self, doc: Document) -> list[int]:
+        text = self.tokenizer.apply_chat_template(doc.messages(), tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def run(self, system: str, docs: list[Document]) -> Pass:
+        kind, size = parse_system(system)
+        if kind == "single":
+            return self._single(docs)
+        if kind == "ours":
+            return self._ours(docs, size)
+        batches = [docs[i : i + size] for i in range(0, len(docs), size)]
+        passes = [self._hf(kind, batch) for batch in batches]
+        positions = [len(p.outputs) for p in passes]  # weight each batch's padding by its rows
+        share = sum(p.padding_share * n for p, n in zip(passes, positions)) / sum(positions)
+        return Pass([o for p in passes for o in p.outputs], share, sum(p.target_forwards for p in passes))
+
+    def _single(self, docs: list[Document]) -> Pass:
+        outputs, forwards = [], 0
+        for doc in docs:
+            start = time.perf_counter()
+            out = generate(self.model, self.assistant, tokenizer=self.tokenizer, input_ids=self.ids(doc),
+                           schema=Ticket, max_new_tokens=self.max_new)
+            outputs.append(Output(out.text, out.stats.new_tokens, time.perf_counter() - start))
+            forwards += out.stats.target_forward_passes
+        return Pass(outputs, 0.0, forwards)
+
+    def _ours(self, docs: list[Document], size: int) -> Pass:
+        from assisted import generate_batch
+        results = generate_batch(self.model, self.assistant, tokenizer=self.tokenizer,
+                                 input_ids=[self.ids(d) for d in docs], schema=Ticket, batch_size=size,
+                                 max_new_tokens=self.max_new)
+        outputs = [Output(r.text, r.stats.new_tokens, r.stats.latency_seconds, r.error or "") for r in results]
+        batch = results[0].batch
+        return Pass(outputs, batch.padding_share, batch.target_forwards)
+
+    def _hf(self, kind: str, docs: list[Document]) -> Pass:
+        ids = [self.ids(d) for d in docs]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[self.pad] * (width - len(x)) + x for x in ids])  # (B, width), left-padded
+        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        processor = self._processor(kind)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(input_ids, attention_mask=attention, logits_processor=[processor],
+                                      do_sample=False, max_new_tokens=self.max_new, pad_token_id=self.pad,
+                                      eos_token_id=self.eos)
+        seconds = time.perf_counter() - start
+        outputs, real = [], sum(map(len, ids))
+        for row in out[:, width:].tolist():
+            stop = next((i for i, t in enumerate(row) if t in self.eos), None)  # EOS, then padding
+            tokens = len(row) if stop is None else stop + 1
+            outputs.append(Output(self.tokenizer.decode(row[: stop], skip_special_tokens=True), tokens, seconds))
+            real += tokens
+        steps = out.shape[1] - width
+        computed = len(ids) * (width + steps)  # every row takes part in every forward to the longest row's end
+        return Pass(outputs, 1 - real / computed, steps)
+
+    def _processor(self, kind: str):
+        if kind == "hf-ours":
+            return logits_processor(self.tokenizer, schema=Ticket)
+        if self._xgrammar is None:
+            import xgrammar
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab, stop_token_ids=self.eos)
+            grammar = xgrammar.GrammarCompiler(info).compile_json_schema(
+                json.dumps(Ticket.model_json_schema()), any_whitespace=False, separators=(",", ":"))
+            self._xgrammar = (xgrammar, grammar)
+        xgrammar, grammar = self._xgrammar
+        return xgrammar.contrib.hf.LogitsProcessor(grammar)
+
+
+def valid(text: str) -> bool:
+    try:
+        Ticket.model_validate_json(text)
+    except ValueError:
+        return False
+    return True
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+def measure(runner: Runner, docs: list[Document], systems: list[str], chunk: int, repeats: int, out: Path) -> list[dict]:
+    """Every (chunk, repeat) unit runs every system in rotated order; rows are appended to the CSVs as they come."""
+    warm = docs[:2]
+    budget, runner.max_new = runner.max_new, 12
+    for system in systems:  # untimed: grammars compiled, allocators warm, `auto` has costs
+        runner.run(system, warm)
+    runner.max_new = budget
+    chunks = [docs[i : i + chunk] for i in range(0, len(docs), chunk)]
+    rows = []
+    units = [(r, c) for r in range(repeats) for c in range(len(chunks))]
+    for i, (repeat, unit) in enumerate(units):
+        order = systems[i % len(systems):] + systems[: i % len(systems)]
+        for system in order:
+            start = time.perf_counter()
+            try:
+                result = runner.run(system, chunks[unit])
+            except Exception as exc:  # noqa: BLE001  a system failing is a result, not a crash
+                print(f"unit {unit} {system}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            seconds = time.perf_counter() - start
+            row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
+            rows.append(row)
+            append(out / "units.csv", [row], UNIT_FIELDS)
+            append(out / "documents.csv", [
+                {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
+                 "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
+                for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS)
+            print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
+                  f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
+    return rows
+
+
+def unit_row(unit: int, repeat: int, system: str, docs: list[Document], result: Pass, seconds: float) -> dict:
+    latencies = [o.latency for o in result.outputs]
+    return {"unit": unit, "repeat": repeat, "system": system, "documents": len(docs), "seconds": seconds,
+            "new_tokens": sum(o.new_tokens for o in result.outputs),
+            "valid": sum(valid(o.text) for o in result.outputs), "errors": sum(bool(o.error) for o in result.outputs),
+            "latency_p50": percentile(latencies, 0.5), "latency_p95": percentile(latencies, 0.95),
+            "padding_share": result.padding_share, "target_forwards": result.target_forwards}
+
+
+def append(path: Path, rows: list[dict], fields) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        if new:
+            w.writeheader()
+        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+
+
+def read_units(path: Path) -> list[dict]:
+    numeric = {"unit", "repeat", "documents", "new_tokens", "valid", "errors", "target_forwards"}
+    with open(path) as f:
+        return [{k: (int(v) if k in numeric else v if k == "system" else float(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+
+
+def summary(rows: list[dict]) -> dict[str, dict]:
+    """Per system: pooled documents per minute and tokens per second, median latencies and padding, validity."""
+    out = {}
+    for system in dict.fromkeys(r["system"] for r in rows):
+        mine = [r for r in rows if r["system"] == system]
+        seconds, docs = sum(r["seconds"] for r in mine), sum(r["documents"] for r in mine)
+        out[system] = {"docs_per_min": 60 * docs / seconds, "tokens_per_s": sum(r["new_tokens"] for r in mine) / seconds,
+                       "p50": statistics.median(r["latency_p50"] for r in mine),
+                       "p95": statistics.median(r["latency_p95"] for r in mine),
+                       "padding": statistics.mean(r["padding_share"] for r in mine),
+                       "valid": sum(r["valid"] for r in mine), "documents": docs, "units": len(mine)}
+    return out
+
+
+def ratio(rows: list[dict], faster: str, slower: str) -> tuple[float, float, float] | None:
+    """Documents per minute of `faster` over `slower`, paired per unit."""
+    seconds = {(r["unit"], r["repeat"], r["system"]): r["seconds"] for r in rows}
+    pairs = [(seconds[(u, rep, slower)], seconds[(u, rep, faster)]) for (u, rep, s) in seconds
+             if s == faster and (u, rep, slower) in seconds]
+    return paired_ratio(pairs) if pairs else None
+
+
+def best(stats: dict[str, dict], kind: str) -> str | None:
+    mine = [s for s in stats if s.startswith(kind + ":")]
+    return max(mine, key=lambda s: stats[s]["docs_per_min"]) if mine else None
+
+
+def report(rows: list[dict], header: list[str]) -> list[str]:
+    stats = summary(rows)
+    lines = [*header, "", "| system | documents/min | new tokens/s | latency p50 s | p95 s | padding | valid | units |",
+             "|---|---|---|---|---|---|---|---|"]
+    for system, s in stats.items():
+        lines.append(f"| {system} | {s['docs_per_min']:.1f} | {s['tokens_per_s']:.1f} | {s['p50']:.2f} | "
+                     f"{s['p95']:.2f} | {s['padding']:.0%} | {s['valid']}/{s['documents']} | {s['units']} |")
+    lines += ["", "Paired per unit (documents per minute, geometric mean, 90% interval):", ""]
+    top = best(stats, "ours")
+    for other in ("single", best(stats, "hf-xgrammar"), best(stats, "hf-ours")):
+        if top and other in stats and (r := ratio(rows, top, other)):
+            lines.append(f"- {top} over {other}: {r[0]:.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
+    return lines
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stats = summary(rows)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind, label in (("ours", "ours: generate_batch"), ("hf-xgrammar", "transformers + XGrammar (compact)"),
+                        ("hf-ours", "transformers + our logits_processor")):
+        sizes = sorted(int(s.split(":")[1]) for s in stats if s.startswith(kind + ":"))
+        if sizes:
+            ax.plot(sizes, [stats[f"{kind}:{b}"]["docs_per_min"] for b in sizes], marker="o", label=label)
+    if "single" in stats:
+        ax.axhline(stats["single"]["docs_per_min"], color="gray", linestyle="--", label="ours: generate, one by one")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("documents per minute (all valid)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.throughput", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
+    add_assistant_quantization(p, ("--int4-assistant", "--int8-assistant"))
+    p.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
+    p.add_argument("--systems", nargs="+", type=str,
+                   default=["single", *(f"ours:{b}" for b in (1, 2, 4, 8, 16)),
+                            *(f"hf-xgrammar:{b}" for b in (4, 8, 16)), *(f"hf-ours:{b}" for b in (4, 8, 16))])
+    p.add_argument("--documents", type=Path, default=DOCUMENTS)
+    p.add_argument("--limit", type=int, default=None, help="only the first N documents")
+    p.add_argument("--chunk", type=int, default=24, help="documents per unit")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--report-only", action="store_true", help="rebuild README.md and the plot from units.csv")
+    args = p.parse_args(argv)
+    for system in args.systems:
+        parse_system(system)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    title = (f"{args.target} + {assistant_label(args)}{', packed' if args.pack else ''}, greedy, "
+             f"{args.threads} thread(s)")
+    if not args.report_only:
+        if (args.out / "units.csv").exists():
+            print(f"error: {args.out / 'units.csv'} exists: use another --out or --report-only", file=sys.stderr)
+            return 2
+        from assisted.loading import load_pair
+        model, tokenizer, assistant = load_pair(args.target, args.assistant, pack=args.pack,
+                                                quantize_assistant=assistant_quantization(args))
+        docs = load_documents(args.documents)[: args.limit]
+        header = [f"# Throughput over many documents: {args.out.name}", "", *run_lines("experiments.throughput", argv),
+                  f"- {title}; {len(docs)} documents (`{args.documents.name}`), units of {args.chunk}, "
+                  f"{args.repeats} repeat(s), max_new_tokens {args.max_new_tokens}"]
+        (args.out / "header.md").write_text("\n".join(header) + "\n")
+        measure(Runner(model, tokenizer, assistant, args.max_new_tokens), docs, args.systems, args.chunk,
+                args.repeats, args.out)
+    rows = read_units(args.out / "units.csv")
+    header = (args.out / "header.md").read_text().splitlines()
+    lines = report(rows, header) + ["", __doc__.split("\n\n", 2)[2].strip()]
+    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+    documents = sum(r["documents"] for r in rows if r["system"] == rows[0]["system"]) // args.repeats
+    plot(rows, args.out / "throughput.png", f"{title}\n{documents} documents x {args.repeats} repeat(s), "
+         f"{cpu_name()}; validity in README")
+    print("\n".join(report(rows, [])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
