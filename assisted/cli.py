@@ -26,7 +26,8 @@ from assisted.batch_lock import output_lock
 from assisted.ray_batch import add_ray_options
 
 EXIT_ERROR = 2
-DEFAULT_BATCH_SIZE = 4  # `structspec batch --batch-size`: chosen from measurement (docs/design.md, "Batched rows")
+DEFAULT_BATCH_SIZE = 1  # `structspec batch --batch-size`: on these CPUs prefix reuse beats batching for documents
+# behind a shared instruction (docs/design.md, "Batched rows"); B > 1 decodes B documents at once
 
 
 class CliError(ValueError):
@@ -49,11 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     many.add_argument("--output", type=Path, required=True, help="JSONL, appended to; a rerun skips ids done")
     many.add_argument("--no-progress", action="store_true", help="no progress bar")
     many.add_argument("--batch-size", type=int, default=None,
-                      help=f"documents decoded at once (default {DEFAULT_BATCH_SIZE}; 1: one at a time, with prefix "
-                           "reuse); lines are written as documents finish")
+                      help=f"documents decoded at once (default {DEFAULT_BATCH_SIZE}: one at a time, reusing the "
+                           "prompt prefix shared with the previous document; B > 1: B at once, lines written as "
+                           "documents finish)")
     many.add_argument("--no-prefix-cache", action="store_true",
-                      help="prefill every prompt in full (default: reuse the KV cache of the prefix shared with the "
-                           "previous document)")
+                      help="with --batch-size 1: prefill every prompt in full (default: reuse the KV cache of the "
+                           "prefix shared with the previous document)")
     add_ray_options(many)
     prep = commands.add_parser("prepare", help="fetch, verify and convert named offline sources once")
     prep.add_argument("names", nargs="+")
