@@ -54,8 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                            "prompt prefix shared with the previous document; B > 1: B at once, lines written as "
                            "documents finish)")
     many.add_argument("--no-prefix-cache", action="store_true",
-                      help="with --batch-size 1: prefill every prompt in full (default: reuse the KV cache of the "
-                           "prefix shared with the previous document)")
+                      help="prefill every prompt in full (default: reuse the KV cache of the prompt prefix shared "
+                           "with the previous document, or with a document in the batch)")
     add_ray_options(many)
     prep = commands.add_parser("prepare", help="fetch, verify and convert named offline sources once")
     prep.add_argument("names", nargs="+")
@@ -243,8 +243,8 @@ def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, 
         raise CliError("--schedule auto prices one document per forward: pass --schedule heuristic or constant, "
                        "or --batch-size 1")
     model, tokenizer, assistant = load(args)
-    engine = make_engine(model, assistant, tokenizer=tokenizer, batch_size=batch_size,
-                         constrained=bool(constraint), **decoding)
+    engine = make_engine(model, assistant, tokenizer=tokenizer, batch_size=batch_size, constrained=bool(constraint),
+                         share_prefix=not args.no_prefix_cache, **decoding)
     seed = decoding.get("seed")
 
     def generate_rows(documents):
