@@ -48,13 +48,14 @@ class Row:
         self.lookup = PromptLookup(engine.tokenizer, inp.ids) if self.opts.prompt_lookup else None
         self.helper_passes, self.helper_seconds = 0, 0.0
         self.stop = None
+        self.prefilled = len(inp.ids)  # prompt tokens run by the target (the rest copied from a row sharing them)
 
 
 class Engine:
     """The batch's caches and rows; `run(items)` yields (index, result) as rows finish."""
 
     def __init__(self, model, assistant_model, tokenizer, settings: Settings, logits_processor, guides: Guides,
-                 batch_size: int, vocab_size: int):
+                 batch_size: int, vocab_size: int, share_prefix: bool = False):
         self.model, self.tokenizer, self.settings, self.processors = model, tokenizer, settings, logits_processor
         self.guides, self.batch_size, self.vocab_size = guides, batch_size, vocab_size
         self.kv = BatchKV(model)
@@ -65,6 +66,7 @@ class Engine:
         self.masks = DeviceMasks(output_device(model))
         self.rows: list[Row] = []
         self.stats = BatchStats(batch_size)
+        self.share_prefix = share_prefix  # prefill newcomers from a row caching the same prompt prefix
 
     def run(self, items: Iterable[Item]) -> Iterator[tuple[int, GenerationResult]]:
         """Decode `items`, at most `batch_size` at once, refilling freed slots; yields rows as they finish."""
@@ -112,15 +114,29 @@ class Engine:
         """Prefill the row's prompt (all but its last token) alone and copy it into `slot`."""
         refill = slot < len(self.rows)
         self.stats.rows, self.stats.refills = self.stats.rows + 1, self.stats.refills + refill
-        self.kv.place(slot, row.prompt[:-1])
+        ids = row.prompt[:-1]
+        source, shared = self._shared(self.kv, ids)
+        self.kv.place(slot, ids, source, shared)
+        row.prefilled = len(row.prompt) - shared
         if self.assistant is not None:
-            self.assistant.kv.place(slot, row.prompt[:-1])
+            self.assistant.kv.place(slot, ids, *self._shared(self.assistant.kv, ids))
         self.stats.prefill_forwards += (len(row.prompt) > 1) * (1 + (self.assistant is not None))
-        row.cached = len(row.prompt) - 1
+        row.cached = len(ids)
         if refill:
             self.rows[slot] = row
         else:
             self.rows.append(row)
+
+    def _shared(self, kv: BatchKV, ids: list[int]) -> tuple[int | None, int]:
+        """(row, tokens): the row of `kv` that caches the longest prefix of `ids` (off unless `share_prefix`)."""
+        best = (None, 0)
+        if not self.share_prefix:
+            return best
+        for r, (row, length) in enumerate(zip(self.rows, kv.lengths)):
+            cached = row.seq[: min(length, len(ids))]
+            same = next((i for i, (a, b) in enumerate(zip(cached, ids)) if a != b), len(cached))
+            best = max(best, (r, same), key=lambda pair: pair[1])
+        return best
 
     def _drop(self, gone: list[int]) -> None:
         keep = [s for s in range(len(self.rows)) if s not in gone]
@@ -204,7 +220,7 @@ class Engine:
         except ValueError as error:  # a guide that accepted what the schema rejects: this row's error, never silent
             return self._error(str(error))
         stats = row.rec.freeze(len(new), row.helper_passes, row.helper_seconds, row.cursor.clock.seconds,
-                               None, len(row.prompt))
+                               None, row.prefilled)
         return GenerationResult(text, new, value, stop or row.stop, stats, None, self.stats)
 
     def _error(self, message: str) -> GenerationResult:

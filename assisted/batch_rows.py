@@ -24,7 +24,6 @@ UNSUPPORTED = {  # generate() arguments a batch cannot honour, and why
     "stopping_criteria": "criteria see one sequence; pass stop_strings",
     "prompt": "pass prompts= (a list)",
 }
-SEED_STEP = 2  # a row's target generator takes its seed, its assistant's seed + 1
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,15 @@ def generate_batch_iter(model, assistant_model=None, *, tokenizer, prompts=None,
 
 
 def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, generation_config=None,
-                logits_processor=None, guide_options: dict | None = None, constrained: bool = True, **kwargs
-                ) -> Engine:
-    """The batch engine after every batch-level check (the CLI feeds it `Item`s as it reads documents)."""
+                logits_processor=None, guide_options: dict | None = None, constrained: bool = True,
+                share_prefix: bool = False, **kwargs) -> Engine:
+    """The batch engine after every batch-level check (the CLI feeds it `Item`s as it reads documents).
+
+    `share_prefix` (the CLI's default): a newcomer copies the KV entries of the longest prompt prefix a row in the
+    batch caches and prefills only the rest, like `PrefixCache` for one row at a time. Its entries then come from
+    another chunking of the same forward, equal up to float rounding: off in `generate_batch`, whose rows are
+    decoded exactly as alone.
+    """
     kwargs.pop("seed", None)  # per row, on the items
     batch_size = check_batch_size(batch_size)
     refuse_unsupported(kwargs)
@@ -106,6 +112,7 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
             raise ValueError("guide_options need a schema or a regex")
         check_guide_options(guide_options, True)
     guides = Guides(tokenizer, vocab_size, batch_eos(model, tokenizer, settings), guide_options)
-    return Engine(model, assistant_model, tokenizer, settings, logits_processor, guides, batch_size, vocab_size)
+    return Engine(model, assistant_model, tokenizer, settings, logits_processor, guides, batch_size, vocab_size,
+                  share_prefix)
 
 

@@ -113,11 +113,16 @@ class BatchKV:
             self.cache = DynamicCache()
         self._crop_width()
 
-    def place(self, slot: int, ids: list[int]) -> None:
+    def place(self, slot: int, ids: list[int], source: int | None = None, shared: int = 0) -> None:
         """Prefill `ids` alone (their own forward) into row `slot` (an existing row is replaced; `slot == B` adds one).
 
-        The caller never adds a row beyond its batch size: the cache holds at most that many rows.
+        With `source`, the first `shared` entries are copied from row `source`, which caches the same first `shared`
+        tokens (a shared instruction), and only the rest of `ids` is run. The caller never adds a row beyond its
+        batch size: the cache holds at most that many rows.
         """
+        prefix = None if source is None or shared <= 0 else [
+            (layer.keys[source : source + 1, :, :shared].clone(), layer.values[source : source + 1, :, :shared].clone())
+            for layer in self.cache.layers]  # (1, H, shared, D) each, taken before `slot` is overwritten
         if slot == len(self.lengths):
             self.lengths.append(0)
             self._grow_rows()
@@ -125,8 +130,15 @@ class BatchKV:
         if not ids:
             return self._crop_width()
         small = DynamicCache()
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, n)
-        self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_argument(type(self.model)): small})
+        for keys, values in prefix or ():
+            layer = DynamicLayer()
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+            small.layers.append(layer)
+        rest = ids[shared:] if prefix else ids
+        if rest:
+            x = torch.tensor([rest], dtype=torch.long, device=self.device)  # (1, n - shared)
+            self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_argument(type(self.model)): small})
         n = len(ids)
         if not self.cache.layers:
             self._create(small, n)

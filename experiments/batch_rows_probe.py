@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from assisted import PrefixCache, generate, generate_batch
+from assisted.batch_rows import Item
+from assisted.batched import make_engine
 from assisted.loading import load_pair
 from drafting.batch_kv import BatchKV
 from experiments.machine import run_lines
@@ -38,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pack", action="store_true")
     parser.add_argument("--documents", type=int, default=12)
     parser.add_argument("--sizes", default="1,2,4,8", help="generate_batch batch sizes")
+    parser.add_argument("--shared", default="", help="batch sizes of the CLI's engine with shared-prefix prefill")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -98,9 +101,14 @@ def throughput(system: str, model, tokenizer, assistant, documents: list[str], m
     elif system == "generate-reuse":  # `structspec batch --batch-size 1`: the shared prompt prefix prefilled once
         cache = PrefixCache()
         outs = [generate(model, assistant, messages=messages(d), prefix_cache=cache, **kw) for d in documents]
-    else:
+    elif system.startswith("batch-"):
         outs = generate_batch(model, assistant, messages=[messages(d) for d in documents],
                               batch_size=int(system.split("-")[1]), **kw)
+    else:  # "shared-B": the CLI's batched engine, newcomers prefilled from a row sharing their prompt prefix
+        engine = make_engine(model, assistant, batch_size=int(system.split("-")[1]), share_prefix=True,
+                             **{k: v for k, v in kw.items() if k != "schema"})
+        found = dict(engine.run(Item(i, "messages", messages(d), SCHEMA, None, None) for i, d in enumerate(documents)))
+        outs = [found[i] for i in range(len(documents))]
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     batch = outs[0].batch
     return {"system": system, "seconds": seconds, "docs_per_s": len(documents) / seconds, "cpu_seconds": cpu,
@@ -120,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in probes:
         print(p, file=sys.stderr)
     documents = (DOCUMENTS * 4)[: args.documents]
-    systems = ["generate", *(["generate-reuse"] if args.reuse else []), *(f"batch-{s}" for s in args.sizes.split(","))]
+    systems = ["generate", *(["generate-reuse"] if args.reuse else []), *(f"batch-{s}" for s in args.sizes.split(",")),
+               *(f"shared-{s}" for s in args.shared.split(",") if s)]
     throughput(systems[-1], model, tokenizer, assistant, documents[:2], 8)  # warm-up: guide built, weights touched
     runs = []
     for round_ in range(args.rounds):

@@ -256,3 +256,20 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
     errors = {key(r): r["error"] for r in three if "error" in r}
     assert "empty" in errors['"empty"'] and "not JSON" in errors["null"]
     assert run(tmp_path / "bad.jsonl", "--batch-size", "0") == 2
+
+
+@pytest.mark.parametrize("helper", [None, "llama-other"])
+def test_the_cli_engine_prefills_newcomers_from_a_row_sharing_their_prefix(tok, models, plain_reference, helper):
+    from assisted.batch_rows import Item
+    from assisted.batched import make_engine
+
+    instruction = "Extract the point as JSON with keys x and tag, nothing else. " * 3
+    prompts = [f"{instruction}Doc {i}: {p}" for i, p in enumerate(PROMPTS)]
+    refs = references(plain_reference, models["llama-eos"], tok, prompts, max_new_tokens=20, schema=POINT)
+    engine = make_engine(models["llama-eos"], models.get(helper), tokenizer=tok, batch_size=2, share_prefix=True,
+                         max_new_tokens=20)
+    found = dict(engine.run(Item(i, "prompt", p, POINT, None, None) for i, p in enumerate(prompts)))
+    same_rows([found[i] for i in range(len(prompts))], refs)
+    prefilled = [found[i].stats.prefill_tokens for i in range(len(prompts))]
+    whole = [len(tok(p)["input_ids"]) for p in prompts]
+    assert prefilled[0] == whole[0] and all(n < w // 2 for n, w in zip(prefilled[1:], whole[1:]))  # all but the first
