@@ -180,8 +180,9 @@ def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[
     plain = Appender(out / "plain.csv", speedup.FIELDS, lambda r: (r["prompt"], r["temperature"], r["repeat"], r["system"]))
     structured = Appender(out / "structured.csv", STRUCTURED_FIELDS,
                           lambda r: (r["task"], r["temperature"], r["repeat"], r["system"]))
-    warm_up(args, pair, defaults, prompts[0], runner, tasks)
     cells = [(u, t) for u in schedule(args, prompts, tasks) for t in args.temperatures]
+    if not all(_done(plain if v == "plain" else structured, v, item, t, r) for (v, item, r), t in cells):
+        warm_up(args, pair, defaults, prompts[0], runner, tasks)
     for i, ((view, item, r), t) in enumerate(tqdm(cells, disable=not progress, desc="figures")):
         if view == "plain":
             plain_cell(args, pair, defaults, item, t, r, i, plain)
@@ -189,6 +190,12 @@ def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[
             structured_cell(args, runner, item, t, r, i, structured)
     speedup.restore_assistant(assistant, defaults)
     return plain.rows, structured.rows
+
+
+def _done(sink: Appender, view: str, item, t: float, r: int) -> bool:
+    """Has every system of the cell a row already?"""
+    name, systems = (item["name"], PLAIN) if view == "plain" else (item.name, STRUCTURED)
+    return all((name, t, r, s) in sink.done for s in systems)
 
 
 def describe(args, argv: list[str]) -> dict:

@@ -49,6 +49,15 @@ def footer(info: dict, view: str) -> str:
             f"{machine.split(', shared')[0]}; {LEVEL} t-intervals on paired ratios; {info['llama_cpp']}")
 
 
+def _ratio_axis(ax, label: str) -> None:
+    """A log-scaled ratio axis (2x and 0.5x equally far from 1) with plain tick labels and the line at 1."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator
+    ax.set_yscale("log"), ax.axhline(1.0, color="gray", lw=0.8)
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    ax.yaxis.set_minor_locator(LogLocator(subs=())), ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.set_ylabel(label + f"\n(geometric mean per new token, {LEVEL} interval)")
+
+
 def _errorbar(ax, x, stats, **kw) -> None:
     """Points with their interval (none drawn where a point has a single unit)."""
     ys = [s[0] for s in stats]
@@ -86,10 +95,9 @@ def greedy_figure(rows: list[dict], info: dict, out: Path, order, base: str, gro
     for j, s in enumerate(x for x in systems if x != base):
         stats = [speedup([v for k, v in u.items() if g == "all" or of[k[0]] == g], base, s) for g in names]
         _errorbar(right, [i + 0.12 * (j - 1) for i in range(len(names))], stats, ls="none", label=LABELS[s])
-    right.axhline(1.0, color="gray", lw=0.8)
+    _ratio_axis(right, f"speedup over the {LABELS[base]}")
     right.set_xticks(range(len(names)), [f"{g}\n(n={speedup([v for k, v in u.items() if g == 'all' or of[k[0]] == g], base, systems[-1])[3]})"
                                          for g in names])
-    right.set_ylabel(f"speedup over {LABELS[base]}\n(geometric mean, {LEVEL} interval)")
     right.set_title(f"{title}: speedup (greedy)"), right.legend(fontsize=7)
     _save(fig, info, f"greedy, {len(u)} units", out / name)
 
@@ -102,9 +110,8 @@ def temperature_axes(ax, rows: list[dict], order, base: str, item: str, valid: d
         stats = [speedup([v for k, v in u.items() if k[1] == t], base, s) for t in temps]
         label = LABELS[s] + (f" (valid {valid[s]})" if valid else "")
         _errorbar(ax, [t + 0.015 * (j - 1) for t in temps], stats, label=label)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("sampling temperature (0: greedy)"), ax.set_xticks(temps)
-    ax.set_ylabel(f"speedup over {LABELS[base]}\n(geometric mean, {LEVEL} interval)"), ax.legend(fontsize=7)
+    _ratio_axis(ax, "speedup over " + ("the target alone" if base == "target" else "XGrammar's processor"))
+    ax.set_xlabel("sampling temperature (0: greedy)"), ax.set_xticks(temps), ax.legend(fontsize=7)
     return max((sum(1 for k in u if k[1] == t) for t in temps), default=0)
 
 
@@ -138,12 +145,12 @@ def structured_figure(rows: list[dict], info: dict, out: Path, order) -> None:
     for j, s in enumerate(x for x in _systems(rows, order) if x != base):
         stats = [speedup([v for k, v in u.items() if g in ("all", k[0])], base, s) for g in names]
         _errorbar(left, [i + 0.12 * (j - 0.5) for i in range(len(names))], stats, ls="none", label=LABELS[s])
-    left.axhline(1.0, color="gray", lw=0.8)
-    left.set_xticks(range(len(names)), names)
-    left.set_ylabel(f"speedup over {LABELS[base]}\n(per new token; geometric mean, {LEVEL} interval)")
-    left.set_title("JSON extraction: speedup per task (greedy)"), left.legend(fontsize=7)
+    _ratio_axis(left, "speedup over XGrammar's processor")
+    left.set_xticks(range(len(names)), [f"{g}\n(n={speedup([v for k, v in u.items() if g in ('all', k[0])], base, 'full')[3]})"
+                                        for g in names])
+    left.set_title("JSON extraction, greedy, per task"), left.legend(fontsize=7)
     n = temperature_axes(right, rows, order, base, "task", valid)
-    right.set_title("JSON extraction: speedup against temperature")
+    right.set_title("JSON extraction against temperature (reference: transformers +\nXGrammar, target alone)", fontsize=10)
     view = (f"{len(tasks)} tasks x {info['repeats']} repeat(s) per temperature, at most "
             f"{info['structured_max_new_tokens']} new tokens, every object validated ({n} units per T)")
     _save(fig, info, view, out / "structured.png")
@@ -163,12 +170,20 @@ def _ratio_table(rows: list[dict], order, base: str, item: str, key: str) -> lis
     return lines
 
 
+def finished(rows: list[dict], item: str) -> str:
+    """How much of a view the CSV holds: its items, their temperatures and its rows (a run cut short says so)."""
+    names, temps = sorted({r[item] for r in rows}), sorted({r["temperature"] for r in rows})
+    return (f"{len(names)} {item}s ({', '.join(names)}) x {len(temps)} temperatures "
+            f"({', '.join(f'{t:g}' for t in temps)}), {len(rows)} generations")
+
+
 def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, structured_order) -> list[str]:
     lines = [f"# Headline figures: {info['setup']}", "", f"- command: `{info['command']}`", f"- date: {info['date']}",
              *info["machine"], f"- {info['versions']}, torch threads {info['threads']}",
              f"- plain view: the {info['half']} half of experiments/prompts/split.json, {info['per_class']} prompt(s) "
              f"per class, {info['repeats']} repeat(s), {info['max_new_tokens']} new tokens; structured view: "
-             f"at most {info['structured_max_new_tokens']} new tokens", f"- {info['llama_cpp']}", "",
+             f"at most {info['structured_max_new_tokens']} new tokens", f"- {info['llama_cpp']}",
+             f"- finished: {finished(plain, 'prompt')} (plain), {finished(structured, 'task')} (structured)", "",
              "Speedups are paired per unit (prompt or task, repeat, temperature): geometric mean of the reference's "
              f"seconds per new token / the system's, {LEVEL} t-interval (one unit: none). Systems interleaved per "
              "cell, order rotated. The CPU was shared with other jobs: timings are noisy.", ""]
