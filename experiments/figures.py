@@ -34,14 +34,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments import speedup, vs_xgrammar  # noqa: E402
-from experiments.machine import machine_lines  # noqa: E402
+from experiments.figures_report import PLAIN, STRUCTURED, read_csv, report  # noqa: E402
+from experiments.machine import STARTED_AT, machine_lines  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
                                load_pair, validate)
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
-PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")  # speedup.SYSTEMS' names; "target" is the reference
-STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # vs_xgrammar.SYSTEMS' names; the first is the reference
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
 
 
@@ -83,19 +82,21 @@ def setup_label(args) -> str:
 
 
 def schedule(args, prompts: list[dict], tasks: list) -> list[tuple[str, object, int]]:
-    """Units in run order: ("plain", prompt, repeat) and ("structured", task, repeat), the views alternating and
-    prompts taken class by class (every class's first prompt before any second one)."""
+    """Units in run order: ("plain", prompt, repeat) and ("structured", task, repeat). Per repeat, the first prompt
+    of every class with every task spread evenly among them, then the other prompts class by class: a run cut
+    short has covered every class and every task first."""
     rank: dict[str, int] = {}
     ranked = []
     for p in prompts:
         rank[p["class"]] = rank.get(p["class"], -1) + 1
         ranked.append((rank[p["class"]], p))
-    plain = [p for _, p in sorted(ranked, key=lambda x: x[0])]
+    first = [p for n, p in ranked if n == 0]
+    rest = [p for _, p in sorted((x for x in ranked if x[0] > 0), key=lambda x: x[0])]
     units = []
-    for r in range(args.repeats):  # each view's units at evenly spaced places in (0, 1), merged
-        spaced = [((k + 0.5) / len(plain), ("plain", p, r)) for k, p in enumerate(plain)]
+    for r in range(args.repeats):  # each view's units at evenly spaced places in (0, 1), merged (plain first on ties)
+        spaced = [((k + 0.5) / len(first), ("plain", p, r)) for k, p in enumerate(first)]
         spaced += [((k + 0.5) / len(tasks), ("structured", t, r)) for k, t in enumerate(tasks)]
-        units += [u for _, u in sorted(spaced, key=lambda x: x[0])]
+        units += [u for _, u in sorted(spaced, key=lambda x: x[0])] + [("plain", p, r) for p in rest]
     return units
 
 
@@ -116,15 +117,6 @@ class Appender:
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
         self.rows.append(row)
         self.done.add(self.key(row))
-
-
-def read_csv(path: Path) -> list[dict]:
-    """Rows of plain.csv or structured.csv with their types back."""
-    ints, strs = {"repeat", "new_tokens", "target_forwards"}, {"class", "prompt", "system", "task", "error", "text"}
-    def typed(k, v):
-        return v if k in strs else (v == "True") if k == "valid" else int(v) if k in ints else float(v)
-    with open(path, newline="") as f:
-        return [{k: typed(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def _rotate(systems, i: int) -> tuple:
@@ -177,7 +169,8 @@ def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[
     tasks = [t for t in vs_xgrammar.TASKS if t.name in args.tasks] if args.structured else []
     runner = vs_xgrammar.Systems(model, tokenizer, assistant, args.structured_max_new_tokens) if tasks else None
     defaults = speedup.assistant_defaults(assistant)
-    plain = Appender(out / "plain.csv", speedup.FIELDS, lambda r: (r["prompt"], r["temperature"], r["repeat"], r["system"]))
+    plain = Appender(out / "plain.csv", speedup.FIELDS,
+                     lambda r: (r["prompt"], r["temperature"], r["repeat"], r["system"]))
     structured = Appender(out / "structured.csv", STRUCTURED_FIELDS,
                           lambda r: (r["task"], r["temperature"], r["repeat"], r["system"]))
     cells = [(u, t) for u in schedule(args, prompts, tasks) for t in args.temperatures]
@@ -225,11 +218,13 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
                 return 1
         out.mkdir(parents=True, exist_ok=True)
         info_path = out / "run.json"
-        if not info_path.exists():  # a resumed run keeps the first start's description
-            info_path.write_text(json.dumps(describe(args, argv), indent=1) + "\n")
+        info = json.loads(info_path.read_text()) if info_path.exists() else describe(args, argv)
+        if info_path.exists():  # a resumed run keeps the first start's description and says when it went on
+            info.setdefault("resumed", []).append(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+                                                  f"commit {STARTED_AT}")
+        info_path.write_text(json.dumps(info, indent=1) + "\n")
         run(args, pair, out)
-    from experiments import figures_report  # imported here: a long run reports with the code of its end
-    figures_report.report(out)
+    report(out)
     print(f"wrote {out}")
     return 0
 

@@ -8,6 +8,7 @@ model pair, setup, machine, date, commit and the number of units, so the picture
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import statistics
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from experiments.intervals import paired_ratio
 
+PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")  # speedup.SYSTEMS' names; "target" is the reference
+STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # vs_xgrammar.SYSTEMS' names; first: the reference
 LEVEL = "90%"
 LABELS = {"target": "target alone", "hf-default": "transformers assisted (defaults)",
           "hf-heuristic": "transformers assisted (heuristic)", "ours-auto": "ours (auto)",
@@ -22,11 +25,22 @@ LABELS = {"target": "target alone", "hf-default": "transformers assisted (defaul
           "constrained+forced": "ours plain constrained (no assistant)", "full": "ours full (assistant, auto)"}
 
 
+def read_csv(path: Path) -> list[dict]:
+    """Rows of plain.csv or structured.csv with their types back."""
+    ints, strs = {"repeat", "new_tokens", "target_forwards"}, {"class", "prompt", "system", "task", "error", "text"}
+
+    def typed(k, v):
+        return v if k in strs else (v == "True") if k == "valid" else int(v) if k in ints else float(v)
+    with open(path, newline="") as f:
+        return [{k: typed(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def units(rows: list[dict], item: str) -> dict:
     """{(item, T, repeat): {system: seconds per new token}} over the rows of one view (`item`: "prompt"/"task")."""
     out: dict = {}
     for r in rows:
-        out.setdefault((r[item], r["temperature"], r["repeat"]), {})[r["system"]] = r["seconds"] / max(r["new_tokens"], 1)
+        per_token = r["seconds"] / max(r["new_tokens"], 1)
+        out.setdefault((r[item], r["temperature"], r["repeat"]), {})[r["system"]] = per_token
     return out
 
 
@@ -34,6 +48,10 @@ def speedup(chosen: list[dict], base: str, system: str) -> tuple[float, float, f
     """(ratio, low, high, n): `system`'s paired speedup over `base` across the units of `chosen` holding both."""
     pairs = [(u[base], u[system]) for u in chosen if base in u and system in u]
     return (*paired_ratio(pairs), len(pairs)) if pairs else (math.nan, math.nan, math.nan, 0)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan  # a run cut short may miss a cell
 
 
 def _systems(rows: list[dict], order) -> list[str]:
@@ -85,19 +103,19 @@ def greedy_figure(rows: list[dict], info: dict, out: Path, order, base: str, gro
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.8 / len(systems)
     for j, s in enumerate(systems):
-        ms = [1000 * statistics.median(r["seconds"] / max(r["new_tokens"], 1) for r in greedy
-                                       if r[group] == g and r["system"] == s) for g in groups]
+        ms = [1000 * _median([r["seconds"] / max(r["new_tokens"], 1) for r in greedy
+                              if r[group] == g and r["system"] == s]) for g in groups]
         left.bar([i + j * width for i in range(len(groups))], ms, width, label=LABELS[s])
     left.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups)
     left.set_ylabel("median latency per new token (ms)"), left.set_title(f"{title}: latency (greedy)")
     left.legend(fontsize=7)
     names = [*groups, "all"]
+    members = {g: [v for k, v in u.items() if g == "all" or of[k[0]] == g] for g in names}
     for j, s in enumerate(x for x in systems if x != base):
-        stats = [speedup([v for k, v in u.items() if g == "all" or of[k[0]] == g], base, s) for g in names]
+        stats = [speedup(members[g], base, s) for g in names]
         _errorbar(right, [i + 0.12 * (j - 1) for i in range(len(names))], stats, ls="none", label=LABELS[s])
     _ratio_axis(right, f"speedup over the {LABELS[base]}")
-    right.set_xticks(range(len(names)), [f"{g}\n(n={speedup([v for k, v in u.items() if g == 'all' or of[k[0]] == g], base, systems[-1])[3]})"
-                                         for g in names])
+    right.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, systems[-1])[3]})" for g in names])
     right.set_title(f"{title}: speedup (greedy)"), right.legend(fontsize=7)
     _save(fig, info, f"greedy, {len(u)} units", out / name)
 
@@ -122,7 +140,8 @@ def sampling_figure(rows: list[dict], info: dict, out: Path, order) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     n = temperature_axes(ax, rows, order, "target", "prompt")
     ax.set_title("plain text: speedup over the target alone as the temperature rises")
-    _save(fig, info, f"{n} units (prompts x repeats) per temperature, {info['max_new_tokens']} new tokens", out / "sampling.png")
+    view = f"{n} units (prompts x repeats) per temperature, {info['max_new_tokens']} new tokens"
+    _save(fig, info, view, out / "sampling.png")
 
 
 def validity(rows: list[dict], order) -> dict:
@@ -142,15 +161,16 @@ def structured_figure(rows: list[dict], info: dict, out: Path, order) -> None:
     tasks = sorted({k[0] for k in u})
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     names = [*tasks, "all"]
+    members = {g: [v for k, v in u.items() if g in ("all", k[0])] for g in names}
     for j, s in enumerate(x for x in _systems(rows, order) if x != base):
-        stats = [speedup([v for k, v in u.items() if g in ("all", k[0])], base, s) for g in names]
+        stats = [speedup(members[g], base, s) for g in names]
         _errorbar(left, [i + 0.12 * (j - 0.5) for i in range(len(names))], stats, ls="none", label=LABELS[s])
     _ratio_axis(left, "speedup over XGrammar's processor")
-    left.set_xticks(range(len(names)), [f"{g}\n(n={speedup([v for k, v in u.items() if g in ('all', k[0])], base, 'full')[3]})"
-                                        for g in names])
+    left.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, 'full')[3]})" for g in names])
     left.set_title("JSON extraction, greedy, per task"), left.legend(fontsize=7)
     n = temperature_axes(right, rows, order, base, "task", valid)
-    right.set_title("JSON extraction against temperature (reference: transformers +\nXGrammar, target alone)", fontsize=10)
+    right.set_title("JSON extraction against temperature\n(reference: transformers + XGrammar, target alone)",
+                    fontsize=10)
     view = (f"{len(tasks)} tasks x {info['repeats']} repeat(s) per temperature, at most "
             f"{info['structured_max_new_tokens']} new tokens, every object validated ({n} units per T)")
     _save(fig, info, view, out / "structured.png")
@@ -183,7 +203,8 @@ def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, s
              f"- plain view: the {info['half']} half of experiments/prompts/split.json, {info['per_class']} prompt(s) "
              f"per class, {info['repeats']} repeat(s), {info['max_new_tokens']} new tokens; structured view: "
              f"at most {info['structured_max_new_tokens']} new tokens", f"- {info['llama_cpp']}",
-             f"- finished: {finished(plain, 'prompt')} (plain), {finished(structured, 'task')} (structured)", "",
+             f"- finished: {finished(plain, 'prompt')} (plain), {finished(structured, 'task')} (structured)",
+             *(f"- resumed (the cells not yet written): {x}" for x in info.get("resumed", [])), "",
              "Speedups are paired per unit (prompt or task, repeat, temperature): geometric mean of the reference's "
              f"seconds per new token / the system's, {LEVEL} t-interval (one unit: none). Systems interleaved per "
              "cell, order rotated. The CPU was shared with other jobs: timings are noisy.", ""]
@@ -191,7 +212,8 @@ def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, s
         lines += ["## Plain text, greedy, per class (over the target alone)", "",
                   *_ratio_table([r for r in plain if r["temperature"] == 0], plain_order, "target", "prompt", "class"),
                   "", "![greedy](greedy.png)", "", "## Plain text, per temperature (over the target alone)", "",
-                  *_ratio_table(plain, plain_order, "target", "prompt", "temperature"), "", "![sampling](sampling.png)", ""]
+                  *_ratio_table(plain, plain_order, "target", "prompt", "temperature"), "",
+                  "![sampling](sampling.png)", ""]
     if structured:
         valid = validity(structured, structured_order)
         lines += ["## JSON extraction (over transformers + XGrammar's processor, the target alone, compact JSON)", "",
@@ -206,7 +228,6 @@ def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, s
 
 def report(out: Path) -> None:
     """greedy.png, sampling.png, structured.png and README.md of the run in `out`."""
-    from experiments.figures import PLAIN, STRUCTURED, read_csv
     info = json.loads((out / "run.json").read_text())
     plain = read_csv(out / "plain.csv") if (out / "plain.csv").exists() else []
     structured = read_csv(out / "structured.csv") if (out / "structured.csv").exists() else []

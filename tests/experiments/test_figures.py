@@ -53,9 +53,9 @@ def test_figures_command_end_to_end_on_a_tiny_pair(tiny, tmp_path):
     assert (out / "greedy.png").exists()
 
 
-def test_schedule_alternates_the_views_and_takes_classes_round_robin():
+def test_schedule_covers_every_class_and_task_first():
     args = figures.parse_args(["--repeats", "1"])
     prompts = [{"class": c, "name": f"{c}{i}"} for c in "ab" for i in range(2)]
     units = figures.schedule(args, prompts, ["t1", "t2"])
-    assert [u[1] if u[0] == "structured" else u[1]["name"] for u in units] == ["a0", "t1", "b0", "a1", "t2", "b1"]
+    assert [u[1] if u[0] == "structured" else u[1]["name"] for u in units] == ["a0", "t1", "b0", "t2", "a1", "b1"]
     assert figures.parse_args([]).temperatures == [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
