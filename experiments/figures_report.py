@@ -63,8 +63,9 @@ def footer(info: dict, view: str) -> str:
     """Two lines under a figure: what ran, where, when, how much."""
     machine = next((m.removeprefix("- machine: ") for m in info["machine"] if m.startswith("- machine:")), "?")
     commit = next((m.removeprefix("- code: ") for m in info["machine"] if m.startswith("- code:")), "?")
-    return (f"{info['setup']}; {info['threads']} thread(s); {view}; {info['date']}, {commit}\n"
-            f"{machine.split(', shared')[0]}; {LEVEL} t-intervals on paired ratios; {info['llama_cpp']}")
+    commit += "".join(f", resumed at {x.split('commit ')[-1]}" for x in info.get("resumed", []))
+    return (f"{info['setup']}; {info['threads']} thread(s); {info['date']}, {commit}\n{view}\n"
+            f"{machine.split(', shared')[0]}, shared; {LEVEL} t-intervals on paired ratios; {info['llama_cpp']}")
 
 
 def _ratio_axis(ax, label: str) -> None:
@@ -87,7 +88,7 @@ def _errorbar(ax, x, stats, **kw) -> None:
 def _save(fig, info: dict, view: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     fig.text(0.01, 0.005, footer(info, view), fontsize=6.5, va="bottom", ha="left", color="0.25")
-    fig.tight_layout(rect=(0, 0.07, 1, 1)), fig.savefig(path, dpi=110), plt.close(fig)
+    fig.tight_layout(rect=(0, 0.1, 1, 1)), fig.savefig(path, dpi=110), plt.close(fig)
 
 
 def greedy_figure(rows: list[dict], info: dict, out: Path, order, base: str, group: str, item: str,
@@ -190,6 +191,13 @@ def _ratio_table(rows: list[dict], order, base: str, item: str, key: str) -> lis
     return lines
 
 
+def _invalid(rows: list[dict], budget: int) -> str:
+    """What the invalid objects were: cut at the token budget (an unfinished object) or not."""
+    bad = [r for r in rows if not r["valid"]]
+    cut = sum(r["new_tokens"] >= budget and not r["error"] for r in bad)
+    return f"Of {len(bad)} invalid, {cut} were cut at the budget of {budget} new tokens (unfinished objects)."
+
+
 def finished(rows: list[dict], item: str) -> str:
     """How much of a view the CSV holds: its items, their temperatures and its rows (a run cut short says so)."""
     names, temps = sorted({r[item] for r in rows}), sorted({r["temperature"] for r in rows})
@@ -221,7 +229,8 @@ def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, s
                   "Greedy, per task:", "",
                   *_ratio_table([r for r in structured if r["temperature"] == 0], structured_order,
                                 structured_order[0], "task", "task"), "",
-                  "Valid objects (jsonschema): " + ", ".join(f"{LABELS[s]} {v}" for s, v in valid.items()), "",
+                  "Valid objects (jsonschema): " + ", ".join(f"{LABELS[s]} {v}" for s, v in valid.items())
+                  + ". " + _invalid(structured, info["structured_max_new_tokens"]), "",
                   "![structured](structured.png)", ""]
     return lines
 
