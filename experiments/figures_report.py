@@ -212,7 +212,8 @@ def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, s
              f"per class, {info['repeats']} repeat(s), {info['max_new_tokens']} new tokens; structured view: "
              f"at most {info['structured_max_new_tokens']} new tokens", f"- {info['llama_cpp']}",
              f"- finished: {finished(plain, 'prompt')} (plain), {finished(structured, 'task')} (structured)",
-             *(f"- resumed (the cells not yet written): {x}" for x in info.get("resumed", [])), "",
+             *(f"- resumed (the cells not yet written): {x}" for x in info.get("resumed", [])),
+             *(f"- note: {x}" for x in info.get("notes", [])), "",
              "Speedups are paired per unit (prompt or task, repeat, temperature): geometric mean of the reference's "
              f"seconds per new token / the system's, {LEVEL} t-interval (one unit: none). Systems interleaved per "
              "cell, order rotated. The CPU was shared with other jobs: timings are noisy.", ""]
