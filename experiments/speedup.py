@@ -146,8 +146,7 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
 def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -> list[dict]:
     """All cells, systems interleaved with a rotating order; one row per generation."""
     from tqdm.auto import tqdm
-    defaults = {k: getattr(assistant.generation_config, k) for k in
-                ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    defaults = assistant_defaults(assistant)
     systems = chosen_systems(args.systems)
     cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
     rows, bar = [], tqdm(total=len(cells) * len(systems), disable=not progress, desc="speedup")
@@ -165,8 +164,19 @@ def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -
             rows.append({"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system, **res})
             bar.update(1)
     bar.close()
-    _hf_assistant_config(assistant, "hf-default", defaults)
+    restore_assistant(assistant, defaults)
     return rows
+
+
+def assistant_defaults(assistant) -> dict:
+    """The assistant's drafting settings as loaded (transformers' defaults), which hf-default runs with."""
+    return {k: getattr(assistant.generation_config, k) for k in
+            ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+
+
+def restore_assistant(assistant, defaults: dict) -> None:
+    """Put the assistant's drafting settings back as `assistant_defaults` found them."""
+    _hf_assistant_config(assistant, "hf-default", defaults)
 
 
 def chosen_systems(names) -> tuple[str, ...]:

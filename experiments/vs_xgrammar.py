@@ -8,6 +8,7 @@ Systems (all greedy, same models, same run, order rotated per task):
   ours-processor      model.generate + assisted.logits_processor
   ours-processor+assistant  the same with assistant_model= (transformers' assisted generation)
   constrained         assisted.generate, no assistant, forced tokens verified (plain constrained decoding)
+  constrained+forced  assisted.generate, no assistant, forced tokens coalesced (our plain constrained default)
   full                assisted.generate with the assistant and coalesced forced tokens (our defaults: `auto`,
                       prompt lookup)
   full-no-lookup      the same without prompt-lookup drafts
@@ -94,7 +95,9 @@ TASKS = (
          "but they are heavy and the laces keep coming loose. Four stars; I would still buy them again."),
 )
 SYSTEMS = ("xgrammar", "xgrammar-compact", "xgrammar+assistant", "ours-processor", "ours-processor+assistant", "constrained",
-           "full-no-lookup", "full")
+           "constrained+forced", "full-no-lookup", "full")
+OURS = {"constrained": (False, False, False), "constrained+forced": (False, True, False),  # system -> (assistant,
+        "full-no-lookup": (True, True, False), "full": (True, True, None)}                 # coalesce, prompt lookup)
 FIELDS = ("task", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
 
 
@@ -129,13 +132,14 @@ class Systems:
         text = self.tokenizer.apply_chat_template(task.messages(), tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def run(self, system: str, task: Task) -> tuple[str, int]:
-        ids = self.ids(task)
-        if system in ("constrained", "full", "full-no-lookup"):
-            full = system != "constrained"
-            lookup = None if system == "full" else False
-            out = generate(self.model, self.assistant if full else None, tokenizer=self.tokenizer, input_ids=ids,
-                           schema=task.schema, max_new_tokens=self.max_new, coalesce=full, prompt_lookup=lookup)
+    def run(self, system: str, task: Task, temperature: float = 0.0, seed: int = 0) -> tuple[str, int]:
+        """`system` on `task`: greedy at temperature 0, else sampled at `temperature` (no top-k/top-p) with `seed`."""
+        ids, sample = self.ids(task), temperature > 0
+        if system in OURS:
+            helper, coalesce, lookup = OURS[system]
+            out = generate(self.model, self.assistant if helper else None, tokenizer=self.tokenizer, input_ids=ids,
+                           schema=task.schema, max_new_tokens=self.max_new, coalesce=coalesce, prompt_lookup=lookup,
+                           do_sample=sample, temperature=temperature if sample else 1.0, seed=seed)
             return out.text, out.stats.new_tokens
         if system.startswith("xgrammar"):
             compact = {"any_whitespace": False, "separators": (",", ":")} if system == "xgrammar-compact" else {}
@@ -144,8 +148,11 @@ class Systems:
         else:
             processor = logits_processor(self.tokenizer, schema=task.schema, eos_token_ids=self.eos)
         extra = {"assistant_model": self.assistant} if system.endswith("+assistant") else {}
+        if sample:
+            extra |= {"temperature": temperature, "top_k": 0, "top_p": 1.0}
+        torch.manual_seed(seed)
         with torch.inference_mode():
-            out = self.model.generate(torch.tensor([ids]), logits_processor=[processor], do_sample=False,
+            out = self.model.generate(torch.tensor([ids]), logits_processor=[processor], do_sample=sample,
                                       max_new_tokens=self.max_new, **extra)
         emitted = out[0, len(ids):].tolist()
         stop = next((i for i, t in enumerate(emitted) if t in self.eos), None)  # EOS, then padding
@@ -177,10 +184,10 @@ def measure(systems: Systems, tasks, names=SYSTEMS, repeats: int = 1) -> list[di
     return rows
 
 
-def _timed(systems: Systems, system: str, task: Task) -> dict:
+def _timed(systems: Systems, system: str, task: Task, temperature: float = 0.0, seed: int = 0) -> dict:
     start = time.perf_counter()
     try:
-        text, tokens = systems.run(system, task)
+        text, tokens = systems.run(system, task, temperature, seed)
         error = ""
     except Exception as exc:  # noqa: BLE001  a system failing is a result to record, not a crash
         text, tokens, error = "", 0, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:120]

@@ -1,0 +1,233 @@
+"""The headline figures in one run: greedy and sampled speedups, plain text and schema-constrained.
+
+    python -m experiments.figures --assistant-int4 --packed-target --threads 1 \\
+        --out experiments/results/figures-qwen-int4-packed-xeon-<date>
+
+Plain view (prompts of `experiments/prompts/split.json`, the validation half, `--per-class` of each class):
+the systems of `experiments.speedup` (target alone, transformers' assisted generation with its defaults and
+with its heuristic, ours = `assisted.generate`'s default `auto` schedule) at every temperature of
+`--temperatures` (0: greedy; else do_sample with that temperature, no top-k/top-p).
+Structured view (the held-out extraction tasks of `experiments.vs_xgrammar`): transformers + XGrammar's
+logits processor (compact JSON, the target alone: the reference), ours plain constrained (no assistant,
+forced tokens coalesced) and ours full (assistant, `auto`), every object validated with jsonschema.
+llama.cpp runs nowhere here (see `llama_cpp_note`); the figures say so.
+
+One unit = one prompt (or task) and repeat, run at every temperature; units of the two views alternate and
+the systems' order rotates per cell, so a run cut short still covers every temperature and both views.
+Rows are appended to plain.csv / structured.csv as they finish; a rerun with the same --out skips the
+cells already there; --report-only redraws greedy.png, sampling.png, structured.png and README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from experiments import speedup, vs_xgrammar  # noqa: E402
+from experiments.figures_report import PLAIN, STRUCTURED, read_csv, report  # noqa: E402
+from experiments.machine import STARTED_AT, machine_lines  # noqa: E402
+from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
+                               load_pair, validate)
+
+TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
+STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.figures", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
+    add_assistant_quantization(p)
+    p.add_argument("--packed-target", action="store_true", help="pack the target's Linear weights (every system)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=TEMPERATURES)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="plain view")
+    p.add_argument("--structured-max-new-tokens", type=int, default=96)
+    p.add_argument("--half", choices=[*HALVES, "all"], default="validation")
+    p.add_argument("--per-class", type=int, default=2, help="prompts of each class (plain view)")
+    p.add_argument("--tasks", nargs="+", default=["patient", "flight", "review"],
+                   choices=[t.name for t in vs_xgrammar.TASKS], help="extraction tasks (structured view)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--no-structured", dest="structured", action="store_false", help="plain view only")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=1000, help="repeat r samples with seed + r, the same for every system")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--report-only", action="store_true", help="redraw the figures and README.md from --out's CSVs")
+    return p.parse_args(argv)
+
+
+def llama_cpp_note() -> str:
+    """What the figures say about llama.cpp: this driver has no llama.cpp runner yet, installed or not."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return "llama.cpp: not installed in this run"
+    return "llama.cpp: installed, but this driver has no llama.cpp runner yet: not run"
+
+
+def setup_label(args) -> str:
+    """The model pair and setup, as every figure names them."""
+    packed = ", packed" if args.packed_target else ""
+    return f"target {args.target} (float32{packed}), assistant {assistant_label(args)}"
+
+
+def schedule(args, prompts: list[dict], tasks: list) -> list[tuple[str, object, int]]:
+    """Units in run order: ("plain", prompt, repeat) and ("structured", task, repeat). Per repeat, the first prompt
+    of every class with every task spread evenly among them, then the other prompts class by class: a run cut
+    short has covered every class and every task first."""
+    rank: dict[str, int] = {}
+    ranked = []
+    for p in prompts:
+        rank[p["class"]] = rank.get(p["class"], -1) + 1
+        ranked.append((rank[p["class"]], p))
+    first = [p for n, p in ranked if n == 0]
+    rest = [p for _, p in sorted((x for x in ranked if x[0] > 0), key=lambda x: x[0])]
+    units = []
+    for r in range(args.repeats):  # each view's units at evenly spaced places in (0, 1), merged (plain first on ties)
+        spaced = [((k + 0.5) / len(first), ("plain", p, r)) for k, p in enumerate(first)]
+        spaced += [((k + 0.5) / len(tasks), ("structured", t, r)) for k, t in enumerate(tasks)]
+        units += [u for _, u in sorted(spaced, key=lambda x: x[0])] + [("plain", p, r) for p in rest]
+    return units
+
+
+class Appender:
+    """Rows of one view appended to a CSV as they finish; the cells already there are skipped on a rerun."""
+
+    def __init__(self, path: Path, fields, key):
+        self.path, self.fields, self.key = path, fields, key
+        self.rows = read_csv(path) if path.exists() else []
+        self.done = {key(r) for r in self.rows}
+
+    def add(self, row: dict) -> None:
+        fresh = not self.path.exists()
+        with open(self.path, "a", newline="") as f:
+            w = csv.DictWriter(f, self.fields, extrasaction="ignore")
+            if fresh:
+                w.writeheader()
+            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+        self.rows.append(row)
+        self.done.add(self.key(row))
+
+
+def _rotate(systems, i: int) -> tuple:
+    return systems[i % len(systems):] + systems[: i % len(systems)]
+
+
+def plain_cell(args, pair, defaults, prompt: dict, t: float, r: int, i: int, sink: Appender) -> None:
+    model, tokenizer, assistant = pair
+    ids = speedup._chat_ids(tokenizer, prompt)
+    for system in _rotate(PLAIN, i):
+        if (prompt["name"], t, r, system) in sink.done:
+            continue
+        res = speedup.run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
+                              5, defaults)
+        sink.add({"class": prompt["class"], "prompt": prompt["name"], "temperature": t, "repeat": r,
+                  "system": system, **res})
+
+
+def structured_cell(args, runner, task, t: float, r: int, i: int, sink: Appender) -> None:
+    for system in _rotate(STRUCTURED, i):
+        if (task.name, t, r, system) in sink.done:
+            continue
+        row = {"task": task.name, "temperature": t, "repeat": r, "system": system,
+               **vs_xgrammar._timed(runner, system, task, t, args.seed + r)}
+        row["valid"] = row["error"] == "" and validate(task, row["text"])
+        sink.add(row)
+
+
+def warm_up(args, pair, defaults, prompt: dict, runner, tasks) -> None:
+    """Untimed: every plain system once on the first prompt (ours-auto learns the pair's costs, as in any
+    process that generates twice), every structured system briefly on every task (grammars compiled)."""
+    model, tokenizer, assistant = pair
+    for system in PLAIN:
+        speedup.run_one(system, model, assistant, tokenizer, speedup._chat_ids(tokenizer, prompt), 0.0, 0,
+                        args.max_new_tokens, 5, defaults)
+    if runner is not None:
+        budget, runner.max_new = runner.max_new, 8
+        for task in tasks:
+            for system in STRUCTURED:
+                vs_xgrammar._timed(runner, system, task)
+        runner.max_new = budget
+
+
+def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[dict]]:
+    """Every unit at every temperature, rows appended to out/plain.csv and out/structured.csv."""
+    from tqdm.auto import tqdm
+    model, tokenizer, assistant = pair
+    half = None if args.half == "all" else args.half
+    prompts = load_prompts(SPLIT_PROMPTS, half, args.per_class)
+    tasks = [t for t in vs_xgrammar.TASKS if t.name in args.tasks] if args.structured else []
+    runner = vs_xgrammar.Systems(model, tokenizer, assistant, args.structured_max_new_tokens) if tasks else None
+    defaults = speedup.assistant_defaults(assistant)
+    plain = Appender(out / "plain.csv", speedup.FIELDS,
+                     lambda r: (r["prompt"], r["temperature"], r["repeat"], r["system"]))
+    structured = Appender(out / "structured.csv", STRUCTURED_FIELDS,
+                          lambda r: (r["task"], r["temperature"], r["repeat"], r["system"]))
+    cells = [(u, t) for u in schedule(args, prompts, tasks) for t in args.temperatures]
+    if not all(_done(plain if v == "plain" else structured, v, item, t, r) for (v, item, r), t in cells):
+        warm_up(args, pair, defaults, prompts[0], runner, tasks)
+    for i, ((view, item, r), t) in enumerate(tqdm(cells, disable=not progress, desc="figures")):
+        if view == "plain":
+            plain_cell(args, pair, defaults, item, t, r, i, plain)
+        else:
+            structured_cell(args, runner, item, t, r, i, structured)
+    speedup.restore_assistant(assistant, defaults)
+    return plain.rows, structured.rows
+
+
+def _done(sink: Appender, view: str, item, t: float, r: int) -> bool:
+    """Has every system of the cell a row already?"""
+    name, systems = (item["name"], PLAIN) if view == "plain" else (item.name, STRUCTURED)
+    return all((name, t, r, s) in sink.done for s in systems)
+
+
+def describe(args, argv: list[str]) -> dict:
+    """What the run is, for its README and the figures' footers (kept in out/run.json)."""
+    import transformers
+    return {"command": "python -m experiments.figures " + " ".join(argv), "date": datetime.date.today().isoformat(),
+            "machine": machine_lines(), "setup": setup_label(args), "threads": torch.get_num_threads(),
+            "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
+                        f"transformers {transformers.__version__}, xgrammar {vs_xgrammar._dist_version('xgrammar')}",
+            "llama_cpp": llama_cpp_note(), "max_new_tokens": args.max_new_tokens,
+            "structured_max_new_tokens": args.structured_max_new_tokens, "half": args.half,
+            "per_class": args.per_class, "repeats": args.repeats}
+
+
+def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
+    """Command line; `pair` = (model, tokenizer, assistant) already loaded (tests) instead of --target/--assistant."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
+    if not args.report_only:
+        if pair is None:
+            pair = load_pair(args.target, args.assistant, quantize=assistant_quantization(args),
+                             packed=args.packed_target)
+            if pair is None:
+                return 1
+        out.mkdir(parents=True, exist_ok=True)
+        info_path = out / "run.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else describe(args, argv)
+        if info_path.exists():  # a resumed run keeps the first start's description and says when it went on
+            info.setdefault("resumed", []).append(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+                                                  f"commit {STARTED_AT}")
+        info_path.write_text(json.dumps(info, indent=1) + "\n")
+        run(args, pair, out)
+    report(out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
