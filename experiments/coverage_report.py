@@ -170,12 +170,12 @@ def write_report(out: Path, totals: dict, setup: dict) -> dict:
     (out / "README.md").write_text(
         f"Coverage run of {env['date']}: "
         f"`{setup.get('command') or 'python -m experiments.coverage --tokenizer ' + setup['tokenizer']}` on "
-        f"{setup['files']} MaskBench files, {env['cores']}-core {env['cpu']} CPU, {setup['workers']} workers, "
-        f"timeout {setup['timeout_s']:g} s, compile options "
-        f"{setup.get('options') or 'default (closed objects, schema order)'}; Python {env['python']}, "
-        f"torch {env['torch']}, transformers {env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: "
-        "summary.md (tables), coverage.png, "
-        "schemas.csv (one row per schema), failures.csv (false rejects/accepts per instance), summary.json.\n"
+        f"{setup['files']} MaskBench files, {env['cores']}-core {env['cpu']} CPU, {setup['workers']} workers, timeout "
+        f"{setup['timeout_s']:g} s, compile options "
+        f"{setup.get('options') or 'default (closed objects, schema order)'}; Python {env['python']}, torch "
+        f"{env['torch']}, transformers {env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: "
+        "summary.md (tables), coverage.png, schemas.csv (one row per schema), failures.csv (false rejects/accepts per "
+        "instance), summary.json.\n"
     )
     return summary
 
@@ -224,9 +224,8 @@ def headline(summary: dict) -> str:
         f"{o['false_reject_schemas']} schemas; false accepts {o['false_accepts']} in {o['false_accept_schemas']} "
         f"schemas; compile p50 {_ms(c['p50'])} ms, p90 {_ms(c['p90'])} ms, max {_ms(c['max'])} ms; "
         f"mask+advance first visit {_us(steps['first_visit']['median_us'])} (p99 "
-        f"{_us(steps['first_visit']['p99_us'])}), "
-        f"revisit {_us(steps['revisit']['median_us'])} (p99 {_us(steps['revisit']['p99_us'])}); "
-        f"forced share {_pct(o['forced_share'])}"
+        f"{_us(steps['first_visit']['p99_us'])}), revisit {_us(steps['revisit']['median_us'])} (p99 "
+        f"{_us(steps['revisit']['p99_us'])}); forced share {_pct(o['forced_share'])}"
     )
 
 
@@ -247,8 +246,7 @@ def markdown(summary: dict) -> str:
         f"# JSONSchemaBench (MaskBench) coverage — tokenizer `{s['tokenizer']}`",
         "",
         f"{env['date']}, {env['cores']}-core {env['cpu']}, {s['workers']} workers, timeout {s['timeout_s']:g} s per "
-        "stage, "
-        f"{s['files']} schema files, {o['valid_instances']} valid + {o['invalid_instances']} invalid instances "
+        f"stage, {s['files']} schema files, {o['valid_instances']} valid + {o['invalid_instances']} invalid instances "
         f"(compact JSON, key order kept, tokenized by the tokenizer); {fsm_note(s)}.",
         "",
         "## Against the anchors",
@@ -271,13 +269,11 @@ def markdown(summary: dict) -> str:
         )
     lines += [
         "",
-        "Anchors: published JSONSchemaBench numbers (Geng et al. 2025, 11,306 schemas, other hardware); "
-        "this run uses the 2,778-schema MaskBench sample. Compile time is schema -> ready guide (regex, DFA, "
-        "token index, first mask), wall clock in the worker; the CPU-time row is what it costs on an idle core "
-        f"(the machine was shared: mean 1-min load average {_load(o['load_mean'])} on {env['cores']} cores during the "
-        "run). "
-        f"Time limits are {s['timeout_s']:g} s of worker CPU time per stage (compile, walk), at most 10x that in wall "
-        "time.",
+        "Anchors: published JSONSchemaBench numbers (Geng et al. 2025, 11,306 schemas, other hardware); this run uses "
+        "the 2,778-schema MaskBench sample. Compile time is schema -> ready guide (regex, DFA, token index, first "
+        "mask), wall clock in the worker; the CPU-time row is what it costs on an idle core (the machine was shared: "
+        f"mean 1-min load average {_load(o['load_mean'])} on {env['cores']} cores during the run). Time limits are "
+        f"{s['timeout_s']:g} s of worker CPU time per stage (compile, walk), at most 10x that in wall time.",
         "",
         "## Per subset",
         "",
@@ -288,30 +284,24 @@ def markdown(summary: dict) -> str:
         _table_row("**all**", o),
         "",
         f"Covered counts {o['covered_without_tests']} compiled schemas that have no test instances. False rejects "
-        "split into "
-        f"{o['false_rejects_regex']} regex-level (the byte DFA rejects the text) and {o['false_rejects_token']} "
-        "token-level "
-        "(the DFA accepts the text but the tokenizer's own token sequence cannot be walked). Invalid instances that "
-        "only the "
-        f"tokenization kept out (the DFA accepts them): {o['false_accepts_regex_only']}. Instances whose tokens do not "
-        "spell the "
-        f"text: {o['tokenization_mismatch']}.",
+        f"split into {o['false_rejects_regex']} regex-level (the byte DFA rejects the text) and "
+        f"{o['false_rejects_token']} token-level (the DFA accepts the text but the tokenizer's own token sequence "
+        "cannot be walked). Invalid instances that only the tokenization kept out (the DFA accepts them): "
+        f"{o['false_accepts_regex_only']}. Instances whose tokens do not spell the text: {o['tokenization_mismatch']}.",
         "",
         "## Speed along the valid instances",
         "",
         "| | median | p99 | steps | goal |",
         "|---|---|---|---|---|",
         f"| mask()+advance(), first visit of a state | {_us(steps['first_visit']['median_us'])} | "
-        f"{_us(steps['first_visit']['p99_us'])} | "
-        f"{steps['first_visit']['n']:,} | < {GOALS['first_ms']:g} ms |",
+        f"{_us(steps['first_visit']['p99_us'])} | {steps['first_visit']['n']:,} | < {GOALS['first_ms']:g} ms |",
         f"| mask()+advance(), revisit | {_us(steps['revisit']['median_us'])} | {_us(steps['revisit']['p99_us'])} | "
         f"{steps['revisit']['n']:,} | < {GOALS['revisit_us']:g} µs |",
         _longest_walk_row(summary["longest_walk"]),
         "",
         f"Forced tokens: {o['forced_tokens']:,} of {o['tokens_valid']:,} tokens of the accepted valid instances "
-        f"({_pct(o['forced_share'])}) equal the first token `guide.forced()` proposes at their position. "
-        f"Memory: worker peak RSS max {_ms(summary['memory_mb']['worker_peak_rss_max'])} MB (includes the shared "
-        "tokenizer); "
+        f"({_pct(o['forced_share'])}) equal the first token `guide.forced()` proposes at their position. Memory: "
+        f"worker peak RSS max {_ms(summary['memory_mb']['worker_peak_rss_max'])} MB (includes the shared tokenizer); "
         f"growth per schema median {_ms(summary['memory_mb']['growth_p50'])} MB, max "
         f"{_ms(summary['memory_mb']['growth_max'])} MB.",
         "",
