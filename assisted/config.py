@@ -1,4 +1,5 @@
-"""generate()'s options by transformers' names: a `GenerationConfig` plus keyword overrides, as `model.generate` reads them.
+"""generate()'s options by transformers' names: a `GenerationConfig` plus keyword overrides, as `model.generate`
+reads them.
 
 Priority, as in transformers: keyword arguments > `generation_config=` (else `model.generation_config`, where hub
 models keep their sampling defaults and repetition penalty) > this library's defaults. Those defaults differ from
@@ -59,7 +60,9 @@ def resolve(model, generation_config, kwargs: dict) -> Settings:
     from transformers import GenerationConfig
 
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
-        raise TypeError(f"generation_config must be a transformers.GenerationConfig, got {type(generation_config).__name__}")
+        raise TypeError(
+            f"generation_config must be a transformers.GenerationConfig, got {type(generation_config).__name__}"
+        )
     source = "generation_config" if generation_config is not None else "model.generation_config"
     config = copy.deepcopy(generation_config if generation_config is not None
                            else getattr(model, "generation_config", None) or GenerationConfig())

@@ -85,8 +85,10 @@ class CostTable:
         return out
 
 
-_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: (device key, CostTable)}
-_CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {assistant | _ALONE: {warp: calibration}}
+# target -> {assistant | _ALONE: (device key, CostTable)}
+_MEMORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# target -> {assistant | _ALONE: {warp: calibration}}
+_CALIBRATIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()  # guards _MEMORY and _CALIBRATIONS
 
 

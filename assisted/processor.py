@@ -132,8 +132,11 @@ def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, 
     if (schema is None) == (regex is None):
         raise ValueError("pass exactly one of schema and regex")
     if deprecated_options:
-        warnings.warn("logits_processor(): schema options as keyword arguments are deprecated, pass guide_options={...}",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "logits_processor(): schema options as keyword arguments are deprecated, pass guide_options={...}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     options = check_guide_options({**(guide_options or {}), **deprecated_options}, for_schema=schema is not None)
     if regex is not None:
         if not isinstance(regex, str):

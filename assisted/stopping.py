@@ -63,7 +63,9 @@ class Sink:
     def __init__(self, stops: Stops, streamer, prompt: list[int]):
         if streamer is not None and not (callable(getattr(streamer, "put", None)) and
                                          callable(getattr(streamer, "end", None))):
-            raise TypeError(f"streamer must have put() and end() (a transformers streamer), got {type(streamer).__name__}")
+            raise TypeError(
+                f"streamer must have put() and end() (a transformers streamer), got {type(streamer).__name__}"
+            )
         self.stops, self.streamer, self.prompt = stops, streamer, prompt
 
     def __enter__(self) -> Sink:

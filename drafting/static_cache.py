@@ -94,7 +94,9 @@ class StaticKV:
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(self.length)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, m)
-        out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_argument(type(self.model)): self.cache})
+        out = self.model(
+            input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_argument(type(self.model)): self.cache}
+        )
         return out.logits[0, -keep:]
 
     def _capture(self, bucket: int) -> tuple[torch.Tensor, Step]:

@@ -67,9 +67,18 @@ def run_arm(arm: str, model, assistant, tokenizer, ids: list[int], temperature: 
     """One generation of `arm`: seconds, new tokens and target forwards."""
     sample = temperature > 0
     start = time.perf_counter()
-    out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=max_new_tokens,
-                   do_sample=sample, temperature=temperature if sample else 1.0, seed=seed, num_assistant_tokens_schedule="auto",
-                   **ARMS[arm])
+    out = generate(
+        model,
+        assistant,
+        tokenizer=tokenizer,
+        input_ids=ids,
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=temperature if sample else 1.0,
+        seed=seed,
+        num_assistant_tokens_schedule="auto",
+        **ARMS[arm],
+    )
     return {"seconds": time.perf_counter() - start, "new_tokens": out.stats.new_tokens,
             "target_forwards": out.stats.target_forward_passes}
 

@@ -33,9 +33,9 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "jsonschemabench"
 SCHEMA_COLUMNS = (
     "file subset status keyword pointer error_type message where stage n_valid n_invalid valid_accepted "
     "false_rejects false_rejects_regex false_rejects_token invalid_rejected false_accepts false_accepts_regex_only "
-    "tokenization_mismatch walk_errors compile_ms compile_cpu_ms regex_ms dfa_ms index_ms first_mask_ms regex_chars dfa_states "
-    "states_visited first_n first_median_us first_p99_us revisit_n revisit_median_us revisit_p99_us tokens_valid "
-    "walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
+    "tokenization_mismatch walk_errors compile_ms compile_cpu_ms regex_ms dfa_ms index_ms first_mask_ms regex_chars "
+    "dfa_states states_visited first_n first_median_us first_p99_us revisit_n revisit_median_us revisit_p99_us "
+    "tokens_valid walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
 ).split()
 FAILURE_COLUMNS = "file subset test kind description path detail text".split()
 
@@ -119,7 +119,9 @@ def _row(outcome, totals: dict) -> tuple[dict, list]:
            "cpu_s": round(outcome.cpu_seconds, 3), "load": round(os.getloadavg()[0], 2)}
     if outcome.kind != "done":
         status = {"timeout": "timeout", "memory": "memory", "died": "error"}[outcome.kind]
-        row.update(status=status, stage=outcome.stage, message=outcome.detail, peak_rss_mb=round(outcome.peak_rss_mb, 1))
+        row.update(
+            status=status, stage=outcome.stage, message=outcome.detail, peak_rss_mb=round(outcome.peak_rss_mb, 1)
+        )
         if outcome.kind == "died":
             row["error_type"] = "WorkerDied"
         return row, []
@@ -181,8 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
     parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
     parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
-    parser.add_argument("--policy", choices=("compact", "spec"),
-                        help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)")
+    parser.add_argument(
+        "--policy",
+        choices=("compact", "spec"),
+        help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)",
+    )
     parser.add_argument("--open-objects", action="store_true",
                         help="read an absent additionalProperties as validators do (any extra key), not closed")
     parser.add_argument("--property-order", choices=("schema", "any"),

@@ -28,9 +28,13 @@ def classify(kind: str, path: str, schema, instance) -> str:
 
 def _key_cause(schema, instance, object_path: list[str], key: str) -> str:
     nodes = subschemas_at(schema, object_path)
-    declared = [name for node in nodes for name in node.get("properties", {}) if isinstance(node.get("properties"), dict)]
+    declared = [
+        name for node in nodes for name in node.get("properties", {}) if isinstance(node.get("properties"), dict)
+    ]
     if key not in declared:
-        extras = {json.dumps(node.get("additionalProperties", "absent"))[:20] for node in nodes if _is_object_schema(node)}
+        extras = {
+            json.dumps(node.get("additionalProperties", "absent"))[:20] for node in nodes if _is_object_schema(node)
+        }
         if not extras or extras == {'"absent"'}:
             return "undeclared property, additionalProperties absent (closed by default)"
         if any(n.get("patternProperties") for n in nodes):
@@ -97,7 +101,11 @@ def subschemas_at(root, path: list[str]) -> list[dict]:
                 children.append(props[part])
             elif part.isdigit() and isinstance(node.get("prefixItems", node.get("items")), list):
                 items = node.get("prefixItems", node.get("items"))
-                children.append(items[int(part)] if int(part) < len(items) else node.get("additionalItems", node.get("items") if "prefixItems" in node else True))
+                children.append(
+                    items[int(part)]
+                    if int(part) < len(items)
+                    else node.get("additionalItems", node.get("items") if "prefixItems" in node else True)
+                )
             elif part.isdigit() and isinstance(node.get("items"), dict):
                 children.append(node["items"])
             elif isinstance(node.get("additionalProperties"), dict):

@@ -58,23 +58,41 @@ def summarize_group(rows: list[dict], timeout: float) -> dict:
     compile_ms = [float(r["compile_ms"]) for r in compiled]
     compile_cpu = [float(r["compile_cpu_ms"]) for r in compiled if _num(r.get("compile_cpu_ms")) is not None]
     loads = [float(r["load"]) for r in rows if _num(r.get("load")) is not None]
-    with_timeouts = compile_ms + [timeout * 1000] * sum(r["status"] == "timeout" and str(r.get("stage")).startswith("compile") for r in rows)
+    with_timeouts = compile_ms + [timeout * 1000] * sum(
+        r["status"] == "timeout" and str(r.get("stage")).startswith("compile") for r in rows
+    )
     tokens, forced = ints("tokens_valid"), ints("forced_tokens")
     return {
-        "schemas": n, "covered": status["covered"], "covered_share": status["covered"] / n if n else 0.0,
-        "compiled": len(compiled), "not_covered": status["not_covered"], "unsupported": status["unsupported"],
-        "errors": status["error"], "timeouts": status["timeout"] + status["memory"],
-        "covered_without_tests": sum(r["status"] == "covered" and int(float(r["n_valid"] or 0)) + int(float(r["n_invalid"] or 0)) == 0 for r in compiled),
-        "valid_instances": ints("n_valid"), "invalid_instances": ints("n_invalid"),
+        "schemas": n,
+        "covered": status["covered"],
+        "covered_share": status["covered"] / n if n else 0.0,
+        "compiled": len(compiled),
+        "not_covered": status["not_covered"],
+        "unsupported": status["unsupported"],
+        "errors": status["error"],
+        "timeouts": status["timeout"] + status["memory"],
+        "covered_without_tests": sum(
+            r["status"] == "covered" and int(float(r["n_valid"] or 0)) + int(float(r["n_invalid"] or 0)) == 0
+            for r in compiled
+        ),
+        "valid_instances": ints("n_valid"),
+        "invalid_instances": ints("n_invalid"),
         "false_reject_schemas": sum(int(float(r["false_rejects"] or 0)) > 0 for r in compiled),
-        "false_rejects": ints("false_rejects"), "false_rejects_regex": ints("false_rejects_regex"),
+        "false_rejects": ints("false_rejects"),
+        "false_rejects_regex": ints("false_rejects_regex"),
         "false_rejects_token": ints("false_rejects_token"),
         "false_accept_schemas": sum(int(float(r["false_accepts"] or 0)) > 0 for r in compiled),
-        "false_accepts": ints("false_accepts"), "false_accepts_regex_only": ints("false_accepts_regex_only"),
-        "walk_errors": ints("walk_errors"), "tokenization_mismatch": ints("tokenization_mismatch"),
-        "compile_ms": _quantiles(compile_ms), "compile_ms_with_timeouts": _quantiles(with_timeouts),
-        "compile_cpu_ms": _quantiles(compile_cpu), "load_mean": float(np.mean(loads)) if loads else None,
-        "tokens_valid": tokens, "forced_tokens": forced, "forced_share": forced / tokens if tokens else None,
+        "false_accepts": ints("false_accepts"),
+        "false_accepts_regex_only": ints("false_accepts_regex_only"),
+        "walk_errors": ints("walk_errors"),
+        "tokenization_mismatch": ints("tokenization_mismatch"),
+        "compile_ms": _quantiles(compile_ms),
+        "compile_ms_with_timeouts": _quantiles(with_timeouts),
+        "compile_cpu_ms": _quantiles(compile_cpu),
+        "load_mean": float(np.mean(loads)) if loads else None,
+        "tokens_valid": tokens,
+        "forced_tokens": forced,
+        "forced_share": forced / tokens if tokens else None,
     }
 
 
@@ -150,11 +168,15 @@ def write_report(out: Path, totals: dict, setup: dict) -> dict:
     plot(summary, totals["rows"], out / "coverage.png")
     env = summary["environment"]
     (out / "README.md").write_text(
-        f"Coverage run of {env['date']}: `{setup.get('command') or 'python -m experiments.coverage --tokenizer ' + setup['tokenizer']}` on "
-        f"{setup['files']} MaskBench files, {env['cores']}-core {env['cpu']} CPU, {setup['workers']} workers, "
-        f"timeout {setup['timeout_s']:g} s, compile options {setup.get('options') or 'default (closed objects, schema order)'}; Python {env['python']}, torch {env['torch']}, transformers "
-        f"{env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: summary.md (tables), coverage.png, "
-        "schemas.csv (one row per schema), failures.csv (false rejects/accepts per instance), summary.json.\n")
+        f"Coverage run of {env['date']}: "
+        f"`{setup.get('command') or 'python -m experiments.coverage --tokenizer ' + setup['tokenizer']}` on "
+        f"{setup['files']} MaskBench files, {env['cores']}-core {env['cpu']} CPU, {setup['workers']} workers, timeout "
+        f"{setup['timeout_s']:g} s, compile options "
+        f"{setup.get('options') or 'default (closed objects, schema order)'}; Python {env['python']}, torch "
+        f"{env['torch']}, transformers {env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: "
+        "summary.md (tables), coverage.png, schemas.csv (one row per schema), failures.csv (false rejects/accepts per "
+        "instance), summary.json.\n"
+    )
     return summary
 
 
@@ -196,71 +218,99 @@ def _us(x) -> str:
 def headline(summary: dict) -> str:
     o, steps = summary["overall"], summary["mask_advance"]
     c = o["compile_ms"]
-    return (f"covered {o['covered']}/{o['schemas']} ({_pct(o['covered_share'])}); unsupported {o['unsupported']}, "
-            f"errors {o['errors']}, timeouts {o['timeouts']}; false rejects {o['false_rejects']} instances in "
-            f"{o['false_reject_schemas']} schemas; false accepts {o['false_accepts']} in {o['false_accept_schemas']} "
-            f"schemas; compile p50 {_ms(c['p50'])} ms, p90 {_ms(c['p90'])} ms, max {_ms(c['max'])} ms; "
-            f"mask+advance first visit {_us(steps['first_visit']['median_us'])} (p99 {_us(steps['first_visit']['p99_us'])}), "
-            f"revisit {_us(steps['revisit']['median_us'])} (p99 {_us(steps['revisit']['p99_us'])}); "
-            f"forced share {_pct(o['forced_share'])}")
+    return (
+        f"covered {o['covered']}/{o['schemas']} ({_pct(o['covered_share'])}); unsupported {o['unsupported']}, "
+        f"errors {o['errors']}, timeouts {o['timeouts']}; false rejects {o['false_rejects']} instances in "
+        f"{o['false_reject_schemas']} schemas; false accepts {o['false_accepts']} in {o['false_accept_schemas']} "
+        f"schemas; compile p50 {_ms(c['p50'])} ms, p90 {_ms(c['p90'])} ms, max {_ms(c['max'])} ms; "
+        f"mask+advance first visit {_us(steps['first_visit']['median_us'])} (p99 "
+        f"{_us(steps['first_visit']['p99_us'])}), revisit {_us(steps['revisit']['median_us'])} (p99 "
+        f"{_us(steps['revisit']['p99_us'])}); forced share {_pct(o['forced_share'])}"
+    )
 
 
 def _table_row(name: str, g: dict) -> str:
     c = g["compile_ms"]
-    return (f"| {name} | {g['schemas']} | {g['covered']} | {_pct(g['covered_share'])} | {g['unsupported']} | "
-            f"{g['timeouts']} | {g['errors']} | {g['false_rejects']} ({g['false_reject_schemas']}) | "
-            f"{g['false_accepts']} ({g['false_accept_schemas']}) | {_ms(c['p50'])} | {_ms(c['p90'])} | {_ms(c['max'])} | "
-            f"{_pct(g['forced_share'])} |")
+    return (
+        f"| {name} | {g['schemas']} | {g['covered']} | {_pct(g['covered_share'])} | {g['unsupported']} | "
+        f"{g['timeouts']} | {g['errors']} | {g['false_rejects']} ({g['false_reject_schemas']}) | "
+        f"{g['false_accepts']} ({g['false_accept_schemas']}) | {_ms(c['p50'])} | {_ms(c['p90'])} | {_ms(c['max'])} | "
+        f"{_pct(g['forced_share'])} |"
+    )
 
 
 def markdown(summary: dict) -> str:
     s, o, env, steps = summary["setup"], summary["overall"], summary["environment"], summary["mask_advance"]
     c, ct = o["compile_ms"], o["compile_ms_with_timeouts"]
     lines = [
-        f"# JSONSchemaBench (MaskBench) coverage — tokenizer `{s['tokenizer']}`", "",
-        f"{env['date']}, {env['cores']}-core {env['cpu']}, {s['workers']} workers, timeout {s['timeout_s']:g} s per stage, "
-        f"{s['files']} schema files, {o['valid_instances']} valid + {o['invalid_instances']} invalid instances "
-        f"(compact JSON, key order kept, tokenized by the tokenizer); {fsm_note(s)}.", "",
-        "## Against the anchors", "",
-        "| | covered | compile p50 | compile p90 | false accepts |", "|---|---|---|---|---|",
+        f"# JSONSchemaBench (MaskBench) coverage — tokenizer `{s['tokenizer']}`",
+        "",
+        f"{env['date']}, {env['cores']}-core {env['cpu']}, {s['workers']} workers, timeout {s['timeout_s']:g} s per "
+        f"stage, {s['files']} schema files, {o['valid_instances']} valid + {o['invalid_instances']} invalid instances "
+        f"(compact JSON, key order kept, tokenized by the tokenizer); {fsm_note(s)}.",
+        "",
+        "## Against the anchors",
+        "",
+        "| | covered | compile p50 | compile p90 | false accepts |",
+        "|---|---|---|---|---|",
         f"| **this run** | **{_pct(o['covered_share'])}** | **{_ms(c['p50'])} ms** | **{_ms(c['p90'])} ms** "
-        f"({_ms(ct['p90'])} ms counting compile timeouts as {s['timeout_s']:g} s) | **{o['false_accepts']}** in {o['false_accept_schemas']} schemas |",
-        f"| this run, worker CPU time | | {_ms(o['compile_cpu_ms']['p50'])} ms | {_ms(o['compile_cpu_ms']['p90'])} ms | |",
-        f"| goal (issue 5) | >= {_pct(GOALS['covered'])} | <= {GOALS['p50_ms']:g} ms | <= {GOALS['p90_ms']:,.0f} ms | 0 |",
+        f"({_ms(ct['p90'])} ms counting compile timeouts as {s['timeout_s']:g} s) | **{o['false_accepts']}** in "
+        f"{o['false_accept_schemas']} schemas |",
+        f"| this run, worker CPU time | | {_ms(o['compile_cpu_ms']['p50'])} ms | {_ms(o['compile_cpu_ms']['p90'])} ms "
+        "| |",
+        f"| goal (issue 5) | >= {_pct(GOALS['covered'])} | <= {GOALS['p50_ms']:g} ms | <= {GOALS['p90_ms']:,.0f} ms | "
+        "0 |",
     ]
     for name, a in ANCHORS.items():
-        lines.append(f"| {name} | {_pct(a['covered'])} | {_ms(a.get('p50_ms'))}{' ms' if 'p50_ms' in a else ''} | "
-                     f"{_ms(a.get('p90_ms'))}{' ms' if 'p90_ms' in a else ''} | {'drops constraints' if name == 'outlines-core' else ''} |")
+        lines.append(
+            f"| {name} | {_pct(a['covered'])} | {_ms(a.get('p50_ms'))}{' ms' if 'p50_ms' in a else ''} | "
+            f"{_ms(a.get('p90_ms'))}{' ms' if 'p90_ms' in a else ''} | "
+            f"{'drops constraints' if name == 'outlines-core' else ''} |"
+        )
     lines += [
-        "", "Anchors: published JSONSchemaBench numbers (Geng et al. 2025, 11,306 schemas, other hardware); "
-        "this run uses the 2,778-schema MaskBench sample. Compile time is schema -> ready guide (regex, DFA, "
-        "token index, first mask), wall clock in the worker; the CPU-time row is what it costs on an idle core "
-        f"(the machine was shared: mean 1-min load average {_load(o['load_mean'])} on {env['cores']} cores during the run). "
-        f"Time limits are {s['timeout_s']:g} s of worker CPU time per stage (compile, walk), at most 10x that in wall time.", "",
-        "## Per subset", "",
+        "",
+        "Anchors: published JSONSchemaBench numbers (Geng et al. 2025, 11,306 schemas, other hardware); this run uses "
+        "the 2,778-schema MaskBench sample. Compile time is schema -> ready guide (regex, DFA, token index, first "
+        "mask), wall clock in the worker; the CPU-time row is what it costs on an idle core (the machine was shared: "
+        f"mean 1-min load average {_load(o['load_mean'])} on {env['cores']} cores during the run). Time limits are "
+        f"{s['timeout_s']:g} s of worker CPU time per stage (compile, walk), at most 10x that in wall time.",
+        "",
+        "## Per subset",
+        "",
         "| subset | schemas | covered | covered % | unsupported | timeout | error | false rejects (schemas) | "
         "false accepts (schemas) | compile p50 ms | p90 ms | max ms | forced share |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *[_table_row(name, g) for name, g in summary["subsets"].items()],
-        _table_row("**all**", o), "",
-        f"Covered counts {o['covered_without_tests']} compiled schemas that have no test instances. False rejects split into "
-        f"{o['false_rejects_regex']} regex-level (the byte DFA rejects the text) and {o['false_rejects_token']} token-level "
-        f"(the DFA accepts the text but the tokenizer's own token sequence cannot be walked). Invalid instances that only the "
-        f"tokenization kept out (the DFA accepts them): {o['false_accepts_regex_only']}. Instances whose tokens do not spell the "
-        f"text: {o['tokenization_mismatch']}.", "",
-        "## Speed along the valid instances", "",
-        "| | median | p99 | steps | goal |", "|---|---|---|---|---|",
-        f"| mask()+advance(), first visit of a state | {_us(steps['first_visit']['median_us'])} | {_us(steps['first_visit']['p99_us'])} | "
-        f"{steps['first_visit']['n']:,} | < {GOALS['first_ms']:g} ms |",
+        _table_row("**all**", o),
+        "",
+        f"Covered counts {o['covered_without_tests']} compiled schemas that have no test instances. False rejects "
+        f"split into {o['false_rejects_regex']} regex-level (the byte DFA rejects the text) and "
+        f"{o['false_rejects_token']} token-level (the DFA accepts the text but the tokenizer's own token sequence "
+        "cannot be walked). Invalid instances that only the tokenization kept out (the DFA accepts them): "
+        f"{o['false_accepts_regex_only']}. Instances whose tokens do not spell the text: {o['tokenization_mismatch']}.",
+        "",
+        "## Speed along the valid instances",
+        "",
+        "| | median | p99 | steps | goal |",
+        "|---|---|---|---|---|",
+        f"| mask()+advance(), first visit of a state | {_us(steps['first_visit']['median_us'])} | "
+        f"{_us(steps['first_visit']['p99_us'])} | {steps['first_visit']['n']:,} | < {GOALS['first_ms']:g} ms |",
         f"| mask()+advance(), revisit | {_us(steps['revisit']['median_us'])} | {_us(steps['revisit']['p99_us'])} | "
         f"{steps['revisit']['n']:,} | < {GOALS['revisit_us']:g} µs |",
-        _longest_walk_row(summary["longest_walk"]), "",
+        _longest_walk_row(summary["longest_walk"]),
+        "",
         f"Forced tokens: {o['forced_tokens']:,} of {o['tokens_valid']:,} tokens of the accepted valid instances "
-        f"({_pct(o['forced_share'])}) equal the first token `guide.forced()` proposes at their position. "
-        f"Memory: worker peak RSS max {_ms(summary['memory_mb']['worker_peak_rss_max'])} MB (includes the shared tokenizer); "
-        f"growth per schema median {_ms(summary['memory_mb']['growth_p50'])} MB, max {_ms(summary['memory_mb']['growth_max'])} MB.", "",
-        "## Top unsupported keywords", "", "| keyword | schemas |", "|---|---|",
-        *[f"| `{k}` | {n} |" for k, n in summary["unsupported_keywords"][:20]], "",
+        f"({_pct(o['forced_share'])}) equal the first token `guide.forced()` proposes at their position. Memory: "
+        f"worker peak RSS max {_ms(summary['memory_mb']['worker_peak_rss_max'])} MB (includes the shared tokenizer); "
+        f"growth per schema median {_ms(summary['memory_mb']['growth_p50'])} MB, max "
+        f"{_ms(summary['memory_mb']['growth_max'])} MB.",
+        "",
+        "## Top unsupported keywords",
+        "",
+        "| keyword | schemas |",
+        "|---|---|",
+        *[f"| `{k}` | {n} |" for k, n in summary["unsupported_keywords"][:20]],
+        "",
     ]
     lines += _problem_lists(summary)
     return "\n".join(lines) + "\n"
@@ -273,10 +323,16 @@ def _problem_lists(summary: dict) -> list[str]:
     lines += [f"| {c['cause']} | {c['count']} | {c['schemas']} | `{c['example']['file']}` #{c['example']['test']}: "
               f"`{_cell(c['example']['text'][:90])}` — {_cell(c['example']['detail'][:110])} |" for c in causes]
     lines += ["", f"## False accepts ({len(summary['false_accepts'])})", ""]
-    lines += [f"- `{f['file']}` test {f['test']} ({f['kind']}): `{_cell(f['text'][:120])}` — {f['detail']}" for f in summary["false_accepts"][:100]]
+    lines += [
+        f"- `{f['file']}` test {f['test']} ({f['kind']}): `{_cell(f['text'][:120])}` — {f['detail']}"
+        for f in summary["false_accepts"][:100]
+    ]
     lines += ["", f"## Errors and timeouts ({len(summary['errors'])})", ""]
-    lines += [f"- `{e['file']}` {e['status']} {e.get('error_type') or ''} {('at ' + e['where']) if e.get('where') else ''}: "
-              f"{str(e.get('message') or '')[:160]}" for e in summary["errors"][:200]]
+    lines += [
+        f"- `{e['file']}` {e['status']} {e.get('error_type') or ''} {('at ' + e['where']) if e.get('where') else ''}: "
+        f"{str(e.get('message') or '')[:160]}"
+        for e in summary["errors"][:200]
+    ]
     return lines + [""]
 
 
@@ -308,7 +364,9 @@ def plot(summary: dict, rows: list[dict], path: Path) -> None:
     bars.legend(loc="lower left", fontsize=7, ncol=3)
     bars.set_title(f"MaskBench coverage per subset ({summary['setup']['tokenizer']})")
     for key, label in (("compile_ms", "wall clock"), ("compile_cpu_ms", "worker CPU time")):
-        values = np.sort([float(r[key]) for r in rows if r["status"] in ("covered", "not_covered") and _num(r.get(key)) is not None])
+        values = np.sort(
+            [float(r[key]) for r in rows if r["status"] in ("covered", "not_covered") and _num(r.get(key)) is not None]
+        )
         if len(values):
             cdf.step(values, np.arange(1, len(values) + 1) / len(rows) * 100, where="post", label=f"this run, {label}")
     cdf.plot([588, 26_700], [50, 90], "x", color="#d62828", label="outlines-core p50 / p90")

@@ -77,7 +77,9 @@ def _compile(schema, tokenizer, row: dict, report, options: dict):
         times.append(time.perf_counter())
         cpu_ms = (time.process_time() - cpu_start) * 1000
     except fsm.SchemaError as error:
-        row.update(status="unsupported", keyword=error.keyword or "(none)", pointer=error.pointer, message=str(error)[:300])
+        row.update(
+            status="unsupported", keyword=error.keyword or "(none)", pointer=error.pointer, message=str(error)[:300]
+        )
         return None
     except fsm.RegexError as error:
         row.update(status="unsupported", keyword="(regex)", pointer="", message=str(error)[:300])
@@ -86,9 +88,17 @@ def _compile(schema, tokenizer, row: dict, report, options: dict):
         row.update(status="error", error_type=type(error).__name__, message=str(error)[:300], where=_where(error))
         return None
     stages = np.diff(times) * 1000
-    row.update(status="compiled", compile_ms=round(times[-1] * 1000 - times[0] * 1000, 3), compile_cpu_ms=round(cpu_ms, 3),
-               regex_ms=round(stages[0], 3), dfa_ms=round(stages[1], 3), index_ms=round(stages[2], 3),
-               first_mask_ms=round(stages[3], 3), regex_chars=rx.size(term), dfa_states=dfa.n_states)
+    row.update(
+        status="compiled",
+        compile_ms=round(times[-1] * 1000 - times[0] * 1000, 3),
+        compile_cpu_ms=round(cpu_ms, 3),
+        regex_ms=round(stages[0], 3),
+        dfa_ms=round(stages[1], 3),
+        index_ms=round(stages[2], 3),
+        first_mask_ms=round(stages[3], 3),
+        regex_chars=rx.size(term),
+        dfa_states=dfa.n_states,
+    )
     return guide
 
 
@@ -96,7 +106,9 @@ def _where(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     inside = [f for f in frames if "/fsm/" in f.filename] or frames
     frame = inside[-1] if inside else None
-    return f"{Path(frame.filename).parent.name}/{Path(frame.filename).name}:{frame.lineno} {frame.name}" if frame else ""
+    return (
+        f"{Path(frame.filename).parent.name}/{Path(frame.filename).name}:{frame.lineno} {frame.name}" if frame else ""
+    )
 
 
 # -- walking instances ----------------------------------------------------------------------------
@@ -183,7 +195,9 @@ def _count(counts, out, number, test, text, ids, verdict, regex_ok, guide, schem
         counts["invalid_rejected"] += 1
         if regex_ok:
             counts["false_accepts_regex_only"] += 1
-            out["failures"].append(_failure(number, test, text, "false_accept_regex_only", _jsonschema_verdict(schema, test["data"])))
+            out["failures"].append(
+                _failure(number, test, text, "false_accept_regex_only", _jsonschema_verdict(schema, test["data"]))
+            )
 
 
 def _forced_count(guide, ids: list[int]) -> int:
@@ -237,7 +251,7 @@ def _dfa_death(dfa, data: bytes) -> int:
 
 def json_path_at(text: str, pos: int) -> str:
     """JSON pointer of the value containing character `pos` of compact JSON; "/a/b/<key>" for b's key."""
-    path, i = _path_parts_at(text, pos), 0
+    path = _path_parts_at(text, pos)
     return "".join("/" + (p if p == "<key>" else p.replace("~", "~0").replace("/", "~1")) for p in path) or "/"
 
 

@@ -40,7 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def table(task: Task, runs: list[Run]) -> str:
     """A fixed-width table of the runs of one task."""
     base = next(r for r in runs if r.mode == "constrained").seconds
-    head = f"{'mode':<26} {'valid':>5} {'tokens':>6} {'wall s':>7} {'target fwd':>10} {'forced':>6} {'tok/s':>6} {'speedup':>7}"
+    head = (
+        f"{'mode':<26} {'valid':>5} {'tokens':>6} {'wall s':>7} {'target fwd':>10} {'forced':>6} {'tok/s':>6} "
+        f"{'speedup':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in runs:
         ok = validate(task, extract_json(r.text))
@@ -65,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     model, tokenizer, helper = loaded
     names = f"{PAIR[0]} + assistant {PAIR[1]}" if args.assistant else SMALL
-    print(f"models: {names} (loaded in {time.perf_counter() - start:.1f} s); greedy, max {args.max_new_tokens} new tokens")
+    print(
+        f"models: {names} (loaded in {time.perf_counter() - start:.1f} s); greedy, max {args.max_new_tokens} new tokens"
+    )
     modes = BASE_MODES + (ASSISTANT_MODES if args.assistant else ())
     start = time.perf_counter()
     for task in DEMO_TASKS:

@@ -109,11 +109,14 @@ def summarize(rows: list[dict]) -> dict:
     for policy in POLICIES:
         done = [r[policy] for r in judged if "false_accepts" in r[policy]]
         summary[policy] = {
-            "compiled": len(done), "schema_error": sum("schema_error" in r[policy] for r in judged),
+            "compiled": len(done),
+            "schema_error": sum("schema_error" in r[policy] for r in judged),
             "false_accepts": sum(len(d["false_accepts"]) for d in done),
             "schemas_with_false_accepts": sum(bool(d["false_accepts"]) for d in done),
             "valid_rejected": sum(len(d["valid_rejected"]) for d in done),
-            "valid_rejected_shallow": sum(sum(depth(json.loads(t)) <= SHALLOW for t in d["valid_rejected"]) for d in done),
+            "valid_rejected_shallow": sum(
+                sum(depth(json.loads(t)) <= SHALLOW for t in d["valid_rejected"]) for d in done
+            ),
             "schemas_with_valid_rejected": sum(bool(d["valid_rejected"]) for d in done),
             "crashes": sum(r[policy].get("schema_error") == "crash" for r in judged),
         }
@@ -148,17 +151,29 @@ def main(argv: list[str] | None = None) -> None:
         write_subset_csv(rows, args.out / "by_subset.csv")
         write_rows_csv(rows, args.out / "schemas.csv")
         return
-    tasks = [f"file:{p}" for p in schema_files(args.per_subset, args.seed)] + [f"combo:{args.seed * 100_000 + i}" for i in range(args.combos)]
+    tasks = [f"file:{p}" for p in schema_files(args.per_subset, args.seed)] + [
+        f"combo:{args.seed * 100_000 + i}" for i in range(args.combos)
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     rows, start = [], time.time()
-    for outcome in run_pool(tasks, lambda task, report: run_one(task, args, report), workers=args.workers, timeout=args.timeout):
+    for outcome in run_pool(
+        tasks, lambda task, report: run_one(task, args, report), workers=args.workers, timeout=args.timeout
+    ):
         row = outcome.result if outcome.kind == "done" else {"status": f"{outcome.kind}:{outcome.stage}"}
-        row = {"task": outcome.task, **row} if "runner_error" not in row else {"task": outcome.task, "status": row["runner_error"][:200]}
+        row = (
+            {"task": outcome.task, **row}
+            if "runner_error" not in row
+            else {"task": outcome.task, "status": row["runner_error"][:200]}
+        )
         rows.append(row)
         print(json.dumps(_brief(row)), flush=True)
     rows.sort(key=lambda r: r["task"])
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    summary = {**summarize(rows), "wall_s": round(time.time() - start), "args": {k: str(v) for k, v in vars(args).items()}}
+    summary = {
+        **summarize(rows),
+        "wall_s": round(time.time() - start),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_subset_csv(rows, args.out / "by_subset.csv")
     write_rows_csv(rows, args.out / "schemas.csv")
@@ -178,15 +193,42 @@ def write_subset_csv(rows: list[dict], path: Path) -> None:
         groups.setdefault(subset_of(row["task"]), []).append(row)
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["subset", "policy", "schemas", "timeouts_or_crashes", "oracle_errors", "compiled", "schema_error", "texts",
-                      "valid_texts", "false_accepts", "valid_rejected", "valid_rejected_shallow"])
+        out.writerow(
+            [
+                "subset",
+                "policy",
+                "schemas",
+                "timeouts_or_crashes",
+                "oracle_errors",
+                "compiled",
+                "schema_error",
+                "texts",
+                "valid_texts",
+                "false_accepts",
+                "valid_rejected",
+                "valid_rejected_shallow",
+            ]
+        )
         for subset, group in sorted(groups.items()):
             summary = summarize(group)
             for policy in POLICIES:
                 p = summary[policy]
-                out.writerow([subset, policy, summary["schemas"], summary["timeouts_or_crashes"], summary["oracle_errors"],
-                              p["compiled"], p["schema_error"], summary["texts"], summary["valid_texts"], p["false_accepts"],
-                              p["valid_rejected"], p["valid_rejected_shallow"]])
+                out.writerow(
+                    [
+                        subset,
+                        policy,
+                        summary["schemas"],
+                        summary["timeouts_or_crashes"],
+                        summary["oracle_errors"],
+                        p["compiled"],
+                        p["schema_error"],
+                        summary["texts"],
+                        summary["valid_texts"],
+                        p["false_accepts"],
+                        p["valid_rejected"],
+                        p["valid_rejected_shallow"],
+                    ]
+                )
 
 
 def write_rows_csv(rows: list[dict], path: Path) -> None:
@@ -195,13 +237,25 @@ def write_rows_csv(rows: list[dict], path: Path) -> None:
 
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["task", "status", "n_valid", "n_invalid"] + [f"{p}_{c}" for p in POLICIES
-                                                                   for c in ("schema_error", "false_accepts", "valid_rejected", "cpu_s")])
+        out.writerow(
+            ["task", "status", "n_valid", "n_invalid"]
+            + [f"{p}_{c}" for p in POLICIES for c in ("schema_error", "false_accepts", "valid_rejected", "cpu_s")]
+        )
         for row in rows:
-            cells = [row["task"].split("/")[-1], row.get("status", row.get("oracle_error", "")), row.get("n_valid", ""), row.get("n_invalid", "")]
+            cells = [
+                row["task"].split("/")[-1],
+                row.get("status", row.get("oracle_error", "")),
+                row.get("n_valid", ""),
+                row.get("n_invalid", ""),
+            ]
             for policy in POLICIES:
                 r = row.get(policy, {})
-                cells += [r.get("schema_error", ""), len(r.get("false_accepts", [])), len(r.get("valid_rejected", [])), r.get("cpu_s", "")]
+                cells += [
+                    r.get("schema_error", ""),
+                    len(r.get("false_accepts", [])),
+                    len(r.get("valid_rejected", [])),
+                    r.get("cpu_s", ""),
+                ]
             out.writerow(cells)
 
 

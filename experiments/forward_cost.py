@@ -6,7 +6,8 @@ After a 64-token prefill, times a forward over n more tokens (logits for all n, 
 each n, interleaved, `--repeats` times; prints the median seconds and the ratio to n = 1. On a GPU the
 curve is flat for small n, so drafts are nearly free to verify; on a CPU it is not, and that decides
 whether model drafting can pay. `--prepacked` also times the same model with its Linear weights
-pre-packed for oneDNN (`assisted.packing`: used from the row count where it wins on this machine, timed per weight shape).
+pre-packed for oneDNN (`assisted.packing`: used from the row count where it wins on this machine, timed per
+weight shape).
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
                             rows.append({"layout": layout, "n": n, "repeat": repeat, "seconds": seconds})
     print(f"{args.model} {args.device} {args.dtype} threads={torch.get_num_threads()}: median seconds (x n = 1)")
     for layout in layouts:
-        med = {n: statistics.median(r["seconds"] for r in rows if r["layout"] == layout and r["n"] == n) for n in args.ns}
+        med = {
+            n: statistics.median(r["seconds"] for r in rows if r["layout"] == layout and r["n"] == n) for n in args.ns
+        }
         print(f"{layout:>10}: " + "  ".join(f"n={n} {s:.3f} ({s / med[args.ns[0]]:.2f}x)" for n, s in med.items()))
     if args.out:
         with open(args.out, "w", newline="") as f:

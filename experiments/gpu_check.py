@@ -225,7 +225,10 @@ def section_generate(check: Check) -> None:
     for name, helper in helpers.items():
         systems[f"transformers assisted, {name}"] = lambda ids, h=helper: (hf_generate(target, ids, new, h), None)
         systems[f"ours auto, {name}"] = lambda ids, h=helper: (None, ours(target, h, tokenizer, ids, new))
-    systems["ours heuristic, self"] = lambda ids: (None, ours(target, helpers["self"], tokenizer, ids, new, "heuristic"))
+    systems["ours heuristic, self"] = lambda ids: (
+        None,
+        ours(target, helpers["self"], tokenizer, ids, new, "heuristic"),
+    )
     prompts = [random_prompt(tokenizer, check.contexts[0], seed=100 + r) for r in range(check.args.repeats + 1)]
     rows = []
     with torch.inference_mode():
@@ -245,10 +248,14 @@ def generate_row(system: str, repeat: int, seconds: float, hf_new: int | None, o
         s = out.stats
         drafted, accepted = s.drafted_by_source["assistant"], s.accepted_by_source["assistant"]
         steps = max(1, len(s.steps))
-        row.update(new_tokens=s.new_tokens, target_forwards=s.target_forward_passes,
-                   mean_k=statistics.fmean(s.k_trace) if s.k_trace else 0.0,
-                   acceptance=accepted / drafted if drafted else "", overhead_ms_per_step=1e3 * s.seconds.overhead / steps,
-                   fsm_ms_per_step=1e3 * s.seconds.fsm / steps)
+        row.update(
+            new_tokens=s.new_tokens,
+            target_forwards=s.target_forward_passes,
+            mean_k=statistics.fmean(s.k_trace) if s.k_trace else 0.0,
+            acceptance=accepted / drafted if drafted else "",
+            overhead_ms_per_step=1e3 * s.seconds.overhead / steps,
+            fsm_ms_per_step=1e3 * s.seconds.fsm / steps,
+        )
     return row
 
 
@@ -436,9 +443,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SECTIONS = {"costs": section_costs, "graphs": section_graphs, "generate": section_generate, "identity": section_identity,
-            "masks": section_masks, "extraction": section_extraction, "steps": section_steps,
-            "captured_identity": section_captured_identity}
+SECTIONS = {
+    "costs": section_costs,
+    "graphs": section_graphs,
+    "generate": section_generate,
+    "identity": section_identity,
+    "masks": section_masks,
+    "extraction": section_extraction,
+    "steps": section_steps,
+    "captured_identity": section_captured_identity,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

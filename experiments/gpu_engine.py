@@ -28,12 +28,28 @@ from experiments.gpu_models import random_prompt
 
 TARGET, ASSISTANT, LARGE = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
 BASELINE = "transformers + XGrammar (eager)"
-INVOICE = {"type": "object", "properties": {
-    "customer": {"type": "string", "maxLength": 16}, "quantity": {"type": "integer", "minimum": 1, "maximum": 999},
-    "status": {"enum": ["draft", "sent", "paid", "overdue"]}, "paid": {"type": "boolean"},
-    "lines": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
-        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "cents": {"type": "integer", "minimum": 0, "maximum": 99999}}, "required": ["sku", "cents"]}}}, "required": ["customer", "quantity", "status", "paid", "lines"]}
+INVOICE = {
+    "type": "object",
+    "properties": {
+        "customer": {"type": "string", "maxLength": 16},
+        "quantity": {"type": "integer", "minimum": 1, "maximum": 999},
+        "status": {"enum": ["draft", "sent", "paid", "overdue"]},
+        "paid": {"type": "boolean"},
+        "lines": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+                    "cents": {"type": "integer", "minimum": 0, "maximum": 99999},
+                },
+                "required": ["sku", "cents"],
+            },
+        },
+    },
+    "required": ["customer", "quantity", "status", "paid", "lines"],
+}
 
 
 def ours(model, assistant, tokenizer, ids: list[int], new: int, schedule: str = "auto", **options):
@@ -189,8 +205,18 @@ def step_rows(check, model, name: str, context: int, ns: list[int]) -> list[dict
                            "eager": check.timed(lambda: forward(model, cache, ids[context: context + n], 1))[0]}
                 crop_to(cache, context)
                 if repeat:
-                    rows += [{"model": name, "dtype": str(kv.dtype).removeprefix("torch."), "context": context,
-                              "layout": layout, "n": n, "repeat": repeat, "seconds": s} for layout, s in timings.items()]
+                    rows += [
+                        {
+                            "model": name,
+                            "dtype": str(kv.dtype).removeprefix("torch."),
+                            "context": context,
+                            "layout": layout,
+                            "n": n,
+                            "repeat": repeat,
+                            "seconds": s,
+                        }
+                        for layout, s in timings.items()
+                    ]
     return rows
 
 
@@ -253,8 +279,10 @@ def readme_lines(s: dict) -> list[str]:
                   "target forwards | ms per target forward |", "|---|---|---|---|---|---|---|---|"]
         for name, g in s["extraction"].items():
             ratio = f"{g['x_baseline']:.2f} ({g['x_range'][0]:.2f}-{g['x_range'][1]:.2f})" if "x_baseline" in g else ""
-            lines.append(f"| {name} | {g['s_per_call']:.3f} | {g['ms_per_token']:.2f} | {g['tokens']:.0f} | {g['valid']} "
-                         f"| {ratio} | {g.get('target_forwards', '')} | {_ms(g.get('ms_per_target_forward'))} |")
+            lines.append(
+                f"| {name} | {g['s_per_call']:.3f} | {g['ms_per_token']:.2f} | {g['tokens']:.0f} | {g['valid']} "
+                f"| {ratio} | {g.get('target_forwards', '')} | {_ms(g.get('ms_per_target_forward'))} |"
+            )
         lines += [f"- {k}: {v}" for k, v in (s.get("extraction_failed") or {}).items()]
         lines += [f"- {s['extraction_note']}"] if "extraction_note" in s else []
         lines.append("")

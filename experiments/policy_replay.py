@@ -353,9 +353,18 @@ def collect(args) -> int:
                           f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     from experiments.machine import machine_lines
-    (args.out / "traces.json").write_text(json.dumps({"costs": asdict(costs), "command": "python -m experiments.policy_replay " + " ".join(sys.argv[1:]),
-                                                      "date": str(datetime.date.today()), "machine": machine_lines(),
-                                                      "traces": [asdict(t) for t in traces]}))
+
+    (args.out / "traces.json").write_text(
+        json.dumps(
+            {
+                "costs": asdict(costs),
+                "command": "python -m experiments.policy_replay " + " ".join(sys.argv[1:]),
+                "date": str(datetime.date.today()),
+                "machine": machine_lines(),
+                "traces": [asdict(t) for t in traces],
+            }
+        )
+    )
     print(f"wrote {args.out / 'traces.json'}")
     return 0
 

@@ -144,16 +144,21 @@ def write(args, rows: list[dict], tokenizer, argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, list(rows[0]))
     shared = shared_prefix(tokenizer, DOCUMENTS[0], DOCUMENTS[1])
-    readme = [f"# Prefix reuse {args.out.name}", "",
-              *run_lines("experiments.prefix_reuse", argv),
-              f"- target {args.model}, assistant {assistant_label(args) if args.assistant else 'none'}, "
-              f"greedy, schema-constrained (coalesced forced tokens), max_new_tokens {args.max_new_tokens}",
-              f"- {len({r['document'] for r in rows})} documents behind one shared system instruction with three "
-              f"few-shot examples ({shared} prompt tokens shared by every document's prompt)", "",
-              *summary(rows), "",
-              "Both modes run every document, interleaved with alternating order; plain prefills the whole prompt,",
-              "reuse keeps the previous document's KV cache and prefills only what follows the shared prefix.",
-              "The CPU is shared with other jobs: single timings are noisy, compare the two modes within this run only."]
+    readme = [
+        f"# Prefix reuse {args.out.name}",
+        "",
+        *run_lines("experiments.prefix_reuse", argv),
+        f"- target {args.model}, assistant {assistant_label(args) if args.assistant else 'none'}, "
+        f"greedy, schema-constrained (coalesced forced tokens), max_new_tokens {args.max_new_tokens}",
+        f"- {len({r['document'] for r in rows})} documents behind one shared system instruction with three "
+        f"few-shot examples ({shared} prompt tokens shared by every document's prompt)",
+        "",
+        *summary(rows),
+        "",
+        "Both modes run every document, interleaved with alternating order; plain prefills the whole prompt,",
+        "reuse keeps the previous document's KV cache and prefills only what follows the shared prefix.",
+        "The CPU is shared with other jobs: single timings are noisy, compare the two modes within this run only.",
+    ]
     (args.out / "README.md").write_text("\n".join(readme) + "\n")
 
 

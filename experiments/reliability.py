@@ -66,7 +66,11 @@ def regex_walk(pattern: str, steps: int):
 def nested(depth: int, leaf) -> dict:
     schema = leaf
     for i in range(depth):
-        schema = {"type": "object", "properties": {f"k{i}": schema}, "required": [f"k{i}"]} if i % 2 else {"type": "array", "items": schema, "minItems": 1, "maxItems": 2}
+        schema = (
+            {"type": "object", "properties": {f"k{i}": schema}, "required": [f"k{i}"]}
+            if i % 2
+            else {"type": "array", "items": schema, "minItems": 1, "maxItems": 2}
+        )
     return schema
 
 
@@ -76,8 +80,14 @@ def many_schemas(count: int):
 
         most = 0
         for i in range(count):
-            schema = {"type": "object", "properties": {f"f{i}": {"type": "integer", "minimum": i, "maximum": 10 * i + 9},
-                                                       "s": {"type": "string", "maxLength": i % 50 + 1}}, "required": [f"f{i}"]}
+            schema = {
+                "type": "object",
+                "properties": {
+                    f"f{i}": {"type": "integer", "minimum": i, "maximum": 10 * i + 9},
+                    "s": {"type": "string", "maxLength": i % 50 + 1},
+                },
+                "required": [f"f{i}"],
+            }
             walk(fsm.Guide.from_schema(schema, tokenizer), 12, seed=i)
             most = max(most, len(INDEXES))
             assert len(INDEXES) <= INDEXES.max_entries
@@ -87,8 +97,15 @@ def many_schemas(count: int):
 
 def concurrent(threads: int, steps: int):
     def run(tokenizer) -> str:
-        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 200}, "n": {"type": "integer", "minimum": -(2**63)},
-                                                   "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}}}, "required": ["name", "n"]}
+        schema = {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 200},
+                "n": {"type": "integer", "minimum": -(2**63)},
+                "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}},
+            },
+            "required": ["name", "n"],
+        }
         term = fsm.compile_schema(schema)
         vocabulary = fsm.Guide.from_rx(term, tokenizer).index.vocabulary
         from fsm.index import TokenIndex
@@ -117,7 +134,9 @@ def concurrent(threads: int, steps: int):
         assert not errors, errors
         reference = TokenIndex(LazyDFA(term), vocabulary)
         for tokens, allowed in paths:
-            assert [a.tobytes() for a in _allowed_along(fsm.Guide(reference), tokens)] == allowed, "threads disagree with sequential"
+            assert [a.tobytes() for a in _allowed_along(fsm.Guide(reference), tokens)] == allowed, (
+                "threads disagree with sequential"
+            )
         return f"{threads} threads x {steps} tokens identical to sequential"
     return run
 
@@ -134,9 +153,21 @@ def hopeless(tokenizer) -> str:
     return "built"
 
 
-PROPS = {f"p{i}": t for i, t in enumerate([{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
-                                            {"type": "array", "items": {"type": "string"}}, {"enum": ["x", "y"]}, {"type": "null"},
-                                            {"type": "string", "maxLength": 20}])}
+PROPS = {
+    f"p{i}": t
+    for i, t in enumerate(
+        [
+            {"type": "string"},
+            {"type": "integer"},
+            {"type": "number"},
+            {"type": "boolean"},
+            {"type": "array", "items": {"type": "string"}},
+            {"enum": ["x", "y"]},
+            {"type": "null"},
+            {"type": "string", "maxLength": 20},
+        ]
+    )
+}
 
 CASES = [
     Case("int64-bounds", schema_walk({"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}, 30)),
@@ -149,7 +180,15 @@ CASES = [
     Case("regex-ab-or-cd-2e5-then-x", regex_walk("(ab|cd){200000}x", 100)),
     Case("regex-a-z-3-to-5e6", regex_walk("[a-z]{3,5000000}", 100)),
     Case("nested-40-deep", schema_walk(nested(40, {"type": "integer"}), 200)),
-    Case("object-any-order-open", schema_walk({"type": "object", "properties": PROPS, "required": list(PROPS)}, 200, additional_properties=True, property_order="any")),
+    Case(
+        "object-any-order-open",
+        schema_walk(
+            {"type": "object", "properties": PROPS, "required": list(PROPS)},
+            200,
+            additional_properties=True,
+            property_order="any",
+        ),
+    ),
     Case("pattern-minLength-50000", hopeless, expect="refused", seconds=30),
     Case("2000-distinct-schemas", many_schemas(2000), seconds=600, megabytes=1536),
     Case("8-threads-one-schema", concurrent(8, 80)),
@@ -208,9 +247,19 @@ def run_case(case: Case, tokenizer, timeout: float) -> dict:
     if process.is_alive():
         process.kill()
         process.join()
-        outcome, detail, seconds, megabytes = "timeout", f"killed after {timeout} s", time.perf_counter() - start, float("nan")
+        outcome, detail, seconds, megabytes = (
+            "timeout",
+            f"killed after {timeout} s",
+            time.perf_counter() - start,
+            float("nan"),
+        )
     elif queue.empty():
-        outcome, detail, seconds, megabytes = "error", f"crashed (exit code {process.exitcode})", time.perf_counter() - start, float("nan")
+        outcome, detail, seconds, megabytes = (
+            "error",
+            f"crashed (exit code {process.exitcode})",
+            time.perf_counter() - start,
+            float("nan"),
+        )
     else:
         outcome, detail, seconds, megabytes = queue.get()
     within = outcome == case.expect and seconds <= case.seconds and megabytes <= case.megabytes

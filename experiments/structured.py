@@ -115,8 +115,10 @@ def write(rows, summary, args, out: Path, command: str) -> None:
              "| task | mode | valid | tokens | wall s | target fwd | forced share | tok/s | speedup vs constrained |",
              "|---" * 9 + "|"]
     for (task, mode), s in summary.items():
-        lines.append(f"| {task} | {mode} | {s['valid']:.0%} | {s['new_tokens']:.0f} | {s['seconds']:.2f} | "
-                     f"{s['target_forwards']:.0f} | {s['forced_share']:.0%} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x |")
+        lines.append(
+            f"| {task} | {mode} | {s['valid']:.0%} | {s['new_tokens']:.0f} | {s['seconds']:.2f} | "
+            f"{s['target_forwards']:.0f} | {s['forced_share']:.0%} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x |"
+        )
     lines += ["", "![speedups](structured.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
 
@@ -134,7 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(model, tokenizer, assistant, tasks, args.repeats, args.max_new_tokens, schedule=args.schedule)
     name = args.target.replace("/", "_") + (f"+{args.assistant}" if args.assistant else "")
     out = args.out or Path("experiments/results") / f"structured-{name}-{datetime.date.today()}"
-    write(rows, summarize(rows), args, out, "python -m experiments.structured " + " ".join(argv if argv is not None else sys.argv[1:]))
+    write(
+        rows,
+        summarize(rows),
+        args,
+        out,
+        "python -m experiments.structured " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
     print(f"wrote {out}")
     return 0
 

@@ -55,9 +55,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperature: float, seed: int, args) -> dict:
     """One timed generation; the row's measurements."""
     start = time.perf_counter()
-    out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=args.max_new_tokens,
-                   do_sample=temperature > 0, temperature=temperature or 1.0, seed=seed, num_assistant_tokens_schedule=args.schedule,
-                   tree=system == "tree")
+    out = generate(
+        model,
+        assistant,
+        tokenizer=tokenizer,
+        input_ids=ids,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature or 1.0,
+        seed=seed,
+        num_assistant_tokens_schedule=args.schedule,
+        tree=system == "tree",
+    )
     seconds, s = time.perf_counter() - start, out.stats
     return {"seconds": seconds, "new_tokens": s.new_tokens, "target_forwards": s.target_forward_passes,
             "tokens_per_forward": s.new_tokens / max(s.target_forward_passes, 1),
@@ -126,11 +135,13 @@ def summary_lines(rows: list[dict]) -> list[str]:
         branches = sum(u["tree"]["branches"] for u in group)
         ratio, low, high = paired_ratio([(u["chain"]["seconds_per_token"], u["tree"]["seconds_per_token"])
                                          for u in group])
-        lines.append(f"| {label} | {len(group)} | {_mean(group, 'chain', 'tokens_per_forward'):.2f} | "
-                     f"{_mean(group, 'tree', 'tokens_per_forward'):.2f} | {_mean(group, 'chain', 'seconds_per_token'):.3f} | "
-                     f"{_mean(group, 'tree', 'seconds_per_token'):.3f} | "
-                     f"{sum(u['tree']['leaves_taken'] for u in group)} / {branches} | "
-                     f"{ratio:.3f} [{low:.3f}, {high:.3f}] |")
+        lines.append(
+            f"| {label} | {len(group)} | {_mean(group, 'chain', 'tokens_per_forward'):.2f} | "
+            f"{_mean(group, 'tree', 'tokens_per_forward'):.2f} | {_mean(group, 'chain', 'seconds_per_token'):.3f} | "
+            f"{_mean(group, 'tree', 'seconds_per_token'):.3f} | "
+            f"{sum(u['tree']['leaves_taken'] for u in group)} / {branches} | "
+            f"{ratio:.3f} [{low:.3f}, {high:.3f}] |"
+        )
     greedy = [u for k, u in units(rows).items() if k[1] == 0]
     same = sum(u["chain"]["token_ids"] == u["tree"]["token_ids"] for u in greedy)
     return [*lines, "", f"- greedy (T = 0) outputs identical, chain vs tree: {same} of {len(greedy)}"]

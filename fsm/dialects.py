@@ -42,7 +42,8 @@ _EXCLUSIVE = (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum"))
 CANONICAL = {"draft-04": "http://json-schema.org/draft-04/schema", "draft-06": "http://json-schema.org/draft-06/schema",
              "draft-07": "http://json-schema.org/draft-07/schema", "2019-09": "https://json-schema.org/draft/2019-09/schema",
              "2020-12": "https://json-schema.org/draft/2020-12/schema"}  # each meta-schema's own id
-WHOLE_INTEGERS = "fsm:wholeIntegers"  # added beside a draft-04 `type` with "integer": no 1.0 (not a JSON Schema keyword)
+# added beside a draft-04 `type` with "integer": no 1.0 (not a JSON Schema keyword)
+WHOLE_INTEGERS = "fsm:wholeIntegers"
 _DATA = frozenset("enum const default examples".split())
 
 
@@ -129,7 +130,9 @@ def as_dict(schema) -> dict | bool:
         except json.JSONDecodeError as error:
             raise SchemaError(f"schema is not valid JSON: {error}") from None
     if not isinstance(schema, (dict, bool)):
-        raise SchemaError(f"a schema must be a pydantic model class, a dict or a JSON string, not {type(schema).__name__}")
+        raise SchemaError(
+            f"a schema must be a pydantic model class, a dict or a JSON string, not {type(schema).__name__}"
+        )
     return schema
 
 
@@ -237,8 +240,12 @@ def _exclusive(out: dict, dialect: Dialect, pointer: str) -> None:
         value = out[flag]
         if dialect.name != "draft-04":
             if isinstance(value, bool):
-                raise SchemaError(f"must be a number in {dialect.name}; a boolean is draft-04's form (declare "
-                                  "\"$schema\": \"http://json-schema.org/draft-04/schema#\")", keyword=flag, pointer=pointer)
+                raise SchemaError(
+                    f"must be a number in {dialect.name}; a boolean is draft-04's form (declare "
+                    '"$schema": "http://json-schema.org/draft-04/schema#")',
+                    keyword=flag,
+                    pointer=pointer,
+                )
             continue
         if not isinstance(value, bool):
             raise SchemaError(f"must be a boolean in draft-04 (it makes {bound} exclusive), not {value!r}",

@@ -197,7 +197,9 @@ class TokenIndex:
             if found is None:
                 found = build(state)
                 size = _size(found)  # 0 for forced tokens: only infos count towards the bytes
-                while cache and (len(cache) >= MAX_CACHED_STATES or (size and self._info_bytes[0] + size > MAX_CACHED_BYTES)):
+                while cache and (
+                    len(cache) >= MAX_CACHED_STATES or (size and self._info_bytes[0] + size > MAX_CACHED_BYTES)
+                ):
                     self._info_bytes[0] -= _size(cache.pop(next(iter(cache))))
                 cache[state] = found
                 self._info_bytes[0] += size
@@ -282,7 +284,8 @@ class TokenIndex:
         return found
 
     def _grow_head(self, head: rx.Rx, more: int) -> None:
-        """Count `more` bytes that the walk of `head` now keeps (a mask), the oldest other walks dropped past the bound."""
+        """Count `more` bytes that the walk of `head` now keeps (a mask), the oldest other walks dropped past the
+        bound."""
         if more and head in self._heads:
             walk = self._heads.pop(head)  # not evicted by its own growth
             self._head_bytes[0] -= walk.nbytes - more
@@ -512,7 +515,8 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:
-    """The longest byte string every continuation starts with (at most MAX_FORCED_BYTES), cut to whole UTF-8 characters."""
+    """The longest byte string every continuation starts with (at most MAX_FORCED_BYTES), cut to whole UTF-8
+    characters."""
     out = bytearray()
     while not dfa.accepting[state] and len(out) < MAX_FORCED_BYTES:
         row = dfa.row(state)

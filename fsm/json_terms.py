@@ -28,12 +28,16 @@ def _set(chars: str) -> rx.Rx:
 
 _NOT_D = alt(DIGIT, _set("abcefABCEF"))
 _HEX4 = alt(seq(_NOT_D, HEX, HEX, HEX), seq(_set("dD"), rx.byte_range(0x30, 0x37), HEX, HEX))  # no surrogates
-_PAIR = seq(literal("\\u"), _set("dD"), _set("89abAB"), HEX, HEX, literal("\\u"), _set("dD"), _set("cdefCDEF"), HEX, HEX)
+_PAIR = seq(
+    literal("\\u"), _set("dD"), _set("89abAB"), HEX, HEX, literal("\\u"), _set("dD"), _set("cdefCDEF"), HEX, HEX
+)
 ESCAPE = alt(seq(BACKSLASH, _set('"\\/bfnrt')), seq(literal("\\u"), _HEX4), _PAIR)
 STRING_CHAR = alt(PLAIN_CHAR, ESCAPE)
 STRING = seq(QUOTE, star(STRING_CHAR), QUOTE)
 # Any JSON string at all (lone surrogate escapes too): for over-approximations.
-LOOSE_STRING = seq(QUOTE, star(alt(PLAIN_CHAR, seq(BACKSLASH, _set('"\\/bfnrt')), seq(literal("\\u"), HEX, HEX, HEX, HEX))), QUOTE)
+LOOSE_STRING = seq(
+    QUOTE, star(alt(PLAIN_CHAR, seq(BACKSLASH, _set('"\\/bfnrt')), seq(literal("\\u"), HEX, HEX, HEX, HEX))), QUOTE
+)
 
 NATURAL = alt(literal("0"), seq(NONZERO, star(DIGIT)))
 INTEGER = seq(optional(literal("-")), NATURAL)
@@ -182,8 +186,14 @@ def _same_length(a: str, b: str) -> rx.Rx:
     if i == len(a):
         return literal(a)
     rest = len(a) - i - 1
-    middle = seq(rx.byte_range(ord(a[i]) + 1, ord(b[i]) - 1), repeat(DIGIT, rest, rest)) if int(b[i]) - int(a[i]) > 1 else rx.NOTHING
-    return seq(literal(a[:i]), alt(seq(literal(a[i]), _at_least(a[i + 1:])), middle, seq(literal(b[i]), _at_most(b[i + 1:]))))
+    middle = (
+        seq(rx.byte_range(ord(a[i]) + 1, ord(b[i]) - 1), repeat(DIGIT, rest, rest))
+        if int(b[i]) - int(a[i]) > 1
+        else rx.NOTHING
+    )
+    return seq(
+        literal(a[:i]), alt(seq(literal(a[i]), _at_least(a[i + 1 :])), middle, seq(literal(b[i]), _at_most(b[i + 1 :])))
+    )
 
 
 def _at_least(a: str) -> rx.Rx:
@@ -233,7 +243,11 @@ def _digits(remainder: int, left: int, step: int, then, memo=None) -> rx.Rx:
     """More integer digits (at most `left`), tracking the remainder mod `step`, then `then(remainder)`."""
     memo = {} if memo is None else memo
     if (remainder, left) not in memo:
-        more = [seq(_DIGITS[d], _digits((remainder * 10 + d) % step, left - 1, step, then, memo)) for d in range(10)] if left else []
+        more = (
+            [seq(_DIGITS[d], _digits((remainder * 10 + d) % step, left - 1, step, then, memo)) for d in range(10)]
+            if left
+            else []
+        )
         memo[remainder, left] = alt(then(remainder), *more)
     return memo[remainder, left]
 

@@ -166,7 +166,9 @@ class LazyDFA:
             self._ids[term.id] = DEAD
             return DEAD
         if len(self._terms) >= self.max_states:
-            raise GuideBudgetError(f"the DFA of {self.name()} needs more than {self.max_states} states (Budget.max_states)")
+            raise GuideBudgetError(
+                f"the DFA of {self.name()} needs more than {self.max_states} states (Budget.max_states)"
+            )
         state = self._ids[term.id] = len(self._terms)
         self._terms.append(term)
         if state == len(self._filled):

@@ -27,7 +27,9 @@ class Unsatisfiable(SchemaError):
 def resolve_pointer(root, ref, pointer: str):
     """The subschema a local `$ref` ("#", "#/a/b") points to."""
     if not isinstance(ref, str) or not ref.startswith("#"):
-        raise SchemaError(f"only local references ('#/...') are supported, got {ref!r}", keyword="$ref", pointer=pointer)
+        raise SchemaError(
+            f"only local references ('#/...') are supported, got {ref!r}", keyword="$ref", pointer=pointer
+        )
     if ref not in ("#", "#/") and not ref.startswith("#/"):
         raise SchemaError(f"reference {ref!r} names an anchor that does not resolve", keyword="$ref", pointer=pointer)
     node = root
@@ -138,8 +140,12 @@ def _apply_additional_schemas(out: dict, a: dict, b: dict, pointer: str) -> None
             continue
         foreign = [p for p in other.get("patternProperties", {}) if p not in part.get("patternProperties", {})]
         if foreign:
-            raise SchemaError(f"allOf parts: patternProperties {foreign[0]!r} against another part's additionalProperties "
-                              "cannot be merged", keyword="additionalProperties", pointer=pointer)
+            raise SchemaError(
+                f"allOf parts: patternProperties {foreign[0]!r} against another part's additionalProperties "
+                "cannot be merged",
+                keyword="additionalProperties",
+                pointer=pointer,
+            )
         if "properties" in out:
             allowed = _allowed_names(part)
             out["properties"] = {n: s if allowed(n) else {"allOf": [s, extra]} for n, s in out["properties"].items()}
@@ -178,7 +184,11 @@ def _merge_keyword(key: str, x, y, left: dict, right: dict, pointer: str):
         return [{"allOf": [p, q]} for p in x for q in y]
     if key == "uniqueItems":
         return x or y
-    raise SchemaError(f"allOf parts disagree on {key!r} ({_short(x)} vs {_short(y)}) and cannot be merged", keyword=key, pointer=pointer)
+    raise SchemaError(
+        f"allOf parts disagree on {key!r} ({_short(x)} vs {_short(y)}) and cannot be merged",
+        keyword=key,
+        pointer=pointer,
+    )
 
 
 def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
@@ -188,7 +198,9 @@ def _apply_closed_objects(out: dict, a: dict, b: dict, pointer: str) -> None:
         patterns = part.get("patternProperties", {})
         allowed = _allowed_names(part)
         dropped = {p: s for p, s in out.get("patternProperties", {}).items() if p not in patterns}
-        out["properties"] = {n: _with_patterns(n, s, dropped) for n, s in out.get("properties", {}).items() if allowed(n)}
+        out["properties"] = {
+            n: _with_patterns(n, s, dropped) for n, s in out.get("properties", {}).items() if allowed(n)
+        }
         if "patternProperties" in out:  # keys matching only the other part's patterns are excluded here
             out["patternProperties"] = {p: s for p, s in out["patternProperties"].items() if p in patterns}
         out["additionalProperties"] = False
@@ -215,7 +227,9 @@ def _merge_types(x, y, pointer: str) -> list[str]:
     if ("number" in xs and "integer" in ys) or ("integer" in xs and "number" in ys):
         both.add("integer")
     if not both:
-        raise Unsatisfiable(f"allOf parts require disjoint types {sorted(xs)} and {sorted(ys)}", keyword="type", pointer=pointer)
+        raise Unsatisfiable(
+            f"allOf parts require disjoint types {sorted(xs)} and {sorted(ys)}", keyword="type", pointer=pointer
+        )
     return sorted(both)
 
 

@@ -15,7 +15,9 @@ def exclusive_required_cases(options: list) -> list | None:
     Exactly one option holds when the object has option i's names and, for every other option j, lacks
     one of j's names that i does not require; non-objects satisfy every option, so two or more exclude them.
     """
-    names = [o.get("required") if isinstance(o, dict) and set(o) & VALIDATION == {"required"} else None for o in options]
+    names = [
+        o.get("required") if isinstance(o, dict) and set(o) & VALIDATION == {"required"} else None for o in options
+    ]
     if len(options) < 2 or any(not isinstance(n, list) or not all(isinstance(x, str) for x in n) for n in names):
         return None
     cases = []

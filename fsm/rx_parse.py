@@ -128,7 +128,9 @@ class _Converter:
     def unrolled(self, items: list, low: int, high: int, k: rx.Rx, flags: int) -> rx.Rx:
         """X{low,high}·k as copies of X, each with its own continuation (a lookahead sees past X)."""
         if high == C.MAXREPEAT or high > _MAX_UNROLL:
-            self.fail("a lookahead or anchor inside an unbounded (or over 64 times) repetition cannot be expressed exactly")
+            self.fail(
+                "a lookahead or anchor inside an unbounded (or over 64 times) repetition cannot be expressed exactly"
+            )
         for _ in range(high - low):  # optional copies, innermost first: k | X·k | X·X·k ...
             k = rx.alt(k, self.sequence(items, k, flags, False))
         for _ in range(low):

@@ -41,8 +41,16 @@ SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values 
 
 
 
-def compile_schema(schema, *, whitespace: str = "", policy: str | None = None, additional_properties: bool | None = None,
-                   max_recursion_depth: int = 3, property_order: str | None = None, budget: Budget | None = None) -> rx.Rx:
+def compile_schema(
+    schema,
+    *,
+    whitespace: str = "",
+    policy: str | None = None,
+    additional_properties: bool | None = None,
+    max_recursion_depth: int = 3,
+    property_order: str | None = None,
+    budget: Budget | None = None,
+) -> rx.Rx:
     """Term for the JSON texts (compact unless `whitespace` says otherwise) that validate against `schema`.
 
     Parameters
@@ -92,9 +100,16 @@ def compile_schema(schema, *, whitespace: str = "", policy: str | None = None, a
                               max_recursion_depth=max_recursion_depth, property_order=property_order, budget=budget)[0]
 
 
-def compile_with_notes(schema, *, whitespace: str = "", policy: str | None = None, additional_properties: bool | None = None,
-                       max_recursion_depth: int = 3, property_order: str | None = None, budget: Budget | None = None
-                       ) -> tuple[rx.Rx, list[str]]:
+def compile_with_notes(
+    schema,
+    *,
+    whitespace: str = "",
+    policy: str | None = None,
+    additional_properties: bool | None = None,
+    max_recursion_depth: int = 3,
+    property_order: str | None = None,
+    budget: Budget | None = None,
+) -> tuple[rx.Rx, list[str]]:
     """Like `compile_schema`, also returning notes ("format 'int32' ignored at #/properties/a")."""
     try:
         with metered(budget, "compiling the schema"):
@@ -281,7 +296,9 @@ class Compiler:
         if condition is True or (then is True and otherwise is True):
             return self.compile({"allOf": [rest, then]}, pointer)
         yes = self.compile({"allOf": [rest, condition, then]}, pointer)
-        no = rx.inter(self.compile({"allOf": [rest, otherwise]}, pointer), rx.complement(self.upper(condition, f"{pointer}/if")))
+        no = rx.inter(
+            self.compile({"allOf": [rest, otherwise]}, pointer), rx.complement(self.upper(condition, f"{pointer}/if"))
+        )
         return rx.alt(yes, no)
 
     def union(self, schema: dict, pointer: str) -> rx.Rx:
@@ -294,7 +311,9 @@ class Compiler:
         cases = exclusive_required_cases(options) if keyword == "oneOf" else None
         if cases is not None:  # exact without complements (which make liveness and masks slow)
             return self.union({**base, "anyOf": cases}, pointer)
-        terms = [self.compile({"allOf": [base, o]} if base else o, f"{pointer}/{keyword}/{i}") for i, o in enumerate(options)]
+        terms = [
+            self.compile({"allOf": [base, o]} if base else o, f"{pointer}/{keyword}/{i}") for i, o in enumerate(options)
+        ]
         if keyword == "oneOf":
             uppers = [self.upper(o, f"{pointer}/oneOf/{i}") for i, o in enumerate(options)]
             terms = [self.exclude(t, [u for j, u in enumerate(uppers) if j != i]) for i, t in enumerate(terms)]

@@ -64,15 +64,22 @@ def _unique(c, prefix: list, rest, low: int, high: int | None, pointer: str) -> 
     """uniqueItems when every item is one of a few scalar constants: no constant twice."""
     values = _finite_scalars(c, rest) if not prefix else None
     if values is None or len(values) > MAX_UNIQUE_CHOICES:
-        raise SchemaError("uniqueItems is supported only for items from at most "
-                          f"{MAX_UNIQUE_CHOICES} scalar constants (or maxItems <= 1)", keyword="uniqueItems", pointer=pointer)
+        raise SchemaError(
+            "uniqueItems is supported only for items from at most "
+            f"{MAX_UNIQUE_CHOICES} scalar constants (or maxItems <= 1)",
+            keyword="uniqueItems",
+            pointer=pointer,
+        )
     sep, memo = rx.seq(c.ws, rx.literal(","), c.ws), {}
 
     def more(used: frozenset, count: int) -> rx.Rx:  # what may follow `count` distinct items
         if used not in memo:
             stop = rx.EPSILON if count >= low else rx.NOTHING
             room = high is None or count < high
-            memo[used] = rx.alt(stop, *(rx.seq(sep, rx.literal(v), more(used | {v}, count + 1)) for v in values if room and v not in used))
+            memo[used] = rx.alt(
+                stop,
+                *(rx.seq(sep, rx.literal(v), more(used | {v}, count + 1)) for v in values if room and v not in used),
+            )
         return memo[used]
 
     first = rx.alt(*(rx.seq(rx.literal(v), more(frozenset([v]), 1)) for v in values)) if high != 0 else rx.NOTHING

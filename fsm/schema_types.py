@@ -33,11 +33,20 @@ def typed(c, schema: dict, pointer: str) -> rx.Rx:
                           pointer=pointer)
     unknown = [t for t in types if not isinstance(t, str) or t not in ALL_TYPES]
     if unknown:
-        raise SchemaError(f"unknown type {unknown[0]!r} (known: {', '.join(ALL_TYPES)})", keyword="type", pointer=pointer)
+        raise SchemaError(
+            f"unknown type {unknown[0]!r} (known: {', '.join(ALL_TYPES)})", keyword="type", pointer=pointer
+        )
     if "integer" in types and "number" in types:
         types = [t for t in types if t != "integer"]
-    build = {"null": lambda *_: jt.NULL, "boolean": lambda *_: jt.BOOLEAN, "string": type_string, "integer": type_integer,
-             "number": type_number, "array": type_array, "object": type_object}
+    build = {
+        "null": lambda *_: jt.NULL,
+        "boolean": lambda *_: jt.BOOLEAN,
+        "string": type_string,
+        "integer": type_integer,
+        "number": type_number,
+        "array": type_array,
+        "object": type_object,
+    }
     return rx.alt(*(build[t](c, schema, pointer) for t in types))
 
 
@@ -90,7 +99,11 @@ def _number_spellings(value: int | float) -> rx.Rx:
 
 def dependencies(c, schema: dict, pointer: str) -> rx.Rx:
     """dependentRequired / dependentSchemas / dependencies as a union of cases: trigger absent | present."""
-    rules = {**schema.get("dependencies", {}), **schema.get("dependentRequired", {}), **schema.get("dependentSchemas", {})}
+    rules = {
+        **schema.get("dependencies", {}),
+        **schema.get("dependentRequired", {}),
+        **schema.get("dependentSchemas", {}),
+    }
     rest = {k: v for k, v in schema.items() if k not in ("dependencies", "dependentRequired", "dependentSchemas")}
     required = set(rest.get("required", []))
     cases = [rest]
@@ -116,7 +129,9 @@ def type_string(c, schema: dict, pointer: str) -> rx.Rx:
     low = natural(schema, "minLength", pointer, 0)
     high = natural(schema, "maxLength", pointer, None)
     if high is not None and low > high:
-        raise SchemaError(f"no string is between {low} and {high} characters long", keyword="maxLength", pointer=pointer)
+        raise SchemaError(
+            f"no string is between {low} and {high} characters long", keyword="maxLength", pointer=pointer
+        )
     patterns = schema.get("pattern", [])
     content = [pattern_term(p, pointer) for p in (patterns if isinstance(patterns, list) else [patterns])]
     if "format" in schema:
@@ -147,7 +162,9 @@ def _format(c, name, pointer: str) -> list[rx.Rx]:
     try:
         term = format_term(name)
     except KeyError:
-        raise SchemaError(f"format {name!r} is checked by validators but not supported", keyword="format", pointer=pointer) from None
+        raise SchemaError(
+            f"format {name!r} is checked by validators but not supported", keyword="format", pointer=pointer
+        ) from None
     if term is None:
         c.notes.append(f"format {name!r} ignored at {pointer} (validators ignore it)")
         return []
@@ -187,8 +204,11 @@ def _multiple(schema: dict, pointer: str, integer: bool) -> rx.Rx:
     if scaled is not None and scaled[0] <= MAX_MULTIPLE:
         m, decimals = scaled
         return rx.ANYTHING if (m, decimals) == (1, 0) and integer else jt.multiple_of(m, integer, decimals)
-    raise SchemaError(f"multipleOf {step} is not supported (steps m/10^s up to m={MAX_MULTIPLE} that floats hold exactly)",
-                      keyword="multipleOf", pointer=pointer)
+    raise SchemaError(
+        f"multipleOf {step} is not supported (steps m/10^s up to m={MAX_MULTIPLE} that floats hold exactly)",
+        keyword="multipleOf",
+        pointer=pointer,
+    )
 
 
 def _exact_decimal(step) -> tuple[int, int] | None:
@@ -214,7 +234,9 @@ def numeric_bounds(schema: dict, pointer: str) -> dict:
         if isinstance(v, float) and not math.isfinite(v):
             raise SchemaError(f"must be a finite number, not {v!r}", keyword=k, pointer=pointer)
         if isinstance(v, int) and v.bit_length() > MAX_BOUND_BITS:
-            raise SchemaError(f"bounds of more than {MAX_BOUND_DIGITS} digits are not supported", keyword=k, pointer=pointer)
+            raise SchemaError(
+                f"bounds of more than {MAX_BOUND_DIGITS} digits are not supported", keyword=k, pointer=pointer
+            )
     return bounds
 
 

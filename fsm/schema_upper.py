@@ -22,7 +22,9 @@ ESCAPED_STRING = rx.inter(jt.LOOSE_STRING, rx.seq(ANY, jt.BACKSLASH, ANY))
 UPPER_TYPES = {"null": jt.NULL, "boolean": jt.BOOLEAN, "array": ARRAY}
 _EXPONENT_FORMS = rx.inter(jt.NUMBER, rx.seq(ANY, rx.alt(rx.literal("e"), rx.literal("E")), ANY))
 _NEGATIVE_ZERO = rx.seq(rx.literal("-0"), rx.optional(rx.seq(rx.literal("."), rx.repeat(rx.literal("0"), 1))))
-INTEGER_SPELLINGS = rx.alt(jt.INTEGER, rx.seq(jt.INTEGER, rx.literal("."), rx.repeat(rx.literal("0"), 1)), _EXPONENT_FORMS)
+INTEGER_SPELLINGS = rx.alt(
+    jt.INTEGER, rx.seq(jt.INTEGER, rx.literal("."), rx.repeat(rx.literal("0"), 1)), _EXPONENT_FORMS
+)
 
 
 class Upper:
@@ -78,8 +80,14 @@ class Upper:
     def _typed(self, schema: dict) -> rx.Rx:
         types = schema.get("type", ["null", "boolean", "array", "string", "object", "number"])
         types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-        build = {"string": self._string, "object": self._object, "number": lambda s: rx.inter(_number(s), _multiple(s)),
-                 "integer": lambda s: rx.inter(_number(s), _multiple(s), jt.INTEGER if s.get(WHOLE_INTEGERS) else INTEGER_SPELLINGS)}
+        build = {
+            "string": self._string,
+            "object": self._object,
+            "number": lambda s: rx.inter(_number(s), _multiple(s)),
+            "integer": lambda s: rx.inter(
+                _number(s), _multiple(s), jt.INTEGER if s.get(WHOLE_INTEGERS) else INTEGER_SPELLINGS
+            ),
+        }
         return rx.alt(*(build[t](schema) if t in build else UPPER_TYPES.get(t, ANY) for t in types)) if types else ANY
 
     def _string(self, schema: dict) -> rx.Rx:
@@ -149,7 +157,9 @@ def _number_spellings(value: int | float) -> rx.Rx:
     if "e" in text or "inf" in text.lower() or "nan" in text.lower():
         return jt.NUMBER
     zeros = rx.star(rx.literal("0"))
-    decimal = rx.seq(rx.literal(text), rx.seq(rx.literal("."), rx.repeat(rx.literal("0"), 1)) if "." not in text else zeros)
+    decimal = rx.seq(
+        rx.literal(text), rx.seq(rx.literal("."), rx.repeat(rx.literal("0"), 1)) if "." not in text else zeros
+    )
     return rx.alt(rx.literal(text), decimal, _EXPONENT_FORMS, _NEGATIVE_ZERO if value == 0 else rx.NOTHING)
 
 

@@ -105,7 +105,11 @@ def _char_end(dfa: LazyDFA, after_lead: int, lead: int, memo: dict) -> int:
                 if s != DEAD and dfa.accepting[s]:
                     memo[key] = MIXED
                     return MIXED
-                following.update([DEAD] if s == DEAD else np.unique(dfa.row(s)[low:high] if k == 0 else dfa.row(s)[0x80:0xC0]).tolist())
+                following.update(
+                    [DEAD]
+                    if s == DEAD
+                    else np.unique(dfa.row(s)[low:high] if k == 0 else dfa.row(s)[0x80:0xC0]).tolist()
+                )
             frontier = following
         memo[key] = frontier.pop() if len(frontier) == 1 else MIXED
     return memo[key]

@@ -5,7 +5,8 @@ A property (item) is evaluated when the schema itself or one of its *successful*
 applicator below the keyword always succeeds when the whole schema does (`allOf` and `$ref`; `not`
 contributes nothing), the evaluated set is a fixed union of names, patterns and prefix lengths:
 
-    unevaluatedProperties: S  ->  allOf part {properties: {n: true}, patternProperties: {p: true}, additionalProperties: S}
+    unevaluatedProperties: S  ->  allOf part {properties: {n: true}, patternProperties: {p: true},
+                                              additionalProperties: S}
     unevaluatedItems: S       ->  allOf part {prefixItems: [true] * n, items: S}
 
 Conditional applicators (`anyOf`, `oneOf`, `if`/`then`/`else`, `dependentSchemas`, `contains` for items)
@@ -42,8 +43,13 @@ def close_unevaluated(schema, pointer: str, resolve):
         if seen.everything:
             continue
         if keyword == "unevaluatedProperties":
-            parts.append({"properties": {n: True for n in seen.names}, "patternProperties": {p: True for p in seen.patterns},
-                          "additionalProperties": schema[keyword]})
+            parts.append(
+                {
+                    "properties": {n: True for n in seen.names},
+                    "patternProperties": {p: True for p in seen.patterns},
+                    "additionalProperties": schema[keyword],
+                }
+            )
         else:
             parts.append({"prefixItems": [True] * seen.prefix, "items": schema[keyword]})
     return {"allOf": parts} if len(parts) > 1 else rest
@@ -107,4 +113,6 @@ NOTHING_SEEN = _Seen({}, {}, 0, False)
 
 
 def _union(a: _Seen, b: _Seen) -> _Seen:
-    return _Seen({**a.names, **b.names}, {**a.patterns, **b.patterns}, max(a.prefix, b.prefix), a.everything or b.everything)
+    return _Seen(
+        {**a.names, **b.names}, {**a.patterns, **b.patterns}, max(a.prefix, b.prefix), a.everything or b.everything
+    )

@@ -149,7 +149,9 @@ def plain_reference():
         if case not in runs:
             runs[case] = plain_decode(model, tok, ids, case[3], schema=schema, regex=kw.get("regex"),
                                       coalesce=case[4], guide_options=kw.get("guide_options"))
-        assert (result.token_ids, result.stop_reason) == runs[case], "generate() without an assistant is not plain decoding"
+        assert (result.token_ids, result.stop_reason) == runs[case], (
+            "generate() without an assistant is not plain decoding"
+        )
         return result
 
     return check

@@ -27,5 +27,7 @@ def pin_clock(monkeypatch, tick: float = 1e-3) -> TickClock:
     """Make the timed modules read a `TickClock` (undone by `monkeypatch` at the end of the test)."""
     clock = TickClock(tick)
     for name in TIMED_MODULES:
-        monkeypatch.setattr(importlib.import_module(name), "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+        monkeypatch.setattr(
+            importlib.import_module(name), "time", types.SimpleNamespace(perf_counter=clock.perf_counter)
+        )
     return clock

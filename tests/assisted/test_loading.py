@@ -1,4 +1,5 @@
-"""assisted.loading: the library's loader (folders, named sources, quantized assistants, packing) and the layering rule."""
+"""assisted.loading: the library's loader (folders, named sources, quantized assistants, packing) and the layering
+rule."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def empty_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny_folder(tmp_path):
     """A 1-layer random Llama with a 6-word tokenizer, saved with save_pretrained."""
-    return save_tiny_llama(tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=32, intermediate_size=64, eos_token_id=1)
+    return save_tiny_llama(
+        tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=32, intermediate_size=64, eos_token_id=1
+    )
 
 
 def test_load_pair_from_a_folder_runs_generate(tiny_folder):

@@ -229,7 +229,8 @@ def test_the_cost_table_interpolates_measured_forwards_and_skips_both_prefills()
     for seconds in [9.0, 0.02, 0.04]:  # the first drafting step holds the assistant's prefill
         state = observe(state, 2, 2, StepCost(3, 1.0, 2, 2 * seconds), cfg, (1.0, 1.0))  # sure, and right
     assert state.costs.draft_per_token == pytest.approx(0.9 * 0.02 + 0.1 * 0.04)
-    est = estimate(state, cfg)  # the two drafting steps after the assistant's prefill: 3 expected tokens in 1.04, 1.08 s
+    # the two drafting steps after the assistant's prefill: 3 expected tokens in 1.04, 1.08 s
+    est = estimate(state, cfg)
     assert est.plain_rate == pytest.approx(1 / 0.4) and est.drafting_rate == pytest.approx(5.4 / (0.8 * 1.04 + 1.08))
 
 

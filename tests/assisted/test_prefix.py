@@ -31,15 +31,24 @@ def models():
 DOCUMENTS = ["Document: the point is 12, tag a.", "Document: x equals 7.", "Document: bb at 40.", "Totally different."]
 
 
-@pytest.mark.parametrize("pair, constraint", [(("llama", None), {"schema": POINT}), (("llama", "other"), {"schema": POINT}),
-                                              (("gpt2", "gpt2"), {}), (("llama", "llama"), {"regex": "[a-z ]{5,30}"})])
+@pytest.mark.parametrize(
+    "pair, constraint",
+    [
+        (("llama", None), {"schema": POINT}),
+        (("llama", "other"), {"schema": POINT}),
+        (("gpt2", "gpt2"), {}),
+        (("llama", "llama"), {"regex": "[a-z ]{5,30}"}),
+    ],
+)
 @pytest.mark.parametrize("coalesce", [True, False])
 def test_greedy_output_is_the_same_with_and_without_reuse(tok, models, plain_reference, pair, constraint, coalesce):
     target, assistant = models[pair[0]], models.get(pair[1])
     cache = PrefixCache()
     for i, document in enumerate(DOCUMENTS):
         prompt = (INSTRUCTION if i < 3 else "") + document
-        kw = dict(tokenizer=tok, prompt=prompt, max_new_tokens=20, coalesce=coalesce, schedule="heuristic", **constraint)
+        kw = dict(
+            tokenizer=tok, prompt=prompt, max_new_tokens=20, coalesce=coalesce, schedule="heuristic", **constraint
+        )
         plain = generate(target, assistant, **kw)
         assert plain.token_ids == plain_reference(target, **kw).token_ids
         reused = generate(target, assistant, prefix_cache=cache, **kw)

@@ -168,11 +168,18 @@ def test_a_new_prompt_starts_a_new_generation(tok):
     assert torch.equal(fresh, proc(torch.tensor([[5, 6]]), torch.zeros(1, V)))
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({}, ValueError), ({"schema": POINT, "regex": "a"}, ValueError), ({"regex": 3}, TypeError),
-    ({"regex": "a", "whitespace": " "}, ValueError), ({"regex": "(a"}, fsm.RegexError),
-    ({"schema": {"type": "string", "pattern": "(?<=a)b"}}, fsm.SchemaError), ({"regex": "a", "eos_token_ids": []}, ValueError),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({}, ValueError),
+        ({"schema": POINT, "regex": "a"}, ValueError),
+        ({"regex": 3}, TypeError),
+        ({"regex": "a", "whitespace": " "}, ValueError),
+        ({"regex": "(a"}, fsm.RegexError),
+        ({"schema": {"type": "string", "pattern": "(?<=a)b"}}, fsm.SchemaError),
+        ({"regex": "a", "eos_token_ids": []}, ValueError),
+    ],
+)
 def test_bad_arguments_fail_before_any_model_call(tok, kwargs, error):
     with pytest.raises(error):
         logits_processor(tok, **kwargs)
@@ -186,8 +193,14 @@ def test_smollm2_greedy_through_model_generate_equals_ours():
                                    tokenize=False, add_generation_prompt=True)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     ours = generate(model, tokenizer=tok, input_ids=ids, schema=POINT, max_new_tokens=24, coalesce=False)
-    out = model.generate(torch.tensor([ids]), logits_processor=[logits_processor(tok, schema=POINT)],
-                         max_new_tokens=24, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    out = model.generate(
+        torch.tensor([ids]),
+        logits_processor=[logits_processor(tok, schema=POINT)],
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
+    )
     theirs = strip_end(out[0, len(ids):].tolist(), tok)
     assert theirs == [t for t in ours.token_ids if t != tok.eos_token_id]
     jsonschema.validate(json.loads(tok.decode(theirs)), POINT)

@@ -65,7 +65,8 @@ def busy_switching():
 def test_concurrent_calls_give_the_sequential_ids_and_leave_a_consistent_memory(tok, pair, busy_switching,
                                                                               plain_reference):
     target, helper = pair
-    expected = plain_reference(target, tokenizer=tok, prompt="Hi", max_new_tokens=10).token_ids  # greedy: cuts are lossless
+    # greedy: cuts are lossless
+    expected = plain_reference(target, tokenizer=tok, prompt="Hi", max_new_tokens=10).token_ids
     assistants = [helper, target, None]
     with ThreadPoolExecutor(6) as pool:
         outputs = list(pool.map(lambda i: run_auto(tok, target, assistants[i % 3]).token_ids, range(12)))

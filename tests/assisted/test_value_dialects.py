@@ -22,11 +22,18 @@ def test_the_validator_is_the_declared_dialects(uri, cls):
     assert validator_class({"type": "integer"} if uri is None else {"$schema": uri, "type": "integer"}) is cls
 
 
-@pytest.mark.parametrize("schema, valid, invalid", [
-    ({"$schema": D4, "type": "integer"}, "12345", "12345.0"),  # draft-04: an integer has no fraction
-    ({"$schema": D6, "type": "integer"}, "12345.0", "12345.5"),
-    ({"$schema": D7_HTTPS, "definitions": {"i": {"type": "integer"}}, "$ref": "#/definitions/i", "maximum": 5}, "9", "1.5"),
-])
+@pytest.mark.parametrize(
+    "schema, valid, invalid",
+    [
+        ({"$schema": D4, "type": "integer"}, "12345", "12345.0"),  # draft-04: an integer has no fraction
+        ({"$schema": D6, "type": "integer"}, "12345.0", "12345.5"),
+        (
+            {"$schema": D7_HTTPS, "definitions": {"i": {"type": "integer"}}, "$ref": "#/definitions/i", "maximum": 5},
+            "9",
+            "1.5",
+        ),
+    ],
+)
 def test_guide_and_value_agree_on_the_dialect(schema, valid, invalid):
     term = fsm.compile_schema(schema, policy="spec")
     assert rx.matches(term, valid) and not rx.matches(term, invalid)

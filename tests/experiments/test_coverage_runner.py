@@ -17,7 +17,10 @@ from experiments.coverage_pool import run_pool
 
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
     "required": ["name", "age"],
     "additionalProperties": False,
 }
@@ -84,7 +87,12 @@ def test_runner_counts(data_dir, smol_tokenizer, tmp_path):
 
     person = rows["Handwritten---person.json"]
     assert person["status"] == "covered"
-    assert (person["n_valid"], person["valid_accepted"], person["n_invalid"], person["invalid_rejected"]) == (2, 2, 3, 3)
+    assert (person["n_valid"], person["valid_accepted"], person["n_invalid"], person["invalid_rejected"]) == (
+        2,
+        2,
+        3,
+        3,
+    )
     assert person["false_rejects"] == person["false_accepts"] == person["tokenization_mismatch"] == 0
     assert person["compile_ms"] > 0 and person["first_n"] + person["revisit_n"] > 0
     assert 0 < person["forced_tokens"] <= person["tokens_valid"]
@@ -99,8 +107,11 @@ def test_runner_counts(data_dir, smol_tokenizer, tmp_path):
     unsupported = rows["Github_easy---o1.json"]
     assert (unsupported["status"], unsupported["keyword"]) == ("unsupported", "uniqueItems")
 
-    summary = coverage_report.write_report(tmp_path, totals, {"tokenizer": "smollm2-135m", "timeout_s": 60, "workers": 2,
-                                                              "files": 3, "data": str(data_dir)})
+    summary = coverage_report.write_report(
+        tmp_path,
+        totals,
+        {"tokenizer": "smollm2-135m", "timeout_s": 60, "workers": 2, "files": 3, "data": str(data_dir)},
+    )
     overall = summary["overall"]
     assert (overall["schemas"], overall["covered"], overall["unsupported"], overall["false_accepts"]) == (3, 1, 1, 1)
     assert summary["subsets"]["BFCL_simple"]["false_reject_schemas"] == 1

@@ -33,7 +33,10 @@ def test_parsers():
     s = structured.parse_args(["--target", "t", "--assistant", "a", "--repeats", "3"])
     assert (s.target, s.assistant, s.repeats) == ("t", "a", 3)
     assert structured.parse_args([]).assistant is None
-    assert structured.parse_args([]).schedule == "heuristic" and structured.parse_args(["--schedule", "auto"]).schedule == "auto"
+    assert (
+        structured.parse_args([]).schedule == "heuristic"
+        and structured.parse_args(["--schedule", "auto"]).schedule == "auto"
+    )
     assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
     from experiments.tasks import assistant_label, assistant_quantization
     for flags, quantize in (([], None), (["--assistant-int4"], "int4"), (["--assistant-int8"], "int8")):
@@ -109,7 +112,9 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     assert stats.main([str(tmp_path / "out"), str(tmp_path / "again"), "--plot", str(tmp_path / "paired.png")]) == 0
     assert (tmp_path / "paired.png").stat().st_size > 0
     back = speedup.read_rows(tmp_path / "out" / "results.csv")
-    assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [(r["system"], r["new_tokens"], r["repeat"]) for r in rows]
+    assert [(r["system"], r["new_tokens"], r["repeat"]) for r in back] == [
+        (r["system"], r["new_tokens"], r["repeat"]) for r in rows
+    ]
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
 
 
@@ -117,7 +122,9 @@ def test_paired_ratio_is_a_geometric_mean_with_a_student_t_interval():
     assert paired_ratio([(2.0, 1.0), (4.0, 2.0), (1.0, 0.5)]) == pytest.approx((2.0, 2.0, 2.0))  # no spread
     ratio, low, high = paired_ratio([(2.0, 1.0), (1.0, 1.0)])  # log ratios 0 and log 2: t with 1 dof, 6.314
     half = 6.3138 * math.log(2) / 2  # t * sd / sqrt(n), sd = log 2 / sqrt(2)
-    assert (ratio, low, high) == pytest.approx((math.sqrt(2), math.sqrt(2) * math.exp(-half), math.sqrt(2) * math.exp(half)), rel=1e-4)
+    assert (ratio, low, high) == pytest.approx(
+        (math.sqrt(2), math.sqrt(2) * math.exp(-half), math.sqrt(2) * math.exp(half)), rel=1e-4
+    )
     ratio, low, high = paired_ratio([(1.1, 1.0), (0.9, 1.0), (1.0, 1.0), (1.05, 1.0)])
     assert low < 1.0 < high  # a difference within the spread is not called
     assert math.isnan(paired_ratio([(3.0, 1.0)])[1])
@@ -129,7 +136,12 @@ def test_structured_cell_end_to_end(tiny, tmp_path):
     model, tok = tiny
     with threads(1):
         rows = structured.run(model, tok, None, STRUCTURED_TASKS[:1], 1, 6, progress=False)
-    assert [r["mode"] for r in rows] == ["unconstrained", "constrained", "constrained+forced", "constrained+forced+lookup"]
+    assert [r["mode"] for r in rows] == [
+        "unconstrained",
+        "constrained",
+        "constrained+forced",
+        "constrained+forced+lookup",
+    ]
     assert next(r for r in rows if r["mode"] == "constrained+forced")["forced_share"] > 0
     args = argparse.Namespace(target="tiny", assistant=None, max_new_tokens=6, repeats=1)
     structured.write(rows, structured.summarize(rows), args, tmp_path, "test")
@@ -150,8 +162,14 @@ def test_forward_cost_times_a_packed_model_and_the_clis_take_the_packing_and_int
             assert forward_cost.time_forward(model, ids, 3) > 0
         finally:
             packed.unpack()
-    assert speedup.parse_args(["--packed-target"]).packed_target and structured.parse_args(["--packed-target"]).packed_target
-    assert speedup.parse_args(["--assistant-int8"]).assistant_int8 and structured.parse_args(["--assistant-int8"]).assistant_int8
+    assert (
+        speedup.parse_args(["--packed-target"]).packed_target
+        and structured.parse_args(["--packed-target"]).packed_target
+    )
+    assert (
+        speedup.parse_args(["--assistant-int8"]).assistant_int8
+        and structured.parse_args(["--assistant-int8"]).assistant_int8
+    )
 
 
 def test_speedup_is_per_new_token():

@@ -1,4 +1,5 @@
-"""The prepared device check runs end to end on the CPU (tiny models), so a lent GPU's minutes are not spent on a bug."""
+"""The prepared device check runs end to end on the CPU (tiny models), so a lent GPU's minutes are not spent on a
+bug."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def test_smoke_run_writes_every_section(tmp_path):
     assert all(v.startswith("done") for v in summary["sections"].values()), summary["sections"]
     with open(tmp_path / "costs.csv") as f:
         costs = list(csv.DictReader(f))
-    assert {r["model"] for r in costs} == set(ARCHITECTURES) - {"qwen2.5-7b"} and {r["layout"] for r in costs} == {"dense"}
+    assert {r["model"] for r in costs} == set(ARCHITECTURES) - {"qwen2.5-7b"} and {r["layout"] for r in costs} == {
+        "dense"
+    }
     assert all(float(r["seconds"]) > 0 for r in costs)
     with open(tmp_path / "generate.csv") as f:
         systems = {r["system"]: r for r in csv.DictReader(f)}

@@ -39,8 +39,16 @@ def _integer_samples(low, high, rng: random.Random, n: int = 60) -> list[int]:
     lo, hi = (low if low is not None else -(10**25)), (high if high is not None else 10**25)
     near = [b + d for b in (lo, hi, 0) for d in (-11, -10, -1, 0, 1, 9, 10)]
     spread = [rng.randint(lo - abs(lo) - 5, hi + abs(hi) + 5) for _ in range(n)]
-    same_digits = [int(str(abs(b))[: rng.randint(1, len(str(abs(b))))] + "".join(rng.choice("0123456789") for _ in range(len(str(abs(b))) - 1)))
-                   * (1 if b >= 0 else -1) for b in (lo, hi) for _ in range(n // 4) if b]
+    same_digits = [
+        int(
+            str(abs(b))[: rng.randint(1, len(str(abs(b))))]
+            + "".join(rng.choice("0123456789") for _ in range(len(str(abs(b))) - 1))
+        )
+        * (1 if b >= 0 else -1)
+        for b in (lo, hi)
+        for _ in range(n // 4)
+        if b
+    ]
     return near + spread + same_digits
 
 
@@ -120,7 +128,9 @@ def _first_mask_work(build) -> tuple[int, int]:
 
 @pytest.mark.parametrize("length", [1000, 100_000, 10**7])
 def test_long_string_first_mask_costs_the_same_for_any_length(smol_tokenizer, length):
-    terms, states = _first_mask_work(lambda: fsm.Guide.from_schema({"type": "string", "maxLength": length}, smol_tokenizer))
+    terms, states = _first_mask_work(
+        lambda: fsm.Guide.from_schema({"type": "string", "maxLength": length}, smol_tokenizer)
+    )
     assert terms < 2_000 and states < 100, (terms, states)  # no unrolled chain, no crawl
 
 
@@ -143,7 +153,9 @@ def test_walking_a_long_string_costs_a_bounded_amount_per_token(smol_tokenizer, 
     assert per_token[0] < 400 and per_token[1] < 150, per_token  # what one token's walk may discover
 
 
-@pytest.mark.parametrize("pattern", ["\U00040000{2}x|ab", "[\U00040000-\U00040010]+y?", "(\U00040000|q)z{1,40}", "[a-c\U00040000]{2,6}"])
+@pytest.mark.parametrize(
+    "pattern", ["\U00040000{2}x|ab", "[\U00040000-\U00040010]+y?", "(\U00040000|q)z{1,40}", "[a-c\U00040000]{2,6}"]
+)
 def test_structural_liveness_agrees_with_the_exact_crawl(smol_tokenizer, pattern):
     guide = fsm.Guide.from_regex(pattern, smol_tokenizer)
     index, seen, todo = guide.index, {0}, [0]
@@ -158,8 +170,11 @@ def test_structural_liveness_agrees_with_the_exact_crawl(smol_tokenizer, pattern
     assert (fast is None and exact[sorted(seen)].all()) or (fast == exact[sorted(seen)]).all()
 
 
-@pytest.mark.parametrize("bound,message", [(10**5000, "more than 4000 digits"), (float("inf"), "finite"), (float("nan"), "finite")],
-                         ids=["5000-digits", "inf", "nan"])
+@pytest.mark.parametrize(
+    "bound,message",
+    [(10**5000, "more than 4000 digits"), (float("inf"), "finite"), (float("nan"), "finite")],
+    ids=["5000-digits", "inf", "nan"],
+)
 def test_unusable_numeric_bounds_are_clear_schema_errors(bound, message):
     for kind in ("integer", "number"):
         with pytest.raises(fsm.SchemaError, match=message):

@@ -21,7 +21,11 @@ def _unique_bound(salt: int) -> int:
 
 
 def test_compile_past_its_term_budget_names_the_subschema():
-    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": _unique_bound(1)}}, "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": _unique_bound(1)}},
+        "required": ["a"],
+    }
     fsm.compile_schema({"type": "object"})  # the compiler's shared terms exist before the budgeted call
     with pytest.raises(GuideBudgetError, match=r"more than 100 terms.* at #/properties/a$") as caught:
         fsm.compile_schema(schema, budget=Budget(max_terms=100))
@@ -33,7 +37,10 @@ def test_compile_past_its_time_budget_with_an_injected_clock():
     ticks = itertools.count()
     clock = lambda: float(next(ticks))  # noqa: E731 - one second per look at the clock
     with pytest.raises(GuideBudgetError, match="longer than 0.5 s"):
-        fsm.compile_schema({"type": "array", "items": {"type": "integer", "minimum": _unique_bound(2)}}, budget=Budget(max_seconds=0.5, clock=clock))
+        fsm.compile_schema(
+            {"type": "array", "items": {"type": "integer", "minimum": _unique_bound(2)}},
+            budget=Budget(max_seconds=0.5, clock=clock),
+        )
 
 
 def test_a_hopeless_string_stops_at_its_budget_instead_of_crawling(smol_tokenizer):
@@ -45,7 +52,10 @@ def test_a_hopeless_string_stops_at_its_budget_instead_of_crawling(smol_tokenize
 
 def test_first_visits_stop_at_the_state_budget_and_the_guide_stays_consistent(smol_tokenizer):
     guide = fsm.Guide.from_regex("a{1000000}", smol_tokenizer, budget=Budget(max_states=60))
-    long_a = max((t for t in guide.allowed() if t not in guide.eos_token_ids), key=lambda t: len(guide.index.vocabulary.token_bytes[t]))
+    long_a = max(
+        (t for t in guide.allowed() if t not in guide.eos_token_ids),
+        key=lambda t: len(guide.index.vocabulary.token_bytes[t]),
+    )
     with pytest.raises(GuideBudgetError, match=r"regex 'a\{1000000\}' needs more than 60 states"):
         for _ in range(1000):
             last_good = guide.copy()
@@ -59,7 +69,9 @@ def test_first_visits_stop_at_the_state_budget_and_the_guide_stays_consistent(sm
 
 def test_index_cache_never_exceeds_its_bounds(smol_tokenizer):
     for i in range(3 * INDEXES.max_entries):
-        guide = fsm.Guide.from_schema({"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]}, smol_tokenizer)
+        guide = fsm.Guide.from_schema(
+            {"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]}, smol_tokenizer
+        )
         guide.mask()
         assert len(INDEXES) <= INDEXES.max_entries and INDEXES.nbytes <= INDEXES.max_bytes + guide.index.nbytes
 

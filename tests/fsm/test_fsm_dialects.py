@@ -71,60 +71,125 @@ CASES = {
     "integer_or_string": Case({"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1}]}, ALL, INTEGERS),
     # draft-04 validation 5.1.2-5.1.3: exclusiveMinimum/exclusiveMaximum are booleans that make
     # minimum/maximum exclusive (alone, or false, they change nothing); draft-06 on: numbers (kept tested).
-    "exclusive_flags": Case({"type": "integer", "minimum": 3, "exclusiveMinimum": True, "maximum": 6, "exclusiveMaximum": False},
-                            ("draft-04",), ("2", "3", "4", "6", "7", "3.0")),
-    "exclusive_flag_number": Case({"type": "number", "maximum": 5, "exclusiveMaximum": True}, ("draft-04",),
-                                  ("4", "4.5", "5", "5.0", "-3", "6"), frozenset({"4.5"})),
-    "not_exclusive_flag": Case({"type": "integer", "not": {"minimum": 3, "exclusiveMinimum": True}}, ("draft-04",),
-                               ("2", "3", "4", "-1"), frozenset({"2", "3", "-1"})),
-    "exclusive_numbers": Case({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 6}, ALL[1:], ("3", "4", "5", "6"),
-                              shared=True),
+    "exclusive_flags": Case(
+        {"type": "integer", "minimum": 3, "exclusiveMinimum": True, "maximum": 6, "exclusiveMaximum": False},
+        ("draft-04",),
+        ("2", "3", "4", "6", "7", "3.0"),
+    ),
+    "exclusive_flag_number": Case(
+        {"type": "number", "maximum": 5, "exclusiveMaximum": True},
+        ("draft-04",),
+        ("4", "4.5", "5", "5.0", "-3", "6"),
+        frozenset({"4.5"}),
+    ),
+    "not_exclusive_flag": Case(
+        {"type": "integer", "not": {"minimum": 3, "exclusiveMinimum": True}},
+        ("draft-04",),
+        ("2", "3", "4", "-1"),
+        frozenset({"2", "3", "-1"}),
+    ),
+    "exclusive_numbers": Case(
+        {"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 6}, ALL[1:], ("3", "4", "5", "6"), shared=True
+    ),
     # draft-07 core 8.3: "All other properties in a "$ref" object MUST be ignored";
     # 2019-09 core 8.2.4.1: $ref is an applicator, its siblings apply beside it.
-    "ref_siblings": Case({"definitions": {"int": {"type": "integer"}}, "type": "object",
-                          "properties": {"p": {"$ref": "#/definitions/int", "maximum": 5}}},
-                         ALL, ('{"p":1}', '{"p":9}', '{"p":"s"}', "{}")),
-    "root_ref_siblings": Case({"definitions": {"int": {"type": "integer"}}, "$ref": "#/definitions/int", "minimum": 5},
-                              ALL, ("1", "7", '"s"')),
+    "ref_siblings": Case(
+        {
+            "definitions": {"int": {"type": "integer"}},
+            "type": "object",
+            "properties": {"p": {"$ref": "#/definitions/int", "maximum": 5}},
+        },
+        ALL,
+        ('{"p":1}', '{"p":9}', '{"p":"s"}', "{}"),
+    ),
+    "root_ref_siblings": Case(
+        {"definitions": {"int": {"type": "integer"}}, "$ref": "#/definitions/int", "minimum": 5}, ALL, ("1", "7", '"s"')
+    ),
     # draft-07 validation 6.4.1-6.4.2: `items` as an array validates by position, `additionalItems` the rest
     # (ignored when `items` is a schema); 2020-12 core 10.3.1.1: `prefixItems`, and no `additionalItems`.
-    "tuple_items": Case({"type": "array", "items": [{"type": "integer"}], "additionalItems": False}, ALL[:4],
-                        ("[]", "[1]", "[1,2]", '["a"]', '[1,"a"]'), shared=True),
-    "additional_items_alone": Case({"type": "array", "items": {"type": "integer"}, "additionalItems": False}, ALL,
-                                   ("[]", "[1]", "[1,2]", '["a"]'), shared=True),
-    "prefix_items": Case({"type": "array", "prefixItems": [{"type": "integer"}], "additionalItems": False}, ALL,
-                         ("[]", "[1]", "[1,2]", '["a"]', '[1,"a"]', "1")),
+    "tuple_items": Case(
+        {"type": "array", "items": [{"type": "integer"}], "additionalItems": False},
+        ALL[:4],
+        ("[]", "[1]", "[1,2]", '["a"]', '[1,"a"]'),
+        shared=True,
+    ),
+    "additional_items_alone": Case(
+        {"type": "array", "items": {"type": "integer"}, "additionalItems": False},
+        ALL,
+        ("[]", "[1]", "[1,2]", '["a"]'),
+        shared=True,
+    ),
+    "prefix_items": Case(
+        {"type": "array", "prefixItems": [{"type": "integer"}], "additionalItems": False},
+        ALL,
+        ("[]", "[1]", "[1,2]", '["a"]', '[1,"a"]', "1"),
+    ),
     # draft-07 validation 6.5.7: `dependencies` (names or a schema); 2019-09 validation 6.5.4 / core 9.2.2.4:
     # `dependentRequired` / `dependentSchemas` replace it.
-    "dependencies": Case({"type": "object", "properties": {"a": {}, "b": {}, "c": {"type": "integer"}},
-                          "dependencies": {"a": ["b"], "b": {"required": ["c"]}}},
-                         ALL, ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":1,"b":2,"c":3}', '{"b":1,"c":"x"}', '{"c":1}')),
-    "dependent_keywords": Case({"type": "object", "properties": {"a": {}, "b": {}, "c": {"type": "integer"}},
-                                "dependentRequired": {"a": ["b"]}, "dependentSchemas": {"b": {"required": ["c"]}}},
-                               ALL, ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":1,"b":2,"c":3}', '{"b":1,"c":"x"}', '{"c":1}')),
+    "dependencies": Case(
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}, "c": {"type": "integer"}},
+            "dependencies": {"a": ["b"], "b": {"required": ["c"]}},
+        },
+        ALL,
+        ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":1,"b":2,"c":3}', '{"b":1,"c":"x"}', '{"c":1}'),
+    ),
+    "dependent_keywords": Case(
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}, "c": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+            "dependentSchemas": {"b": {"required": ["c"]}},
+        },
+        ALL,
+        ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":1,"b":2,"c":3}', '{"b":1,"c":"x"}', '{"c":1}'),
+    ),
     # Keywords a dialect does not define are annotations there, also under `not`: const, contains and
     # propertyNames come with draft-06, if/then/else with draft-07, minContains and unevaluated* with 2019-09.
     "const": Case({"anyOf": [{"type": "string"}, {"not": {"const": 1}}]}, ALL, ('"a"', "1", "2", "null")),
     "contains": Case({"type": "array", "contains": {"type": "string"}}, ALL, ("[]", "[1]", '["a"]', '[1,"a"]', "1")),
-    "property_names": Case({"type": "object", "propertyNames": {"maxLength": 1}, "additionalProperties": {"type": "integer"}},
-                           ALL, ("{}", '{"a":1}', '{"ab":1}', '{"a":"s"}')),
-    "if_then_else": Case({"type": "integer", "if": {"minimum": 5}, "then": {"multipleOf": 2}, "else": {"maximum": 2}},
-                         ALL, ("1", "3", "4", "6", "7", '"s"')),
-    "not_if": Case({"anyOf": [{"type": "string"}, {"not": {"if": {"type": "integer"}, "then": {"minimum": 5}}}]},
-                   ALL, ('"a"', "1", "7", "null"), frozenset({"1"})),  # U(if/then/else) is every value
-    "min_contains": Case({"type": "array", "contains": {"type": "string"}, "minContains": 2, "maxContains": 2},
-                         ALL[1:], ("[]", '["a"]', '["a","b"]', '["a","b","c"]', '[1,"a","b"]')),
-    "unevaluated": Case({"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False},
-                        ALL, ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":"s"}')),
+    "property_names": Case(
+        {"type": "object", "propertyNames": {"maxLength": 1}, "additionalProperties": {"type": "integer"}},
+        ALL,
+        ("{}", '{"a":1}', '{"ab":1}', '{"a":"s"}'),
+    ),
+    "if_then_else": Case(
+        {"type": "integer", "if": {"minimum": 5}, "then": {"multipleOf": 2}, "else": {"maximum": 2}},
+        ALL,
+        ("1", "3", "4", "6", "7", '"s"'),
+    ),
+    "not_if": Case(
+        {"anyOf": [{"type": "string"}, {"not": {"if": {"type": "integer"}, "then": {"minimum": 5}}}]},
+        ALL,
+        ('"a"', "1", "7", "null"),
+        frozenset({"1"}),
+    ),  # U(if/then/else) is every value
+    "min_contains": Case(
+        {"type": "array", "contains": {"type": "string"}, "minContains": 2, "maxContains": 2},
+        ALL[1:],
+        ("[]", '["a"]', '["a","b"]', '["a","b","c"]', '[1,"a","b"]'),
+    ),
+    "unevaluated": Case(
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False},
+        ALL,
+        ("{}", '{"a":1}', '{"a":1,"b":2}', '{"a":"s"}'),
+    ),
     "sibling_id": Case(_sibling_id("$id"), ALL[1:], ("5", "1.5", '"a"', "null")),
     "sibling_id_draft4": Case(_sibling_id("id"), ("draft-04",), ("5", "1.5", '"a"', "null")),
     "unknown_keyword_id": Case(_unknown_keyword_id("$id"), ALL[1:], ('"a"', "null", "1"), shared=True),
     "unknown_keyword_id_draft4": Case(_unknown_keyword_id("id"), ("draft-04",), ('"a"', "null", "1")),
     # draft-04 core 7.2: `id` (not `$id`) sets the base URI and "#name" names a fragment.
-    "draft4_id": Case({"id": "http://example.com/root.json", "definitions": {"a": {"id": "a.json", "type": "integer"},
-                       "b": {"id": "#b", "type": "string"}}, "type": "object",
-                       "properties": {"p": {"$ref": "a.json"}, "q": {"$ref": "#b"}}},
-                      ("draft-04",), ('{"p":1}', '{"p":"s"}', '{"q":"s"}', '{"q":1}', "{}")),
+    "draft4_id": Case(
+        {
+            "id": "http://example.com/root.json",
+            "definitions": {"a": {"id": "a.json", "type": "integer"}, "b": {"id": "#b", "type": "string"}},
+            "type": "object",
+            "properties": {"p": {"$ref": "a.json"}, "q": {"$ref": "#b"}},
+        },
+        ("draft-04",),
+        ('{"p":1}', '{"p":"s"}', '{"q":"s"}', '{"q":1}', "{}"),
+    ),
 }
 
 
@@ -200,36 +265,73 @@ def test_a_subschema_that_declares_a_dialect_is_read_in_it(root):
         assert validator.is_valid(json.loads(text)) is valid and rx.matches(term, text) is valid, text
 
 
-@pytest.mark.parametrize("inner, keyword, pointer", [
-    ({"$schema": "https://json-schema.org/draft-04/schema", "type": "integer"}, "$schema", "#/properties/p"),  # not its id
-    ({"$schema": URI["draft-04"], "id": "http://example.com/p.json", "type": "integer"}, "$schema", "#/properties/p"),
-    ({"$schema": URI["draft-04"], "type": "object", "properties": {"x": {"type": "integer"}}}, "$ref", "#/properties/r"),
-])
+@pytest.mark.parametrize(
+    "inner, keyword, pointer",
+    [
+        (
+            {"$schema": "https://json-schema.org/draft-04/schema", "type": "integer"},
+            "$schema",
+            "#/properties/p",
+        ),  # not its id
+        (
+            {"$schema": URI["draft-04"], "id": "http://example.com/p.json", "type": "integer"},
+            "$schema",
+            "#/properties/p",
+        ),
+        (
+            {"$schema": URI["draft-04"], "type": "object", "properties": {"x": {"type": "integer"}}},
+            "$ref",
+            "#/properties/r",
+        ),
+    ],
+)
 def test_a_dialect_switch_the_guide_cannot_follow_is_refused(inner, keyword, pointer):
-    schema = _schema({"$defs": {"d": inner}, "type": "object", "properties": {"p": inner, "r": {"$ref": "#/$defs/d/properties/x"}}},
-                     "2020-12") if keyword == "$ref" else _schema({"type": "object", "properties": {"p": inner}}, "2020-12")
+    schema = (
+        _schema(
+            {
+                "$defs": {"d": inner},
+                "type": "object",
+                "properties": {"p": inner, "r": {"$ref": "#/$defs/d/properties/x"}},
+            },
+            "2020-12",
+        )
+        if keyword == "$ref"
+        else _schema({"type": "object", "properties": {"p": inner}}, "2020-12")
+    )
     with pytest.raises(fsm.SchemaError) as error:
         fsm.compile_schema(schema)
     assert error.value.keyword == keyword and error.value.pointer == pointer
 
 
-@pytest.mark.parametrize("body, dialect, keyword", [
-    ({"minimum": 3, "exclusiveMinimum": 3}, "draft-04", "exclusiveMinimum"),  # draft-04: booleans only
-    ({"maximum": 3, "exclusiveMaximum": True}, "draft-06", "exclusiveMaximum"),  # draft-06 on: numbers only
-    ({"minimum": 3, "exclusiveMinimum": False}, "2020-12", "exclusiveMinimum"),
-    ({"minimum": 3, "exclusiveMinimum": True}, None, "exclusiveMinimum"),  # no $schema: 2020-12
-    ({"items": [{"type": "integer"}]}, "2020-12", "items"),  # 2020-12: items is one schema
-    ({"$defs": {"a": {"$id": "#a", "type": "integer"}}, "$ref": "#a"}, "2019-09", "$ref"),  # an anchor only up to draft-07
-    ({"definitions": {"a": {"$anchor": "a", "type": "integer"}}, "$ref": "#a"}, "draft-07", "$ref"),  # from 2019-09
-])
+@pytest.mark.parametrize(
+    "body, dialect, keyword",
+    [
+        ({"minimum": 3, "exclusiveMinimum": 3}, "draft-04", "exclusiveMinimum"),  # draft-04: booleans only
+        ({"maximum": 3, "exclusiveMaximum": True}, "draft-06", "exclusiveMaximum"),  # draft-06 on: numbers only
+        ({"minimum": 3, "exclusiveMinimum": False}, "2020-12", "exclusiveMinimum"),
+        ({"minimum": 3, "exclusiveMinimum": True}, None, "exclusiveMinimum"),  # no $schema: 2020-12
+        ({"items": [{"type": "integer"}]}, "2020-12", "items"),  # 2020-12: items is one schema
+        (
+            {"$defs": {"a": {"$id": "#a", "type": "integer"}}, "$ref": "#a"},
+            "2019-09",
+            "$ref",
+        ),  # an anchor only up to draft-07
+        ({"definitions": {"a": {"$anchor": "a", "type": "integer"}}, "$ref": "#a"}, "draft-07", "$ref"),  # from 2019-09
+    ],
+)
 def test_a_form_the_dialect_does_not_define_is_refused(body, dialect, keyword):
     with pytest.raises(fsm.SchemaError) as error:
         fsm.compile_schema(body if dialect is None else _schema(body, dialect))
     assert error.value.keyword == keyword and error.value.pointer == "#"
 
 
-@pytest.mark.parametrize("body", [{"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
-                                  {"type": "object", "dependencies": {"a": ["b"], "b": {"required": ["c"]}}}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
+        {"type": "object", "dependencies": {"a": ["b"], "b": {"required": ["c"]}}},
+    ],
+)
 def test_no_schema_still_enforces_the_legacy_array_and_dependency_keywords(body):
     """As before the guide read `$schema`: they mean what draft-07 says (2020-12 does not define them)."""
     term = fsm.compile_schema(body, policy="spec")

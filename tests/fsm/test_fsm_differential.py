@@ -68,9 +68,13 @@ def test_no_false_accepts_on_combined_keywords(seed):
 
 def test_spec_policy_accepts_the_valid_texts_of_exact_combinations():
     """Where the compiler is exact (no not/if/oneOf upper bounds, no free-form depth), spec accepts every valid text."""
-    schema = {"$defs": {"d": {"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}},
-              "anyOf": [{"$ref": "#/$defs/d", "unevaluatedItems": False}, {"type": "object", "properties": {"a": {"type": "integer"}},
-                                                                            "unevaluatedProperties": {"type": "string"}}]}
+    schema = {
+        "$defs": {"d": {"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}},
+        "anyOf": [
+            {"$ref": "#/$defs/d", "unevaluatedItems": False},
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": {"type": "string"}},
+        ],
+    }
     texts = texts_for(schema, 0, 0, 4, value_pool(random.Random(7), 40) + [[1, "a"], {"a": 1, "b": "s"}])
     result = judge(schema, texts)
     assert result["n_valid"] >= 5 and result["spec"]["valid_rejected"] == []

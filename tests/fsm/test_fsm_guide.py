@@ -122,7 +122,9 @@ def test_tokens_may_end_inside_a_character(sentencepiece_tokenizer):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_no_dead_ends_on_unicode_walks(tokenizer, seed):
-    guide = fsm.Guide.from_schema({"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 3}, tokenizer)
+    guide = fsm.Guide.from_schema(
+        {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 3}, tokenizer
+    )
     text = text_of(guide, random_walk(guide, random.Random(seed), budget=15))  # asserts no dead end
     assert text.startswith("[") and text.endswith("]")
 
@@ -151,7 +153,9 @@ def _counted_token_walk(guide, text: str, monkeypatch):
     state = guide.index.dfa.walk(text.encode())
     stepped = []
     real_step = LazyDFA.step
-    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or real_step(self, states, data))
+    monkeypatch.setattr(
+        LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or real_step(self, states, data)
+    )
 
     def walk(min_loop_bytes: int) -> tuple[dict, int]:
         stepped.clear()
@@ -167,7 +171,11 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
     """Tokens whose first byte leads to a state that loops on their other bytes (a string, an undeclared
     key) end there unwalked: same (ids, end states) as a full walk, with far fewer token-bytes stepped
     through the DFA (work counted, not timed)."""
-    schema = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}}, "required": ["names"]}
+    schema = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+        "required": ["names"],
+    }
     walk = _counted_token_walk(fsm.Guide.from_schema(schema, smol_tokenizer, policy="spec"), text, monkeypatch)
     (shortcut, work), (full, full_work) = walk(32), walk(257)
     assert shortcut == full
@@ -255,7 +263,9 @@ def test_states_with_one_head_share_its_walk(tokenizer, monkeypatch, fresh_fsm_c
     from fsm import index as ix
 
     head = rx.seq(rx.star(rx.byte_range(ord("a"), ord("z"))), rx.literal('"'))
-    root = rx.alt(*(rx.seq(rx.literal(first), head, rx.literal(last)) for first, last in (("x", ",1"), ("y", "}2"), ("z", "]3"))))
+    root = rx.alt(
+        *(rx.seq(rx.literal(first), head, rx.literal(last)) for first, last in (("x", ",1"), ("y", "}2"), ("z", "]3")))
+    )
     guide = fsm.Guide.from_rx(root, tokenizer)
     index = guide.index
     walks, plain = [], []
@@ -279,8 +289,16 @@ def test_head_sharing_allows_what_a_plain_walk_allows(tokenizer):
     members of the inner object), every state allows exactly the tokens a walk of the whole vocabulary from
     it allows."""
     inner = {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}}
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"type": "string"}},
-                                               "n": {"type": "integer"}, "sub": inner}, "required": ["name"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 5},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "n": {"type": "integer"},
+            "sub": inner,
+        },
+        "required": ["name"],
+    }
     guide = fsm.Guide.from_schema(schema, tokenizer, policy="spec")
     index, rng = guide.index, random.Random(0)
     for _ in range(6):
@@ -331,7 +349,10 @@ def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
     from the state, and most of them resumed."""
     from fsm import index as ix
 
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "note": {"type": "string"}, "n": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "note": {"type": "string"}, "n": {"type": "integer"}},
+    }
     index = fsm.Guide.from_schema(schema, tokenizer, policy="spec").index
     state = index.dfa.walk(b'{"name":"ab')
     split = ix.Split.of(index.dfa.term(state))

@@ -19,8 +19,13 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabenc
 SLICE = ("Glaiveai2K", "BFCL_simple", "Handwritten")
 PER_SUBSET = 5
 # Schemas that compile since the term compiler (not, patternProperties, unknown formats and annotations).
-EXTRA = ("Github_medium---o10297.json", "JsonSchemaStore---1.0.schema.json", "Github_ultra---o13020.json",
-         "Synthesized---draft2019_09_nonvalid_additionalProperties_id5_subschema1_not_2.json", "Snowplow---sp_113_Normalized.json")
+EXTRA = (
+    "Github_medium---o10297.json",
+    "JsonSchemaStore---1.0.schema.json",
+    "Github_ultra---o13020.json",
+    "Synthesized---draft2019_09_nonvalid_additionalProperties_id5_subschema1_not_2.json",
+    "Snowplow---sp_113_Normalized.json",
+)
 
 
 def _files() -> list[Path]:
@@ -40,10 +45,16 @@ HAND = {
 }
 # Schemas the compiler refuses, why, and a value jsonschema accepts (the refusal is a known incompleteness).
 REFUSED = {
-    "Handwritten---allOfPProp7.json": ("a valid object needs a key named only by patternProperties under `not` (^cde...); "
-                                       "the compiler generates no such key", {"cdea": 30}),
-    "Handwritten---allOfPProp8.json": ("a valid object needs a key named only by patternProperties under `not` (^11...); "
-                                       "the compiler generates no such key", {"111a": 70}),
+    "Handwritten---allOfPProp7.json": (
+        "a valid object needs a key named only by patternProperties under `not` (^cde...); "
+        "the compiler generates no such key",
+        {"cdea": 30},
+    ),
+    "Handwritten---allOfPProp8.json": (
+        "a valid object needs a key named only by patternProperties under `not` (^11...); "
+        "the compiler generates no such key",
+        {"111a": 70},
+    ),
 }
 MUTANTS = 12  # mutants of the valid instances tried where a file lists no invalid one
 
@@ -72,8 +83,12 @@ def _instances(path: Path, case: dict) -> list[tuple[object, bool]]:
     pairs += [(value, oracle.is_valid(value)) for value in HAND.get(path.name, [])]
     if all(valid for _, valid in pairs):
         rng = random.Random(0)
-        pairs += [(m, False) for value, _ in list(pairs) for m in mutants(value, rng, MUTANTS) if not oracle.is_valid(m)]
-    assert all(oracle.is_valid(value) == valid for value, valid in pairs), "an instance's label disagrees with jsonschema"
+        pairs += [
+            (m, False) for value, _ in list(pairs) for m in mutants(value, rng, MUTANTS) if not oracle.is_valid(m)
+        ]
+    assert all(oracle.is_valid(value) == valid for value, valid in pairs), (
+        "an instance's label disagrees with jsonschema"
+    )
     return pairs
 
 

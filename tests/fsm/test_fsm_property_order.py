@@ -19,24 +19,59 @@ from tests.fsm_walk import random_walk, text_of
 # name -> (schema, a valid instance whose keys get permuted)
 SCHEMAS = {
     "required_optional": (
-        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "boolean"}, "d": {"type": "null"}},
-         "required": ["a", "b"]},
+        {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer"},
+                "b": {"type": "string", "maxLength": 3},
+                "c": {"type": "boolean"},
+                "d": {"type": "null"},
+            },
+            "required": ["a", "b"],
+        },
         {"a": 1, "b": "xy", "c": True, "d": None},
     ),
     "additional_schema": (
-        {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"enum": ["u", "v"]}}, "required": ["id"], "additionalProperties": {"type": "boolean"}},
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}, "tag": {"enum": ["u", "v"]}},
+            "required": ["id"],
+            "additionalProperties": {"type": "boolean"},
+        },
         {"id": 7, "tag": "u", "x": True, "yz": False},
     ),
     "nested": (
-        {"type": "object", "properties": {"p": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]},
-                                          "q": {"type": "array", "items": {"type": "object", "properties": {"k": {"const": 1}, "v": {"type": "string", "maxLength": 2}}, "required": ["k"]}, "maxItems": 2},
-                                          "r": {"type": "string", "maxLength": 2}},
-         "required": ["p", "q"]},
+        {
+            "type": "object",
+            "properties": {
+                "p": {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                    "required": ["x", "y"],
+                },
+                "q": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"k": {"const": 1}, "v": {"type": "string", "maxLength": 2}},
+                        "required": ["k"],
+                    },
+                    "maxItems": 2,
+                },
+                "r": {"type": "string", "maxLength": 2},
+            },
+            "required": ["p", "q"],
+        },
         {"p": {"y": 2, "x": 1}, "q": [{"v": "s", "k": 1}], "r": "t"},
     ),
     "pattern_properties": (
-        {"type": "object", "properties": {"id": {"type": "integer"}, "x-id": {"type": "boolean"}}, "required": ["id"],
-         "patternProperties": {"^x-": {"type": "boolean"}, "^n_[0-9]$": {"type": "null"}}, "propertyNames": {"maxLength": 5}},
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}, "x-id": {"type": "boolean"}},
+            "required": ["id"],
+            "patternProperties": {"^x-": {"type": "boolean"}, "^n_[0-9]$": {"type": "null"}},
+            "propertyNames": {"maxLength": 5},
+        },
         {"id": 3, "x-id": True, "x-a": False, "n_1": None},
     ),
 }
@@ -93,8 +128,15 @@ def test_duplicate_and_missing_keys_are_rejected(name):
 
 
 def test_keys_are_recognized_as_keys_not_substrings():
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "s": {"type": "string"}, "b": {"type": "object", "additionalProperties": {"type": "integer"}}},
-              "required": ["a"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string"},
+            "s": {"type": "string"},
+            "b": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+        "required": ["a"],
+    }
     term = _any(schema)
     assert rx.matches(term, '{"b":{"a":1},"a":"x"}')  # "a" inside the nested object is its own key
     assert not rx.matches(term, '{"b":{"a":1}}')  # ... and does not count for the outer object
@@ -130,19 +172,57 @@ def test_open_objects_put_extra_keys_anywhere():
 
 # Object keywords that compose by intersection keep working in any order: (schema, accepted, rejected).
 KEYWORDS = {
-    "min_max_properties": ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2, "maxProperties": 2},
-                           [{"b": 1, "a": 2}, {"c": 1, "a": 2}], [{"a": 1}, {"c": 1, "b": 2, "a": 3}]),
-    "dependent_required": ({"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}}, "dependentRequired": {"card": ["address"]}},
-                           [{}, {"address": "x"}, {"address": "x", "card": "y"}], [{"card": "y"}]),
-    "if_then_else": ({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}}, "required": ["kind"],
-                      "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]}, "then": {"required": ["n"]}, "else": {"not": {"required": ["n"]}}},
-                     [{"n": 1, "kind": "a"}, {"kind": "b"}], [{"kind": "a"}, {"n": 1, "kind": "b"}]),
-    "all_of": ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}]},
-               [{"b": True, "a": 1}, {"a": 1, "b": False}], [{"b": True}, {"b": 1, "a": 1}]),
-    "one_of": ({"oneOf": [{"type": "object", "properties": {"k": {"const": 1}, "x": {}}, "required": ["k", "x"]},
-                          {"type": "object", "properties": {"k": {"const": 2}, "x": {}}, "required": ["k"]}]},
-               [{"x": 0, "k": 1}, {"k": 2}, {"x": 0, "k": 2}], [{"k": 1}, {"x": 0, "k": 3}]),
-    "unevaluated_false": ({"type": "object", "properties": {"a": {}, "b": {}}, "unevaluatedProperties": False}, [{"b": 1, "a": 2}], [{"c": 1}]),
+    "min_max_properties": (
+        {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2, "maxProperties": 2},
+        [{"b": 1, "a": 2}, {"c": 1, "a": 2}],
+        [{"a": 1}, {"c": 1, "b": 2, "a": 3}],
+    ),
+    "dependent_required": (
+        {
+            "type": "object",
+            "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
+            "dependentRequired": {"card": ["address"]},
+        },
+        [{}, {"address": "x"}, {"address": "x", "card": "y"}],
+        [{"card": "y"}],
+    ),
+    "if_then_else": (
+        {
+            "type": "object",
+            "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+            "required": ["kind"],
+            "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+            "then": {"required": ["n"]},
+            "else": {"not": {"required": ["n"]}},
+        },
+        [{"n": 1, "kind": "a"}, {"kind": "b"}],
+        [{"kind": "a"}, {"n": 1, "kind": "b"}],
+    ),
+    "all_of": (
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "boolean"}}, "required": ["b"]},
+            ]
+        },
+        [{"b": True, "a": 1}, {"a": 1, "b": False}],
+        [{"b": True}, {"b": 1, "a": 1}],
+    ),
+    "one_of": (
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"k": {"const": 1}, "x": {}}, "required": ["k", "x"]},
+                {"type": "object", "properties": {"k": {"const": 2}, "x": {}}, "required": ["k"]},
+            ]
+        },
+        [{"x": 0, "k": 1}, {"k": 2}, {"x": 0, "k": 2}],
+        [{"k": 1}, {"x": 0, "k": 3}],
+    ),
+    "unevaluated_false": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "unevaluatedProperties": False},
+        [{"b": 1, "a": 2}],
+        [{"c": 1}],
+    ),
 }
 
 
@@ -177,11 +257,32 @@ def test_random_walks_validate_in_any_order(name, rng, smol_tokenizer):
     _no_duplicate_declared_keys(text, schema)
 
 
-TYPES = [{"type": "integer"}, {"type": "string", "maxLength": 8}, {"type": "boolean"}, {"type": "number"},
-         {"type": "array", "items": {"type": "integer"}, "maxItems": 3}, {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}, "required": ["x"]}]
-WIDE = {"type": "object", "properties": {f"field_{i}": TYPES[i % len(TYPES)] for i in range(12)}, "required": [f"field_{i}" for i in range(0, 12, 2)]}
-WIDE_INSTANCE = {"field_0": 1, "field_1": "ab", "field_2": True, "field_3": -1.5, "field_4": [1, 2], "field_5": {"y": "q", "x": 3},
-                 "field_6": 20, "field_8": False, "field_10": [], "field_11": {"x": 1}, "field_9": 0.25}
+TYPES = [
+    {"type": "integer"},
+    {"type": "string", "maxLength": 8},
+    {"type": "boolean"},
+    {"type": "number"},
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+    {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}, "required": ["x"]},
+]
+WIDE = {
+    "type": "object",
+    "properties": {f"field_{i}": TYPES[i % len(TYPES)] for i in range(12)},
+    "required": [f"field_{i}" for i in range(0, 12, 2)],
+}
+WIDE_INSTANCE = {
+    "field_0": 1,
+    "field_1": "ab",
+    "field_2": True,
+    "field_3": -1.5,
+    "field_4": [1, 2],
+    "field_5": {"y": "q", "x": 3},
+    "field_6": 20,
+    "field_8": False,
+    "field_10": [],
+    "field_11": {"x": 1},
+    "field_9": 0.25,
+}
 
 
 def test_twelve_properties_compile_small_and_walk_through_a_guide(smol_tokenizer):
@@ -257,7 +358,9 @@ def test_any_order_list_of_intersections_is_the_language_of_its_definition():
 def test_lists_of_one_object_share_the_derivatives_of_their_items():
     """After different first members, the member being written is one term (`split_pick`'s items), and
     the whole states differ only in the members they still allow."""
-    term = rx.any_order_list([rx.literal("k1:1")], [rx.literal("k2:2"), rx.literal("k3:3")], rx.NOTHING, rx.literal(","))
+    term = rx.any_order_list(
+        [rx.literal("k1:1")], [rx.literal("k2:2"), rx.literal("k3:3")], rx.NOTHING, rx.literal(",")
+    )
     states = [_derivative_of(term, first + ",k") for first in ("k1:1", "k2:2", "k3:3")]
     splits = [rx.split_pick(state) for state in states]
     assert all(s is not None for s in splits)

@@ -23,7 +23,11 @@ ALPHABET = "abcAB-.é\u00c9ßẞkK\u212aſs😀0 \n\u00a0"
 SPACE = r"[\t-\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
 CATEGORIES = {r"\d": "[0-9]", r"\D": "[^0-9]", r"\w": "[A-Za-z0-9_]", r"\W": "[^A-Za-z0-9_]",
               r"\s": SPACE, r"\S": "[^" + SPACE[1:]}
-FAST = settings(max_examples=int(__import__("os").environ.get("RX_EXAMPLES", 120)), deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(
+    max_examples=int(__import__("os").environ.get("RX_EXAMPLES", 120)),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def _same(text: str) -> tuple[str, str]:
@@ -96,7 +100,9 @@ def test_intersection_union_complement_laws(p, q, text):
     assert rx.matches(rx.inter(a, b), data) == (in_a and in_b)
     assert rx.matches(rx.alt(a, b), data) == (in_a or in_b)
     assert rx.matches(rx.complement(a), data) != in_a
-    assert rx.matches(rx.complement(rx.alt(a, b)), data) == rx.matches(rx.inter(rx.complement(a), rx.complement(b)), data)
+    assert rx.matches(rx.complement(rx.alt(a, b)), data) == rx.matches(
+        rx.inter(rx.complement(a), rx.complement(b)), data
+    )
 
 
 def _witness(term: rx.Rx, limit: int = 5000) -> bytes | None:

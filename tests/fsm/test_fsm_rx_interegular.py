@@ -23,7 +23,9 @@ def _extend(inner):
         inner.map(lambda p: f"(?:{p})*"),
         inner.map(lambda p: f"(?:{p})+"),
         inner.map(lambda p: f"(?:{p})?"),
-        st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(lambda t: f"(?:{t[0]}){{{min(t[1:])},{max(t[1:])}}}"),
+        st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(
+            lambda t: f"(?:{t[0]}){{{min(t[1:])},{max(t[1:])}}}"
+        ),
     )
 
 

@@ -56,18 +56,44 @@ SCHEMAS = {
     "character": Character,
     "person": Person,
     "recursive": Node,
-    "array_bounds": {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 300}, "minItems": 2, "maxItems": 4},
-    "prefix_items": {"type": "array", "prefixItems": [{"type": "boolean"}, {"type": "null"}], "items": {"const": 7}, "maxItems": 4},
-    "enum_any_values": {"enum": [1, "two", None, [3, {"x": True}], {"a": "é\"\\"}, 2.5]},
-    "all_optional": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}}},
+    "array_bounds": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -5, "maximum": 300},
+        "minItems": 2,
+        "maxItems": 4,
+    },
+    "prefix_items": {
+        "type": "array",
+        "prefixItems": [{"type": "boolean"}, {"type": "null"}],
+        "items": {"const": 7},
+        "maxItems": 4,
+    },
+    "enum_any_values": {"enum": [1, "two", None, [3, {"x": True}], {"a": 'é"\\'}, 2.5]},
+    "all_optional": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+    },
     "formats": {
         "type": "object",
-        "properties": {f: {"type": "string", "format": f} for f in ("date", "time", "date-time", "uuid", "email", "uri", "ipv4", "hostname", "ipv6", "duration")},
+        "properties": {
+            f: {"type": "string", "format": f}
+            for f in ("date", "time", "date-time", "uuid", "email", "uri", "ipv4", "hostname", "ipv6", "duration")
+        },
         "required": ["date", "time", "date-time", "uuid", "email", "uri", "ipv4", "hostname", "ipv6", "duration"],
     },
-    "string_all_together": {"type": "string", "minLength": 3, "maxLength": 8, "pattern": "^[a-z]+[0-9]*$", "format": "hostname"},
+    "string_all_together": {
+        "type": "string",
+        "minLength": 3,
+        "maxLength": 8,
+        "pattern": "^[a-z]+[0-9]*$",
+        "format": "hostname",
+    },
     "unanchored_pattern": {"type": "string", "pattern": "ab|^x", "maxLength": 6},
-    "unicode": {"type": "object", "properties": {"名前": {"type": "string", "maxLength": 4}, "emoji": {"const": "😀 ü"}}, "required": ["名前", "emoji"]},
+    "unicode": {
+        "type": "object",
+        "properties": {"名前": {"type": "string", "maxLength": 4}, "emoji": {"const": "😀 ü"}},
+        "required": ["名前", "emoji"],
+    },
     "numbers": {
         "type": "object",
         "properties": {
@@ -79,23 +105,91 @@ SCHEMAS = {
         "required": ["i", "n", "m", "free"],
     },
     "type_list": {"type": ["string", "integer", "null"], "maxLength": 3, "maximum": 9},
-    "any_of_objects": {"anyOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind", "x"]}, {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]}]},
+    "any_of_objects": {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+                "required": ["kind", "x"],
+            },
+            {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]},
+        ]
+    },
     "one_of_exclusive": {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
-    "all_of_merge": {"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]}, {"properties": {"a": {"maximum": 10}, "b": {"type": "boolean"}}}]},
-    "additional_schema": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"], "additionalProperties": {"type": "boolean"}},
-    "ref_defs": {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/pos"}, "q": {"$ref": "#/$defs/pos"}}, "required": ["p"]},
+    "all_of_merge": {
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]},
+            {"properties": {"a": {"maximum": 10}, "b": {"type": "boolean"}}},
+        ]
+    },
+    "additional_schema": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "required": ["id"],
+        "additionalProperties": {"type": "boolean"},
+    },
+    "ref_defs": {
+        "$defs": {"pos": {"type": "integer", "minimum": 1}},
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/pos"}, "q": {"$ref": "#/$defs/pos"}},
+        "required": ["p"],
+    },
     "any_value": {},
-    "not": {"type": "object", "properties": {"a": {"not": {"type": "string"}}, "b": {"not": {"enum": [1, "x"]}, "type": "integer"}}, "required": ["a", "b"]},
-    "if_then_else": {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}}, "required": ["kind"],
-                     "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]}, "then": {"required": ["n"]}, "else": {"not": {"required": ["n"]}}},
+    "not": {
+        "type": "object",
+        "properties": {"a": {"not": {"type": "string"}}, "b": {"not": {"enum": [1, "x"]}, "type": "integer"}},
+        "required": ["a", "b"],
+    },
+    "if_then_else": {
+        "type": "object",
+        "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+        "then": {"required": ["n"]},
+        "else": {"not": {"required": ["n"]}},
+    },
     "one_of_overlapping": {"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]},
-    "pattern_properties": {"type": "object", "properties": {"id": {"type": "integer"}}, "patternProperties": {"^x-": {"type": "boolean"}, "^n_[0-9]$": {"type": "null"}}, "propertyNames": {"maxLength": 5}},
-    "min_max_properties": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}, "minProperties": 2, "maxProperties": 2},
-    "dependent_required": {"type": "object", "properties": {"card": {"type": "string"}, "address": {"type": "string"}}, "dependentRequired": {"card": ["address"]}},
-    "multiple_of": {"type": "object", "properties": {"i": {"type": "integer", "multipleOf": 7, "maximum": 100}, "n": {"type": "number", "multipleOf": 5}}, "required": ["i", "n"]},
-    "contains": {"type": "array", "items": {"type": "integer", "maximum": 9}, "contains": {"const": 3}, "minContains": 1, "maxContains": 2, "maxItems": 4},
+    "pattern_properties": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "patternProperties": {"^x-": {"type": "boolean"}, "^n_[0-9]$": {"type": "null"}},
+        "propertyNames": {"maxLength": 5},
+    },
+    "min_max_properties": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+        "minProperties": 2,
+        "maxProperties": 2,
+    },
+    "dependent_required": {
+        "type": "object",
+        "properties": {"card": {"type": "string"}, "address": {"type": "string"}},
+        "dependentRequired": {"card": ["address"]},
+    },
+    "multiple_of": {
+        "type": "object",
+        "properties": {
+            "i": {"type": "integer", "multipleOf": 7, "maximum": 100},
+            "n": {"type": "number", "multipleOf": 5},
+        },
+        "required": ["i", "n"],
+    },
+    "contains": {
+        "type": "array",
+        "items": {"type": "integer", "maximum": 9},
+        "contains": {"const": 3},
+        "minContains": 1,
+        "maxContains": 2,
+        "maxItems": 4,
+    },
     "unique_enum_items": {"type": "array", "items": {"enum": ["r", "g", "b"]}, "uniqueItems": True},
-    "unknown_format_and_annotations": {"type": "string", "format": "password", "x-intellij-html-description": "<b>x</b>", "markdownDescription": "m", "maxLength": 4},
+    "unknown_format_and_annotations": {
+        "type": "string",
+        "format": "password",
+        "x-intellij-html-description": "<b>x</b>",
+        "markdownDescription": "m",
+        "maxLength": 4,
+    },
 }
 
 
@@ -114,7 +208,8 @@ def _matches(schema, text: str, **options) -> bool:
 
 
 @pytest.mark.parametrize("name", SCHEMAS)
-@settings(max_examples=15, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])  # shrinking walks is slow
+# shrinking walks is slow
+@settings(max_examples=15, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(rng=st.randoms(use_true_random=False))
 def test_random_walks_validate(name, rng, smol_tokenizer):
     schema = SCHEMAS[name]
@@ -130,39 +225,115 @@ def test_random_walks_validate(name, rng, smol_tokenizer):
 KEYWORDS = {
     "not": ({"not": {"type": ["string", "null"]}}, [1, [], {}, True], ["s", None]),
     "not_enum": ({"type": "integer", "not": {"enum": [1, 2]}}, [0, 3, -1], [1, 2]),
-    "not_required": ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}}, [{}, {"a": 1}, {"b": 2}], [{"a": 1, "b": 2}]),
-    "if_then_else": ({"if": {"type": "integer"}, "then": {"minimum": 5}, "else": {"type": "string"}}, [5, 7, "x"], [4, None, 1.5]),
-    "one_of_overlap": ({"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]}, [4, 11, -3], [5, 7, 10]),
+    "not_required": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a", "b"]}},
+        [{}, {"a": 1}, {"b": 2}],
+        [{"a": 1, "b": 2}],
+    ),
+    "if_then_else": (
+        {"if": {"type": "integer"}, "then": {"minimum": 5}, "else": {"type": "string"}},
+        [5, 7, "x"],
+        [4, None, 1.5],
+    ),
+    "one_of_overlap": (
+        {"oneOf": [{"type": "integer", "maximum": 10}, {"type": "integer", "minimum": 5}]},
+        [4, 11, -3],
+        [5, 7, 10],
+    ),
     "one_of_types": ({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}, [-1, 1.5], [1, 0, -1.5]),
-    "pattern_properties": ({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False}, [{}, {"x-a": 1}, {"x-a": 1, "x-b": 2}], [{"x-a": "s"}, {"y": 1}]),
-    "property_names": ({"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"pattern": "^[a-z]+$"}}, [{"ab": 1}], [{"A": 1}, {"a1": 2}]),
-    "min_properties": ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1}, [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}], [{}]),
-    "max_properties": ({"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 1}, [{}, {"a": 1}], [{"a": 1, "b": 2}]),
+    "pattern_properties": (
+        {"type": "object", "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False},
+        [{}, {"x-a": 1}, {"x-a": 1, "x-b": 2}],
+        [{"x-a": "s"}, {"y": 1}],
+    ),
+    "property_names": (
+        {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"pattern": "^[a-z]+$"}},
+        [{"ab": 1}],
+        [{"A": 1}, {"a1": 2}],
+    ),
+    "min_properties": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1},
+        [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}],
+        [{}],
+    ),
+    "max_properties": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "maxProperties": 1},
+        [{}, {"a": 1}],
+        [{"a": 1, "b": 2}],
+    ),
     "min_properties_extra": ({"type": "object", "additionalProperties": True, "minProperties": 1}, [{"k": 1}], [{}]),
-    "dependent_required": ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}, [{}, {"b": 1}, {"a": 1, "b": 1}], [{"a": 1}]),
-    "dependencies_schema": ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {"a": {}, "b": {"type": "integer"}}, "dependencies": {"a": {"required": ["b"], "properties": {"b": {"minimum": 3}}}}},
-                            [{}, {"b": 1}, {"a": 1, "b": 3}], [{"a": 1}, {"a": 1, "b": 2}]),
+    "dependent_required": (
+        {"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
+        [{}, {"b": 1}, {"a": 1, "b": 1}],
+        [{"a": 1}],
+    ),
+    "dependencies_schema": (
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"a": {}, "b": {"type": "integer"}},
+            "dependencies": {"a": {"required": ["b"], "properties": {"b": {"minimum": 3}}}},
+        },
+        [{}, {"b": 1}, {"a": 1, "b": 3}],
+        [{"a": 1}, {"a": 1, "b": 2}],
+    ),
     "multiple_of_int": ({"type": "integer", "multipleOf": 3}, [0, 3, -6, 99], [1, 100, -4]),
     "multiple_of_number": ({"type": "number", "multipleOf": 4}, [8, 8.0, -12, 0], [2, 8.5, 9]),
     "multiple_of_fraction_on_integers": ({"type": "integer", "multipleOf": 0.5}, [1, 7], [1.5]),
     "not_multiple_of": ({"type": "integer", "not": {"multipleOf": 3}}, [1, 2, -4], [0, 3, -6]),
     "multiple_of_binary_fraction": ({"type": "number", "multipleOf": 2.5}, [0, 2.5, -7.5, 10, 12.50], [1, 2.4, 3.75]),
-    "allof_additional_schema": ({"allOf": [{"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, {"properties": {"b": {}}}]},
-                                [{"b": 1}, {"a": "s"}], [{"b": "s"}]),
-    "pattern_properties_python_semantics": ({"type": "object", "patternProperties": {"^\\w+$": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
-                                            [{"ab": 1}], [{"é": "s"}, {"ab": "s"}]),
-    "not_ref_with_siblings_draft7": ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"s": {"type": "string"}},
-                                      "not": {"$ref": "#/definitions/s", "maxLength": 1}}, [1, None], ["abc", "a"]),
+    "allof_additional_schema": (
+        {"allOf": [{"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, {"properties": {"b": {}}}]},
+        [{"b": 1}, {"a": "s"}],
+        [{"b": "s"}],
+    ),
+    "pattern_properties_python_semantics": (
+        {
+            "type": "object",
+            "patternProperties": {"^\\w+$": {"type": "integer"}},
+            "additionalProperties": {"type": "string"},
+        },
+        [{"ab": 1}],
+        [{"é": "s"}, {"ab": "s"}],
+    ),
+    "not_ref_with_siblings_draft7": (
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"s": {"type": "string"}},
+            "not": {"$ref": "#/definitions/s", "maxLength": 1},
+        },
+        [1, None],
+        ["abc", "a"],
+    ),
     "contains": ({"type": "array", "contains": {"type": "string"}}, [["a"], [1, "a", 2]], [[], [1, 2]]),
-    "min_max_contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "minContains": 2, "maxContains": 3},
-                         [[5, 6], [1, 5, 2, 6, 7]], [[5], [5, 6, 7, 8], [1, 2]]),
-    "unique_items_finite": ({"type": "array", "items": {"enum": [1, 2, "a"]}, "uniqueItems": True}, [[], [1, 2, "a"], ["a", 1]], [[1, 1], [2, "a", 2]]),
+    "min_max_contains": (
+        {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "minContains": 2, "maxContains": 3},
+        [[5, 6], [1, 5, 2, 6, 7]],
+        [[5], [5, 6, 7, 8], [1, 2]],
+    ),
+    "unique_items_finite": (
+        {"type": "array", "items": {"enum": [1, 2, "a"]}, "uniqueItems": True},
+        [[], [1, 2, "a"], ["a", 1]],
+        [[1, 1], [2, "a", 2]],
+    ),
     "unique_items_irrelevant": ({"type": "array", "uniqueItems": True, "maxItems": 1}, [[], [{"a": 1}]], [[1, 2]]),
     "unknown_format": ({"type": "string", "format": "password", "minLength": 2}, ["ab", "secret"], ["a"]),
-    "annotations": ({"type": "integer", "x-intellij-html-description": "<b>", "markdownDescription": "m", "errorMessage": "e"}, [1], ["1"]),
-    "unevaluated_false": ({"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False}, [{}, {"a": 1}], [{"b": 1}]),
+    "annotations": (
+        {"type": "integer", "x-intellij-html-description": "<b>", "markdownDescription": "m", "errorMessage": "e"},
+        [1],
+        ["1"],
+    ),
+    "unevaluated_false": (
+        {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False},
+        [{}, {"a": 1}],
+        [{"b": 1}],
+    ),
     "untyped_keywords": ({"minimum": 3, "maxLength": 2}, [3, "ab", None, {}], [2, "abc"]),
-    "allof_contradiction_is_dropped": ({"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"type": "integer"}]}}}, [{}], [{"a": 1}, {"a": "s"}]),
+    "allof_contradiction_is_dropped": (
+        {"type": "object", "properties": {"a": {"allOf": [{"type": "string"}, {"type": "integer"}]}}},
+        [{}],
+        [{"a": 1}, {"a": "s"}],
+    ),
 }
 
 
@@ -179,7 +350,9 @@ def test_keywords_judge_like_jsonschema(name):
 
 
 def test_compile_notes_list_ignored_formats():
-    term, notes = fsm.compile_with_notes({"type": "object", "properties": {"p": {"type": "string", "format": "password"}}})
+    term, notes = fsm.compile_with_notes(
+        {"type": "object", "properties": {"p": {"type": "string", "format": "password"}}}
+    )
     assert notes == ["format 'password' ignored at #/properties/p (validators ignore it)"]
     assert rx.matches(term, '{"p":"anything"}')
 
@@ -199,7 +372,8 @@ def test_additional_properties_policy():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert not _matches(schema, '{"a":1,"b":2}')
     assert _matches(schema, '{"a":1,"b":[2,{"c":null}]}', additional_properties=True)
-    assert not _matches(schema, '{"a":1,"a":"x"}', additional_properties=True)  # a declared key cannot come back unchecked
+    # a declared key cannot come back unchecked
+    assert not _matches(schema, '{"a":1,"a":"x"}', additional_properties=True)
 
 
 def test_optional_properties_any_subset_in_order():
@@ -229,12 +403,20 @@ def test_string_escapes_and_unicode():
 def test_recursion_is_bounded():
     term = fsm.compile_schema(Node, max_recursion_depth=2)
     assert rx.matches(term, '{"value":1,"children":[{"value":2}]}')
-    assert not rx.matches(term, '{"value":1,"children":[{"value":2,"children":[{"value":3,"children":[{"value":4}]}]}]}')
+    assert not rx.matches(
+        term, '{"value":1,"children":[{"value":2,"children":[{"value":3,"children":[{"value":4}]}]}]}'
+    )
 
 
 def test_shared_refs_compile_once():
     """A chain of definitions each used twice: text inlining doubles per level, terms are shared."""
-    defs = {f"d{i}": {"type": "object", "properties": {"l": {"$ref": f"#/$defs/d{i + 1}"}, "r": {"$ref": f"#/$defs/d{i + 1}"}}} for i in range(40)}
+    defs = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"l": {"$ref": f"#/$defs/d{i + 1}"}, "r": {"$ref": f"#/$defs/d{i + 1}"}},
+        }
+        for i in range(40)
+    }
     defs["d40"] = {"type": "integer"}
     term = fsm.compile_schema({"$defs": defs, "$ref": "#/$defs/d0"})
     assert rx.size(term) < 2_000
@@ -248,7 +430,16 @@ def test_json_string_and_dict_inputs_agree():
 
 def test_annotations_are_ignored():
     plain = {"type": "integer"}
-    annotated = {"type": "integer", "title": "t", "description": "d", "examples": [1], "default": 2, "$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "y", "x-foo": {"type": "string"}}
+    annotated = {
+        "type": "integer",
+        "title": "t",
+        "description": "d",
+        "examples": [1],
+        "default": 2,
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "y",
+        "x-foo": {"type": "string"},
+    }
     assert fsm.compile_schema(annotated) is fsm.compile_schema(plain)
 
 
@@ -259,14 +450,21 @@ def test_annotations_are_ignored():
         ({"type": "number", "multipleOf": 0.01}, "multipleOf", "#"),
         ({"type": "integer", "multipleOf": 10_007}, "multipleOf", "#"),
         ({"type": "string", "format": "regex"}, "format", "#"),
-        ({"type": "object", "properties": {"a~b/c": {"type": "integer", "minimum": 5, "maximum": 1}}}, "minimum", "#/properties/a~0b~1c"),
+        (
+            {"type": "object", "properties": {"a~b/c": {"type": "integer", "minimum": 5, "maximum": 1}}},
+            "minimum",
+            "#/properties/a~0b~1c",
+        ),
         ({"type": "string", "minLength": 5, "maxLength": 2}, "maxLength", "#"),
         ({"type": "string", "maxLength": "3"}, "maxLength", "#"),
         ({"type": "strin"}, "type", "#"),
         ({"type": 5}, "type", "#"),
         ({"type": ["string", {}]}, "type", "#"),
-        ({"type": "object", "properties": {"q": {"type": "string", "pattern": '^"$'}}, "required": ["q"]}, "pattern",
-         "#/properties/q"),
+        (
+            {"type": "object", "properties": {"q": {"type": "string", "pattern": '^"$'}}, "required": ["q"]},
+            "pattern",
+            "#/properties/q",
+        ),
         ({"type": "string", "pattern": "^a\\\\b$"}, "pattern", "#"),  # a backslash JSON writes escaped
         ({"$ref": "#/$defs/missing"}, "$ref", "#"),
         ({"$ref": "https://example.com/schema.json"}, "$ref", "#"),
@@ -275,7 +473,11 @@ def test_annotations_are_ignored():
         ({"enum": []}, "enum", "#"),
         ({"type": "object", "minProperties": 2, "additionalProperties": True}, "minProperties", "#"),
         ({"type": "array", "contains": {"type": "integer"}, "unevaluatedItems": False}, "unevaluatedItems", "#"),
-        ({"type": "object", "anyOf": [{"properties": {"a": {}}}, {}], "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties", "#"),
+        (
+            {"type": "object", "anyOf": [{"properties": {"a": {}}}, {}], "unevaluatedProperties": {"type": "string"}},
+            "unevaluatedProperties",
+            "#",
+        ),
         ({"properties": {"p": {"$ref": "#nowhere"}}}, "$ref", "#/properties/p"),
     ],
 )
@@ -288,7 +490,12 @@ def test_bad_schemas_name_keyword_and_pointer(schema, keyword, pointer):
 
 
 def test_unsatisfiable_schemas_raise():
-    for schema in [False, {"not": {}}, {"allOf": [{"type": "string"}, {"type": "integer"}]}, {"oneOf": [{"type": "integer"}, {"type": "integer"}]}]:
+    for schema in [
+        False,
+        {"not": {}},
+        {"allOf": [{"type": "string"}, {"type": "integer"}]},
+        {"oneOf": [{"type": "integer"}, {"type": "integer"}]},
+    ]:
         with pytest.raises(fsm.SchemaError, match="accepts no value"):
             fsm.compile_schema(schema)
 

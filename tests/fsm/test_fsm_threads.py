@@ -63,8 +63,15 @@ def _term_id(guide: fsm.Guide) -> int:
 
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3000}, "n": {"type": "integer", "minimum": -(2**63)},
-                                      "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}}}, "required": ["name", "n"]},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 3000},
+            "n": {"type": "integer", "minimum": -(2**63)},
+            "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}},
+        },
+        "required": ["name", "n"],
+    },
     {"type": "array", "items": {"type": "number", "minimum": -1e40, "maximum": 1e40}, "maxItems": 50},
 ]
 
