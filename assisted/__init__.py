@@ -13,5 +13,6 @@ from assisted.prefix import PrefixCache
 from assisted.processor import GuideLogitsProcessor, logits_processor
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord
 
-__all__ = ["generate", "generate_batch", "generate_batch_iter", "logits_processor", "GuideLogitsProcessor", "PrefixCache", "reset_remembered_state",
-           "pack_linear_weights", "int4_copy", "GenerationResult", "Stats", "Seconds", "StepRecord"]
+__all__ = ["generate", "generate_batch", "generate_batch_iter", "logits_processor", "GuideLogitsProcessor",
+           "PrefixCache", "reset_remembered_state", "pack_linear_weights", "int4_copy", "GenerationResult", "Stats",
+           "Seconds", "StepRecord"]

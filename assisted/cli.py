@@ -81,8 +81,11 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument("--chat", action="store_true", help="format --prompt / prompts as one user chat message")
     decoding.add_argument("--max-new-tokens", type=int, default=512)
-    decoding.add_argument("--temperature", type=float,
-                          help="0: greedy; > 0: sample (default: the model's generation config, greedy if it says none)")
+    decoding.add_argument(
+        "--temperature",
+        type=float,
+        help="0: greedy; > 0: sample (default: the model's generation config, greedy if it says none)",
+    )
     decoding.add_argument("--repetition-penalty", type=float, help="transformers' repetition penalty (> 1 penalizes)")
     decoding.add_argument("--stop", action="append", help="a stop string (repeatable)")
     decoding.add_argument("--top-k", type=int)
@@ -133,7 +136,9 @@ def _pydantic_class(spec: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001  any import failure is the user's module's, reported as such
-        raise CliError(f"--pydantic {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})") from error
+        raise CliError(
+            f"--pydantic {spec!r}: cannot import {module_name!r} ({type(error).__name__}: {error})"
+        ) from error
     finally:
         sys.path.remove(os.getcwd())
     found = getattr(module, name, None)

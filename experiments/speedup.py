@@ -53,8 +53,11 @@ FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.speedup", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="qwen2.5-coder-0.5b",
-                   help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)')
+    p.add_argument(
+        "--assistant",
+        default="qwen2.5-coder-0.5b",
+        help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)',
+    )
     add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true",
                    help="pre-pack the target's Linear weights for multi-token forwards (assisted.packing; CPU): "
@@ -161,7 +164,9 @@ def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -
         for system in order:
             res = run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
                           args.num_assistant_tokens, defaults)
-            rows.append({"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system, **res})
+            rows.append(
+                {"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system, **res}
+            )
             bar.update(1)
     bar.close()
     restore_assistant(assistant, defaults)
@@ -214,7 +219,9 @@ def _per_token(row: dict) -> float:
 
 def _speedup(rows: list[dict], row: dict) -> float:
     """Speedup of `row` over the target alone in the same cell, per new token."""
-    base = next(r for r in rows if r["system"] == "target" and all(r[k] == row[k] for k in ("prompt", "temperature", "repeat")))
+    base = next(
+        r for r in rows if r["system"] == "target" and all(r[k] == row[k] for k in ("prompt", "temperature", "repeat"))
+    )
     return _per_token(base) / _per_token(row)
 
 
@@ -238,8 +245,14 @@ def plot(summary: dict, out: Path) -> None:
     for s in systems[1:]:
         values = [[x for c in classes for x in summary[(c, t, s)]["speedups"]] for t in temps]
         med = [statistics.median(v) for v in values]
-        ax.errorbar(temps, med, yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
-                    marker="o", capsize=3, label=s)
+        ax.errorbar(
+            temps,
+            med,
+            yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
+            marker="o",
+            capsize=3,
+            label=s,
+        )
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("temperature"), ax.set_ylabel("speedup over target alone (median, min-max)"), ax.legend()
     fig.tight_layout(), fig.savefig(out / "sampling.png", dpi=110), plt.close(fig)
@@ -252,10 +265,14 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: 
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
-    run = [f"- date: {datetime.date.today()}", *machine_lines(),
-           f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
-           f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
-           f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}"]
+    run = [
+        f"- date: {datetime.date.today()}",
+        *machine_lines(),
+        f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
+        f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
+        f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, "
+        f"repeats {args.repeats}",
+    ]
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", *(kept or run),
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
@@ -318,9 +335,14 @@ def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -
                      + f" | {best} {r:.2f} [{lo:.2f}, {hi:.2f}] |")
     overall = ", ".join(f"{s} {r:.2f} [{lo:.2f}, {hi:.2f}]" for s, (r, lo, hi) in
                         ((s, paired_ratio(v)) for s, v in pooled.items()))
-    return lines + ["", f"Against the best other drafting system, {system}'s interval lies above 1 in {verdicts.count(1)} "
-                        f"of {len(cells)} cells and below 1 in {verdicts.count(-1)}. Over all "
-                        f"{len(pooled['best other'])} units: {overall}.", "", *_pooled_table(rows, system)]
+    return lines + [
+        "",
+        f"Against the best other drafting system, {system}'s interval lies above 1 in {verdicts.count(1)} "
+        f"of {len(cells)} cells and below 1 in {verdicts.count(-1)}. Over all "
+        f"{len(pooled['best other'])} units: {overall}.",
+        "",
+        *_pooled_table(rows, system),
+    ]
 
 
 def _pooled_table(rows: list[dict], system: str) -> list[str]:
@@ -386,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     model, tokenizer, assistant = loaded
     half = None if args.half == "all" else args.half
-    rows = run(args, model, assistant, tokenizer, shards.pick(load_prompts(args.prompts, half, args.per_class), args.shard))
+    rows = run(
+        args, model, assistant, tokenizer, shards.pick(load_prompts(args.prompts, half, args.per_class), args.shard)
+    )
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")
     return 0

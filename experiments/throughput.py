@@ -202,7 +202,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def measure(runner: Runner, docs: list[Document], systems: list[str], chunk: int, repeats: int, out: Path) -> list[dict]:
+def measure(
+    runner: Runner, docs: list[Document], systems: list[str], chunk: int, repeats: int, out: Path
+) -> list[dict]:
     """Every (chunk, repeat) unit runs every system in rotated order; rows are appended to the CSVs as they come."""
     warm = docs[:2]
     budget, runner.max_new = runner.max_new, 12
@@ -265,11 +267,16 @@ def summary(rows: list[dict]) -> dict[str, dict]:
     for system in dict.fromkeys(r["system"] for r in rows):
         mine = [r for r in rows if r["system"] == system]
         seconds, docs = sum(r["seconds"] for r in mine), sum(r["documents"] for r in mine)
-        out[system] = {"docs_per_min": 60 * docs / seconds, "tokens_per_s": sum(r["new_tokens"] for r in mine) / seconds,
-                       "p50": statistics.median(r["latency_p50"] for r in mine),
-                       "p95": statistics.median(r["latency_p95"] for r in mine),
-                       "padding": statistics.mean(r["padding_share"] for r in mine),
-                       "valid": sum(r["valid"] for r in mine), "documents": docs, "units": len(mine)}
+        out[system] = {
+            "docs_per_min": 60 * docs / seconds,
+            "tokens_per_s": sum(r["new_tokens"] for r in mine) / seconds,
+            "p50": statistics.median(r["latency_p50"] for r in mine),
+            "p95": statistics.median(r["latency_p95"] for r in mine),
+            "padding": statistics.mean(r["padding_share"] for r in mine),
+            "valid": sum(r["valid"] for r in mine),
+            "documents": docs,
+            "units": len(mine),
+        }
     return out
 
 

@@ -94,8 +94,17 @@ TASKS = (
          "\n\nI have used the Trailblazer 2 hiking boots for a month. Very comfortable and fully waterproof, "
          "but they are heavy and the laces keep coming loose. Four stars; I would still buy them again."),
 )
-SYSTEMS = ("xgrammar", "xgrammar-compact", "xgrammar+assistant", "ours-processor", "ours-processor+assistant", "constrained",
-           "constrained+forced", "full-no-lookup", "full")
+SYSTEMS = (
+    "xgrammar",
+    "xgrammar-compact",
+    "xgrammar+assistant",
+    "ours-processor",
+    "ours-processor+assistant",
+    "constrained",
+    "constrained+forced",
+    "full-no-lookup",
+    "full",
+)
 OURS = {"constrained": (False, False, False), "constrained+forced": (False, True, False),  # system -> (assistant,
         "full-no-lookup": (True, True, False), "full": (True, True, None)}                 # coalesce, prompt lookup)
 FIELDS = ("task", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")

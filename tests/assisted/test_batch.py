@@ -89,8 +89,10 @@ def test_lines_end_at_newlines_only_and_a_byte_order_mark_is_skipped(tmp_path):
 
 def test_unpaired_surrogate_escapes_are_bad_lines(tmp_path):
     path = tmp_path / "in.jsonl"
-    path.write_text('{"id": "\\ud800", "prompt": "a"}\n{"id": 2, "prompt": "b\\udfff"}\n'
-                    '{"id": 3, "messages": [{"role": "user", "content": "\\ud83d"}]}\n{"id": 4, "prompt": "\\ud83d\\ude00"}\n')
+    path.write_text(
+        '{"id": "\\ud800", "prompt": "a"}\n{"id": 2, "prompt": "b\\udfff"}\n'
+        '{"id": 3, "messages": [{"role": "user", "content": "\\ud83d"}]}\n{"id": 4, "prompt": "\\ud83d\\ude00"}\n'
+    )
     inputs = read_input(path)
     assert [(b.line, b.id, b.error.split(" holds")[0]) for b in inputs.bad] == [
         (1, None, 'the "id"'), (2, 2, '"prompt"'), (3, 3, '"messages"')]
