@@ -38,7 +38,7 @@ from experiments.figures_report import PLAIN, STRUCTURED, read_csv, report  # no
 from experiments.machine import STARTED_AT, machine_lines  # noqa: E402
 from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
-                               load_pair, validate)
+                               load_pair_or_none, validate)
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
         if pair is None:
-            pair = load_pair(args.target, args.assistant, quantize=assistant_quantization(args),
-                             packed=args.packed_target)
+            pair = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
+                                     pack=args.packed_target)
             if pair is None:
                 return 1
         out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from experiments import figures
-from experiments.tasks import eos_set
+from assisted.loading import set_eos
 from tests.helpers_models import threads, tiny_llama
 
 
@@ -15,8 +15,7 @@ from tests.helpers_models import threads, tiny_llama
 def tiny(smol_tokenizer):
     """A 1-layer random Llama with SmolLM2's vocabulary, as target and as its own assistant."""
     model = tiny_llama(len(smol_tokenizer), seed=0)
-    model.generation_config.eos_token_id = eos_set(smol_tokenizer, model)
-    model.generation_config.pad_token_id = model.generation_config.eos_token_id[0]
+    set_eos(smol_tokenizer, model)
     return model, smol_tokenizer, model
 
 
