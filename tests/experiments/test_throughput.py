@@ -51,3 +51,9 @@ def test_left_padded_batches_report_their_padding(runner):
     docs = throughput.load_documents()[:2]
     result = runner.run("hf-ours:2", docs)
     assert len(result.outputs) == 2 and 0 < result.padding_share < 1
+
+
+def test_the_cli_engine_shares_prompt_prefixes(runner):
+    docs = throughput.load_documents()[:3]
+    result = runner.run("shared:2", docs)
+    assert len(result.outputs) == 3 and all(o.new_tokens > 0 and not o.error for o in result.outputs)
