@@ -347,7 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    default=["single", *(f"ours:{b}" for b in (1, 2, 4, 8, 16)),
                             *(f"hf-xgrammar:{b}" for b in (4, 8, 16)), *(f"hf-ours:{b}" for b in (4, 8, 16))])
     p.add_argument("--documents", type=Path, default=DOCUMENTS)
-    p.add_argument("--limit", type=int, default=None, help="only the first N documents")
+    p.add_argument("--skip", type=int, default=0, help="leave out the first N documents")
+    p.add_argument("--limit", type=int, default=None, help="then take at most N documents")
     p.add_argument("--chunk", type=int, default=24, help="documents per unit")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=160)
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         from assisted.loading import load_pair
         model, tokenizer, assistant = load_pair(args.target, args.assistant, pack=args.pack,
                                                 quantize_assistant=assistant_quantization(args))
-        docs = load_documents(args.documents)[: args.limit]
+        docs = load_documents(args.documents)[args.skip :][: args.limit]
         header = [f"# Throughput over many documents: {args.out.name}", "", *run_lines("experiments.throughput", argv),
                   f"- {title}; {len(docs)} documents (`{args.documents.name}`), units of {args.chunk}, "
                   f"{args.repeats} repeat(s), max_new_tokens {args.max_new_tokens}"]
