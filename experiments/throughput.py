@@ -10,6 +10,8 @@ set of models:
   ours:B          assisted.generate_batch(batch_size=B): assistant drafts, forced tokens, continuous refill
   shared:B        the engine of `structspec batch --batch-size B` (its default): the same, and a newcomer copies the
                   KV entries of the prompt prefix it shares with a row in the batch (prefills only the rest)
+  forced:B        generate_batch without the assistant: forced tokens only (no model drafts)
+  forced-shared:B the CLI's engine without the assistant
   single          assisted.generate, one document after another (our single-row loop)
   hf-xgrammar:B   transformers' model.generate on left-padded batches of B, XGrammar's logits processor with compact
                   JSON (no whitespace, "," and ":": what ours writes)
@@ -46,6 +48,7 @@ DOCUMENTS = Path(__file__).parent / "prompts" / "support_tickets.jsonl"
 INSTRUCTION = ("Extract the support ticket below as JSON: the customer (name, and account_tier: free, pro or "
                "enterprise; free when not said), category, priority, the products it mentions with quantities "
                "(an empty list if none), the customer's sentiment and a one-line summary.\n\n")
+OURS = {"ours": (True, False), "shared": (True, True), "forced": (False, False), "forced-shared": (False, True)}
 UNIT_FIELDS = ("unit", "repeat", "system", "documents", "seconds", "new_tokens", "valid", "errors",
                "latency_p50", "latency_p95", "padding_share", "target_forwards")
 DOC_FIELDS = ("unit", "repeat", "system", "id", "latency", "new_tokens", "valid", "error", "text")
@@ -105,8 +108,9 @@ def load_documents(path: Path = DOCUMENTS) -> list[Document]:
 def parse_system(name: str) -> tuple[str, int]:
     """"ours:8" -> ("ours", 8); "single" -> ("single", 1)."""
     kind, _, size = name.partition(":")
-    if kind not in ("ours", "shared", "single", "hf-xgrammar", "hf-ours") or (kind != "single") != bool(size):
-        raise ValueError(f"unknown system {name!r}: ours:B, shared:B, single, hf-xgrammar:B or hf-ours:B")
+    if kind not in (*OURS, "single", "hf-xgrammar", "hf-ours") or (kind != "single") != bool(size):
+        raise ValueError(f"unknown system {name!r}: single, or one of {', '.join(OURS)}, hf-xgrammar, hf-ours "
+                         f"with :B")
     return kind, int(size or 1)
 
 
@@ -128,8 +132,8 @@ class Runner:
         kind, size = parse_system(system)
         if kind == "single":
             return self._single(docs)
-        if kind in ("ours", "shared"):
-            return self._ours(docs, size, kind == "shared")
+        if kind in OURS:
+            return self._ours(docs, size, *OURS[kind])
         batches = [docs[i : i + size] for i in range(0, len(docs), size)]
         passes = [self._hf(kind, batch) for batch in batches]
         positions = [len(p.outputs) for p in passes]  # weight each batch's padding by its rows
@@ -146,10 +150,10 @@ class Runner:
             forwards += out.stats.target_forward_passes
         return Pass(outputs, 0.0, forwards)
 
-    def _ours(self, docs: list[Document], size: int, share_prefix: bool) -> Pass:
+    def _ours(self, docs: list[Document], size: int, drafts: bool, share_prefix: bool) -> Pass:
         from assisted.batch_rows import items_of
         from assisted.batched import make_engine
-        engine = make_engine(self.model, self.assistant, tokenizer=self.tokenizer, batch_size=size,
+        engine = make_engine(self.model, self.assistant if drafts else None, tokenizer=self.tokenizer, batch_size=size,
                              max_new_tokens=self.max_new, share_prefix=share_prefix)
         found = dict(engine.run(items_of(None, None, [self.ids(d) for d in docs], Ticket, None, None)))
         results = [found[i] for i in range(len(docs))]
@@ -305,7 +309,7 @@ def report(rows: list[dict], header: list[str]) -> list[str]:
         lines.append(f"| {system} | {s['docs_per_min']:.1f} | {s['tokens_per_s']:.1f} | {s['p50']:.2f} | "
                      f"{s['p95']:.2f} | {s['padding']:.0%} | {s['valid']}/{s['documents']} | {s['units']} |")
     lines += ["", "Paired per unit (documents per minute, geometric mean, 90% interval):", ""]
-    for top in (best(stats, "ours"), best(stats, "shared")):
+    for top in (best(stats, kind) for kind in OURS):
         for other in ("single", best(stats, "hf-xgrammar"), best(stats, "hf-ours")):
             if top and other in stats and (r := ratio(rows, top, other)):
                 lines.append(f"- {top} over {other}: {r[0]:.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
@@ -320,6 +324,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     stats = summary(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind, label in (("ours", "ours: generate_batch"), ("shared", "ours: structspec batch (shared prefixes)"),
+                        ("forced", "ours without the assistant"), ("forced-shared", "the same, shared prefixes"),
                         ("hf-xgrammar", "transformers + XGrammar (compact)"),
                         ("hf-ours", "transformers + our logits_processor")):
         sizes = sorted(int(s.split(":")[1]) for s in stats if s.startswith(kind + ":"))

@@ -24,6 +24,7 @@ def test_documents_are_written_for_the_experiment():
 def test_systems_parse_and_bad_names_are_refused():
     assert throughput.parse_system("ours:8") == ("ours", 8)
     assert throughput.parse_system("single") == ("single", 1)
+    assert throughput.parse_system("forced-shared:4") == ("forced-shared", 4)
     for bad in ("ours", "single:2", "vllm:4", "hf-ours:x"):
         with pytest.raises(ValueError):
             throughput.parse_system(bad)
@@ -53,7 +54,8 @@ def test_left_padded_batches_report_their_padding(runner):
     assert len(result.outputs) == 2 and 0 < result.padding_share < 1
 
 
-def test_the_cli_engine_shares_prompt_prefixes(runner):
+@pytest.mark.parametrize("system", ["shared:2", "forced:2", "forced-shared:2"])
+def test_the_cli_engine_and_the_engine_without_drafts_run(runner, system):
     docs = throughput.load_documents()[:3]
-    result = runner.run("shared:2", docs)
+    result = runner.run(system, docs)
     assert len(result.outputs) == 3 and all(o.new_tokens > 0 and not o.error for o in result.outputs)
