@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 import time
@@ -312,7 +313,8 @@ def report(rows: list[dict], header: list[str]) -> list[str]:
     for top in (best(stats, kind) for kind in OURS):
         for other in ("single", best(stats, "hf-xgrammar"), best(stats, "hf-ours")):
             if top and other in stats and (r := ratio(rows, top, other)):
-                lines.append(f"- {top} over {other}: {r[0]:.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
+                shown = "one unit: no interval" if math.isnan(r[1]) else f"[{r[1]:.2f}, {r[2]:.2f}]"
+                lines.append(f"- {top} over {other}: {r[0]:.2f}x {shown}")
     return lines
 
 
@@ -320,6 +322,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     stats = summary(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -333,6 +336,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     if "single" in stats:
         ax.axhline(stats["single"]["docs_per_min"], color="gray", linestyle="--", label="ours: generate, one by one")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("batch size B")
     ax.set_ylabel("documents per minute (all valid)")
     ax.set_title(title, fontsize=9)
