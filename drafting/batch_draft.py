@@ -35,6 +35,12 @@ class RowDraft:
     def context(self) -> list[int]:
         return self.seq + self.tokens
 
+    def tail(self, start: int) -> list[int]:
+        """`context[start:]` without copying the committed sequence before `start`."""
+        if start >= len(self.seq):
+            return self.tokens[start - len(self.seq):]
+        return self.seq[start:] + self.tokens
+
     def fill(self) -> bool:
         """Append forced and copied tokens; True when the next token must come from the assistant."""
         while len(self.tokens) <= self.limit and not self.finished:
@@ -114,13 +120,13 @@ class BatchAssistant:
         asking = [d.fill() for d in drafts]
         while any(asking):
             start = time.perf_counter()
-            feeds = [d.context[n:] if ask else [] for d, ask, n in zip(drafts, asking, self.kv.lengths)]
+            feeds = [d.tail(n) if ask else [] for d, ask, n in zip(drafts, asking, self.kv.lengths)]
             logits = self.kv.forward(feeds)  # (B, m, V)
             picks, qs = [], []
             for r in (r for r, ask in enumerate(asking) if ask):
                 row = logits[r, len(feeds[r]) - 1][None]  # (1, V): after the whole context
-                context = drafts[r].context
                 if processors[r]:
+                    context = drafts[r].context
                     row = processors[r](context, row, len(context))
                 mask = self.masks(drafts[r].masks[-1])
                 row = masked(row.float(), None if mask is None else mask[None])  # (1, V)
