@@ -1,0 +1,173 @@
+"""Row-invariant int8 models for the CPU: exactly lossless speculation over a quantized target.
+
+Verification scores k + 1 positions in one forward and is lossless only if each position's logits are those a
+one-token decoding step computes for it (DESIGN.md, "Row invariance"). Two things break that in an int8 model,
+and this module removes both:
+
+- **Activation ranges.** fbgemm's dynamic int8 kernel (`torch.ops.quantized.linear_dynamic`) quantizes its whole
+  input with one range, so a row's codes depend on its neighbours. `Int8Linear` divides each row by its own
+  max-abs value and appends two constant columns, +1 and -1, whose weights are zero: every call's range is then
+  exactly [-1, 1], each row is quantized on its own, the int32 products are exact, and the output is scaled back
+  per row. A row's output is bitwise the same whatever rows share the call.
+- **Attention reductions.** A float rounding difference in attention can flip an activation across a
+  quantization step, and the layers amplify it. `row_invariant_attention` (registered in transformers'
+  `AttentionInterface` as ``"row_invariant"``) computes each query row with the call a decode step makes: its
+  own keys, gathered when a mask leaves holes, in one `scaled_dot_product_attention` call per row.
+
+Norms, rotary embeddings and activations work row by row already; the bitwise tests
+(`tests/assisted/test_int8.py`) check the whole forward: n positions at once against n single steps, and a row
+of a batch against the row alone.
+
+    from assisted.int8 import quantize_int8
+    quantize_int8(model)  # in place: every Linear (the head included) int8, attention "row_invariant"
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION = "row_invariant"
+REPLACEABLE_ATTENTIONS = (None, "sdpa", "eager", ATTENTION)  # attentions whose masks and outputs we reproduce
+_ENDS = torch.tensor([[1.0, -1.0]])  # (1, 2): the constant columns that pin every call's range to [-1, 1]
+
+
+class Int8Linear(torch.nn.Module):
+    """(..., in) -> (..., out): per-channel int8 weights, per-row int8 activations (fbgemm, CPU).
+
+    The weight keeps one symmetric scale per output channel; each input row is scaled to [-1, 1] by its own
+    max-abs value before the kernel quantizes it, so each row's output depends on that row alone.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, reduce_range: bool = True):
+        super().__init__()
+        weight = linear.weight.detach().float()  # (out, in)
+        out_features, in_features = weight.shape
+        scale = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()  # (out,)
+        padded = torch.cat([weight, weight.new_zeros(out_features, 2)], dim=1)  # (out, in + 2): zero end columns
+        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not installed here
+            warnings.simplefilter("ignore")
+            zero = torch.zeros(out_features, dtype=torch.long)
+            codes = torch.quantize_per_channel(padded, scale, zero, 0, torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(codes, None)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.register_buffer("bias", bias)
+        self.in_features, self.out_features, self.reduce_range = in_features, out_features, reduce_range
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()  # (n, in)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # (n, 1)
+        pinned = torch.cat([rows / scale, _ENDS.expand(rows.shape[0], 2)], dim=1)  # (n, in + 2), range [-1, 1]
+        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range) * scale  # (n, out)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """(out, in) float32: the weight this module multiplies by (for tests and reports)."""
+        weight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return weight.dequantize()[:, : self.in_features]
+
+    def __deepcopy__(self, memo):
+        clone = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        clone.weight.data = self.dequantized()
+        if self.bias is not None:
+            clone.bias.data = self.bias.clone()
+        return Int8Linear(clone, self.reduce_range)
+
+
+def row_invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention with each query row computed alone: the call a one-token decode step makes for it.
+
+    query (B, H, n, D); key, value (B, H_kv, L, D); attention_mask None (causal over the last n positions) or
+    (B, 1, n, L), bool (True attends) or additive float. Returns (B, n, H, D) as transformers' attentions do.
+    """
+    if dropout:
+        raise ValueError("row_invariant attention has no dropout (it is an inference kernel)")
+    batch, heads, n, dim = query.shape
+    groups = heads // key.shape[1]
+    keys = _attended_keys(attention_mask, batch, n, key.shape[2])
+    out = query.new_empty(batch, n, heads, dim)
+    for b in range(batch):
+        for i in range(n):
+            k, v = _select(key[b], keys[b][i]), _select(value[b], keys[b][i])  # (H_kv, m, D)
+            q = query[b, :, i].reshape(key.shape[1], groups, dim)  # (H_kv, groups, D): a decode step's GQA packing
+            out[b, i] = F.scaled_dot_product_attention(q, k, v, scale=scaling).reshape(heads, dim)
+    return out, None
+
+
+def _attended_keys(mask, batch: int, n: int, length: int) -> list[list]:
+    """Per batch row and query row: an int m (keys 0..m-1) or a LongTensor of key indices (a mask with holes)."""
+    if mask is None:
+        return [[length - n + i + 1 for i in range(n)] for _ in range(batch)]
+    allowed = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0  # (B, n, L)
+    counts = allowed.sum(-1)  # (B, n)
+    prefix = allowed.int().cumprod(-1).sum(-1) == counts  # (B, n): the attended keys are a prefix
+    return [[int(c) if p else allowed[b, i].nonzero().flatten() for i, (c, p) in enumerate(zip(cs, ps))]
+            for b, (cs, ps) in enumerate(zip(counts.tolist(), prefix.tolist()))]
+
+
+def _select(states: torch.Tensor, keys) -> torch.Tensor:
+    """(H_kv, L, D) -> (H_kv, m, D): a prefix view, or the gathered rows of a mask with holes."""
+    return states[:, :keys] if isinstance(keys, int) else states.index_select(1, keys)
+
+
+def _row_invariant_mask(*args, **kwargs):
+    """transformers' sdpa mask, left None where the pattern is plainly causal (then prefixes need no gather)."""
+    return sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(ATTENTION, row_invariant_attention)
+AttentionMaskInterface.register(ATTENTION, _row_invariant_mask)
+
+
+def check_quantizable(model: torch.nn.Module) -> None:
+    """Raise ValueError, naming the reason, if `model` cannot be made a row-invariant int8 model."""
+    off_cpu = {str(p.device) for p in model.parameters() if p.device.type != "cpu"}
+    if off_cpu:
+        raise ValueError(f"int8 models run fbgemm's CPU kernel; the model is on {sorted(off_cpu)}")
+    attention = getattr(model.config, "_attn_implementation", None)
+    if attention not in REPLACEABLE_ATTENTIONS:
+        raise ValueError(f"a row-invariant int8 model needs the standard attention interface (sdpa or eager), "
+                         f"this model uses {attention!r}")
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError("this torch build has no fbgemm quantized engine (int8 models need an x86 CPU build)")
+
+
+def quantize_int8(model: torch.nn.Module, reduce_range: bool = True) -> torch.nn.Module:
+    """Turn every Linear of `model` (the output head included) into `Int8Linear`, in place; return the model.
+
+    The model's attention becomes ``"row_invariant"``, so that a forward over any number of positions, rows,
+    padding or holes gives each position bitwise the logits a one-token step gives it: speculation over the
+    result is exactly lossless with respect to plain decoding of the same int8 model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A float causal LM on the CPU with the standard attention interface (sdpa or eager).
+    reduce_range : bool
+        Quantize activations to 7 bits (fbgemm's default for dynamic int8; no int16 saturation on any CPU).
+
+    Raises
+    ------
+    ValueError
+        If the model is off the CPU, uses another attention, or torch has no fbgemm engine.
+    """
+    check_quantizable(model)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, name, Int8Linear(child, reduce_range))
+    model.set_attn_implementation(ATTENTION)
+    return model.eval()
+
+
+def int8_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A row-invariant int8 copy of `model` (`quantize_int8` on a deep copy); the original is left unchanged."""
+    check_quantizable(model)
+    return quantize_int8(copy.deepcopy(model))
