@@ -72,6 +72,8 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto")
     models.add_argument("--quantize-assistant", choices=("int4", "int8"),
                         help="draft with a quantized copy of the assistant (CPU; int4 is faster and closer)")
+    models.add_argument("--quantize-target", choices=("int8",),
+                        help="row-invariant int8 target (CPU, float32; speculation over it stays exactly lossless)")
     models.add_argument("--pack", action="store_true", help="pack the target's Linear weights (CPU)")
     models.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     constraint = parser.add_mutually_exclusive_group()
@@ -165,7 +167,8 @@ def load_models(args: argparse.Namespace):
     """(model, tokenizer, assistant or None) by `assisted.loading.load_pair`."""
     from assisted.loading import load_pair
     return load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
-                     quantize_assistant=args.quantize_assistant, pack=args.pack)
+                     quantize_assistant=args.quantize_assistant, quantize_target=args.quantize_target,
+                     pack=args.pack)
 
 
 def _messages_file(path: Path) -> list:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.pytorch_utils import Conv1D
 
 ATTENTION = "row_invariant"
 REPLACEABLE_ATTENTIONS = (None, "sdpa", "eager", ATTENTION)  # attentions whose masks and outputs we reproduce
@@ -44,7 +45,7 @@ class Int8Linear(torch.nn.Module):
     max-abs value before the kernel quantizes it, so each row's output depends on that row alone.
     """
 
-    def __init__(self, linear: torch.nn.Linear, reduce_range: bool = True):
+    def __init__(self, linear: torch.nn.Linear, reduce_range: bool = False):
         super().__init__()
         weight = linear.weight.detach().float()  # (out, in)
         out_features, in_features = weight.shape
@@ -126,21 +127,33 @@ AttentionInterface.register(ATTENTION, row_invariant_attention)
 AttentionMaskInterface.register(ATTENTION, _row_invariant_mask)
 
 
+def check_engine() -> None:
+    """Raise ValueError if this torch build has no fbgemm engine (int8 models need an x86 CPU build)."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError("this torch build has no fbgemm quantized engine (int8 models need an x86 CPU build of torch)")
+
+
+def check_attention(model_class: type, attention: str | None = None) -> None:
+    """Raise ValueError unless `model_class` calls attention through transformers' `AttentionInterface` with a
+    standard (sdpa / eager) mask, so that `row_invariant_attention` can replace its attention."""
+    if not getattr(model_class, "is_backend_compatible", lambda: False)():
+        raise ValueError(f"{model_class.__name__} does not use transformers' attention interface, so its attention "
+                         "cannot be made row-invariant (int8 needs a causal LM with the standard interface)")
+    if attention not in REPLACEABLE_ATTENTIONS:
+        raise ValueError(f"a row-invariant int8 model needs sdpa or eager attention to replace, not {attention!r}")
+
+
 def check_quantizable(model: torch.nn.Module) -> None:
     """Raise ValueError, naming the reason, if `model` cannot be made a row-invariant int8 model."""
-    off_cpu = {str(p.device) for p in model.parameters() if p.device.type != "cpu"}
+    check_engine()
+    off_cpu = sorted({str(p.device) for p in model.parameters() if p.device.type != "cpu"})
     if off_cpu:
-        raise ValueError(f"int8 models run fbgemm's CPU kernel; the model is on {sorted(off_cpu)}")
-    attention = getattr(model.config, "_attn_implementation", None)
-    if attention not in REPLACEABLE_ATTENTIONS:
-        raise ValueError(f"a row-invariant int8 model needs the standard attention interface (sdpa or eager), "
-                         f"this model uses {attention!r}")
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
-        raise ValueError("this torch build has no fbgemm quantized engine (int8 models need an x86 CPU build)")
+        raise ValueError(f"int8 models run fbgemm's CPU kernel; the model is on {off_cpu}")
+    check_attention(type(model), getattr(model.config, "_attn_implementation", None))
 
 
-def quantize_int8(model: torch.nn.Module, reduce_range: bool = True) -> torch.nn.Module:
-    """Turn every Linear of `model` (the output head included) into `Int8Linear`, in place; return the model.
+def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.nn.Module:
+    """Turn every Linear of `model` (the output head and GPT-2's Conv1D included) into `Int8Linear`, in place.
 
     The model's attention becomes ``"row_invariant"``, so that a forward over any number of positions, rows,
     padding or holes gives each position bitwise the logits a one-token step gives it: speculation over the
@@ -161,10 +174,24 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = True) -> torch.nn
     check_quantizable(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
-                setattr(parent, name, Int8Linear(child, reduce_range))
+            linear = _as_linear(child)
+            if linear is not None:
+                setattr(parent, name, Int8Linear(linear, reduce_range))
     model.set_attn_implementation(ATTENTION)
     return model.eval()
+
+
+def _as_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
+    """`module` as a Linear if it is one: a Linear, or GPT-2's Conv1D (the transposed weight); None otherwise."""
+    if type(module) is torch.nn.Linear:
+        return module
+    if type(module) is Conv1D:
+        linear = torch.nn.Linear(*module.weight.shape, bias=module.bias is not None)
+        linear.weight.data = module.weight.detach().T
+        if module.bias is not None:
+            linear.bias.data = module.bias.detach()
+        return linear
+    return None
 
 
 def int8_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -12,13 +12,13 @@ Linear weights packed for cheaper verification forwards (`assisted.packing`).
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import torch
 
 from assisted.eos import eos_ids
 from assisted.int4 import int4_copy
+from assisted.int8 import check_attention, check_engine, int8_copy, quantize_int8
 from assisted.packing import pack_linear_weights
 from assisted.sources import SOURCES, _gguf_tokenizer, _to_dtype, cached
 
@@ -78,18 +78,8 @@ def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32
     return model.eval()
 
 
-def int8_copy(model):
-    """A copy of `model` with int8 weights in its Linear layers (dynamic quantization; CPU): a faster drafter.
-
-    On a CPU a forward reads every weight, so int8 weights make the assistant about 3x cheaper per token.
-    Only the drafts change: the target verifies them, so outputs stay exactly those of the target.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor (torchao), not installed here
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
-
-
 QUANTIZED_COPIES = {"int4": int4_copy, "int8": int8_copy}  # quantize_assistant -> copy maker
+QUANTIZED_TARGETS = {"int8": quantize_int8}  # quantize_target -> in-place conversion (row-invariant)
 
 
 def set_eos(tokenizer, *models) -> list[int]:
@@ -107,7 +97,8 @@ def set_eos(tokenizer, *models) -> list[int]:
 
 def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = None, *,
               dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-              device_map: str | dict | None = None, quantize_assistant: str | None = None, pack: bool = False):
+              device_map: str | dict | None = None, quantize_assistant: str | None = None,
+              quantize_target: str | None = None, pack: bool = False):
     """Load a target, its tokenizer and an optional assistant, ready for `assisted.generate`.
 
     Parameters
@@ -119,8 +110,11 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         As for `load_model`, for both models.
     quantize_assistant : {None, "int4", "int8"}
         Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.int4.int4_copy`, group-wise
-        4-bit weights: the faster and the closer to the float assistant) or "int8" (`int8_copy`, dynamic
-        quantization, one scale per tensor).
+        4-bit weights) or "int8" (`assisted.int8.int8_copy`, row-invariant int8).
+    quantize_target : {None, "int8"}
+        Turn the target's Linear layers (the head included) into row-invariant int8 (`assisted.int8.quantize_int8`;
+        CPU, float32): speculation over it is exactly lossless with respect to plain decoding of that int8 model.
+        When the assistant source is the target's, the assistant is the same int8 model.
     pack : bool
         Pack the target's Linear weights (`assisted.pack_linear_weights`; CPU, float32/bfloat16).
 
@@ -145,11 +139,16 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
                          "(the quantized kernels are CPU-only)")
     if pack and not on_cpu:
         raise ValueError("pack needs the target on the CPU (packed oneDNN weights are a CPU kernel)")
+    _check_quantize_target(quantize_target, on_cpu=on_cpu, dtype=dtype, pack=pack)
     tokenizer = load_tokenizer(target)  # first: cheap, and its errors are the clear ones
     if assistant is not None and str(assistant) != str(target):
         load_tokenizer(assistant)
+    if quantize_target:
+        _check_target_attention(target)
     options = {"dtype": dtype, "device": device, "device_map": device_map}
     model = load_model(target, **options)
+    if quantize_target:
+        QUANTIZED_TARGETS[quantize_target](model)
     helper = None
     if assistant is not None:
         helper = model if str(assistant) == str(target) else load_model(assistant, **options)
@@ -158,3 +157,32 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         pack_linear_weights(model)
     set_eos(tokenizer, model, helper)
     return model, tokenizer, helper
+
+
+def _check_quantize_target(quantize_target: str | None, *, on_cpu: bool, dtype, pack: bool) -> None:
+    """Refuse a `quantize_target` that cannot be honoured, in one line, before any weight is loaded."""
+    if quantize_target is None:
+        return
+    if quantize_target not in QUANTIZED_TARGETS:
+        raise ValueError(f"quantize_target must be one of {sorted(QUANTIZED_TARGETS)} or None, not {quantize_target!r}")
+    if not on_cpu:
+        raise ValueError(f"quantize_target={quantize_target!r} needs the target on the CPU (fbgemm's int8 kernel)")
+    if _to_dtype(dtype) != torch.float32:
+        raise ValueError(f"quantize_target={quantize_target!r} needs dtype float32 (activations enter the int8 kernel "
+                         f"as float32), not {dtype!r}")
+    if pack:
+        raise ValueError(f"quantize_target={quantize_target!r} and pack=True exclude each other "
+                         "(packing keeps float weights; the int8 target has none left to pack)")
+    check_engine()
+
+
+def _check_target_attention(source) -> None:
+    """Refuse, before loading weights, a target whose class cannot take the row-invariant attention (GGUF files
+    are checked once loaded, by `quantize_int8`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if str(source).endswith(".gguf"):
+        return
+    config = AutoConfig.from_pretrained(cached(str(source)) if str(source) in SOURCES else source)
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config))
+    if model_class is not None:
+        check_attention(model_class, getattr(config, "_attn_implementation", None))

@@ -58,7 +58,7 @@ def ray_settings(args, constraint: dict, decoding: dict) -> RaySettings:
     cuda = str(args.device).startswith("cuda")  # each actor sees its own GPU as cuda:0
     device = "cuda" if cuda else args.device
     load_options = {"dtype": args.dtype, "device": device, "quantize_assistant": args.quantize_assistant,
-                    "pack": args.pack}
+                    "quantize_target": args.quantize_target, "pack": args.pack}
     worker = {"model": args.model, "assistant": args.assistant, **constraint, "options": decoding, "chat": args.chat,
               "device": device, "load_options": load_options, "prefix_cache": not args.no_prefix_cache}
     return RaySettings(address=None if args.ray == "local" else args.ray, workers=args.workers,

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import fsm
+from drafting.kv_cache import logits_size
 
 
 def _gpt2_byte_chars() -> dict[int, str]:
@@ -112,7 +113,7 @@ def make_guide(model, tokenizer, schema=None, regex=None, guide_options=None) ->
     """The constraint's guide over the model's logits width (None without a constraint)."""
     if schema is None and regex is None:
         return None
-    vocab, eos = model.get_output_embeddings().weight.shape[0], eos_of(model, tokenizer)
+    vocab, eos = logits_size(model), eos_of(model, tokenizer)
     if regex is not None:
         return fsm.Guide.from_regex(regex, tokenizer, vocab_size=vocab, eos_token_ids=eos, **(guide_options or {}))
     return fsm.Guide.from_schema(schema, tokenizer, vocab_size=vocab, eos_token_ids=eos, **(guide_options or {}))
