@@ -1,8 +1,8 @@
 """A 4-bit copy of an assistant for CPU drafting: group-wise int4 weights, computed by torch's int4 CPU kernel.
 
 Each Linear's weight is cut into groups of `group_size` inputs per output row; a group keeps 4-bit codes and its
-own scale and offset (asymmetric min-max rounding), so an outlier spoils only its group. Dynamic int8
-(`assisted.loading.int8_copy`) keeps one scale per tensor; on Qwen2.5-Coder-0.5B that copy's argmax agreed with
+own scale and offset (asymmetric min-max rounding), so an outlier spoils only its group. The earlier
+per-tensor dynamic int8 copy kept one scale per tensor; on Qwen2.5-Coder-0.5B that copy's argmax agreed with
 the 1.5B target's less often than the 4-bit one (results: `docs/results.md`). Activations enter the kernel as
 bfloat16 and the outputs come back in the input's dtype. Only the drafts change: the target verifies them, and
 under sampling the drafts' distribution is the one the copy computed, so outputs stay exactly the target's.

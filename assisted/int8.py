@@ -62,12 +62,14 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()  # (n, in)
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # (n, 1)
-        pinned = torch.cat([rows / scale, _ENDS.expand(rows.shape[0], 2)], dim=1)  # (n, in + 2), range [-1, 1]
-        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range) * scale  # (n, out)
+        scale = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)  # (n, 1)
+        pinned = rows.new_empty(rows.shape[0], self.in_features + 2)  # (n, in + 2), every row's range [-1, 1]
+        torch.div(rows, scale, out=pinned[:, : self.in_features])
+        pinned[:, self.in_features :] = _ENDS
+        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range).mul_(scale)  # (n, out)
         if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+            y = y.add_(self.bias)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """(out, in) float32: the weight this module multiplies by (for tests and reports)."""

@@ -183,6 +183,6 @@ def _check_target_attention(source) -> None:
     if str(source).endswith(".gguf"):
         return
     config = AutoConfig.from_pretrained(cached(str(source)) if str(source) in SOURCES else source)
-    model_class = AutoModelForCausalLM._model_mapping.get(type(config))
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
     if model_class is not None:
         check_attention(model_class, getattr(config, "_attn_implementation", None))

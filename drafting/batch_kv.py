@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
 
-ATTENTIONS = ("sdpa", "eager")  # attention implementations that apply a custom 4D additive mask
+ATTENTIONS = ("sdpa", "eager", "row_invariant")  # attentions that apply a custom 4D mask (row_invariant: assisted.int8)
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
 

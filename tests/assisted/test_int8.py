@@ -142,7 +142,7 @@ def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
 def test_smollm2_int8_forward_is_bitwise_single_steps():
     from tests.helpers_models import smollm2
 
-    model = int8_copy(smollm2())
+    model = int8_copy(smollm2()[0])
     ids = list(range(1000, 1060))
     with torch.inference_mode(), threads(1):
         for n in (1, 2, 5, 9, 16):
@@ -236,3 +236,24 @@ def test_models_whose_attention_cannot_be_replaced_are_refused():
 def test_load_pair_refuses_a_quantized_target_it_cannot_honour_before_loading(options, message):
     with pytest.raises(ValueError, match=message):
         load_pair("no/such-model", **options)  # refused before the (missing) model is looked up
+
+
+# ------------------------------------------------------------------------------------------------ batches
+
+
+@pytest.mark.parametrize("helper", ["none", "itself", "other"])
+@pytest.mark.parametrize("constraint", [{}, {"schema": "POINT"}], ids=["free", "schema"])
+def test_rows_of_a_batch_over_an_int8_target_are_each_row_alone(plain_reference, helper, constraint):
+    """Greedy rows of generate_batch over an int8 target (padding, holes after rejections, refills) equal the plain
+    loop of each row alone over the same int8 model, token for token: exact, not up to rounding."""
+    from assisted import generate_batch
+    from tests.assisted.test_generate_batch import POINT, PROMPTS, V, references, same_rows
+    from tests.helpers_models import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    target = int8_llama(V, seed=0)
+    assistant = {"none": None, "itself": target, "other": int8_copy(tiny_llama(V, seed=1, layers=2))}[helper]
+    kw = dict(max_new_tokens=24, **({"schema": POINT} if constraint else {}))
+    refs = references(plain_reference, target, tok, PROMPTS, **kw)
+    out = generate_batch(target, assistant, tokenizer=tok, prompts=PROMPTS, batch_size=3, **kw)
+    same_rows(out, refs)
