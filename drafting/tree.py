@@ -26,7 +26,7 @@ from drafting.kv_cache import cache_argument, input_device
 from drafting.sampling import NEG_INF, confidence, sample
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
-TREE_ATTENTION = ("sdpa", "eager", "row_invariant")  # attentions that apply a custom 4D mask (row_invariant: assisted.int8)
+TREE_ATTENTION = ("sdpa", "eager", "row_invariant")  # apply a custom 4D mask (row_invariant: assisted.int8)
 
 
 @dataclass(frozen=True)

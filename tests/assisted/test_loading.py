@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 from assisted import generate
 from assisted.loading import load_pair, load_tokenizer
@@ -39,7 +40,7 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
     assert out.stop_reason == "final" and len(out.text.replace(" ", "")) == 3
 
 
-@pytest.mark.parametrize("quantize, module", [("int8", "torch.ao.nn.quantized"), ("int4", "assisted.int4")])
+@pytest.mark.parametrize("quantize, module", [("int8", "assisted.int8"), ("int4", "assisted.int4")])
 def test_quantized_assistant_and_packed_target(tiny_folder, plain_reference, quantize, module):
     model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), quantize_assistant=quantize, pack=True)
     assert assistant is not model and is_packed(model) and not is_packed(assistant)
@@ -77,3 +78,19 @@ def test_the_library_never_imports_experiments(package):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n == "experiments" or n.startswith("experiments.") for n in names), path
+
+
+def test_an_int8_target_from_a_folder(tiny_folder, plain_reference):
+    model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), quantize_target="int8")
+    assert assistant is model and model.config._attn_implementation == "row_invariant"
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    ref = plain_reference(model, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
+    assert generate(model, assistant, tokenizer=tokenizer, prompt="a", max_new_tokens=6).token_ids == ref.token_ids
+
+
+def test_a_target_without_the_attention_interface_is_refused_before_its_weights_load(tiny_folder):
+    from transformers import BloomConfig
+
+    BloomConfig(vocab_size=8, hidden_size=32, n_layer=1, n_head=4).save_pretrained(tiny_folder)  # llama weights stay
+    with pytest.raises(ValueError, match="attention interface"):
+        load_pair(str(tiny_folder), quantize_target="int8")
