@@ -4,7 +4,8 @@
 
 The copies of --assistant: as loaded (float32), int8 (`assisted.int8.int8_copy`, row-invariant: one
 activation range per row; the committed runs used the earlier per-tensor copy) and int4 in groups of 32, 64
-and 128 (`assisted.int4`). Per prompt the target writes its own texts once (greedy, and sampled at each --temperatures; written with the int4 copy's help, which is lossless), and
+and 128 (`assisted.int4`). Per prompt the target writes its own texts once (greedy, and sampled at each
+--temperatures; written with the int4 copy's help, which is lossless), and
 each copy is judged on them position by position as `experiments.policy_replay` does (`trace_of`): argmax
 agreement when greedy, sum min(p, q) when sampling. A drafting step (one token through the copy after the
 prompt, and its logits) is timed --repeats times per prompt, the copies' order rotating per prompt. No
