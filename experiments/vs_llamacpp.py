@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the quantized copy of the assistant that drafts")
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--per-class", type=int, default=2, help="free prompts per class (validation half)")
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=160, help="budget of an extraction (per object)")
+    parser.add_argument("--free-max-new-tokens", type=int, default=64, help="budget of a free prompt (per token)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--costs", action="store_true", help="also time single forwards of k new tokens")
     parser.add_argument("--quality", action="store_true", help="also compare the int8 target with float32")
@@ -63,6 +64,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- llama.cpp
+def without_digit_escapes(schema):
+    """`schema` with each pattern's \\d spelled [0-9] (the same language): llama-cpp-python's converter copies \\d
+    into the grammar as a literal and the grammar then fails to parse."""
+    if isinstance(schema, dict):
+        return {k: v.replace("\\d", "[0-9]") if k == "pattern" and isinstance(v, str) else without_digit_escapes(v)
+                for k, v in schema.items()}
+    return [without_digit_escapes(v) for v in schema] if isinstance(schema, list) else schema
+
+
 def compact_grammar(gbnf: str) -> str:
     """The GBNF with its whitespace rule emptied: the same language, written compactly."""
     return re.sub(r"(?m)^space ::= .*$", 'space ::= ""', gbnf)
@@ -83,7 +93,7 @@ class LlamaCpp:
         llm = self.llms[threads]
         grammar = None
         if schema is not None:
-            gbnf = json_schema_to_gbnf(json.dumps(schema))
+            gbnf = json_schema_to_gbnf(json.dumps(without_digit_escapes(schema)))
             grammar = LlamaGrammar.from_string(compact_grammar(gbnf) if compact else gbnf, verbose=False)
         llm.reset()  # no prompt reuse between calls: ours prefills every prompt too
         out = llm.create_completion(prompt=ids, max_tokens=max_new, temperature=0.0, repeat_penalty=1.0,
@@ -104,14 +114,18 @@ class LlamaCpp:
 
 # ---------------------------------------------------------------- ours
 class Ours:
-    def __init__(self, model, tokenizer, assistant, max_new: int):
-        self.model, self.tokenizer, self.assistant, self.max_new = model, tokenizer, assistant, max_new
+    def __init__(self, model, tokenizer, assistant, max_new: int, free_max_new: int):
+        self.model, self.tokenizer, self.assistant = model, tokenizer, assistant
+        self.max_new, self.free_max_new = max_new, free_max_new
         self.eos = set(model.generation_config.eos_token_id)
+
+    def budget(self, schema) -> int:
+        return self.free_max_new if schema is None else self.max_new
 
     def run(self, system: str, ids: list[int], schema=None) -> tuple[str, int]:
         helper = None if system == "ours-plain" else self.assistant
         out = generate(self.model, helper, tokenizer=self.tokenizer, input_ids=ids, schema=schema,
-                       max_new_tokens=self.max_new)
+                       max_new_tokens=self.budget(schema))
         tokens = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in self.eos else out.token_ids
         return out.text, len(tokens)  # EOS not counted (llama.cpp's count leaves it out too)
 
@@ -135,7 +149,7 @@ def run_system(system: str, threads: int, ours: Ours, llama: LlamaCpp, ids: list
     start = time.perf_counter()
     if system.startswith("llama.cpp"):
         schema = task.json_schema() if task is not None else None
-        text, tokens = llama.complete(threads, ids, ours.max_new, schema, compact=system.endswith("compact"))
+        text, tokens = llama.complete(threads, ids, ours.budget(schema), schema, compact=system.endswith("compact"))
     else:
         text, tokens = ours.run(system, ids, task.schema if task is not None else None)
     seconds = time.perf_counter() - start
@@ -227,7 +241,7 @@ def quality(model, tokenizer, assistant, args, all_units) -> list[str]:
         for kind, name, ids, task in all_units:
             if kind != "free":
                 continue
-            out = generate(dense, tokenizer=tokenizer, input_ids=ids, max_new_tokens=48).token_ids
+            out = generate(dense, tokenizer=tokenizer, input_ids=ids, max_new_tokens=32).token_ids
             full = torch.tensor([ids + out])
             a, b = dense(full).logits[0, len(ids) - 1 : -1], model(full).logits[0, len(ids) - 1 : -1]
             agree, total = agree + int((a.argmax(-1) == b.argmax(-1)).sum()), total + len(out)
@@ -258,15 +272,16 @@ def main(argv: list[str] | None = None) -> int:
                                             quantize_assistant=args.assistant_copy)
     llama = LlamaCpp(gguf_file(args.target), args.threads)
     all_units = units(tokenizer, args.per_class)
-    rows = measure(Ours(model, tokenizer, assistant, args.max_new_tokens), llama, all_units, args.threads,
-                   args.repeats)
+    ours = Ours(model, tokenizer, assistant, args.max_new_tokens, args.free_max_new_tokens)
+    rows = measure(ours, llama, all_units, args.threads, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)
     readme = [f"# Ours (int8 target) vs llama.cpp on the same GGUF: {args.out.name}", "",
               *run_lines("experiments.vs_llamacpp", argv, f"llama-cpp-python {llama_cpp.__version__}"),
               f"- target {args.target} (ours: the GGUF de-quantized, then row-invariant int8), assistant "
               f"{args.assistant} ({args.assistant_copy} copy); llama.cpp: the target's Q4_K_M GGUF; greedy, "
-              f"max_new_tokens {args.max_new_tokens}, {args.repeats} repeats, systems rotated per unit", "",
+              f"max_new_tokens {args.free_max_new_tokens} (free prompts) and {args.max_new_tokens} (extraction), "
+              f"{args.repeats} repeats, systems rotated per unit", "",
               "## Plain decoding, free prompts (per token)", "", *table(rows, "free", "ours-spec"), "",
               "## Structured extraction (per object, every object validated)", "", *table(rows, "structured",
                                                                                           "ours-full"), ""]
