@@ -18,8 +18,43 @@ class Drafted:
 
     token: int
     q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
-    confidence: float  # max of the masked distribution at temperature 1 (see `AssistantDrafter.draft`)
+    confidence: float  # max of the masked distribution at temperature 1 (see `pick`)
     logits: torch.Tensor  # (1, V) masked logits before the warpers: a draft tree's runner-up is chosen from them
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The assistant's choice at one position before the host sync."""
+
+    found: torch.Tensor  # (2,) float64 [token, confidence] on the assistant's device
+    q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
+    logits: torch.Tensor  # (1, V) masked logits before the warpers
+
+
+def pick(logits: torch.Tensor, mask: torch.Tensor | None, warp: Warp, generator: torch.Generator | None,
+         processors=None, context: list[int] | None = None) -> Pick:
+    """The assistant's next token from its logits (1, V): processors, the guide's mask, warpers, then a draw (sampling)
+    or the argmax. One implementation for one row (`AssistantDrafter`) and for every row of a batch (`BatchAssistant`).
+
+    `mask` (V,) bool on the logits' device or None; `processors(context, logits, len(context))` are the target's,
+    so that drafts follow what the target will be asked (`context`: the sequence the logits follow). The confidence is
+    the greedy token's probability under the masked distribution before the warpers (temperature 1): at a low sampling
+    temperature the warped distribution is near one-hot wherever the assistant is unsure, and would hide the positions
+    where it disagrees with the target. It depends on the distribution only, never on the token drawn from it, so a
+    draft cut by confidence keeps sampling lossless (`drafting.proposal.Proposal`).
+    """
+    if processors:
+        logits = processors(context, logits, len(context))
+    logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
+    q = probs(logits, None, warp) if warp.do_sample else None  # (1, V), already masked
+    token = sample(q, generator) if q is not None else logits.argmax(-1)  # (1,)
+    return Pick(torch.cat([token.double(), confidence(logits).double()]), q, logits)
+
+
+def settle(picks: list[Pick]) -> list[Drafted]:
+    """The picks' tokens and confidences, in one host sync for all of them."""
+    found = torch.stack([p.found for p in picks]).tolist()  # (n, 2)
+    return [Drafted(int(token), p.q, conf, p.logits) for p, (token, conf) in zip(picks, found)]
 
 
 class AssistantDrafter:
@@ -42,27 +77,15 @@ class AssistantDrafter:
         return drafted.token, drafted.q, drafted.confidence
 
     def draft(self, seq: list[int], mask: torch.Tensor | None) -> Drafted:
-        """Draft the token after `seq` under the guide's `mask`, with its distribution and masked logits.
-
-        The confidence is the greedy token's probability under the masked distribution before the warpers
-        (temperature 1): at a low sampling temperature the warped distribution is near one-hot wherever the
-        assistant is unsure, and would hide the positions where it disagrees with the target. It depends on
-        the distribution only, never on the token drawn from it, so a draft cut by confidence keeps sampling
-        lossless (see `CombinedSource.propose`).
-        """
+        """Draft the token after `seq` under the guide's `mask`, with its distribution, confidence and masked logits
+        (`pick`); one forward over what the cache lacks, one host sync."""
         start = time.perf_counter()
         logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
         self.cached = len(seq)
-        if self.processors:  # the target's processors, so that drafts follow what the target will be asked
-            logits = self.processors(seq, logits, len(seq))
-        mask = self.masks(mask)
-        logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
-        q = probs(logits, None, self.warp) if self.warp.do_sample else None  # (1, V), already masked
-        token = sample(q, self.generator) if q is not None else logits.argmax(-1)  # (1,)
-        token, conf = torch.cat([token.double(), confidence(logits).double()]).tolist()  # the one host sync
+        drafted = settle([pick(logits, self.masks(mask), self.warp, self.generator, self.processors, seq)])[0]
         # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
-        return Drafted(int(token), q, conf, logits)
+        return drafted
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""
