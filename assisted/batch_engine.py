@@ -1,13 +1,11 @@
 """The batched loop behind `assisted.generate_batch`: rows, their shared caches, and one step for all of them.
 
-Per step: every row drafts (`drafting.batch_draft`: its own cursor, forced runs, prompt lookup and draft length;
-the assistant drafts for every asking row in one forward per drafting step), the target verifies all rows'
-drafts in one forward over B x (longest feed) positions (`drafting.batch_kv`), each row is accepted by the
-single-row rules (`assisted.steps`: `needs_forward`, `accept`, `commit`, `judge`; one host sync for the whole
-batch) and commits its own
-tokens. A row that stops leaves; the next waiting row takes its slot (prefilled alone, copied in); with none
-waiting the slot is dropped. The caches never hold more than `batch_size` rows.
-"""
+Per step: every row drafts by the single-row rule (`drafting.proposal.Proposal`: its own cursor, forced runs, prompt
+lookup and draft length; `drafting.batch_draft.BatchAssistant` drafts for every asking row in one forward per
+drafting step), the target verifies all rows' drafts in one forward over B x (longest feed) positions
+(`drafting.batch_kv`), each row is accepted and commits by the single-row step rules (`assisted.steps`; one host
+sync for the whole batch). A row that stops leaves; the next waiting row takes its slot (prefilled alone, copied
+in); with none waiting the slot is dropped. The caches never hold more than `batch_size` rows."""
 
 from __future__ import annotations
 
