@@ -25,7 +25,7 @@ from assisted.stopping import Sink, Stops
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft
 from drafting.combined import CombinedSource
-from drafting.kv_cache import crop_to, forward, input_device, new_cache, output_device
+from drafting.kv_cache import KV, DynamicKV, input_device, output_device
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator
 from drafting.tree import Branch, check_tree_attention, move_leaf, tree_forward
@@ -167,7 +167,7 @@ def generate(
         cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids, held)
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, settings.tree, sink)
         if prefix_cache is not None:
-            prefix_cache.put(model, assistant_model, ids + new, cache, assistant and assistant.cache)
+            prefix_cache.put(model, assistant_model, ids + new, cache.cache, assistant and assistant.cache)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp, plan.engine)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, cursor.accepting())
@@ -176,25 +176,26 @@ def generate(
     return GenerationResult(text, new, value, stop, stats)
 
 
-def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held):
+def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held
+                  ) -> tuple[KV, int]:
     """(target cache, tokens it holds): the `held` static caches, empty ones, or a kept prefix of `ids` (the drafter
     gets its own too)."""
     if drafter is not None and held.assistant is not None:
-        drafter.cache = held.assistant
+        drafter.kv = held.assistant
     if held.target is not None:
         return held.target, 0
     if prefix_cache is None:
-        return new_cache(), 0
+        return DynamicKV(model), 0
     if not isinstance(prefix_cache, PrefixCache):
         raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
     cache, cached, helper_cache, helper_cached = prefix_cache.take(model, assistant_model, ids)
     if drafter is not None and helper_cache is not None:
-        drafter.cache, drafter.cached = helper_cache, helper_cached
-    return cache, cached
+        drafter.kv, drafter.cached = DynamicKV(assistant_model, helper_cache), helper_cached
+    return DynamicKV(model, cache), cached
 
 
 def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
-            rec: Recorder, cache, cached: int, tree: bool, sink: Sink):
+            rec: Recorder, cache: KV, cached: int, tree: bool, sink: Sink):
     """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
     seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
@@ -219,7 +220,7 @@ def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, promp
         stop = commit(seq, cursor, [*draft.tokens[:n], *after], end, sink)
         sink.put(seq[before:])
         cached = min(valid + took, len(seq) - 1)
-        crop_to(cache, cached)
+        cache.crop(cached)
         source.rollback(valid)
         # 4. adapt k on the judged model drafts and the step's timings, and record the step
         cost = StepCost(len(ids), rec.target_seconds - spent[0], source.calls - spent[1], source.seconds - spent[2])
@@ -231,7 +232,7 @@ def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, promp
             return seq[len(prompt) :], stop
 
 
-def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, leaf: Branch | None, opts: Options,
+def _verify(model, cache: KV, ids: list[int], seq: list[int], draft: Draft, leaf: Branch | None, opts: Options,
             generator, rec: Recorder) -> tuple[int, bool, list[int]]:
     """One timed target forward over `ids` (the chain, then the leaf if any) and the acceptance test:
     (accepted draft tokens, leaf taken, the tokens to commit after them).
@@ -243,16 +244,16 @@ def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, leaf: Br
     """
     start, k = time.perf_counter(), len(draft.tokens)
     if leaf is None:
-        logits = forward(model, cache, ids, k + 1)  # (k+1, V)
-    else:
-        logits = tree_forward(model, cache, len(seq), ids, leaf)  # (k+2, V): row k+1 is the leaf's
+        logits = cache.run(ids, k + 1)  # (k+1, V)
+    else:  # trees run on dynamic caches only (`assisted.caching.plan_caches`)
+        logits = tree_forward(model, cache.cache, len(seq), ids, leaf)  # (k+2, V): row k+1 is the leaf's
     found = accept(logits, seq, draft, leaf, opts, generator).tolist()  # the step's one host sync
     n, took, token = found if leaf is not None else (found[0], 0, found[1])  # [n, token] on a chain
     rec.target_passes += 1
     rec.target_seconds += time.perf_counter() - start
     if not took:
         return n, False, [token]
-    move_leaf(cache, len(seq) + k, len(seq) + leaf.at)
+    move_leaf(cache.cache, len(seq) + k, len(seq) + leaf.at)
     return n, True, [leaf.token, *([token] if leaf.bonus else [])]
 
 

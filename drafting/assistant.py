@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from drafting.base import DeviceMasks
-from drafting.kv_cache import crop_to, forward, input_device, new_cache
+from drafting.kv_cache import KV, DynamicKV, input_device
 from drafting.sampling import Warp, confidence, masked, probs, sample
 
 
@@ -60,16 +60,23 @@ def settle(picks: list[Pick]) -> list[Drafted]:
 class AssistantDrafter:
     """Proposes one token at a time from the assistant's masked, warped distribution.
 
-    The cache holds the first `cached` tokens of the sequence it was last shown. Tokens it did not
-    produce (the target's corrections and bonus tokens, forced tokens) are fed on the next call.
+    The cache (`kv`: dynamic by default, a kept static one or a kept prefix when the loop hands one over) holds the
+    first `cached` tokens of the sequence it was last shown. Tokens it did not produce (the target's corrections and
+    bonus tokens, forced tokens) are fed on the next call.
     """
 
     def __init__(self, model, warp: Warp, generator: torch.Generator | None, processors=None):
         self.model, self.warp, self.generator, self.processors = model, warp, generator, processors
-        self.cache, self.cached = new_cache(), 0
+        self.kv: KV = DynamicKV(model)
+        self.cached = 0
         self.device = input_device(model)
         self.masks = DeviceMasks(self.device)
         self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
+
+    @property
+    def cache(self):
+        """The transformers cache the assistant's forwards write."""
+        return self.kv.cache
 
     def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
         """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence)."""
@@ -80,7 +87,7 @@ class AssistantDrafter:
         """Draft the token after `seq` under the guide's `mask`, with its distribution, confidence and masked logits
         (`pick`); one forward over what the cache lacks, one host sync."""
         start = time.perf_counter()
-        logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
+        logits = self.kv.run(seq[self.cached :], 1)  # (1, V)
         self.cached = len(seq)
         drafted = settle([pick(logits, self.masks(mask), self.warp, self.generator, self.processors, seq)])[0]
         # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
@@ -90,4 +97,4 @@ class AssistantDrafter:
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""
         self.cached = min(self.cached, valid)
-        crop_to(self.cache, self.cached)
+        self.kv.crop(self.cached)
