@@ -141,7 +141,7 @@ def write_bad_lines(out, bad: list[BadLine], done: Done, report: Callable[[str],
     for item in bad:
         report(f"input line {item.line}: {item.error}")
         if item.line not in done.bad_lines:
-            _write(out, error_record(item.id, item.line, item.error))
+            write_line(out, error_record(item.id, item.line, item.error))
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def _append(inputs: Inputs, output: Path, records: Callable, report: Callable[[s
     tokens = failed = written = 0
     with open(output, "a", encoding="utf-8") as out:
         write_bad_lines(out, inputs.bad, done, report)
-        bar = _progress(todo, progress)
+        bar = progress_bar(todo, progress)
         start = time.perf_counter()
         for document, record in records(inputs.documents(skip=done.ids)):
             if "error" in record:
@@ -209,7 +209,7 @@ def _append(inputs: Inputs, output: Path, records: Callable, report: Callable[[s
             else:
                 written += 1
                 tokens += record["stats"]["new_tokens"]
-            _write(out, record)
+            write_line(out, record)
             bar.update(1)
             elapsed = max(time.perf_counter() - start, 1e-9)
             bar.set_postfix_str(f"{(written + failed) / elapsed:.2f} doc/s, {tokens / elapsed:.1f} tok/s",
@@ -218,11 +218,13 @@ def _append(inputs: Inputs, output: Path, records: Callable, report: Callable[[s
     return Summary(written, len(inputs.first) - todo, len(inputs.bad), failed, tokens)
 
 
-def _write(out, record: dict) -> None:
+def write_line(out, record: dict) -> None:
+    """Append `record` to `out` as one JSON line and flush it (a run is resumable after every line)."""
     out.write(json.dumps(record, ensure_ascii=False) + "\n")
     out.flush()
 
 
-def _progress(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool):
+    """A tqdm bar over `total` documents (silent unless `enabled`)."""
     from tqdm.auto import tqdm
     return tqdm(total=total, unit="doc", disable=not enabled, dynamic_ncols=True, smoothing=0.1)

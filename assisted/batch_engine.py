@@ -1,12 +1,11 @@
 """The batched loop behind `assisted.generate_batch`: rows, their shared caches, and one step for all of them.
 
-Per step: every row drafts (`drafting.batch_draft`: its own cursor, forced runs, prompt lookup and draft length;
-the assistant drafts for every asking row in one forward per drafting step), the target verifies all rows'
-drafts in one forward over B x (longest feed) positions (`drafting.batch_kv`), each row is accepted by the
-single-row rules (`assisted.generate.accept_tensor`; one host sync for the whole batch) and commits its own
-tokens. A row that stops leaves; the next waiting row takes its slot (prefilled alone, copied in); with none
-waiting the slot is dropped. The caches never hold more than `batch_size` rows.
-"""
+Per step: every row drafts by the single-row rule (`drafting.proposal.Proposal`: its own cursor, forced runs, prompt
+lookup and draft length; `drafting.batch_draft.BatchAssistant` drafts for every asking row in one forward per
+drafting step), the target verifies all rows' drafts in one forward over B x (longest feed) positions
+(`drafting.batch_kv`), each row is accepted and commits by the single-row step rules (`assisted.steps`; one host
+sync for the whole batch). A row that stops leaves; the next waiting row takes its slot (prefilled alone, copied
+in); with none waiting the slot is dropped. The caches never hold more than `batch_size` rows."""
 
 from __future__ import annotations
 
@@ -18,16 +17,17 @@ import torch
 from assisted.batch_rows import Guides, Item, RowInput, prepare_row, token_bytes
 from assisted.batched_stats import BatchStats
 from assisted.config import Settings, options
-from assisted.generate import _commit, _judged, accept_tensor
 from assisted.inputs import parse_value
 from assisted.draft_policy import make_policy
 from assisted.result import GenerationResult, Recorder
+from assisted.steps import accept, commit, judge, needs_forward
 from assisted.stopping import Sink, Stops
 from drafting.base import DeviceMasks
-from drafting.batch_draft import BatchAssistant, RowDraft
+from drafting.batch_draft import BatchAssistant
 from drafting.batch_kv import BatchKV
 from drafting.kv_cache import input_device, output_device
 from drafting.lookup import PromptLookup
+from drafting.proposal import Proposal
 from drafting.sampling import make_generator
 
 
@@ -147,32 +147,19 @@ class Engine:
 
     def _step(self) -> list[int]:
         """One draft -> verify -> commit step for every row; returns the slots whose rows stopped."""
-        drafts = [self._row_draft(row) for row in self.rows]
-        if self.assistant is not None:
-            before, forwards = self.assistant.seconds, self.assistant.forwards
-            took = self.assistant.draft(drafts, [r.helper_generator for r in self.rows],
-                                        [r.opts.processors for r in self.rows])
-            self.stats.assistant_forwards += self.assistant.forwards - forwards
-            share = (self.assistant.seconds - before) / max(1, sum(took))
-            for row, n in zip(self.rows, took):
-                row.helper_passes, row.helper_seconds = row.helper_passes + n, row.helper_seconds + n * share
-        else:
-            for d in drafts:
-                d.fill()
-        device = None if self.assistant is None else self.assistant.kv.device
-        built = [d.draft(self.masks, self.settings.do_sample, self.vocab_size, device) for d in drafts]
-        skip = [r.opts.coalesce and all(d.forced) and (d.ends_output or len(r.seq) + len(d.tokens) >= r.end)
-                for r, d in zip(self.rows, built)]  # only coalesced tokens up to the end: nothing to verify
-        feeds = [[] if s else r.seq[r.cached:] + list(d.tokens) for r, d, s in zip(self.rows, built, skip)]
-        verdicts = self._verify(feeds, built) if not all(skip) else [None] * len(feeds)
+        ks = [row.policy.k for row in self.rows]
+        built = self._drafts()
+        forward = [needs_forward(d, len(r.seq), r.end, r.opts.coalesce) for r, d in zip(self.rows, built)]
+        feeds = [r.seq[r.cached:] + list(d.tokens) if f else [] for r, d, f in zip(self.rows, built, forward)]
+        verdicts = self._verify(feeds, built) if any(forward) else [None] * len(feeds)
         done, valid = [], []
         for slot, (row, draft, verdict) in enumerate(zip(self.rows, built, verdicts)):
             n, after = (len(draft.tokens), []) if verdict is None else (verdict[0], [verdict[1]])
             valid.append(len(row.seq) + n)
-            stop = _commit(row.seq, row.cursor, [*draft.tokens[:n], *after], row.end, row.sink)
+            stop = commit(row.seq, row.cursor, [*draft.tokens[:n], *after], row.end, row.sink)
             row.cached = min(valid[-1], len(row.seq) - 1)
-            row.policy.update(*_judged(draft.forced, n))
-            row.rec.step(drafts[slot].k, draft.sources, n, row.opts.coalesce)
+            row.policy.update(*judge(draft.forced, n))
+            row.rec.step(ks[slot], draft.sources, n, row.opts.coalesce)
             if stop is not None:
                 row.stop = stop
                 done.append(slot)
@@ -183,10 +170,30 @@ class Engine:
             self.assistant.rollback(valid)
         return done
 
-    def _row_draft(self, row: Row) -> RowDraft:
-        lookup_k = min(row.policy.lookup_k, row.opts.lookup_tokens)
-        return RowDraft(row.seq, row.cursor.copy(), row.policy.k, row.end - len(row.seq) - 1, lookup_k, row.lookup,
-                        self.assistant is not None or row.opts.coalesce, row.opts.coalesce, self.assistant is not None)
+    def _drafts(self) -> list:
+        """Every row's draft: its proposal, the assistant's tokens for all asking rows drafted together."""
+        proposals = [self._proposal(row) for row in self.rows]
+        if self.assistant is None:
+            for proposal in proposals:
+                proposal.fill()
+        else:
+            before, forwards = self.assistant.seconds, self.assistant.forwards
+            took = self.assistant.draft(proposals, [r.helper_generator for r in self.rows],
+                                        [r.opts.processors for r in self.rows])
+            self.stats.assistant_forwards += self.assistant.forwards - forwards
+            share = (self.assistant.seconds - before) / max(1, sum(took))
+            for row, n in zip(self.rows, took):
+                row.helper_passes, row.helper_seconds = row.helper_passes + n, row.helper_seconds + n * share
+        device = None if self.assistant is None else self.assistant.kv.device
+        return [p.draft(self.masks, self.vocab_size, device) for p in proposals]
+
+    def _proposal(self, row: Row) -> Proposal:
+        """The row's proposal from its committed state, as `CombinedSource.propose` builds it (no cut)."""
+        assisted = self.assistant is not None
+        return Proposal(row.seq, row.cursor.copy(), k=row.policy.k if assisted else 0,
+                        lookup_k=min(row.policy.lookup_k, row.opts.lookup_tokens), limit=row.end - len(row.seq) - 1,
+                        lookup=row.lookup, use_forced=assisted or row.opts.coalesce, coalesced=row.opts.coalesce,
+                        sampling=self.settings.do_sample)
 
     def _verify(self, feeds: list[list[int]], drafts: list) -> list[list[int] | None]:
         """One target forward over every row's feed; each row's [n, token] (None for a row that fed nothing)."""
@@ -199,9 +206,7 @@ class Engine:
                 continue
             k = len(draft.tokens)
             rows = logits[r, len(feed) - k - 1 : len(feed)]  # (k+1, V): after each draft prefix
-            if row.opts.processors:
-                rows = row.opts.processors(row.seq + list(draft.tokens), rows, len(row.seq))
-            outs.append(accept_tensor(rows, draft, None, row.opts, row.generator))
+            outs.append(accept(rows, row.seq, draft, None, row.opts, row.generator))
         flat = iter(torch.stack(outs).tolist())  # the step's one host sync, for every row
         share = (time.perf_counter() - start) / len(outs)
         verdicts = []

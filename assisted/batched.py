@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from assisted.batch_engine import Engine
 from assisted.batch_rows import Guides, batch_eos, check_batch_size, check_settings, items_of, refuse_unsupported
 from assisted.config import Settings, options, resolve
-from assisted.inputs import MAX_SEED, _int, check_guide_options, check_models
+from assisted.inputs import MAX_SEED, check_int, check_guide_options, check_models
 from assisted.result import GenerationResult
 from drafting.batch_kv import check_batch_model
 
@@ -77,7 +77,7 @@ def generate_batch_iter(model, assistant_model=None, *, tokenizer, prompts=None,
     items = items_of(prompts, messages, input_ids, schema, regex, seed)
     for item in items:
         if item.seed is not None:
-            _int("seed", item.seed, low=0, high=MAX_SEED)
+            check_int("seed", item.seed, low=0, high=MAX_SEED)
     engine = make_engine(model, assistant_model, tokenizer=tokenizer, batch_size=batch_size,
                          generation_config=generation_config, logits_processor=logits_processor,
                          guide_options=guide_options, constrained=any(i.schema is not None or i.regex is not None

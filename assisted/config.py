@@ -19,7 +19,7 @@ import copy
 import warnings
 from dataclasses import dataclass, replace
 
-from assisted.inputs import LOOKUP_UNBOUNDED, Options, _int, check_options
+from assisted.inputs import LOOKUP_UNBOUNDED, Options, check_int, check_options
 from drafting.processors import Processors, built_in
 
 DEFAULTS = {  # where unset everywhere (transformers' global default in the comment where it differs)
@@ -133,9 +133,9 @@ def options(settings, prompt_length: int, logits_processor) -> Options:
                              "tokens; pass max_new_tokens")
     lookup = settings.prompt_lookup_num_tokens
     if lookup is not None:
-        _int("prompt_lookup_num_tokens", lookup, low=0)
+        check_int("prompt_lookup_num_tokens", lookup, low=0)
     if settings.top_k is not None:
-        _int("top_k", settings.top_k, low=0)
+        check_int("top_k", settings.top_k, low=0)
     top_k = None if settings.top_k == 0 else settings.top_k  # 0: no top-k, as in transformers
     opts = check_options(budget, settings.do_sample, settings.temperature, top_k, settings.top_p, settings.seed,
                          settings.num_assistant_tokens, settings.num_assistant_tokens_schedule, settings.coalesce,

@@ -12,7 +12,6 @@ import time
 import torch
 
 import fsm
-from assisted.acceptance import greedy_accept, speculative_accept
 from assisted.caching import Held, plan_caches, static_caches
 from assisted.config import options, resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
@@ -20,15 +19,15 @@ from assisted.draft_policy import Policy, make_policy
 from assisted.eos import eos_ids
 from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
 from assisted.prefix import PrefixCache
-from assisted.result import GenerationResult, Recorder, StopReason
+from assisted.result import GenerationResult, Recorder
+from assisted.steps import accept, commit, judge, needs_forward
 from assisted.stopping import Sink, Stops
-from assisted.tree_accept import greedy_tree_accept, speculative_tree_accept
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft
 from drafting.combined import CombinedSource
-from drafting.kv_cache import crop_to, forward, input_device, new_cache, output_device
+from drafting.kv_cache import KV, DynamicKV, input_device, output_device
 from drafting.lookup import PromptLookup
-from drafting.sampling import make_generator, masked, probs
+from drafting.sampling import make_generator
 from drafting.tree import Branch, check_tree_attention, move_leaf, tree_forward
 
 
@@ -168,7 +167,7 @@ def generate(
         cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids, held)
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, settings.tree, sink)
         if prefix_cache is not None:
-            prefix_cache.put(model, assistant_model, ids + new, cache, assistant and assistant.cache)
+            prefix_cache.put(model, assistant_model, ids + new, cache.cache, assistant and assistant.cache)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp, plan.engine)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, cursor.accepting())
@@ -177,25 +176,26 @@ def generate(
     return GenerationResult(text, new, value, stop, stats)
 
 
-def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held):
+def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held
+                  ) -> tuple[KV, int]:
     """(target cache, tokens it holds): the `held` static caches, empty ones, or a kept prefix of `ids` (the drafter
     gets its own too)."""
     if drafter is not None and held.assistant is not None:
-        drafter.cache = held.assistant
+        drafter.kv = held.assistant
     if held.target is not None:
         return held.target, 0
     if prefix_cache is None:
-        return new_cache(), 0
+        return DynamicKV(model), 0
     if not isinstance(prefix_cache, PrefixCache):
         raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
     cache, cached, helper_cache, helper_cached = prefix_cache.take(model, assistant_model, ids)
     if drafter is not None and helper_cache is not None:
-        drafter.cache, drafter.cached = helper_cache, helper_cached
-    return cache, cached
+        drafter.kv, drafter.cached = DynamicKV(assistant_model, helper_cache), helper_cached
+    return DynamicKV(model, cache), cached
 
 
 def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
-            rec: Recorder, cache, cached: int, tree: bool, sink: Sink):
+            rec: Recorder, cache: KV, cached: int, tree: bool, sink: Sink):
     """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
     generator = make_generator(output_device(model), opts.seed)
     seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
@@ -211,20 +211,20 @@ def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, promp
         branch = source.branch(draft, cursor) if tree else None  # the runner-up where the assistant is unsure
         leaf = branch if branch is not None and policy.leaf_pays(draft, branch, len(ids)) else None  # if its row pays
         ids += [] if leaf is None else [leaf.token]
-        if opts.coalesce and all(draft.forced) and (draft.ends_output or len(seq) + len(draft.tokens) >= end):
-            n, took, after, ids = len(draft.tokens), False, [], []  # only coalesced tokens up to the end: no forward
-        else:
+        if needs_forward(draft, len(seq), end, opts.coalesce):
             n, took, after = _verify(model, cache, ids, seq, draft, leaf, opts, generator, rec)
+        else:  # only coalesced tokens up to the end: no forward
+            n, took, after, ids = len(draft.tokens), False, [], []
         # 3. commit the accepted prefix, the taken leaf and the target's token; crop both caches to what was committed
         valid, before = len(seq) + n, len(seq)
-        stop = _commit(seq, cursor, [*draft.tokens[:n], *after], end, sink)
+        stop = commit(seq, cursor, [*draft.tokens[:n], *after], end, sink)
         sink.put(seq[before:])
         cached = min(valid + took, len(seq) - 1)
-        crop_to(cache, cached)
+        cache.crop(cached)
         source.rollback(valid)
         # 4. adapt k on the judged model drafts and the step's timings, and record the step
         cost = StepCost(len(ids), rec.target_seconds - spent[0], source.calls - spent[1], source.seconds - spent[2])
-        policy.update(*_judged(draft.forced, n), cost, draft.model_confidence)
+        policy.update(*judge(draft.forced, n), cost, draft.model_confidence)
         _judge_runner_up(policy, branch, n, after)
         rec.step(k, draft.sources, n, opts.coalesce)
         rec.branch(leaf is not None, took, priced_out=branch is not None and leaf is None)
@@ -232,7 +232,7 @@ def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, promp
             return seq[len(prompt) :], stop
 
 
-def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, leaf: Branch | None, opts: Options,
+def _verify(model, cache: KV, ids: list[int], seq: list[int], draft: Draft, leaf: Branch | None, opts: Options,
             generator, rec: Recorder) -> tuple[int, bool, list[int]]:
     """One timed target forward over `ids` (the chain, then the leaf if any) and the acceptance test:
     (accepted draft tokens, leaf taken, the tokens to commit after them).
@@ -244,48 +244,17 @@ def _verify(model, cache, ids: list[int], seq: list[int], draft: Draft, leaf: Br
     """
     start, k = time.perf_counter(), len(draft.tokens)
     if leaf is None:
-        logits = forward(model, cache, ids, k + 1)  # (k+1, V)
-    else:
-        logits = tree_forward(model, cache, len(seq), ids, leaf)  # (k+2, V): row k+1 is the leaf's
-    if opts.processors:  # never with a leaf (`_check_tree_processors`)
-        logits = opts.processors(seq + list(draft.tokens), logits, len(seq))  # row i after seq + draft[:i]
-    n, took, token = _accept(logits, draft, leaf, opts, generator)  # the step's one host sync
+        logits = cache.run(ids, k + 1)  # (k+1, V)
+    else:  # trees run on dynamic caches only (`assisted.caching.plan_caches`)
+        logits = tree_forward(model, cache.cache, len(seq), ids, leaf)  # (k+2, V): row k+1 is the leaf's
+    found = accept(logits, seq, draft, leaf, opts, generator).tolist()  # the step's one host sync
+    n, took, token = found if leaf is not None else (found[0], 0, found[1])  # [n, token] on a chain
     rec.target_passes += 1
     rec.target_seconds += time.perf_counter() - start
     if not took:
         return n, False, [token]
-    move_leaf(cache, len(seq) + k, len(seq) + leaf.at)
+    move_leaf(cache.cache, len(seq) + k, len(seq) + leaf.at)
     return n, True, [leaf.token, *([token] if leaf.bonus else [])]
-
-
-def _accept(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Options, generator
-            ) -> tuple[int, bool, int]:
-    """Mask the target's rows with the guide states of the draft (and the leaf) and apply the acceptance rule:
-    `assisted.acceptance` on a chain, `assisted.tree_accept` on a chain plus a leaf."""
-    found = accept_tensor(logits, draft, leaf, opts, generator).tolist()  # [n, token] on a chain, [n, took, token]
-    n, took, token = found if leaf is not None else (found[0], 0, found[1])
-    return n, bool(took), token
-
-
-def accept_tensor(logits: torch.Tensor, draft: Draft, leaf: Branch | None, opts: Options, generator
-                  ) -> torch.Tensor:
-    """`_accept` before its host sync, on the logits' device: (2,) long [n, token] on a chain, (3,) [n, took,
-    token] on a tree (the batched loop stacks the chains' results for one sync)."""
-    device = logits.device
-    masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V), already there unless offloaded
-    if masks is not None and leaf is not None:
-        masks = torch.cat([masks, leaf.mask_after.to(device)[None]])  # (k+2, V)
-    tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
-    auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
-    if opts.warp.do_sample:
-        p, q = probs(logits, masks, opts.warp), draft.q.to(device)  # (k+1 (+1), V), (k, V)
-        out = speculative_accept(p, q, tokens, auto, generator) if leaf is None else \
-            speculative_tree_accept(p, q, tokens, auto, leaf.at, leaf.token, generator)
-    else:
-        scores = masked(logits, masks)  # (k+1 (+1), V)
-        out = greedy_accept(scores, tokens, auto) if leaf is None else \
-            greedy_tree_accept(scores, tokens, auto, leaf.at, leaf.token)
-    return out
 
 
 def _check_tree_processors(tree: bool, opts: Options) -> None:
@@ -304,32 +273,7 @@ def _check_tree(tree, model, assistant_model) -> None:
         check_tree_attention(model)
 
 
-def _judged(forced: tuple[bool, ...], n: int) -> tuple[int, int]:
-    """Model drafts the target judged (up to the first rejection) and how many it accepted.
-
-    Model drafts after a rejected forced token were never judged: they say nothing about k.
-    """
-    judged = sum(not f for f in forced[: n + 1])
-    return judged, judged - (n < len(forced) and not forced[n])
-
-
 def _judge_runner_up(policy: Policy, branch: Branch | None, n: int, after: list[int]) -> None:
     """Tell the policy whether the target, rejecting the branch's sibling, picked the runner-up (verified or not)."""
     if branch is not None and n == branch.at:
         policy.observe_leaf(branch.confidence, after[0] == branch.token)
-
-
-def _commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int, sink: Sink) -> StopReason | None:
-    """Append `tokens`, advancing the guide; the first stop condition met ends the commit."""
-    for token in tokens:
-        seq.append(token)
-        if token in cursor.eos:
-            return "eos"
-        cursor.advance(token)
-        if cursor.only_eos_left():
-            return "final"
-        if sink.stops and (reason := sink.stops.after(seq)):
-            return reason
-        if len(seq) >= end:
-            return "length"
-    return None

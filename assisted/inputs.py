@@ -52,19 +52,19 @@ def check_options(
     under "auto", whose cuts price each copied token by the acceptance the call measures for copies (a call whose
     copies fail soon verifies none), and off under the fixed schedules, which would verify every copy.
     """
-    _int("max_new_tokens", max_new_tokens, low=1)
-    _int("num_assistant_tokens", num_assistant_tokens, low=1)
+    check_int("max_new_tokens", max_new_tokens, low=1)
+    check_int("num_assistant_tokens", num_assistant_tokens, low=1)
     _bool("do_sample", do_sample)
     _bool("coalesce", coalesce)
     _real("temperature", temperature)
     if do_sample and temperature <= 0:
         raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature}")
     if top_k is not None:
-        _int("top_k", top_k, low=1)
+        check_int("top_k", top_k, low=1)
     if top_p is not None and not (_real("top_p", top_p) and 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if seed is not None:
-        _int("seed", seed, low=0, high=MAX_SEED)
+        check_int("seed", seed, low=0, high=MAX_SEED)
     if schedule is None:  # auto's draft lengths follow timings: a seeded sample would not repeat under it
         schedule = "heuristic" if do_sample and seed is not None else "auto"
     if schedule not in SCHEDULES:
@@ -79,7 +79,8 @@ def check_options(
 MAX_SEED = 2**64 - 2  # torch generators take 64 bits; the assistant's is seeded with seed + 1
 
 
-def _int(name: str, value, low: int, high: int | None = None) -> None:
+def check_int(name: str, value, low: int, high: int | None = None) -> None:
+    """TypeError unless `value` is an int (not a bool), ValueError outside [low, high]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < low:

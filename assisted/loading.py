@@ -20,7 +20,7 @@ from assisted.eos import eos_ids
 from assisted.int4 import int4_copy
 from assisted.int8 import check_attention, check_engine, int8_copy, quantize_int8
 from assisted.packing import pack_linear_weights
-from assisted.sources import SOURCES, _gguf_tokenizer, _to_dtype, cached
+from assisted.sources import SOURCES, gguf_tokenizer, to_dtype, cached
 
 
 def load_tokenizer(source: str | os.PathLike):
@@ -35,7 +35,7 @@ def load_tokenizer(source: str | os.PathLike):
     if str(source).endswith(".gguf"):
         if not Path(source).is_file():
             raise OSError(f"no GGUF file at {str(source)!r}")
-        return _gguf_tokenizer(Path(source))
+        return gguf_tokenizer(Path(source))
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as error:
@@ -65,7 +65,7 @@ def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32
         For a named source that needs ``structspec prepare <name>`` first.
     """
     from transformers import AutoModelForCausalLM
-    kwargs = {"dtype": _to_dtype(dtype), "device_map": device_map}
+    kwargs = {"dtype": to_dtype(dtype), "device_map": device_map}
     if str(source) in SOURCES:
         model = AutoModelForCausalLM.from_pretrained(cached(str(source)), **kwargs)
     elif str(source).endswith(".gguf"):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from assisted.batch import (BatchError, Document, Inputs, Summary, _progress, _write, id_key, read_output,
+from assisted.batch import (BatchError, Document, Inputs, Summary, progress_bar, write_line, id_key, read_output,
                             write_bad_lines)
 from assisted.distributed import BatchGenerator, LoadError, map_batches_options, one_line, output_record
 
@@ -95,7 +95,7 @@ def _stream(todo: list[Document], out, settings: RaySettings, report, progress: 
     started = _connect(ray, settings)
     _configure_data(ray)
     counts, seen = {"written": 0, "failed": 0, "tokens": 0}, set()
-    bar, start = _progress(len(todo), progress), time.perf_counter()
+    bar, start = progress_bar(len(todo), progress), time.perf_counter()
     try:
         for batch in _dataset(ray, todo, settings).iter_batches(batch_size=None, batch_format="pandas"):
             for row in batch.to_dict(orient="records"):
@@ -105,7 +105,7 @@ def _stream(todo: list[Document], out, settings: RaySettings, report, progress: 
                     continue  # a retried task's second copy
                 seen.add(id_key(document.id))
                 _count(counts, document, record | {"id": document.id}, report)
-                _write(out, record | {"id": document.id})
+                write_line(out, record | {"id": document.id})
                 bar.update(1)
                 bar.set_postfix_str(f"{counts['tokens'] / max(time.perf_counter() - start, 1e-9):.1f} tok/s",
                                     refresh=False)

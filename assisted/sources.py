@@ -84,7 +84,7 @@ def tokenizer_dir(name: str) -> Path:
     return cache_root() / name / "tokenizer"
 
 
-def _publish(dest: Path, write: Callable[[Path], None]) -> Path:
+def publish(dest: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write`` into a temporary sibling folder, then rename it to ``dest`` in one step."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-tmp-", dir=dest.parent))
@@ -122,7 +122,7 @@ def _data_member(wheel: zipfile.ZipFile) -> str:
     return found[0]
 
 
-def _assemble(wheels: Iterable[Path], out: Path, *, sha256: str) -> Path:
+def assemble(wheels: Iterable[Path], out: Path, *, sha256: str) -> Path:
     """Concatenate the wheels' data members into ``out``; delete it and raise on a sha256 mismatch."""
     digest = hashlib.sha256()
     with open(out, "wb") as dst:
@@ -152,7 +152,7 @@ def _downloaded(source: Source, work: Path) -> Iterable[Path]:
         wheel.unlink()
 
 
-def _installed_gguf(source: Source) -> Path | None:
+def installed_gguf(source: Source) -> Path | None:
     """Return the verified GGUF inside an installed package, without importing the package."""
     spec = importlib.util.find_spec(source.package) if source.package else None
     if spec is None or not spec.submodule_search_locations:
@@ -164,11 +164,13 @@ def _installed_gguf(source: Source) -> Path | None:
     return None
 
 
-def _to_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+def to_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    """A torch dtype from its name ("auto" kept)."""
     return dtype if isinstance(dtype, torch.dtype) or dtype == "auto" else getattr(torch, dtype)
 
 
-def _gguf_tokenizer(path: Path):
+def gguf_tokenizer(path: Path):
+    """The tokenizer stored in a GGUF file."""
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
@@ -206,14 +208,14 @@ def convert_gguf(gguf: Path, dest: Path, *, dtype: str = "float32", tokenizer=No
 
     def write(tmp: Path) -> None:
         exact = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model = _plain_copy(exact).to(_to_dtype(dtype))
+        model = _plain_copy(exact).to(to_dtype(dtype))
         model.save_pretrained(tmp)
-        (tokenizer or _gguf_tokenizer(gguf)).save_pretrained(tmp)
+        (tokenizer or gguf_tokenizer(gguf)).save_pretrained(tmp)
         info = {**(manifest or {}), "gguf": gguf.name, "dtype": dtype,
                 "transformers": transformers.__version__}
         (tmp / "source.json").write_text(json.dumps(info, indent=2) + "\n")
 
-    return _publish(dest, write)
+    return publish(dest, write)
 
 
 def _convert(source: Source, gguf: Path, *, dtype: str = "float32", model: bool = True) -> None:
@@ -221,7 +223,7 @@ def _convert(source: Source, gguf: Path, *, dtype: str = "float32", model: bool 
     from transformers import AutoTokenizer
     tokenizer = tokenizer_dir(source.name)
     if not tokenizer.is_dir():
-        _publish(tokenizer, lambda tmp: _gguf_tokenizer(gguf).save_pretrained(tmp))
+        publish(tokenizer, lambda tmp: gguf_tokenizer(gguf).save_pretrained(tmp))
     if model and not model_dir(source.name).is_dir():
         convert_gguf(gguf, model_dir(source.name), dtype=dtype,
                      tokenizer=AutoTokenizer.from_pretrained(tokenizer),
@@ -250,7 +252,7 @@ def prepare(name: str, *, dtype: str = "float32", force: bool = False) -> Path:
         return model_dir(name)
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".work-", dir=cache_root()) as work:
-        gguf = _installed_gguf(source) or _assemble(
+        gguf = installed_gguf(source) or assemble(
             _downloaded(source, Path(work)), Path(work) / source.gguf_name, sha256=source.sha256)
         _convert(source, gguf, dtype=dtype)
     return model_dir(name)
@@ -275,7 +277,7 @@ def cached(name: str, *, tokenizer_only: bool = False) -> Path:
     """Return a cached folder, converting an installed GGUF on first use (never downloading)."""
     folder = tokenizer_dir(name) if tokenizer_only else model_dir(name)
     if not folder.is_dir():
-        gguf = _installed_gguf(SOURCES[name])
+        gguf = installed_gguf(SOURCES[name])
         if gguf is None:
             raise NotPreparedError(f"model source {name!r} has not been prepared (no cache in "
                                    f"{cache_root() / name}); prepare it once with: structspec prepare {name}")

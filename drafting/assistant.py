@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from drafting.base import DeviceMasks
-from drafting.kv_cache import crop_to, forward, input_device, new_cache
+from drafting.kv_cache import KV, DynamicKV, input_device
 from drafting.sampling import Warp, confidence, masked, probs, sample
 
 
@@ -18,23 +18,65 @@ class Drafted:
 
     token: int
     q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
-    confidence: float  # max of the masked distribution at temperature 1 (see `AssistantDrafter.draft`)
+    confidence: float  # max of the masked distribution at temperature 1 (see `pick`)
     logits: torch.Tensor  # (1, V) masked logits before the warpers: a draft tree's runner-up is chosen from them
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The assistant's choice at one position before the host sync."""
+
+    found: torch.Tensor  # (2,) float64 [token, confidence] on the assistant's device
+    q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
+    logits: torch.Tensor  # (1, V) masked logits before the warpers
+
+
+def pick(logits: torch.Tensor, mask: torch.Tensor | None, warp: Warp, generator: torch.Generator | None,
+         processors=None, context: list[int] | None = None) -> Pick:
+    """The assistant's next token from its logits (1, V): processors, the guide's mask, warpers, then a draw (sampling)
+    or the argmax. One implementation for one row (`AssistantDrafter`) and for every row of a batch (`BatchAssistant`).
+
+    `mask` (V,) bool on the logits' device or None; `processors(context, logits, len(context))` are the target's,
+    so that drafts follow what the target will be asked (`context`: the sequence the logits follow). The confidence is
+    the greedy token's probability under the masked distribution before the warpers (temperature 1): at a low sampling
+    temperature the warped distribution is near one-hot wherever the assistant is unsure, and would hide the positions
+    where it disagrees with the target. It depends on the distribution only, never on the token drawn from it, so a
+    draft cut by confidence keeps sampling lossless (`drafting.proposal.Proposal`).
+    """
+    if processors:
+        logits = processors(context, logits, len(context))
+    logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
+    q = probs(logits, None, warp) if warp.do_sample else None  # (1, V), already masked
+    token = sample(q, generator) if q is not None else logits.argmax(-1)  # (1,)
+    return Pick(torch.cat([token.double(), confidence(logits).double()]), q, logits)
+
+
+def settle(picks: list[Pick]) -> list[Drafted]:
+    """The picks' tokens and confidences, in one host sync for all of them."""
+    found = torch.stack([p.found for p in picks]).tolist()  # (n, 2)
+    return [Drafted(int(token), p.q, conf, p.logits) for p, (token, conf) in zip(picks, found)]
 
 
 class AssistantDrafter:
     """Proposes one token at a time from the assistant's masked, warped distribution.
 
-    The cache holds the first `cached` tokens of the sequence it was last shown. Tokens it did not
-    produce (the target's corrections and bonus tokens, forced tokens) are fed on the next call.
+    The cache (`kv`: dynamic by default, a kept static one or a kept prefix when the loop hands one over) holds the
+    first `cached` tokens of the sequence it was last shown. Tokens it did not produce (the target's corrections and
+    bonus tokens, forced tokens) are fed on the next call.
     """
 
     def __init__(self, model, warp: Warp, generator: torch.Generator | None, processors=None):
         self.model, self.warp, self.generator, self.processors = model, warp, generator, processors
-        self.cache, self.cached = new_cache(), 0
+        self.kv: KV = DynamicKV(model)
+        self.cached = 0
         self.device = input_device(model)
         self.masks = DeviceMasks(self.device)
         self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
+
+    @property
+    def cache(self):
+        """The transformers cache the assistant's forwards write."""
+        return self.kv.cache
 
     def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
         """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence)."""
@@ -42,29 +84,17 @@ class AssistantDrafter:
         return drafted.token, drafted.q, drafted.confidence
 
     def draft(self, seq: list[int], mask: torch.Tensor | None) -> Drafted:
-        """Draft the token after `seq` under the guide's `mask`, with its distribution and masked logits.
-
-        The confidence is the greedy token's probability under the masked distribution before the warpers
-        (temperature 1): at a low sampling temperature the warped distribution is near one-hot wherever the
-        assistant is unsure, and would hide the positions where it disagrees with the target. It depends on
-        the distribution only, never on the token drawn from it, so a draft cut by confidence keeps sampling
-        lossless (see `CombinedSource.propose`).
-        """
+        """Draft the token after `seq` under the guide's `mask`, with its distribution, confidence and masked logits
+        (`pick`); one forward over what the cache lacks, one host sync."""
         start = time.perf_counter()
-        logits = forward(self.model, self.cache, seq[self.cached :], 1)  # (1, V)
+        logits = self.kv.run(seq[self.cached :], 1)  # (1, V)
         self.cached = len(seq)
-        if self.processors:  # the target's processors, so that drafts follow what the target will be asked
-            logits = self.processors(seq, logits, len(seq))
-        mask = self.masks(mask)
-        logits = masked(logits.float(), None if mask is None else mask[None])  # (1, V)
-        q = probs(logits, None, self.warp) if self.warp.do_sample else None  # (1, V), already masked
-        token = sample(q, self.generator) if q is not None else logits.argmax(-1)  # (1,)
-        token, conf = torch.cat([token.double(), confidence(logits).double()]).tolist()  # the one host sync
+        drafted = settle([pick(logits, self.masks(mask), self.warp, self.generator, self.processors, seq)])[0]
         # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
         self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
-        return Drafted(int(token), q, conf, logits)
+        return drafted
 
     def rollback(self, valid: int) -> None:
         """Keep only the first `valid` tokens of the last sequence in the cache."""
         self.cached = min(self.cached, valid)
-        crop_to(self.cache, self.cached)
+        self.kv.crop(self.cached)

@@ -1,19 +1,54 @@
 """KV caches in one place: a forward over the tokens a cache has not seen, and the crop after commit.
 
-Both the target and the assistant keep one cache for the whole generation: a `DynamicCache`, or a
-`drafting.static_cache.StaticKV` (pre-allocated, its forwards possibly replayed from CUDA graphs), which runs
-its own forwards. After each step it is cropped back to the committed length (transformers 5.x:
-`DynamicCache.crop(-n)` removes n positions; a static cache moves its length); it is never rebuilt. The
-caller tracks how many committed tokens each cache holds.
+Both the target and the assistant keep one cache for the whole generation, behind one interface (`KV`): `run(ids,
+keep)` feeds tokens the cache has not seen and returns the logits of the last `keep`, `crop(length)` keeps the first
+`length` positions, `length` is how many it holds. Two implementations: `DynamicKV`, transformers' `DynamicCache`
+(transformers 5.x: `DynamicCache.crop(-n)` removes n positions), and `drafting.static_cache.StaticKV` (pre-allocated,
+its forwards possibly replayed from CUDA graphs; a crop moves its length). A cache is never rebuilt; the caller tracks
+how many committed tokens each holds. The rows engine's `drafting.batch_kv.BatchKV` is the same for B rows (`forward`
+over one feed per row, `crop_rows`). `forward` and `crop_to` serve code that holds a bare `DynamicCache`.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import weakref
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
+
+
+class KV(Protocol):
+    """One model's cache for one row."""
+
+    cache: object  # the transformers cache the model's forwards write
+    length: int  # positions held
+
+    def run(self, ids: list[int], keep: int) -> torch.Tensor:
+        """Feed `ids` after the positions held; the logits of the last `keep` of them, (keep, V)."""
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (no-op when it holds fewer)."""
+
+
+class DynamicKV:
+    """A `DynamicCache` of `model` behind the `KV` interface (an existing cache may be given: a kept prefix)."""
+
+    def __init__(self, model, cache: DynamicCache | None = None):
+        self._model = weakref.ref(model)  # a kept cache outlives no model
+        self.cache = DynamicCache() if cache is None else cache
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def run(self, ids: list[int], keep: int) -> torch.Tensor:
+        return forward(self._model(), self.cache, ids, keep)
+
+    def crop(self, length: int) -> None:
+        crop_to(self.cache, length)
 
 
 def new_cache() -> DynamicCache:
@@ -44,10 +79,8 @@ def logits_size(model: torch.nn.Module) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
-def forward(model, cache, ids: list[int], keep: int) -> torch.Tensor:
+def forward(model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
     """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V)."""
-    if not isinstance(cache, DynamicCache):  # a StaticKV runs its own (possibly captured) forwards
-        return cache.run(ids, keep)
     x = torch.tensor([ids], dtype=torch.long, device=input_device(model))  # (1, m)
     out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_argument(type(model)): cache})
     return out.logits[0, -keep:]
@@ -59,10 +92,8 @@ def cache_argument(model_class: type) -> str:
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
-def crop_to(cache, length: int) -> None:
+def crop_to(cache: DynamicCache, length: int) -> None:
     """Drop every cached position at or after `length` (no-op when the cache is not longer)."""
-    if not isinstance(cache, DynamicCache):
-        return cache.crop(length)
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)

@@ -29,7 +29,8 @@ Step = Callable[[], torch.Tensor]  # a forward over fixed buffers -> logits (buc
 
 
 class StaticKV:
-    """One model's static cache: `run` feeds tokens after the first `length` positions, `crop` shortens.
+    """One model's static cache (the `drafting.kv_cache.KV` interface): `run` feeds tokens after the first `length`
+    positions, `crop` shortens.
 
     Parameters
     ----------

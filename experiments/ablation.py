@@ -6,7 +6,7 @@ Each arm is `assisted.generate` with the defaults and one argument changed (ARMS
 assistant (SWAPPED_ASSISTANT: `--arms int8-assistant` against `--assistant-int4` defaults). Per (prompt, temperature,
 repeat) cell the arms run interleaved, the order rotating per cell; each arm is paired with "defaults" per
 cell (seconds per new token, geometric mean with a 90% interval): > 1 where the defaults are faster than the
-arm. Decisions about defaults are made on the tuning half (`experiments.prompt_split`). Writes results.csv and
+arm. Decisions about defaults are made on the tuning half (`experiments.lib.prompt_split`). Writes results.csv and
 README.md to --out.
 """
 
@@ -23,13 +23,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from experiments import shards  # noqa: E402
-from experiments.intervals import grouped, table  # noqa: E402
-from experiments.machine import run_lines  # noqa: E402
-from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.speedup import _chat_ids  # noqa: E402
-from experiments.tasks import (  # noqa: E402
-    add_assistant_quantization, assistant_label, assistant_quantization, load_pair_or_none, write_rows)
+from experiments.lib import shards  # noqa: E402
+from experiments.lib.intervals import grouped, table  # noqa: E402
+from experiments.lib.machine import run_lines  # noqa: E402
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.lib.tasks import (  # noqa: E402
+    add_assistant_quantization, assistant_label, assistant_quantization, chat_ids, load_pair_or_none, write_rows)
 
 BASE = "defaults"
 ARMS = {BASE: {}, "no-lookup": {"prompt_lookup": False}, "tree": {"tree": True},
@@ -90,12 +89,12 @@ def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
     helpers = {arm: load_assistant(args.assistant, model, quantize=SWAPPED_ASSISTANT[arm])
                for arm in arms if arm in SWAPPED_ASSISTANT}
     for arm in arms:  # untimed: allocators, and the costs auto keeps per model pair
-        run_arm(arm, model, helpers.get(arm, assistant), tokenizer, _chat_ids(tokenizer, prompts[0]), 0.0, 0,
+        run_arm(arm, model, helpers.get(arm, assistant), tokenizer, chat_ids(tokenizer, prompts[0]), 0.0, 0,
                 args.max_new_tokens)
     rows = []
     cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
     for i, (p, t, r) in enumerate(cells):
-        ids = _chat_ids(tokenizer, p)
+        ids = chat_ids(tokenizer, p)
         for arm in arms[i % len(arms):] + arms[: i % len(arms)]:
             res = run_arm(arm, model, helpers.get(arm, assistant), tokenizer, ids, t, args.seed + r,
                           args.max_new_tokens)

@@ -25,9 +25,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from experiments.machine import run_lines  # noqa: E402
-from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.tasks import write_rows  # noqa: E402
+from experiments.lib.machine import run_lines  # noqa: E402
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.lib.tasks import write_rows  # noqa: E402
 
 COPIES = ("float32", "int8", "int4-g32", "int4-g64", "int4-g128")
 FIELDS = ("class", "prompt", "temperature", "copy", "positions", "acceptance", "step_seconds")
@@ -62,10 +62,10 @@ def judge(model, copies: dict, tokenizer, prompts: list[dict], temperatures: lis
     from assisted import generate
     from drafting.kv_cache import forward, new_cache
     from experiments.policy_replay import trace_of
-    from experiments.speedup import _chat_ids
+    from experiments.lib.tasks import chat_ids
     names, rows = list(copies), []
     for i, p in enumerate(prompts):
-        ids = _chat_ids(tokenizer, p)
+        ids = chat_ids(tokenizer, p)
         order = names[i % len(names):] + names[: i % len(names)]
         steps = {name: statistics.median(step_seconds(copies[name], ids, repeats)) for name in order}
         for t in temperatures:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from experiments.tasks import load_pair_or_none
+    from experiments.lib.tasks import load_pair_or_none
     loaded = load_pair_or_none(args.target, args.assistant, pack=args.packed_target)
     if loaded is None:
         return 1

@@ -28,7 +28,7 @@ from assisted.batch_rows import Item
 from assisted.batched import make_engine
 from assisted.loading import load_pair
 from drafting.batch_kv import BatchKV
-from experiments.machine import run_lines
+from experiments.lib.machine import run_lines
 from experiments.prefix_reuse import DOCUMENTS, SCHEMA, messages
 
 

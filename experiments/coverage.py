@@ -9,7 +9,7 @@ a forked worker under a per-stage time limit; walk every test instance (compact 
 kept, tokenized by the tokenizer) through the guide token by token; a schema is *covered* when it
 compiles, every valid instance is accepted and every invalid one rejected. Writes to --out:
 schemas.csv (one row per schema), failures.csv (every false reject / false accept / crash on an
-instance), summary.json, summary.md and coverage.png (see experiments/coverage_report.py).
+instance), summary.json, summary.md and coverage.png (see experiments/lib/coverage_report.py).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers
     """
     from tqdm.auto import tqdm
 
-    from experiments import coverage_worker
-    from experiments.coverage_pool import run_pool
+    from experiments.lib import coverage_worker
+    from experiments.lib.coverage_pool import run_pool
 
     _warm(tokenizer, second_opinion)
     by_name = {str(f): f for f in files}
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     policy += f"-{args.property_order}-order" if args.property_order else ""
     out = args.out or REPO / "experiments" / "results" / "coverage" / (Path(str(args.tokenizer)).name + policy)
     out.mkdir(parents=True, exist_ok=True)
-    from experiments import coverage_report
+    from experiments.lib import coverage_report
 
     if args.report_only:
         coverage_report.rebuild(out)

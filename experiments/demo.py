@@ -18,7 +18,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from experiments.tasks import DEMO_TASKS, Run, Task, extract_json, load_pair_or_none, run_mode, validate  # noqa: E402
+from experiments.lib.tasks import DEMO_TASKS, Run, Task, extract_json, load_pair_or_none, run_mode, validate  # noqa: E402
 
 SMALL = "smollm2-135m"
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")

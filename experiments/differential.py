@@ -19,7 +19,7 @@ from pathlib import Path
 
 import fsm
 from assisted.inputs import validator_class
-from experiments.differential_cases import combination_schema, compact, mutants, valid_instances, value_pool
+from experiments.lib.differential_cases import combination_schema, compact, mutants, valid_instances, value_pool
 
 POLICIES = ("compact", "spec")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
@@ -133,7 +133,7 @@ def depth(value) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from experiments.coverage_pool import run_pool
+    from experiments.lib.coverage_pool import run_pool
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--per-subset", type=int, default=100, help="schema files per subset (seeded sample)")

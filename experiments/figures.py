@@ -34,11 +34,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from experiments import speedup, vs_xgrammar  # noqa: E402
-from experiments.figures_report import PLAIN, STRUCTURED, read_csv, report  # noqa: E402
-from experiments.machine import STARTED_AT, machine_lines  # noqa: E402
-from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
-                               load_pair_or_none, validate)
+from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report  # noqa: E402
+from experiments.lib.machine import STARTED_AT, machine_lines  # noqa: E402
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.lib.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
+                                   chat_ids, load_pair_or_none, validate)
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
@@ -125,7 +125,7 @@ def _rotate(systems, i: int) -> tuple:
 
 def plain_cell(args, pair, defaults, prompt: dict, t: float, r: int, i: int, sink: Appender) -> None:
     model, tokenizer, assistant = pair
-    ids = speedup._chat_ids(tokenizer, prompt)
+    ids = chat_ids(tokenizer, prompt)
     for system in _rotate(PLAIN, i):
         if (prompt["name"], t, r, system) in sink.done:
             continue
@@ -150,7 +150,7 @@ def warm_up(args, pair, defaults, prompt: dict, runner, tasks) -> None:
     process that generates twice), every structured system briefly on every task (grammars compiled)."""
     model, tokenizer, assistant = pair
     for system in PLAIN:
-        speedup.run_one(system, model, assistant, tokenizer, speedup._chat_ids(tokenizer, prompt), 0.0, 0,
+        speedup.run_one(system, model, assistant, tokenizer, chat_ids(tokenizer, prompt), 0.0, 0,
                         args.max_new_tokens, 5, defaults)
     if runner is not None:
         budget, runner.max_new = runner.max_new, 8

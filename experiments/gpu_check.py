@@ -4,7 +4,7 @@
     python -m experiments.gpu_check --device cpu --smoke --out /tmp/gpu-check      # the same code, tiny models
 
 The models are the published architectures of the project's pair (Qwen2.5-Coder 1.5B target, 0.5B assistant)
-and of SmolLM2-135M with random weights (`experiments.gpu_models`): weights cannot travel to a lent GPU.
+and of SmolLM2-135M with random weights (`experiments.lib.gpu_models`): weights cannot travel to a lent GPU.
 Sections, each written to --out as soon as it ends (a section that fails is reported and the next one runs;
 one that would start past --budget-s is skipped):
   costs     seconds of a target forward over n = 1..32 new tokens after 200 and 1,000 cached ones (bf16 and
@@ -21,7 +21,7 @@ one that would start past --budget-s is skipped):
             against a GPU step, and a step's (k+1, V) masks stacked on the host and copied vs kept on the device.
   extraction, steps, captured_identity
             captured steps (static caches + CUDA graphs) against eager ones, transformers + XGrammar (eager and
-            static + torch.compile) and a 7B target's step costs: see `experiments.gpu_engine`.
+            static + torch.compile) and a 7B target's step costs: see `experiments.lib.gpu_engine`.
 
 The prepared run for captured steps (xgrammar and its tvm-ffi travel as wheels in .whl, the tokenizers in .gpu):
     python -m experiments.gpu_check --out $OUT/gpu-check --tokenizers .gpu/tokenizers --commit <hash> \
@@ -49,9 +49,9 @@ import torch  # noqa: E402
 
 from drafting.kv_cache import cache_argument, crop_to, forward, new_cache  # noqa: E402
 from drafting.static_cache import cuda_capture  # noqa: E402
-from experiments.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
+from experiments.lib.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
                                     section_extraction, section_steps)
-from experiments.gpu_models import build, random_prompt  # noqa: E402
+from experiments.lib.gpu_models import build, random_prompt  # noqa: E402
 from experiments.models import truncated  # noqa: E402
 
 TARGET, ASSISTANT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"

@@ -20,7 +20,7 @@ import csv
 import sys
 from pathlib import Path
 
-from experiments.gpu_models import ARCHITECTURES
+from experiments.lib.gpu_models import ARCHITECTURES
 
 H100 = {"bandwidth": 3.35e12, "flops": 989e12}  # bytes/s and dense bf16 FLOP/s, NVIDIA's H100 SXM datasheet
 VOCAB = 151936  # the Qwen pair's logits width (SmolLM2: 49152)

@@ -15,7 +15,7 @@ import torch
 from assisted.loading import (  # noqa: F401  (re-exported)
     QUANTIZED_COPIES, int8_copy, load_model, load_pair, load_tokenizer)
 from assisted.sources import (  # noqa: F401  (re-exported)
-    SOURCES, ChecksumError, NotPreparedError, Source, _assemble, _installed_gguf, _publish, cache_root,
+    SOURCES, ChecksumError, NotPreparedError, Source, assemble, installed_gguf, publish, cache_root,
     convert_gguf, model_dir, prepare, status, tokenizer_dir)
 
 

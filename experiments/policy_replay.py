@@ -58,8 +58,8 @@ import torch  # noqa: E402
 from assisted.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # noqa: E402
 from assisted.costs import CostTable, StepCost  # noqa: E402
 from assisted.draft_policy import Constant, Heuristic, Policy  # noqa: E402
-from experiments.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
-from experiments.tasks import add_assistant_quantization  # noqa: E402
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
+from experiments.lib.tasks import add_assistant_quantization  # noqa: E402
 
 CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
 
@@ -323,9 +323,9 @@ def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -
 def collect(args) -> int:
     from assisted import generate
     from drafting.kv_cache import forward, new_cache
-    from experiments.prompt_split import load_prompts
-    from experiments.speedup import _chat_ids
-    from experiments.tasks import assistant_quantization, load_pair_or_none
+    from experiments.lib.prompt_split import load_prompts
+    from experiments.lib.tasks import chat_ids
+    from experiments.lib.tasks import assistant_quantization, load_pair_or_none
     loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
                                pack=args.packed_target)
     if loaded is None:
@@ -333,10 +333,10 @@ def collect(args) -> int:
     model, tokenizer, assistant = loaded
     prompts, traces = load_prompts(args.prompts, None if args.half == "all" else args.half, args.per_class), []
     with torch.inference_mode():
-        costs = time_costs(model, assistant, _chat_ids(tokenizer, prompts[0]), AutoConfig().k_max + 1)
+        costs = time_costs(model, assistant, chat_ids(tokenizer, prompts[0]), AutoConfig().k_max + 1)
         torch.set_num_threads(os.cpu_count() or 1)  # the texts and traces need no timing
         for p in prompts:
-            ids = _chat_ids(tokenizer, p)
+            ids = chat_ids(tokenizer, p)
             caches = (new_cache(), new_cache())
             for m, cache in zip((model, assistant), caches):
                 forward(m, cache, ids[:-1], 1)
@@ -352,7 +352,7 @@ def collect(args) -> int:
                     print(f"{p['name']} T{t} path {path}: {len(acceptance)} tokens, "
                           f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    from experiments.machine import machine_lines
+    from experiments.lib.machine import machine_lines
 
     (args.out / "traces.json").write_text(
         json.dumps(

@@ -20,8 +20,8 @@ import torch
 
 from assisted import PrefixCache, generate
 from assisted.loading import load_pair
-from experiments.machine import run_lines
-from experiments.tasks import add_assistant_quantization, assistant_label, assistant_quantization, write_rows
+from experiments.lib.machine import run_lines
+from experiments.lib.tasks import add_assistant_quantization, assistant_label, assistant_quantization, write_rows
 
 SCHEMA = {
     "type": "object",

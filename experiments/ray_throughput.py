@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.machine import REPO, run_lines
+from experiments.lib.machine import REPO, run_lines
 from experiments.prefix_reuse import DOCUMENTS, INSTRUCTION, SCHEMA
-from experiments.tasks import write_rows
+from experiments.lib.tasks import write_rows
 
 SETUPS = {  # name -> `structspec batch` arguments
     "ray 2 workers x 1 thread": ["--ray", "--workers", "2", "--threads-per-worker", "1"],

@@ -2,7 +2,7 @@
 
     python -m experiments.speedup --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --half validation
 
-Prompts: `experiments/prompts/split.json`, one half of it (`experiments.prompt_split`: methods are tuned on the
+Prompts: `experiments/prompts/split.json`, one half of it (`experiments.lib.prompt_split`: methods are tuned on the
 "tuning" half, headline numbers come from the "validation" half).
 
 Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates per cell):
@@ -36,12 +36,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from experiments import shards  # noqa: E402
-from experiments.machine import machine_lines  # noqa: E402
-from experiments.intervals import grouped, paired_ratio, table  # noqa: E402
-from experiments.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
-                               count_forwards, load_pair_or_none, write_rows)
+from experiments.lib import shards  # noqa: E402
+from experiments.lib.machine import machine_lines  # noqa: E402
+from experiments.lib.intervals import grouped, paired_ratio, table  # noqa: E402
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.lib.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
+                                   chat_ids, count_forwards, load_pair_or_none, write_rows)
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="validation",
-                   help="which half of the prompt set (experiments.prompt_split; 'all': every prompt of --prompts)")
+                   help="which half of the prompt set (experiments.lib.prompt_split; 'all': every prompt of --prompts)")
     p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                    help="systems to run (the target alone and ours-auto always run: every ratio is paired with them)")
@@ -154,12 +154,12 @@ def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -
     cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
     rows, bar = [], tqdm(total=len(cells) * len(systems), disable=not progress, desc="speedup")
     if args.warmup:
-        ids = _chat_ids(tokenizer, prompts[0])
+        ids = chat_ids(tokenizer, prompts[0])
         for system in systems:
             run_one(system, model, assistant, tokenizer, ids, 0.0, 0, args.max_new_tokens, args.num_assistant_tokens,
                     defaults)
     for i, (p, t, r) in enumerate(cells):
-        ids = _chat_ids(tokenizer, p)
+        ids = chat_ids(tokenizer, p)
         order = systems[i % len(systems):] + systems[: i % len(systems)]
         for system in order:
             res = run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
@@ -192,11 +192,6 @@ def chosen_systems(names) -> tuple[str, ...]:
 def systems_in(rows: list[dict]) -> tuple[str, ...]:
     """The systems a run's rows hold, in SYSTEMS order."""
     return chosen_systems({r["system"] for r in rows})
-
-
-def _chat_ids(tokenizer, prompt: dict) -> list[int]:
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt["prompt"]}],
-                                              add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.intervals import grouped, table
+from experiments.lib.intervals import grouped, table
 
 
 def pooled(folders: list[Path], system: str = "ours-auto") -> tuple[list[str], list[tuple[str, int, dict]]]:

@@ -41,9 +41,9 @@ import torch
 from pydantic import BaseModel, Field
 
 from assisted import generate, logits_processor
-from experiments.intervals import paired_ratio
-from experiments.machine import cpu_name, run_lines
-from experiments.tasks import add_assistant_quantization, assistant_label, assistant_quantization
+from experiments.lib.intervals import paired_ratio
+from experiments.lib.machine import cpu_name, run_lines
+from experiments.lib.tasks import add_assistant_quantization, assistant_label, assistant_quantization
 
 DOCUMENTS = Path(__file__).parent / "prompts" / "support_tickets.jsonl"
 INSTRUCTION = ("Extract the support ticket below as JSON: the customer (name, and account_tier: free, pro or "

@@ -24,11 +24,10 @@ import torch  # noqa: E402
 from assisted import generate  # noqa: E402
 from drafting.kv_cache import crop_to, forward, new_cache  # noqa: E402
 from drafting.tree import BRANCH_BELOW, Branch, tree_forward  # noqa: E402
-from experiments.intervals import paired_ratio  # noqa: E402
-from experiments.machine import run_lines  # noqa: E402
-from experiments.prompt_split import SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.speedup import _chat_ids  # noqa: E402
-from experiments.tasks import load_pair_or_none, write_rows  # noqa: E402
+from experiments.lib.intervals import paired_ratio  # noqa: E402
+from experiments.lib.machine import run_lines  # noqa: E402
+from experiments.lib.prompt_split import SPLIT_PROMPTS, load_prompts  # noqa: E402
+from experiments.lib.tasks import chat_ids, load_pair_or_none, write_rows  # noqa: E402
 
 SYSTEMS = ("chain", "tree")
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
@@ -77,12 +76,12 @@ def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperatur
 
 def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
     """Every (prompt, temperature, repeat) for both systems, alternating which goes first."""
-    ids0 = _chat_ids(tokenizer, prompts[0])
+    ids0 = chat_ids(tokenizer, prompts[0])
     for system in SYSTEMS:  # warm-up: packing, the cost tables of `auto`
         run_one(system, model, assistant, tokenizer, ids0, 0.0, 0, args)
     rows, cells = [], [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
     for i, (p, t, r) in enumerate(cells):
-        ids = _chat_ids(tokenizer, p)
+        ids = chat_ids(tokenizer, p)
         for system in (SYSTEMS if i % 2 == 0 else SYSTEMS[::-1]):
             res = run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args)
             rows.append({"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system,
@@ -96,7 +95,7 @@ def run(args, model, assistant, tokenizer, prompts: list[dict]) -> list[dict]:
 def forward_costs(model, tokenizer, prompt: dict, reps: int, k: int = 5) -> dict[str, float]:
     """Median seconds of one target forward over a chain of k draft tokens (+ the last committed one) and over the
     same chain plus a leaf (the tree's mask and positions), interleaved, after a prefill of `prompt`."""
-    ids = _chat_ids(tokenizer, prompt)
+    ids = chat_ids(tokenizer, prompt)
     cache, times = new_cache(), {"chain": [], "tree": []}
     with torch.inference_mode():
         forward(model, cache, ids[:-1], 1)

@@ -32,9 +32,9 @@ from pydantic import BaseModel, Field
 
 from assisted import generate, logits_processor
 from assisted.loading import load_pair
-from experiments.intervals import paired_ratio
-from experiments.machine import run_lines
-from experiments.tasks import (
+from experiments.lib.intervals import paired_ratio
+from experiments.lib.machine import run_lines
+from experiments.lib.tasks import (
     Task, add_assistant_quantization, assistant_label, assistant_quantization, validate, write_rows)
 
 

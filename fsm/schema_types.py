@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from fractions import Fraction
 
 from fsm import json_terms as jt
 from fsm import rx
@@ -12,7 +11,7 @@ from fsm.budget import GuideBudgetError
 from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.formats import format_term
-from fsm.keywords import natural
+from fsm.keywords import exact_decimal, natural, number_bound, numeric_bounds
 from fsm.patterns import pattern_term
 from fsm.schema_arrays import type_array
 from fsm.schema_objects import type_object
@@ -184,8 +183,8 @@ def type_number(c, schema: dict, pointer: str) -> rx.Rx:
     bounds = numeric_bounds(schema, pointer)
     term = jt.NUMBER
     if bounds:
-        low, low_open = _bound(bounds, "minimum", "exclusiveMinimum", pointer)
-        high, high_open = _bound(bounds, "maximum", "exclusiveMaximum", pointer)
+        low, low_open = number_bound(bounds, "minimum", "exclusiveMinimum", pointer)
+        high, high_open = number_bound(bounds, "maximum", "exclusiveMaximum", pointer)
         term = jt.number_range(low, high, low_open, high_open)
         if term is rx.NOTHING:
             raise SchemaError("no number satisfies the bounds", keyword="minimum", pointer=pointer)
@@ -200,7 +199,7 @@ def _multiple(schema: dict, pointer: str, integer: bool) -> rx.Rx:
         raise SchemaError(f"must be a positive number, not {step!r}", keyword="multipleOf", pointer=pointer)
     if integer and isinstance(step, float) and (1 / step).is_integer():
         return rx.ANYTHING  # every integer is a multiple of 1/n
-    scaled = _exact_decimal(step)  # (m, s): step = m / 10**s exactly, and a binary fraction
+    scaled = exact_decimal(step)  # (m, s): step = m / 10**s exactly, and a binary fraction
     if scaled is not None and scaled[0] <= MAX_MULTIPLE:
         m, decimals = scaled
         return rx.ANYTHING if (m, decimals) == (1, 0) and integer else jt.multiple_of(m, integer, decimals)
@@ -209,39 +208,6 @@ def _multiple(schema: dict, pointer: str, integer: bool) -> rx.Rx:
         keyword="multipleOf",
         pointer=pointer,
     )
-
-
-def _exact_decimal(step) -> tuple[int, int] | None:
-    """(m, s) with step = m / 10**s, when floats represent step and its multiples exactly (2.5, 0.25; not 0.1).
-
-    jsonschema divides floats: 0.3 / 0.1 is not an integer there, so only exact steps are safe.
-    """
-    exact = Fraction(step)
-    if exact.denominator & (exact.denominator - 1) or exact.denominator > 8:  # 0.1 is inexact in binary;
-        return None  # up to 1/8, every multiple with MAX_MULTIPLE_DIGITS integer digits fits in 53 bits
-    decimals = 0
-    while (exact * 10**decimals).denominator != 1:
-        decimals += 1
-    return int(exact * 10**decimals), decimals
-
-
-def numeric_bounds(schema: dict, pointer: str) -> dict:
-    keys = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-    bounds = {k: schema[k] for k in keys if k in schema}
-    for k, v in bounds.items():  # draft-04's boolean exclusive* are read as numbers (fsm.dialects)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise SchemaError(f"must be a number, not {v!r}", keyword=k, pointer=pointer)
-        if isinstance(v, float) and not math.isfinite(v):
-            raise SchemaError(f"must be a finite number, not {v!r}", keyword=k, pointer=pointer)
-        if isinstance(v, int) and v.bit_length() > MAX_BOUND_BITS:
-            raise SchemaError(
-                f"bounds of more than {MAX_BOUND_DIGITS} digits are not supported", keyword=k, pointer=pointer
-            )
-    return bounds
-
-
-MAX_BOUND_DIGITS = 4000  # Python refuses to print longer integers (sys.get_int_max_str_digits)
-MAX_BOUND_BITS = int(MAX_BOUND_DIGITS * 3.32)
 
 
 def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
@@ -258,14 +224,3 @@ def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
             else:
                 high = bound if high is None else min(high, bound)
     return low, high
-
-
-def _bound(bounds: dict, inclusive: str, exclusive: str, pointer: str) -> tuple[int | None, bool]:
-    """One side of a number interval as (integer bound or None, open?)."""
-    value, is_open, other = bounds.get(inclusive), False, bounds.get(exclusive)
-    if other is not None:
-        tighter = value is None or (other >= value if inclusive == "minimum" else other <= value)
-        value, is_open = (other, True) if tighter else (value, False)
-    if value is not None and value != int(value):
-        raise SchemaError(f"non-integer bound {value} on a number is not supported", keyword=inclusive, pointer=pointer)
-    return (None if value is None else int(value)), is_open

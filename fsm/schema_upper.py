@@ -12,6 +12,7 @@ from fsm import rx
 from fsm.budget import GuideBudgetError
 from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
+from fsm.keywords import exact_decimal, number_bound, numeric_bounds
 from fsm.patterns import pattern_upper
 from fsm.utf8 import ANY_CHAR
 
@@ -113,12 +114,10 @@ class Upper:
 
 def _number(schema: dict) -> rx.Rx:
     """Numbers within integer-valued bounds (any spelling), else any number."""
-    from fsm.schema_types import _bound, numeric_bounds
-
     try:
         bounds = numeric_bounds(schema, "#")
-        low, low_open = _bound(bounds, "minimum", "exclusiveMinimum", "#")
-        high, high_open = _bound(bounds, "maximum", "exclusiveMaximum", "#")
+        low, low_open = number_bound(bounds, "minimum", "exclusiveMinimum", "#")
+        high, high_open = number_bound(bounds, "maximum", "exclusiveMaximum", "#")
     except SchemaError:
         return jt.NUMBER
     if not bounds:
@@ -128,12 +127,10 @@ def _number(schema: dict) -> rx.Rx:
 
 def _multiple(schema: dict) -> rx.Rx:
     """Multiples of `multipleOf` (the exact automaton, plus what it leaves out: long numbers, exponents)."""
-    from fsm.schema_types import _exact_decimal
-
     step = schema.get("multipleOf")
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or _exact_decimal(step) is None:
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or exact_decimal(step) is None:
         return ANY
-    m, decimals = _exact_decimal(step)
+    m, decimals = exact_decimal(step)
     if m > 1000:
         return ANY
     long = rx.seq(rx.optional(rx.literal("-")), jt.NONZERO, rx.repeat(jt.DIGIT, jt.MAX_MULTIPLE_DIGITS), ANY)

@@ -1,4 +1,4 @@
-"""The independent plain reference for every greedy identity claim (DESIGN.md section 1).
+"""The independent plain reference for every greedy identity claim (docs/design.md section 1).
 
 Written for the tests from the definitions, importing nothing from `assisted` or `drafting` (checked by
 tests/test_reference.py): each new token is the argmax of the target's logits from a full-sequence forward

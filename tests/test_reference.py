@@ -1,6 +1,6 @@
 """The plain reference itself (tests/helpers_reference.py): independent of the code it judges, and right by hand.
 
-Its coalesced spelling is checked on examples worked out from DESIGN.md section 1, then against the library's
+Its coalesced spelling is checked on examples worked out from docs/design.md section 1, then against the library's
 `Guide.forced()` on every state a walk visits (a differential check of the forced-token spelling).
 """
 

@@ -236,7 +236,7 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
         return main(args, load=lambda args: pair)
 
     assert run(tmp_path / "one.jsonl", "--batch-size", "1") == 0
-    writes, real = [], assisted.batch._write
+    writes, real = [], assisted.batch.write_line
 
     def crash_on_the_fourth_line(out, record):
         writes.append(record)
@@ -244,9 +244,9 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
             raise KeyboardInterrupt
         real(out, record)
 
-    monkeypatch.setattr(assisted.batch, "_write", crash_on_the_fourth_line)
+    monkeypatch.setattr(assisted.batch, "write_line", crash_on_the_fourth_line)
     assert run(tmp_path / "three.jsonl", "--batch-size", "3") == 130  # interrupted after three lines
-    monkeypatch.setattr(assisted.batch, "_write", real)
+    monkeypatch.setattr(assisted.batch, "write_line", real)
     assert run(tmp_path / "three.jsonl", "--batch-size", "3") == 0  # resumed
     one, three = ([json.loads(x) for x in (tmp_path / name).read_text().splitlines()] for name in
                   ("one.jsonl", "three.jsonl"))

@@ -180,7 +180,7 @@ def test_a_biased_acceptance_fails_the_whole_output_check(setup, coalesced_refer
     if every_cache != "dynamic":
         pytest.skip("the control runs on the dynamic engine only")
     pin_clock(monkeypatch)
-    loop = importlib.import_module("assisted.generate")
+    loop = importlib.import_module("assisted.steps")
     fair = loop.speculative_accept
     monkeypatch.setattr(loop, "speculative_accept", lambda p, q, draft, auto, gen: fair(p, q, draft, auto | True, gen))
     tok, target, assistant = setup

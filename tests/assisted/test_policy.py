@@ -55,7 +55,7 @@ def test_make_policy_starts_at_the_given_k(name):
 
 
 def test_only_model_drafts_up_to_the_first_rejection_are_judged():
-    from assisted.generate import _judged
+    from assisted.steps import judge as _judged
 
     assert _judged((False, False, False), 3) == (3, 3)  # all accepted
     assert _judged((False, False, False), 1) == (2, 1)  # second rejected, third never judged

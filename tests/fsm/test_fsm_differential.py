@@ -12,7 +12,7 @@ import random
 import pytest
 
 from experiments.differential import DATA, judge, texts_for
-from experiments.differential_cases import combination_schema, value_pool
+from experiments.lib.differential_cases import combination_schema, value_pool
 
 FILES = ("Github_medium---o17648.json", "Github_medium---o52960.json", "Kubernetes---kb_215_Normalized.json",
          "Kubernetes---kb_464_Normalized.json", "Github_hard---o78082.json")

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 import fsm
-from experiments.differential_cases import mutants
+from experiments.lib.differential_cases import mutants
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
 SLICE = ("Glaiveai2K", "BFCL_simple", "Handwritten")

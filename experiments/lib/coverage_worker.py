@@ -18,7 +18,7 @@ import numpy as np
 import fsm
 from fsm import rx
 from fsm.regex import dfa_of
-from experiments.coverage_pool import current_rss_mb, peak_rss_mb
+from experiments.lib.coverage_pool import current_rss_mb, peak_rss_mb
 
 # Step times (µs) are kept as histograms: 0.1 µs .. 10 s, 40 bins per decade (quantiles to ~3%).
 STEP_BINS = np.logspace(-1, 7, 321)

@@ -2,7 +2,7 @@
 
 Every ratio is paired per unit (a prompt or task and a repeat, at one temperature): the geometric mean over units
 of the reference's seconds per new token / the system's (> 1: the system is faster), with a 90% Student-t
-interval (`experiments.intervals.paired_ratio`; one unit: no interval). Each PNG carries a footer naming the
+interval (`experiments.lib.intervals.paired_ratio`; one unit: no interval). Each PNG carries a footer naming the
 model pair, setup, machine, date, commit and the number of units, so the picture alone does not mislead.
 """
 
@@ -14,7 +14,7 @@ import math
 import statistics
 from pathlib import Path
 
-from experiments.intervals import paired_ratio
+from experiments.lib.intervals import paired_ratio
 
 PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")  # speedup.SYSTEMS' names; "target" is the reference
 STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # vs_xgrammar.SYSTEMS' names; first: the reference

@@ -256,3 +256,9 @@ def assistant_label(args) -> str:
     """The assistant as a results README names it."""
     quantize = assistant_quantization(args)
     return f"{args.assistant}{f' ({quantize} copy)' if quantize else ''}"
+
+
+def chat_ids(tokenizer, prompt: dict) -> list[int]:
+    """The ids of a one-message chat holding `prompt["prompt"]`, ready for the assistant's reply."""
+    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt["prompt"]}],
+                                              add_generation_prompt=True, return_dict=True)["input_ids"])

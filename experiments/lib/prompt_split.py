@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-SPLIT_PROMPTS = Path(__file__).parent / "prompts" / "split.json"
+SPLIT_PROMPTS = Path(__file__).parents[1] / "prompts" / "split.json"
 HALVES = ("tuning", "validation")
 
 

@@ -37,7 +37,7 @@ def _quantiles(values: list[float]) -> dict:
 
 def hist_quantile(hist, q: float) -> float | None:
     """Quantile of the samples binned in STEP_BINS (geometric interpolation inside a bin)."""
-    from experiments.coverage_worker import STEP_BINS
+    from experiments.lib.coverage_worker import STEP_BINS
 
     hist = np.asarray(hist, dtype=float)
     if hist.sum() == 0:
@@ -139,7 +139,7 @@ def summarize(rows: list[dict], failures: list[dict], hist_first, hist_revisit, 
 
 
 def _causes(failures: list[dict], setup: dict) -> list[dict]:
-    from experiments.coverage_causes import false_reject_causes
+    from experiments.lib.coverage_causes import false_reject_causes
 
     return false_reject_causes(failures, Path(setup.get("data", "")))
 
@@ -150,7 +150,7 @@ def environment() -> dict:
     import torch
     import transformers
 
-    from experiments.machine import cpu_name, git
+    from experiments.lib.machine import cpu_name, git
 
     return {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
@@ -318,7 +318,7 @@ def markdown(summary: dict) -> str:
 
 def _problem_lists(summary: dict) -> list[str]:
     causes = summary.get("false_reject_causes", [])
-    lines = ["## False rejects by cause (heuristic, experiments/coverage_causes.py)", "",
+    lines = ["## False rejects by cause (heuristic, experiments/lib/coverage_causes.py)", "",
              "| cause | instances | schemas | shortest example |", "|---|---|---|---|"]
     lines += [f"| {c['cause']} | {c['count']} | {c['schemas']} | `{c['example']['file']}` #{c['example']['test']}: "
               f"`{_cell(c['example']['text'][:90])}` — {_cell(c['example']['detail'][:110])} |" for c in causes]

@@ -24,7 +24,7 @@ import torch
 from assisted import generate
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import BUCKETS, StaticKV, cuda_capture
-from experiments.gpu_models import random_prompt
+from experiments.lib.gpu_models import random_prompt
 
 TARGET, ASSISTANT, LARGE = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
 BASELINE = "transformers + XGrammar (eager)"
