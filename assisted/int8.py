@@ -1,8 +1,8 @@
 """Row-invariant int8 models for the CPU: exactly lossless speculation over a quantized target.
 
 Verification scores k + 1 positions in one forward and is lossless only if each position's logits are those a
-one-token decoding step computes for it (DESIGN.md, "Row invariance"). Two things break that in an int8 model,
-and this module removes both:
+one-token decoding step computes for it (docs/design.md, section 1, "Row invariance"). Two things break that in an
+int8 model, and this module removes both:
 
 - **Activation ranges.** fbgemm's dynamic int8 kernel (`torch.ops.quantized.linear_dynamic`) quantizes its whole
   input with one range, so a row's codes depend on its neighbours. `Int8Linear` divides each row by its own

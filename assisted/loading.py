@@ -167,7 +167,7 @@ def _check_quantize_target(quantize_target: str | None, *, on_cpu: bool, dtype, 
         raise ValueError(f"quantize_target must be one of {sorted(QUANTIZED_TARGETS)} or None, not {quantize_target!r}")
     if not on_cpu:
         raise ValueError(f"quantize_target={quantize_target!r} needs the target on the CPU (fbgemm's int8 kernel)")
-    if _to_dtype(dtype) != torch.float32:
+    if to_dtype(dtype) != torch.float32:
         raise ValueError(f"quantize_target={quantize_target!r} needs dtype float32 (activations enter the int8 kernel "
                          f"as float32), not {dtype!r}")
     if pack:

