@@ -121,7 +121,9 @@ def _select(states: torch.Tensor, keys) -> torch.Tensor:
 
 
 def _row_invariant_mask(*args, **kwargs):
-    """transformers' sdpa mask, left None where the pattern is plainly causal (then prefixes need no gather)."""
+    """transformers' boolean sdpa mask, never skipped: a static cache's keys run past the valid ones, so the keys a
+    query attends to are read from the mask, not from the key length."""
+    kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
 
