@@ -36,7 +36,7 @@ class Rx:
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
-                 "_witness", "_holes", "__weakref__")
+                 "_witness", "_holes", "_gave_up", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
@@ -46,6 +46,7 @@ class Rx:
         self._expansion = None  # anyorder: see `_list_memo`
         self._holes = None  # items whose hole ends a branch of this term (see `_holes_in`)
         self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
+        self._gave_up = 0  # the largest limit an emptiness search of this term went past (see `_decide`)
 
     def __repr__(self) -> str:
         return f"Rx#{self.id}({self.kind})"
@@ -551,7 +552,9 @@ def lowest_byte(mask: int) -> int:
 # -- questions -------------------------------------------------------------------------------------
 
 
-WALK_LIMIT = 100_000  # terms an emptiness search may explore on a guide's first visit of a state (then: forbidden)
+# terms an emptiness search may explore on a guide's first visit of a state, then it forbids the derivative: about 2 s
+# of CPU, so that a visit with several undecided derivatives stays well inside `Budget.max_seconds`
+WALK_LIMIT = 10_000
 
 
 class UndecidedError(ValueError):
@@ -585,10 +588,14 @@ def is_empty(term: Rx, limit: int = 100_000, undecided: bool | None = None) -> b
 
 
 def _decide(term: Rx, limit: int) -> bool | None:
-    """`is_empty`, or None where a search went past `limit` (only decided answers are memoized)."""
+    """`is_empty`, or None where a search went past `limit`: only decided answers are memoized, and the limit given
+    up at, so that the walk's several questions about one term (its token ends, its DFA state) search it once."""
     if term._empty is None:
+        if limit <= term._gave_up:
+            return None
         found = _structurally_empty(term, limit)
         if found is None:
+            term._gave_up = max(term._gave_up, limit)
             return None
         term._empty = found
     return term._empty

@@ -305,12 +305,14 @@ def _only_bs_after(lead: str, n: int) -> rx.Rx:
     return rx.inter(rx.seq(rx.literal(lead), rx.repeat(ab, n, n)), rx.complement(has_a))
 
 
-def test_an_undecided_emptiness_raises_or_gives_the_callers_answer_unmemoized():
+def test_an_undecided_emptiness_raises_or_gives_the_callers_answer_unmemoized(monkeypatch):
     term = _only_bs_after("q", 14)
     with pytest.raises(rx.UndecidedError, match="more than 3 states"):
         rx.is_empty(term, limit=3)
     assert issubclass(rx.UndecidedError, ValueError)
-    assert rx.is_empty(term, limit=3, undecided=True) is True
+    searches, real = [], rx._search_empty
+    monkeypatch.setattr(rx, "_search_empty", lambda t, limit: searches.append(t) or real(t, limit))
+    assert rx.is_empty(term, limit=3, undecided=True) is True and searches == []  # given up at 3 once: not again
     assert rx.is_empty(term) is False and rx.matches(term, "q" + "b" * 14)  # nothing was memoized: decided now
 
 
