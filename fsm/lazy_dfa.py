@@ -5,9 +5,9 @@ A row of the transition table is filled from one derivative per block of the sta
 all of it by `row`, only the blocks its bytes fall in by `step` (a walk of a few tokens through a
 state with many blocks, a key's first letters, derives a few). A derivative whose language is empty
 is DEAD, so every live transition can still reach acceptance: the token index relies on that to
-drop tokens early. A derivative whose emptiness the search cannot decide within its limit is DEAD too
-(`rx.is_empty(..., undecided=True)`): the guide forbids it, so its language only narrows (never an invalid
-text) and a first visit during generation never raises for it.
+drop tokens early. A derivative whose emptiness the search cannot decide within its limit is DEAD
+too (`rx.is_empty(..., rx.WALK_LIMIT, undecided=True)`): the guide forbids it, so its language only
+narrows (never an invalid text) and a first visit during generation never raises for it.
 
 Growing happens under `fsm.budget.BUILD_LOCK`; a cell, once filled, never changes, and arrays are
 replaced (never resized in place), so readers of filled cells need no lock.
