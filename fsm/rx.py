@@ -552,9 +552,9 @@ def lowest_byte(mask: int) -> int:
 # -- questions -------------------------------------------------------------------------------------
 
 
-# terms an emptiness search may explore on a guide's first visit of a state, then it forbids the derivative: about 2 s
-# of CPU, so that a visit with several undecided derivatives stays well inside `Budget.max_seconds`
-WALK_LIMIT = 10_000
+# terms an emptiness search may explore on a guide's first visit of a state before it forbids the derivative (about 25 s
+# of CPU at worst; a lower bound leaves more searches undecided, and an undecided search memoizes nothing it explored)
+WALK_LIMIT = 100_000
 
 
 class UndecidedError(ValueError):
