@@ -368,7 +368,9 @@ class Split:
 
     def _leads_on(self, end: rx.Rx) -> bool:
         items = rx.seq(end, self.tail)
-        return not (rx.pick_is_empty(items, self.frames[-1][0]) if self.frames else rx.is_empty(items))
+        if self.frames:  # undecided: forbidden, as the DFA forbids it (fsm.lazy_dfa)
+            return not rx.pick_is_empty(items, self.frames[-1][0], rx.WALK_LIMIT, undecided=True)
+        return not rx.is_empty(items, rx.WALK_LIMIT, undecided=True)
 
 
 def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:

@@ -5,7 +5,9 @@ A row of the transition table is filled from one derivative per block of the sta
 all of it by `row`, only the blocks its bytes fall in by `step` (a walk of a few tokens through a
 state with many blocks, a key's first letters, derives a few). A derivative whose language is empty
 is DEAD, so every live transition can still reach acceptance: the token index relies on that to
-drop tokens early.
+drop tokens early. A derivative whose emptiness the search cannot decide within its limit is DEAD
+too (`rx.is_empty(..., rx.WALK_LIMIT, undecided=True)`): the guide forbids it, so its language only
+narrows (never an invalid text) and a first visit during generation never raises for it.
 
 Growing happens under `fsm.budget.BUILD_LOCK`; a cell, once filled, never changes, and arrays are
 replaced (never resized in place), so readers of filled cells need no lock.
@@ -162,7 +164,7 @@ class LazyDFA:
         found = self._ids.get(term.id)
         if found is not None:
             return found
-        if check and (term is rx.NOTHING or (not term.plain and rx.is_empty(term))):
+        if check and (term is rx.NOTHING or (not term.plain and _forbidden(term))):
             self._ids[term.id] = DEAD
             return DEAD
         if len(self._terms) >= self.max_states:
@@ -186,6 +188,11 @@ class LazyDFA:
     def nbytes(self) -> int:
         """Bytes held by the transition arrays (terms not counted)."""
         return self._table.nbytes + self._filled.nbytes + self._accepting.nbytes
+
+
+def _forbidden(term: rx.Rx) -> bool:
+    """Whether a walk treats `term` as DEAD: empty, or undecided within `rx.WALK_LIMIT` (forbidden: narrower)."""
+    return rx.is_empty(term, rx.WALK_LIMIT, undecided=True)
 
 
 @lru_cache(maxsize=4096)

@@ -36,7 +36,7 @@ class Rx:
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
-                 "_witness", "_holes", "__weakref__")
+                 "_witness", "_holes", "_gave_up", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
@@ -46,6 +46,7 @@ class Rx:
         self._expansion = None  # anyorder: see `_list_memo`
         self._holes = None  # items whose hole ends a branch of this term (see `_holes_in`)
         self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
+        self._gave_up = 0  # the largest limit an emptiness search of this term went past (see `_decide`)
 
     def __repr__(self) -> str:
         return f"Rx#{self.id}({self.kind})"
@@ -259,14 +260,14 @@ def pick(items: Rx, owner: Rx) -> Rx:
     return _term("pick", (items, owner), nullable, items.plain and owner.plain)
 
 
-def pick_is_empty(items: Rx, owner: Rx) -> bool:
+def pick_is_empty(items: Rx, owner: Rx, limit: int = 100_000, undecided: bool | None = None) -> bool:
     """Whether pick(items, owner) matches nothing; decided without building it where both are plain (a plain
-    pick is NOTHING exactly when no hole of `items` can be filled)."""
+    pick is NOTHING exactly when no hole of `items` can be filled). `limit`, `undecided`: as in `is_empty`."""
     if items is NOTHING or owner is NOTHING:
         return True
     if items.plain and owner.plain:
         return not _holes_in(items) & _fillable(owner)
-    return is_empty(pick(items, owner))
+    return is_empty(pick(items, owner), limit, undecided)
 
 
 def _fillable(owner: Rx) -> frozenset:
@@ -551,53 +552,114 @@ def lowest_byte(mask: int) -> int:
 # -- questions -------------------------------------------------------------------------------------
 
 
-def is_empty(term: Rx, limit: int = 100_000) -> bool:
+# terms an emptiness search may explore on a guide's first visit of a state before it forbids the derivative (about 25 s
+# of CPU at worst; a lower bound leaves more searches undecided, and an undecided search memoizes nothing it explored)
+WALK_LIMIT = 100_000
+
+
+class UndecidedError(ValueError):
+    """An emptiness search went past its limit (see `is_empty`)."""
+
+
+def is_empty(term: Rx, limit: int = 100_000, undecided: bool | None = None) -> bool:
     """Whether `term` matches no string at all.
 
     Decided by structure where it can (a sequence is empty when a part is, a union when every
     alternative is); only intersections and complements are explored, depth first, until a
     nullable derivative proves them non-empty.
 
+    Parameters
+    ----------
+    undecided : bool, optional
+        The answer when an exploration goes beyond `limit` terms (not memoized). A guide's walk passes True:
+        what it cannot decide it forbids, so its language only narrows and no first visit raises mid-generation.
+
     Raises
     ------
-    ValueError
-        When an exploration goes beyond `limit` terms (instead of guessing).
+    UndecidedError
+        A `ValueError`: an exploration went beyond `limit` terms and `undecided` is None (instead of guessing).
     """
+    found = _decide(term, limit)
+    if found is None:
+        if undecided is None:
+            raise UndecidedError(f"deciding emptiness took more than {limit} states")
+        return undecided
+    return found
+
+
+def _decide(term: Rx, limit: int) -> bool | None:
+    """`is_empty`, or None where a search went past `limit`: only decided answers are memoized, and the limit given
+    up at, so that the walk's several questions about one term (its token ends, its DFA state) search it once."""
     if term._empty is None:
-        term._empty = _structurally_empty(term, limit)
+        if limit <= term._gave_up:
+            return None
+        found = _structurally_empty(term, limit)
+        if found is None:
+            term._gave_up = max(term._gave_up, limit)
+            return None
+        term._empty = found
     return term._empty
 
 
-def _structurally_empty(term: Rx, limit: int) -> bool:
+def _some(values) -> bool | None:
+    """True if a value is True, else None if one is undecided (None), else False."""
+    stuck = False
+    for value in values:
+        if value:
+            return True
+        stuck = stuck or value is None
+    return None if stuck else False
+
+
+def _every(values) -> bool | None:
+    """False if a value is False, else None if one is undecided (None), else True."""
+    stuck = False
+    for value in values:
+        if value is False:
+            return False
+        stuck = stuck or value is None
+    return None if stuck else True
+
+
+def _structurally_empty(term: Rx, limit: int) -> bool | None:
     if term.nullable or term.plain:
         return term is NOTHING
     kind, args = term.kind, term.args
+    decide = functools.partial(_decide, limit=limit)
     if kind == "seq":  # heads are never sequences: walk the chain instead of recursing on tails
-        parts = []
-        while term.kind == "seq":
-            parts.append(term.args[0])
-            term = term.args[1]
-        return any(is_empty(t, limit) for t in (*parts, term))
+        return _some(map(decide, _chain(term)))
     if kind == "alt":
-        return all(is_empty(t, limit) for t in args)
+        return _every(map(decide, args))
     if kind == "repeat":
-        return args[1] > 0 and is_empty(args[0], limit)
+        return args[1] > 0 and decide(args[0])
     if kind == "anyorder":
         sep, extra, required, optional = _any_order_parts(term)
-        if any(is_empty(t, limit) for t in required) or (len(required) > 1 and is_empty(sep, limit)):
-            return True
-        return not required and all(is_empty(t, limit) for t in (*optional, extra))
+        if required:
+            return _some(map(decide, (*required, *((sep,) if len(required) > 1 else ()))))
+        return _every(map(decide, (*optional, extra)))
     if kind == "pick":
-        return all(_pick_branch(b, args[1], lambda t: is_empty(t, limit), any) in (True, _UNFILLED)
-                   for b in _branches(args[0]))
-    if witness(term) is not None:  # proved non-empty without a search
+        return _every(f for f in (_pick_branch(b, args[1], decide, _some) for b in _branches(args[0]))
+                      if f is not _UNFILLED)
+    found = witness(term)
+    if found is not None:  # proved non-empty without a search
+        _mark_live(term, found)
         return False
     return _search_empty(term, limit)
 
 
-def _search_empty(term: Rx, limit: int) -> bool:
+def _mark_live(term: Rx, found: bytes) -> None:
+    """Memoize every derivative along `term`'s string `found` as non-empty: a state proved live by a witness
+    keeps a successor known live, so forbidding what a walk cannot decide never strands it."""
+    for byte in found:
+        term = derivative(term, byte)
+        if term._empty is None:
+            term._empty = False
+
+
+def _search_empty(term: Rx, limit: int) -> bool | None:
     """Depth-first search for a nullable derivative; every term on the path found is non-empty, and when
-    none is found every term explored is empty (all it reaches was explored): both are memoized."""
+    none is found every term explored is empty (all it reaches was explored): both are memoized. None
+    (nothing memoized) when it explores more than `limit` terms."""
     seen, explored, path = {term.id}, [term], [(term, _by_priority(term.classes))]
     while path:
         t, blocks = path[-1]
@@ -615,7 +677,7 @@ def _search_empty(term: Rx, limit: int) -> bool:
         seen.add(d.id)
         explored.append(d)
         if len(seen) > limit:
-            raise ValueError(f"deciding emptiness took more than {limit} states")
+            return None
         path.append((d, _by_priority(d.classes)))
     for t in explored:
         t._empty = True

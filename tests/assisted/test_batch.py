@@ -312,3 +312,54 @@ def test_a_run_killed_mid_batch_then_rerun_does_every_id_exactly_once(pair, file
     assert out.read_bytes().startswith(killed)
     assert ids_of(out) == [f"d{i}" for i in range(6)]
     assert not lock_path(out).exists()
+
+
+WRITER_CHILD = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+import assisted.batch
+from assisted.cli import main
+from tests.helpers_models import smollm2_tokenizer, tiny_llama
+
+pair = tiny_llama(49152, seed=0), smollm2_tokenizer(), tiny_llama(49152, seed=1)
+real, writes = assisted.batch._write, []
+
+def write(out, record):
+    writes.append(1)
+    if len(writes) == int(sys.argv[2]):
+        print("writing", flush=True)  # the lines before this one are written and flushed
+        sys.stdin.readline()  # wait here for the parent's SIGKILL
+    real(out, record)
+
+assisted.batch._write = write
+sys.exit(main(json.loads(sys.argv[1]), load=lambda args: pair))
+"""
+
+
+def test_a_batched_run_killed_mid_run_then_rerun_does_every_id_exactly_once(pair, files, tmp_path, capsys):
+    """`--batch-size 8`: rows finish out of order; a SIGKILL after four lines, then a rerun: every id exactly once,
+    the killed run's lines byte for byte first."""
+    schema, docs, out = files
+    docs.write_bytes(b"".join(doc(i) for i in range(12)))
+    script, log = tmp_path / "child.py", tmp_path / "child.err"
+    script.write_text(WRITER_CHILD)
+    args = [*batch(schema, docs, out), "--batch-size", "8"]
+    with open(log, "w") as stderr:
+        child = subprocess.Popen([sys.executable, str(script), json.dumps(args), "5"], cwd=ROOT,
+                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        assert child.stdout.readline() == "writing\n", log.read_text()
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.communicate()
+    assert child.returncode == -signal.SIGKILL
+    killed = out.read_bytes()
+    assert killed.count(b"\n") == 4 and len(set(ids_of(out))) == 4
+    assert main(args, load=lambda args: pair) == 0
+    assert "8 written, 4 already done" in capsys.readouterr().err
+    assert out.read_bytes().startswith(killed)
+    assert sorted(ids_of(out)) == sorted(f"d{i}" for i in range(12))  # each once
+    assert not lock_path(out).exists()

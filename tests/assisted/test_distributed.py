@@ -167,6 +167,82 @@ def test_ray_batch_resumes_and_writes_each_id_once_after_a_killed_worker(local_r
     assert (again.written, again.skipped) == (0, 6) and len(out.read_text().splitlines()) == len(rows)
 
 
+DRIVER_CHILD = """
+import sys
+import assisted.ray_batch as ray_batch
+from assisted.batch import read_input
+from tests.assisted.test_distributed import OPTIONS, POINT, tiny_loader
+
+real, writes = ray_batch._write, []
+
+def write(out, record):
+    writes.append(1)
+    if len(writes) == int(sys.argv[3]):
+        print("writing", flush=True)  # the lines before this one are written and flushed
+        sys.stdin.readline()  # wait here for the parent's SIGKILL
+    real(out, record)
+
+ray_batch._write = write
+kwargs = {"model": "tiny", "assistant": "tiny2", "schema": POINT, "options": OPTIONS, "loader": tiny_loader}
+settings = ray_batch.RaySettings(workers=1, threads_per_worker=1, worker_kwargs=kwargs)
+ray_batch.run_ray_batch(read_input(sys.argv[1]), sys.argv[2], settings, report=lambda message: None, progress=False)
+"""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Ray's node processes under a driver that started them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+@pytest.mark.ray
+def test_a_ray_driver_killed_mid_run_then_rerun_writes_each_id_once(documents, tmp_path):
+    """SIGKILL of `--ray`'s driver after three documents, then a rerun (its own local Ray, or the module's): each id
+    once, the killed run's lines first."""
+    pytest.importorskip("ray")
+    from assisted.ray_batch import RaySettings, run_ray_batch
+    docs, out, script = tmp_path / "docs.jsonl", tmp_path / "out.jsonl", tmp_path / "driver.py"
+    script.write_text(DRIVER_CHILD)
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, str(script), str(docs), str(out), "4"], cwd=root,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    below = []
+    try:
+        assert child.stdout.readline() == "writing\n"
+        below = descendants(child.pid)  # its local Ray instance: ended below, by pid, as the driver's SIGKILL would not
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.communicate()
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert child.returncode == -signal.SIGKILL
+    killed = out.read_bytes()
+    assert killed.count(b"\n") == 4  # the bad line (not a document: not counted by the hook) and three documents
+    kwargs = {"model": "tiny", "assistant": "tiny2", "schema": POINT, "options": OPTIONS, "loader": tiny_loader}
+    settings = RaySettings(workers=1, threads_per_worker=1, worker_kwargs=kwargs)
+    summary = run_ray_batch(documents, out, settings, report=lambda message: None, progress=False)
+    assert out.read_bytes().startswith(killed)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(str(r["id"]) for r in rows) == sorted(["d0", "d1", "d2", "d3", "d4", "d5", "None"])  # each once
+    assert (summary.written, summary.skipped, summary.bad) == (3, 3, 1)
+
+
 @pytest.mark.ray
 def test_a_worker_that_cannot_load_fails_the_run_with_one_line(local_ray, documents, tmp_path):
     from assisted.ray_batch import RaySettings, run_ray_batch

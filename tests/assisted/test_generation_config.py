@@ -112,18 +112,64 @@ def test_sampling_with_a_prefix_dependent_processor_keeps_the_reference_distribu
     assert p_value > 1e-3 and tv < 1.5 * sampling_noise_tv(expected, draws), f"p={p_value:.2g} TV={tv:.3f}"
 
 
-@pytest.mark.parametrize("k", range(1, 9))
-def test_a_stop_string_across_a_token_boundary_ends_at_the_token_completing_it(tok, models, k):
+def stop_across(tok, ids: list[int], start: int = 3) -> str:
+    """A stop string that ends inside the token after a boundary: the last two characters of token i and the first
+    of token i + 1, written first there."""
+    pieces = [tok.decode([t]) for t in ids]
+    i = next(i for i in range(start, len(ids) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 2
+             and pieces[i][-2:] + pieces[i + 1][:1] not in "".join(pieces[: i + 1]))
+    return pieces[i][-2:] + pieces[i + 1][:1]
+
+
+def stop_inside(tok, ids: list[int], start: int = 3) -> str:
+    """A stop string strictly inside one token (neither its first nor its last character), written first there."""
+    pieces = [tok.decode([t]) for t in ids]
+    i = next(i for i in range(start, len(ids)) if len(pieces[i]) >= 4 and pieces[i][1:3] not in "".join(pieces[:i])
+             and pieces[i][1:3] not in pieces[i][2:])
+    return pieces[i][1:3]
+
+
+@pytest.mark.parametrize("helper", ["target", "other"])  # accepts everything / rejects most drafts
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("where", ["across", "inside"])
+def test_a_stop_string_ends_at_the_token_completing_it_as_transformers_does(tok, models, helper, k, where):
     full = generate(models["target"], tokenizer=tok, prompt="Once", max_new_tokens=30)
-    pieces = [tok.decode([t]) for t in full.token_ids]
-    i = next(i for i in range(3, 20) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 2)
-    stop = pieces[i][-2:] + pieces[i + 1][:1]  # ends inside token i + 1
-    assert stop not in "".join(pieces[: i + 1])
-    out = generate(models["target"], models["target"], tokenizer=tok, prompt="Once", max_new_tokens=30,
+    stop = (stop_across if where == "across" else stop_inside)(tok, full.token_ids)
+    expected = hf_greedy(models["target"], tok, "Once", max_new_tokens=30, stop_strings=[stop, "never written"],
+                         tokenizer=tok)
+    assert len(expected) < len(full.token_ids) and full.token_ids[: len(expected)] == expected
+    out = generate(models["target"], models[helper], tokenizer=tok, prompt="Once", max_new_tokens=30,
                    stop_strings=[stop, "never written"], num_assistant_tokens_schedule="constant",
                    num_assistant_tokens=k)
-    assert out.token_ids == full.token_ids[: i + 2] and out.stop_reason == "stop_string"
-    assert out.text.endswith(pieces[i + 1]) and stop in out.text
+    assert out.token_ids == expected and out.stop_reason == "stop_string"
+    assert stop in out.text and stop not in tok.decode(expected[:-1])
+    assert out.stats.accepted > 0 or helper == "other"
+
+
+BATCH_PROMPTS = ["Once", "Hi there", "A much longer prompt about a tale, told in a few words:", "x"]
+
+
+@pytest.mark.parametrize("helper", ["target", "other"])
+@pytest.mark.parametrize("option", ["stop_strings", "repetition_penalty", "logits_processor"])
+def test_batched_rows_with_options_equal_transformers_generate_per_row(tok, models, helper, option):
+    """generate_batch honours stop strings (one across a token boundary, one inside a token), a repetition penalty
+    and a prefix-dependent processor in every row as transformers' own generate does for that row alone."""
+    from assisted import generate_batch
+
+    kw = dict(max_new_tokens=24)
+    if option == "stop_strings":
+        plain = [generate(models["target"], tokenizer=tok, prompt=p, **kw).token_ids for p in BATCH_PROMPTS[:2]]
+        kw["stop_strings"] = [stop_across(tok, plain[0]), stop_inside(tok, plain[1])]
+    else:
+        kw |= {"repetition_penalty": 1.4} if option == "repetition_penalty" else {
+            "logits_processor": [BanLastAndPreferParity()]}
+    extra = {"tokenizer": tok} if option == "stop_strings" else {}
+    expected = [hf_greedy(models["target"], tok, p, **kw, **extra) for p in BATCH_PROMPTS]
+    out = generate_batch(models["target"], models[helper], tokenizer=tok, prompts=BATCH_PROMPTS, batch_size=2,
+                         num_assistant_tokens=3, num_assistant_tokens_schedule="constant", **kw)
+    assert [r.token_ids for r in out] == expected
+    if option == "stop_strings":
+        assert [r.stop_reason for r in out[:2]] == ["stop_string"] * 2 and all(len(e) < 24 for e in expected[:2])
 
 
 class AfterTokens(StoppingCriteria):

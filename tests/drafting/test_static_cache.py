@@ -1,7 +1,8 @@
 """StaticKV: forwards on a static cache, eager or through bucketed captured steps, equal forwards on a dynamic one.
 
 The captured path runs here through an eager stand-in for CUDA-graph capture: the same id buffers, padding to the
-bucket, start scalar and logits slicing as on a GPU, without the graph.
+bucket, start scalar and logits slicing as on a GPU, without the graph. On a machine with CUDA the same random feeds
+and crops also run through real captured graphs (`cuda_capture`), and `generate` on static + graphs equals dynamic.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from drafting.kv_cache import crop_to, forward, new_cache
-from drafting.static_cache import BUCKETS, StaticKV, graphs_unsupported, static_unsupported
+from drafting.static_cache import BUCKETS, StaticKV, cuda_capture, graphs_unsupported, static_unsupported
 from tests.helpers_models import tiny_gpt2, tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
@@ -40,10 +41,10 @@ def model(request):
     return make(V, seed=0, layers=2, init=0.5)
 
 
-@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
-def test_static_forwards_equal_dynamic_ones_through_feeds_and_crops(model, captured):
-    """Random feeds of 1..12 tokens, each followed by a crop to a random committed length, as the loop does."""
-    kv, cache, rng = StaticKV(model, 300, Recording() if captured else None), new_cache(), random.Random(0)
+def feeds_and_crops(model, capture=None) -> StaticKV:
+    """Random feeds of 1..12 tokens, each followed by a crop to a random committed length, as the loop does: every
+    static forward's logits equal a dynamic cache's over the same tokens."""
+    kv, cache, rng = StaticKV(model, 300, capture), new_cache(), random.Random(0)
     seq, cached = [rng.randrange(V) for _ in range(9)], 0
     with torch.inference_mode():
         for _ in range(30):
@@ -59,6 +60,41 @@ def test_static_forwards_equal_dynamic_ones_through_feeds_and_crops(model, captu
             kv.crop(cached)
             crop_to(cache, cached)
             assert kv.length == cache.get_seq_length() == cached
+    return kv
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_static_forwards_equal_dynamic_ones_through_feeds_and_crops(model, captured):
+    feeds_and_crops(model, Recording() if captured else None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: real graph capture")
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_real_cuda_graphs_equal_dynamic_forwards_through_feeds_and_crops(family):
+    """The stand-in above replaces capture in every other test: here the graphs are real."""
+    model = {"llama": tiny_llama, "gpt2": tiny_gpt2}[family](V, seed=0, layers=2, init=0.5).to("cuda")
+    replays = []
+
+    def counted(step):
+        replay = cuda_capture(step)
+        return lambda: replays.append(1) or replay()
+    kv = feeds_and_crops(model, counted)
+    assert kv.steps and replays  # forwards of up to 32 tokens replayed captured graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: real graph capture")
+def test_generate_on_static_cache_and_real_graphs_equals_dynamic():
+    from assisted import generate
+    from tests.helpers_models import tiny_tokenizer
+
+    target = tiny_llama(8, seed=0, layers=2, init=0.5, eos=0).to("cuda")
+    assistant = tiny_llama(8, seed=1, layers=1, init=0.5, eos=0).to("cuda")
+    kw = dict(tokenizer=tiny_tokenizer(), input_ids=[3, 4, 5, 6], regex="[abcd]{60}", max_new_tokens=30,
+              num_assistant_tokens=4, num_assistant_tokens_schedule="constant")
+    dynamic = generate(target, assistant, cache_implementation="dynamic", **kw)
+    graphs = generate(target, assistant, cache_implementation="static", cuda_graphs=True, **kw)
+    assert graphs.stats.cache == "static+graphs" and dynamic.stats.cache == "dynamic"
+    assert graphs.token_ids == dynamic.token_ids and len(graphs.token_ids) == 30
 
 
 def test_a_crop_moves_the_length_and_copies_nothing(model):

@@ -295,3 +295,46 @@ def test_without_words_is_the_plain_difference(words):
     assert rx.is_empty(rx.inter(less, rx.complement(expected))) and rx.is_empty(rx.inter(expected, rx.complement(less)))
     for word in (*words, "nam", "namex", "日", "b"):
         assert rx.matches(less, word) == (word not in words)
+
+
+def _only_bs_after(lead: str, n: int) -> rx.Rx:
+    """`lead` then n letters of [ab] with no "a" (only "b" * n): the shortest string of the positive part
+    ("a" * n) is excluded, so deciding it needs a search."""
+    ab = rx.byte_set(1 << ord("a") | 1 << ord("b"))
+    has_a = rx.seq(rx.literal(lead), rx.star(ab), rx.literal("a"), rx.star(ab))
+    return rx.inter(rx.seq(rx.literal(lead), rx.repeat(ab, n, n)), rx.complement(has_a))
+
+
+def test_an_undecided_emptiness_raises_or_gives_the_callers_answer_unmemoized(monkeypatch):
+    term = _only_bs_after("q", 14)
+    with pytest.raises(rx.UndecidedError, match="more than 3 states"):
+        rx.is_empty(term, limit=3)
+    assert issubclass(rx.UndecidedError, ValueError)
+    searches, real = [], rx._search_empty
+    monkeypatch.setattr(rx, "_search_empty", lambda t, limit: searches.append(t) or real(t, limit))
+    assert rx.is_empty(term, limit=3, undecided=True) is True and searches == []  # given up at 3 once: not again
+    assert rx.is_empty(term) is False and rx.matches(term, "q" + "b" * 14)  # nothing was memoized: decided now
+
+
+def test_a_walk_forbids_what_it_cannot_decide_and_never_raises(monkeypatch):
+    """A first visit whose emptiness search goes past `rx.WALK_LIMIT` makes the derivative DEAD: the guide's
+    language narrows ("d" + "b" * 12 is lost), it never admits an invalid text and never raises mid-walk."""
+    from tests.helpers_models import tiny_tokenizer
+
+    monkeypatch.setattr(rx, "WALK_LIMIT", 3)
+    # "cc", or "d" then twelve b's: the root is proved non-empty by its witness "cc" before any walk
+    root = rx.alt(rx.literal("cc"), _only_bs_after("d", 12))
+    assert not rx.is_empty(root)
+    dfa = LazyDFA(root)
+    assert dfa.walk(b"d") == DEAD and dfa.fullmatch(b"cc")
+    import fsm
+
+    tokenizer = tiny_tokenizer()
+    guide = fsm.Guide.from_rx(root, tokenizer)
+    allowed = {tokenizer.convert_ids_to_tokens(int(i)) for i in np.flatnonzero(guide.mask())}
+    assert allowed == {"c"}  # "cd" and "d" would lead into the undecided state
+    with pytest.raises(fsm.InvalidTokenError):
+        guide.copy().advance(tokenizer.convert_tokens_to_ids("d"))
+    for token in tokenizer.encode("cc", add_special_tokens=False):
+        guide.advance(token)
+    assert guide.is_final()
