@@ -22,13 +22,17 @@ class Guide:
     and terms are interned, so a second guide for the same constraint is free. Guides over one index
     may be used from several threads at once: first visits are built under a lock, revisits take none.
     Every first visit of a state runs under the budget (`fsm.GuideBudgetError` past it).
+
+    A guide may also count the tokens left (`within`): its mask then allows only the tokens after which a valid
+    completion still fits in them (`fsm.closing`), and each `advance` spends one.
     """
 
-    __slots__ = ("index", "state")
+    __slots__ = ("index", "state", "left")
 
-    def __init__(self, index: TokenIndex, state: int = 0):
+    def __init__(self, index: TokenIndex, state: int = 0, left: int | None = None):
         self.index = index
         self.state = state
+        self.left = left  # tokens left, this position's included; None: no budget
 
     @classmethod
     def from_regex(cls, pattern: str, tokenizer, vocab_size: int | None = None, eos_token_ids=None,
@@ -83,20 +87,56 @@ class Guide:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.index.vocabulary.eos_token_ids
 
+    def within(self, left: int | None) -> "Guide":
+        """A copy that closes within `left` tokens (this position's included; None: no budget).
+
+        Its mask allows a token only if, after it, the shortest valid completion, counted in bytes that tokens
+        spell alone, fits in the tokens left; `advance` spends one token. Use `fits()` to check that the budget
+        leaves any way to finish.
+        """
+        if left is not None and (isinstance(left, bool) or not isinstance(left, int) or left < 0):
+            raise ValueError(f"tokens left must be an int >= 0 or None, got {left!r}")
+        return Guide(self.index, self.state, left)
+
     def mask(self) -> torch.Tensor:
         """(vocab_size,) bool, True where a token is allowed now. Shared and cached: do not modify."""
-        return self.index.info(self.state).mask
+        if self.left is None:
+            return self.index.info(self.state).mask
+        return self.index.closing.mask(self.state, self.left)
 
     def allowed(self) -> list[int]:
         """The allowed token ids, sorted."""
-        return self.index.info(self.state).token_ids.tolist()
+        if self.left is None:
+            return self.index.info(self.state).token_ids.tolist()
+        return torch.nonzero(self.mask()).flatten().tolist()
 
     def advance(self, token_id: int) -> None:
         """Move past `token_id`; raises `fsm.InvalidTokenError` if it is not allowed here."""
         nxt = self.index.next_state(self.state, int(token_id))
         if nxt == DEAD:
             raise InvalidTokenError(f"token {token_id} is not allowed in state {self.state} of {self.index.dfa.name()}")
+        if self.left is not None:
+            if self.left < 1 or self.index.closing.distance(nxt) > self.left - 1:
+                raise InvalidTokenError(f"token {token_id} leaves no valid completion within the {self.left - 1} "
+                                        f"tokens left in state {self.state} of {self.index.dfa.name()}")
+            self.left -= 1
         self.state = nxt
+
+    def fits(self) -> bool:
+        """Whether the text can still end complete: it is, or some token leaves room for a completion (always True
+        without a budget)."""
+        if self.left is None or self.is_final():
+            return True
+        return self.left >= 1 and self.index.closing.bounds(self.state)[0] <= self.left - 1
+
+    def binds(self) -> bool:
+        """Whether the budget removes a token the constraint allows here."""
+        return self.left is not None and self.index.closing.binds(self.state, self.left)
+
+    def shortest_completion(self) -> int:
+        """Bytes of the shortest valid completion from here, in bytes that tokens spell alone (a bound on its tokens;
+        a large sentinel when none is spelled so)."""
+        return self.index.closing.distance(self.state)
 
     def forced(self) -> list[int]:
         """Tokens every valid continuation starts with, as the tokenizer would spell them."""
@@ -114,10 +154,14 @@ class Guide:
 
     def only_eos_allowed(self) -> bool:
         """Final and nothing but EOS may follow: generation can stop here."""
-        return self.is_final() and self.index.info(self.state).max_token_length == 0
+        if self.left is None:
+            return self.is_final() and self.index.info(self.state).max_token_length == 0
+        others = self.mask().clone()
+        others[list(self.eos_token_ids)] = False
+        return self.is_final() and not bool(others.any())
 
     def copy(self) -> "Guide":
-        return Guide(self.index, self.state)
+        return Guide(self.index, self.state, self.left)
 
 
 def _index(term: rx.Rx, vocabulary, budget: Budget) -> TokenIndex:
