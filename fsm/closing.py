@@ -1,17 +1,25 @@
 """Closing within a token budget: which tokens leave room for a valid completion in the tokens left.
 
-With a budget (`Guide.within`), a token is allowed at a position only if, after it, some valid completion still
-fits in the tokens left. Every byte that a token spells on its own (all of them in byte-level and byte-fallback
-vocabularies) is one token, so `distance(state)`, the shortest completion in such bytes, is a number of tokens that
-always suffices. The rule keeps itself true: a state reached with `distance <= left` has an allowed single-byte
-token (the first byte of a shortest completion) whose next state is one byte closer, or it accepts and allows EOS.
-EOS needs no room after it; a budget that runs out on a complete text leaves it complete.
+With a budget (`Guide.within`), a token is allowed at a position only if, after it, a valid completion still fits
+in the tokens left. `distance(state)` is the number of tokens of one fixed way to complete from `state`, a strategy
+that is a pure function of the state's term:
+
+- an accepting state is complete (0 tokens: EOS needs no room, and a budget that runs out there leaves it complete);
+- a state starting a forced chain F (bytes every continuation starts with, up to an accepting or branching state
+  s') spells F in its fewest tokens: distance = tokens(F) + distance(s');
+- any other state takes one byte that a token spells alone (all bytes are tokens in byte-level and byte-fallback
+  vocabularies), the lowest on a shortest byte path to acceptance: distance = 1 + distance(next).
+
+The rule keeps itself true: at a state with `distance <= left` some allowed token leads to a state with
+`distance <= left - 1` (the strategy's own first token: the byte, or the first token of F's fewest-token spelling,
+after which the rest of F needs one token fewer), so the mask is never empty and the output always ends complete.
+A coalesced forced run spelled otherwise is cut where it would not fit (`Guide.forced`).
 
 Per state, `need[i]` is the distance after the i-th allowed token: the budget mask at (state, left) is
-`need <= left - 1`, built only where the budget binds (left - 1 below the largest need), cached per (state, left);
-elsewhere it is the state's own mask, the same tensor. Distances are exact: a plain term's witness (`rx.witness`,
-the shortest string of terms without intersections and complements) where all its bytes are single tokens, else a
-breadth-first search over derivatives that stops at such terms.
+`need <= left - 1`, built only where the budget binds (left - 1 below the largest need) and cached per (state,
+left); elsewhere it is the state's own mask, the same tensor. Shortest byte paths come from terms: a plain term's
+witness (`rx.witness`, a shortest string of terms without intersections and complements) where all its bytes are
+single tokens, else a breadth-first search over derivatives that stops at such terms.
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ from fsm.budget import GuideBudgetError, metered
 
 FINISHED = -2  # fsm.index.FINISHED: the state after EOS (not imported: fsm.index imports this module)
 UNREACHABLE = np.iinfo(np.int32).max  # no completion in single-token bytes
-SEARCH_LIMIT = 20_000  # terms one distance search may visit
+SEARCH_LIMIT = 20_000  # terms one byte-distance search may visit
 MAX_KEPT = 200_000  # distances and bounds remembered per index before they start over
+MAX_CHAIN = 4096  # a longer forced chain is completed byte by byte
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,22 +56,80 @@ class Closing:
     """Distances, per-state needs and budget masks of one `TokenIndex` (pure functions of it, memoized)."""
 
     def __init__(self, index):
-        self.index = index
+        self.index, self.dfa = index, index.dfa
         self.singles = sum(1 << b for b in index.vocabulary.single_bytes)  # bytes one token spells alone
+        self._single_bytes = np.asarray(sorted(index.vocabulary.single_bytes), dtype=np.int64)
+        spelled = [b for b in index.vocabulary.token_bytes if b]
+        self._spellings, self._longest = frozenset(spelled), max(map(len, spelled), default=1)
         self._distances: dict[int, int] = {FINISHED: 0}
+        self._bytes: dict[int, int] = {}  # state -> shortest completion in single-token bytes
         self._bounds: dict[int, tuple[int, int]] = {}  # state -> (smallest, largest) need
         self._needs = BoundedCache(64, 256 << 20, lambda needs: needs.nbytes)
         self._masks = BoundedCache(1024, 256 << 20, lambda mask: mask.numel())
 
     def distance(self, state: int) -> int:
-        """Bytes of the shortest completion from `state` spelled in single-token bytes (UNREACHABLE if none)."""
+        """Tokens that complete the text from `state` (the strategy of the module docstring; UNREACHABLE if none)."""
         found = self._distances.get(state)
         if found is None:
-            with metered(self.index.budget, f"the shortest completion of state {state} of {self.index.dfa.name()}"):
-                found = shortest(self.index.dfa.term(state), self.singles)
             if len(self._distances) > MAX_KEPT:
-                self._distances = {FINISHED: 0}
-            self._distances[state] = found
+                self._distances, self._bytes = {FINISHED: 0}, {}
+            with metered(self.index.budget, f"the shortest completion of state {state} of {self.dfa.name()}"):
+                self._follow(state)
+            found = self._distances[state]
+        return found
+
+    def _follow(self, state: int) -> None:
+        """Walk the strategy from `state` to a state of known distance, then fill in the states passed."""
+        segments = []  # [(state, tokens from it to the segment's end)], each segment ending where the next starts
+        while state not in self._distances:
+            if self.dfa.accepting[state]:
+                self._distances[state] = 0
+                break
+            chain = self._chain(state)
+            if chain is not None:
+                states, data, state = chain
+                segments.append(list(zip(states, _fewest_tokens(data, self._spellings, self._longest))))
+                continue
+            nxt = self._step(state)
+            if nxt is None:
+                self._distances[state] = UNREACHABLE
+                break
+            segments.append([(state, 1)])
+            state = nxt
+        after = self._distances[state]
+        for segment in reversed(segments):
+            for passed, tokens in segment:
+                self._distances[passed] = min(UNREACHABLE, tokens + after)
+            after = self._distances[segment[0][0]]
+
+    def _chain(self, state: int) -> tuple[list[int], bytes, int] | None:
+        """(states, bytes, end) of the forced chain from `state` (None when it is not one, or longer than MAX_CHAIN)."""
+        states, data = [], bytearray()
+        while not self.dfa.accepting[state] and len(data) <= MAX_CHAIN:
+            row = self.dfa.row(state)
+            live = np.flatnonzero(row != -1)  # DEAD
+            if len(live) != 1:
+                break
+            states.append(state)
+            data.append(int(live[0]))
+            state = int(row[live[0]])
+        return (states, bytes(data), state) if data and len(data) <= MAX_CHAIN else None
+
+    def _step(self, state: int) -> int | None:
+        """The next state on the lowest single-token byte that starts a shortest byte path; None if none does."""
+        targets = self.dfa.row(state).take(self._single_bytes)  # (n_singles,)
+        best, found = UNREACHABLE, None
+        for target in targets[targets != -1].tolist():  # DEAD; in byte order
+            length = self.byte_distance(target)
+            if length < best:
+                best, found = length, target
+        return found
+
+    def byte_distance(self, state: int) -> int:
+        """Bytes of the shortest completion from `state` made of bytes that tokens spell alone (UNREACHABLE if none)."""
+        found = self._bytes.get(state)
+        if found is None:
+            found = self._bytes[state] = shortest(self.dfa.term(state), self.singles)
         return found
 
     def bounds(self, state: int) -> tuple[int, int]:
@@ -101,6 +168,15 @@ class Closing:
         mask = np.zeros(self.index.vocab_size, dtype=bool)
         mask[needs.ids[needs.need <= left - 1]] = True
         return torch.from_numpy(mask)
+
+
+def _fewest_tokens(data: bytes, spellings: frozenset, longest: int) -> list[int]:
+    """(len(data),) the fewest tokens that spell each suffix data[i:] exactly (UNREACHABLE where none do)."""
+    fewest = [0] * (len(data) + 1)
+    for i in range(len(data) - 1, -1, -1):
+        options = (fewest[i + n] for n in range(1, min(longest, len(data) - i) + 1) if data[i:i + n] in spellings)
+        fewest[i] = min(UNREACHABLE, 1 + min(options, default=UNREACHABLE))
+    return fewest[:-1]
 
 
 def shortest(term: rx.Rx, singles: int, limit: int = SEARCH_LIMIT) -> int:

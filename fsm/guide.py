@@ -90,9 +90,9 @@ class Guide:
     def within(self, left: int | None) -> "Guide":
         """A copy that closes within `left` tokens (this position's included; None: no budget).
 
-        Its mask allows a token only if, after it, the shortest valid completion, counted in bytes that tokens
-        spell alone, fits in the tokens left; `advance` spends one token. Use `fits()` to check that the budget
-        leaves any way to finish.
+        Its mask allows a token only if, after it, a valid completion still fits in the tokens left (`fsm.closing`:
+        forced text in its fewest tokens, other bytes one token each); `advance` spends one token and `forced()`
+        stops where the next forced token would not fit. Use `fits()` to check that the budget leaves a way to finish.
         """
         if left is not None and (isinstance(left, bool) or not isinstance(left, int) or left < 0):
             raise ValueError(f"tokens left must be an int >= 0 or None, got {left!r}")
@@ -116,11 +116,14 @@ class Guide:
         if nxt == DEAD:
             raise InvalidTokenError(f"token {token_id} is not allowed in state {self.state} of {self.index.dfa.name()}")
         if self.left is not None:
-            if self.left < 1 or self.index.closing.distance(nxt) > self.left - 1:
+            if not self._fits_after(nxt):
                 raise InvalidTokenError(f"token {token_id} leaves no valid completion within the {self.left - 1} "
                                         f"tokens left in state {self.state} of {self.index.dfa.name()}")
             self.left -= 1
         self.state = nxt
+
+    def _fits_after(self, nxt: int) -> bool:
+        return self.left >= 1 and self.index.closing.distance(nxt) <= self.left - 1
 
     def fits(self) -> bool:
         """Whether the text can still end complete: it is, or some token leaves room for a completion (always True
@@ -134,15 +137,25 @@ class Guide:
         return self.left is not None and self.index.closing.binds(self.state, self.left)
 
     def shortest_completion(self) -> int:
-        """Bytes of the shortest valid completion from here, in bytes that tokens spell alone (a bound on its tokens;
-        a large sentinel when none is spelled so)."""
+        """Tokens that always suffice to complete the text from here (`fsm.closing`; a bound, not always the fewest;
+        a large sentinel when no completion is found)."""
         return self.index.closing.distance(self.state)
 
     def forced(self) -> list[int]:
         """Tokens every valid continuation starts with, as the tokenizer would spell them."""
         if self.state == FINISHED:
             return []
-        return list(self.index.forced_tokens(self.state))
+        tokens = list(self.index.forced_tokens(self.state))
+        if self.left is None:
+            return tokens
+        walk, fitting = self.copy(), []  # under a budget: up to the first token that would not fit
+        for token in tokens:
+            nxt = walk.index.next_state(walk.state, token)
+            if not walk._fits_after(nxt):
+                break
+            walk.left, walk.state = walk.left - 1, nxt
+            fitting.append(token)
+        return fitting
 
     def is_final(self) -> bool:
         """True when the text so far is a complete match (EOS is allowed)."""
