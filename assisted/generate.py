@@ -136,8 +136,8 @@ def generate(
     -------
     GenerationResult
         ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length" | "closed" |
-        "stop_string" | "criteria") and ``stats``. ``value`` is a validated instance of `schema` (pydantic, or `jsonschema` for a
-        dict) or None: never a parsed prefix of a text the budget cut.
+        "stop_string" | "criteria") and ``stats``. ``value`` is a validated instance of `schema` (pydantic, or
+        `jsonschema` for a dict) or None: never a parsed prefix of a text the budget cut.
 
     Raises
     ------
