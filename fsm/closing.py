@@ -7,12 +7,15 @@ that is a pure function of the state's term:
 - an accepting state is complete (0 tokens: EOS needs no room, and a budget that runs out there leaves it complete);
 - a state starting a forced chain F (bytes every continuation starts with, up to an accepting or branching state
   s') spells F in its fewest tokens: distance = tokens(F) + distance(s');
-- any other state takes one byte that a token spells alone (all bytes are tokens in byte-level and byte-fallback
-  vocabularies), the lowest on a shortest byte path to acceptance: distance = 1 + distance(next).
+- any other state takes the longest token that spells a prefix of a shortest path to acceptance in bytes that tokens
+  spell alone (all bytes are tokens in byte-level and byte-fallback vocabularies; ties go to the lowest byte):
+  distance = 1 + distance(next).
 
-The rule keeps itself true: at a state with `distance <= left` some allowed token leads to a state with
-`distance <= left - 1` (the strategy's own first token: the byte, or the first token of F's fewest-token spelling,
-after which the rest of F needs one token fewer), so the mask is never empty and the output always ends complete.
+Each move is an allowed token (a prefix of a path to acceptance, whose rest single-byte tokens spell), and each
+brings the text strictly closer to acceptance in bytes, so the strategy ends. The rule keeps itself true: at a state
+with `distance <= left` the strategy's own first token (the longest token above, or the first token of F's
+fewest-token spelling, after which the rest of F needs one token fewer) leads to a state with `distance <= left - 1`,
+so the mask is never empty and the output always ends complete.
 A coalesced forced run spelled otherwise is cut where it would not fit (`Guide.forced`).
 
 Per state, `need[i]` is the distance after the i-th allowed token: the budget mask at (state, left) is
@@ -63,6 +66,7 @@ class Closing:
         self._spellings, self._longest = frozenset(spelled), max(map(len, spelled), default=1)
         self._distances: dict[int, int] = {FINISHED: 0}
         self._bytes: dict[int, int] = {}  # state -> shortest completion in single-token bytes
+        self._steps: dict[int, tuple] = {}  # state -> (byte, next state) starting a shortest byte path, or ()
         self._bounds: dict[int, tuple[int, int]] = {}  # state -> (smallest, largest) need
         self._needs = BoundedCache(64, 256 << 20, lambda needs: needs.nbytes)
         self._masks = BoundedCache(1024, 256 << 20, lambda mask: mask.numel())
@@ -72,7 +76,7 @@ class Closing:
         found = self._distances.get(state)
         if found is None:
             if len(self._distances) > MAX_KEPT:
-                self._distances, self._bytes = {FINISHED: 0}, {}
+                self._distances, self._bytes, self._steps = {FINISHED: 0}, {}, {}
             with metered(self.index.budget, f"the shortest completion of state {state} of {self.dfa.name()}"):
                 self._follow(state)
             found = self._distances[state]
@@ -90,7 +94,7 @@ class Closing:
                 states, data, state = chain
                 segments.append(list(zip(states, _fewest_tokens(data, self._spellings, self._longest))))
                 continue
-            nxt = self._step(state)
+            nxt = self._token_step(state)
             if nxt is None:
                 self._distances[state] = UNREACHABLE
                 break
@@ -115,15 +119,33 @@ class Closing:
             state = int(row[live[0]])
         return (states, bytes(data), state) if data and len(data) <= MAX_CHAIN else None
 
-    def _step(self, state: int) -> int | None:
-        """The next state on the lowest single-token byte that starts a shortest byte path; None if none does."""
-        targets = self.dfa.row(state).take(self._single_bytes)  # (n_singles,)
-        best, found = UNREACHABLE, None
-        for target in targets[targets != -1].tolist():  # DEAD; in byte order
-            length = self.byte_distance(target)
-            if length < best:
-                best, found = length, target
-        return found
+    def _token_step(self, state: int) -> int | None:
+        """The state after the longest token that spells a prefix of the shortest byte path (`_step`) from `state`;
+        None when no completion is spelled in single-token bytes."""
+        data, states = bytearray(), [state]
+        while len(data) < self._longest and not self.dfa.accepting[states[-1]]:
+            step = self._step(states[-1])
+            if step is None:
+                break
+            data.append(step[0])
+            states.append(step[1])
+        for n in range(len(data), 0, -1):
+            if bytes(data[:n]) in self._spellings:
+                return states[n]
+        return None
+
+    def _step(self, state: int) -> tuple[int, int] | None:
+        """(byte, next state): the lowest single-token byte that starts a shortest byte path; None if none does."""
+        found = self._steps.get(state)
+        if found is None:
+            targets = self.dfa.row(state).take(self._single_bytes)  # (n_singles,)
+            best, found = UNREACHABLE, ()
+            for byte, target in zip(self._single_bytes.tolist(), targets.tolist()):  # in byte order
+                length = self.byte_distance(target) if target != -1 else UNREACHABLE  # DEAD
+                if length < best:
+                    best, found = length, (byte, target)
+            self._steps[state] = found
+        return found or None
 
     def byte_distance(self, state: int) -> int:
         """Bytes of the shortest completion from `state` made of bytes that tokens spell alone (UNREACHABLE if none)."""
