@@ -9,10 +9,12 @@ option is for), and over an 8-token vocabulary for exact distributions.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import jsonschema
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,6 +126,22 @@ def test_batch_rows_equal_generate_alone_and_close(tok, models, assistant):
         assert_complete(row, "schema", budget)
 
 
+@pytest.mark.parametrize("assistant", [None, "other"])
+def test_sampled_batch_rows_close_and_draw_as_generate_alone(tok, models, assistant):
+    low = shortest(tok, "schema")
+    prompts = ["Describe an item:", "An item", "Another item, please:", "Item:"]
+    for above in (0, 9):
+        kw = dict(tokenizer=tok, schema=ITEM, max_new_tokens=low + above, close_within_budget=True, do_sample=True,
+                  temperature=1.5, num_assistant_tokens_schedule="heuristic")
+        rows = generate_batch(models["target"], models.get(assistant), prompts=prompts, batch_size=3,
+                              seed=list(range(len(prompts))), **kw)
+        for seed, (prompt, row) in enumerate(zip(prompts, rows)):
+            assert_complete(row, "schema", low + above)
+            alone = generate(models["target"], models.get(assistant), input_ids=tok(prompt)["input_ids"], seed=seed,
+                             **kw)
+            assert row.token_ids == alone.token_ids
+
+
 def test_a_budget_below_the_shortest_completion_is_refused(tok, models):
     low = shortest(tok, "schema")
     kw = dict(tokenizer=tok, schema=ITEM, close_within_budget=True)
@@ -151,6 +169,21 @@ def test_the_logits_processor_closes_model_generate(tok, models):
     assert ours.value is not None
     with pytest.raises(ValueError, match="needs max_new_tokens"):
         logits_processor(tok, schema=ITEM, close_within_budget=True)
+
+
+def test_the_logits_processor_closes_under_assisted_sampling(tok, models):
+    """transformers' own assisted generation calls the processor for rejected positions and for the assistant's
+    drafts: each row's budget comes from its own length, so every output still closes."""
+    budget = shortest(tok, "schema") + 3
+    proc = logits_processor(tok, schema=ITEM, close_within_budget=True, max_new_tokens=budget)
+    enc = tok(["Describe an item:"], return_tensors="pt")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = models["target"].generate(**enc, logits_processor=[proc], max_new_tokens=budget, do_sample=True,
+                                        temperature=1.5, assistant_model=models["other"],
+                                        pad_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+        new = [t for t in out[0, enc["input_ids"].shape[1]:].tolist() if t != tok.eos_token_id]
+        jsonschema.validate(json.loads(tok.decode(new)), ITEM)
 
 
 def test_the_cli_passes_the_option():
