@@ -103,7 +103,8 @@ def generate(
           completion still fits in the tokens left (its shortest completion in bytes, one token each), so the
           output always ends complete within ``max_new_tokens``; stop reason "closed" where the budget tightened
           the mask (``stats.budget_tightened`` counts those positions). Lossless relative to plain constrained
-          decoding with the same budget-aware mask. ValueError when even the shortest output does not fit.
+          decoding with the same budget-aware mask. ValueError when even the shortest output does not fit. Stop
+          strings and stopping criteria may still end an output before it closes.
         - ``do_sample``, ``temperature``, ``top_k`` (0 or None: none), ``top_p``: greedy or sampling; warpers apply
           after the mask, to target and assistant alike.
         - ``repetition_penalty``, ``no_repeat_ngram_size``: transformers' processors, applied like
