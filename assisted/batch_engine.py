@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import torch
 
 from assisted.batch_rows import Guides, Item, RowInput, prepare_row, token_bytes
 from assisted.batched_stats import BatchStats
+from assisted.closing import outcome
 from assisted.config import Settings, options
 from assisted.inputs import parse_value
 from assisted.draft_policy import make_policy
@@ -36,6 +38,7 @@ class Row:
 
     def __init__(self, inp: RowInput, engine: Engine):
         self.inp, self.opts, self.cursor, self.prompt = inp, inp.opts, inp.cursor, inp.ids
+        self.start = inp.cursor.copy()  # the guide before the first token (`assisted.closing.outcome` walks it)
         self.seq, self.end = list(inp.ids), len(inp.ids) + inp.opts.max_new_tokens
         self.cached = 0  # target tokens cached (always seq[:cached])
         self.policy = make_policy(self.opts.schedule, self.opts.num_assistant_tokens)
@@ -226,7 +229,8 @@ class Engine:
             return self._error(str(error))
         stats = row.rec.freeze(len(new), row.helper_passes, row.helper_seconds, row.cursor.clock.seconds,
                                None, row.prefilled)
-        return GenerationResult(text, new, value, stop or row.stop, stats, None, self.stats)
+        tightened, stop = outcome(row.start, new, stop or row.stop)
+        return GenerationResult(text, new, value, stop, replace(stats, budget_tightened=tightened), None, self.stats)
 
     def _error(self, message: str) -> GenerationResult:
         """A failed row's result; its error on one line (an output line of the CLI)."""

@@ -15,6 +15,7 @@ from typing import Any
 import fsm
 from assisted.config import Settings, options
 from assisted.eos import eos_ids
+from assisted.closing import within_budget
 from assisted.inputs import Options, fit_positions, make_cursor, prompt_ids
 from drafting.base import Cursor
 
@@ -66,6 +67,8 @@ def check_settings(settings: Settings) -> str:
     if settings.cache_implementation not in (None, "dynamic"):
         raise ValueError(f"generate_batch() runs on its own dynamic batch caches, not cache_implementation="
                          f"{settings.cache_implementation!r}")
+    if not isinstance(settings.close_within_budget, bool):
+        raise TypeError(f"close_within_budget must be a bool, got {settings.close_within_budget!r}")
     schedule = settings.num_assistant_tokens_schedule
     if schedule == "auto":
         raise ValueError("generate_batch() does not run the 'auto' schedule (its cost model prices one row per "
@@ -147,7 +150,8 @@ def prepare_row(item: Item, model, assistant_model, tokenizer, vocab_size: int, 
     ids = prompt_ids(tokenizer, kwargs.get("prompt"), kwargs.get("messages"), kwargs.get("input_ids"), vocab_size)
     opts = replace(options(settings, len(ids), logits_processor), seed=item.seed)
     opts = fit_positions(opts, len(ids), model, assistant_model)
-    return RowInput(item, ids, opts, guides.cursor(item.schema, item.regex))
+    cursor = within_budget(guides.cursor(item.schema, item.regex), opts.max_new_tokens, opts.close_within_budget)
+    return RowInput(item, ids, opts, cursor)
 
 
 def batch_eos(model, tokenizer, settings: Settings) -> frozenset[int]:

@@ -83,6 +83,9 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument("--chat", action="store_true", help="format --prompt / prompts as one user chat message")
     decoding.add_argument("--max-new-tokens", type=int, default=512)
+    decoding.add_argument("--close-within-budget", action="store_true",
+                          help="with a constraint: allow only tokens after which a valid completion still fits in "
+                               "--max-new-tokens, so every output closes complete (stop reason 'closed')")
     decoding.add_argument(
         "--temperature",
         type=float,
@@ -155,6 +158,7 @@ def decoding_of(args: argparse.Namespace) -> dict:
     given = {"max_new_tokens": args.max_new_tokens, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
              "num_assistant_tokens": args.num_assistant_tokens, "num_assistant_tokens_schedule": args.schedule,
              "coalesce": not args.lossless, "repetition_penalty": args.repetition_penalty, "stop_strings": args.stop,
+             "close_within_budget": args.close_within_budget or None,
              "prompt_lookup_num_tokens": None if args.prompt_lookup is None else (LOOKUP_UNBOUNDED if args.prompt_lookup
                                                                                  else 0)}
     if args.temperature is not None:

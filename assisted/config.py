@@ -36,7 +36,7 @@ HONOURED = frozenset(DEFAULTS) | {"max_length"}
 INERT = frozenset({"bos_token_id", "pad_token_id", "decoder_start_token_id", "use_cache", "transformers_version",
                    "_from_model_config", "output_attentions", "output_hidden_states", "output_scores",
                    "output_logits", "return_dict_in_generate"})
-OURS = {"seed": None, "coalesce": True, "tree": False, "cuda_graphs": None}
+OURS = {"seed": None, "coalesce": True, "tree": False, "cuda_graphs": None, "close_within_budget": False}
 ALIASES = {"schedule": "num_assistant_tokens_schedule", "prompt_lookup": "prompt_lookup_num_tokens"}
 SCHEDULE_NAMES = {"heuristic_transient": "heuristic"}  # ours never carries k from call to call: transient already
 
@@ -142,7 +142,8 @@ def options(settings, prompt_length: int, logits_processor) -> Options:
                          None if lookup is None else lookup > 0)
     processors = Processors([*built_in(settings.repetition_penalty, settings.no_repeat_ngram_size),
                              *_processor_list(logits_processor)])
-    return replace(opts, lookup_tokens=lookup or LOOKUP_UNBOUNDED, processors=processors or None)
+    return replace(opts, lookup_tokens=lookup or LOOKUP_UNBOUNDED, processors=processors or None,
+                   close_within_budget=settings.close_within_budget)
 
 
 def _processor_list(logits_processor) -> list:

@@ -8,11 +8,13 @@ guide cursor (the state after `seq`). Drafts run ahead on a copy of the cursor.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 import fsm
 from assisted.caching import Held, plan_caches, static_caches
+from assisted.closing import outcome, within_budget
 from assisted.config import options, resolve
 from assisted.costs import StepCost, memorize, recall, recall_calibration
 from assisted.draft_policy import Policy, make_policy
@@ -96,6 +98,12 @@ def generate(
 
         - ``max_new_tokens`` (256; or a config's ``max_length`` minus the prompt): budget of new tokens, EOS
           included; cut to what the models' position limits leave after the prompt (stop reason "length").
+        - ``close_within_budget`` (False): with a schema or regex, allow a token only if, after it, a valid
+          completion still fits in the tokens left (its shortest completion in bytes, one token each), so the
+          output always ends complete within ``max_new_tokens``; stop reason "closed" where the budget tightened
+          the mask (``stats.budget_tightened`` counts those positions). Lossless relative to plain constrained
+          decoding with the same budget-aware mask. ValueError when even the shortest output does not fit. Stop
+          strings and stopping criteria may still end an output before it closes.
         - ``do_sample``, ``temperature``, ``top_k`` (0 or None: none), ``top_p``: greedy or sampling; warpers apply
           after the mask, to target and assistant alike.
         - ``repetition_penalty``, ``no_repeat_ngram_size``: transformers' processors, applied like
@@ -127,9 +135,9 @@ def generate(
     Returns
     -------
     GenerationResult
-        ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length" | "stop_string" |
-        "criteria") and ``stats``. ``value`` is a validated instance of `schema` (pydantic, or `jsonschema` for a
-        dict) or None: never a parsed prefix of a text the budget cut.
+        ``text``, ``token_ids``, ``value``, ``stop_reason`` ("eos" | "final" | "length" | "closed" |
+        "stop_string" | "criteria") and ``stats``. ``value`` is a validated instance of `schema` (pydantic, or
+        `jsonschema` for a dict) or None: never a parsed prefix of a text the budget cut.
 
     Raises
     ------
@@ -146,7 +154,9 @@ def generate(
                        prefix_cache)
     opts = fit_positions(opts, len(ids), model, assistant_model)
     eos = eos_ids(model, tokenizer, settings.eos_token_id)
-    cursor = make_cursor(schema, regex, tokenizer, vocab_size, eos, guide_options)
+    cursor = within_budget(make_cursor(schema, regex, tokenizer, vocab_size, eos, guide_options), opts.max_new_tokens,
+                           opts.close_within_budget)
+    start = cursor.copy()
     stops = Stops(settings.stop_strings, stopping_criteria,
                   fsm.vocabulary_from_tokenizer(tokenizer, vocab_size).token_bytes, input_device(model))
     recorder = Recorder()
@@ -173,7 +183,8 @@ def generate(
     value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
     stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates(), len(ids) - cached)
-    return GenerationResult(text, new, value, stop, stats)
+    tightened, stop = outcome(start, new, stop)
+    return GenerationResult(text, new, value, stop, replace(stats, budget_tightened=tightened))
 
 
 def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held

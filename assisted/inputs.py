@@ -40,6 +40,7 @@ class Options:
     prompt_lookup: bool = False  # also draft copies of the prompt
     lookup_tokens: int = LOOKUP_UNBOUNDED  # ... at most this many per step
     processors: Processors | None = None  # logits processors, applied per scored position (None: none)
+    close_within_budget: bool = False  # allow only tokens after which a valid completion fits in the tokens left
 
 
 def check_options(

@@ -28,13 +28,14 @@ class GuideLogitsProcessor(LogitsProcessor):
     A call whose prompt rows differ from those seen first starts afresh; before reusing the processor for
     prompts that merely extend the earlier ones, call `reset()` (or build a new processor).
     Rows past EOS, and rows holding a token the constraint forbids (a beam search's dead beams, padding
-    after EOS), get only EOS.
+    after EOS), get only EOS. With a `budget` (close_within_budget), a row that has generated n tokens has
+    budget - n left, and its mask allows only tokens after which a valid completion fits in them.
     """
 
-    def __init__(self, term, tokenizer, eos_token_ids: tuple[int, ...]):
-        self._term, self._tokenizer, self._eos = term, tokenizer, eos_token_ids
+    def __init__(self, term, tokenizer, eos_token_ids: tuple[int, ...], budget: int | None = None):
+        self._term, self._tokenizer, self._eos, self._budget = term, tokenizer, eos_token_ids, budget
         self._index = None  # fsm.TokenIndex for the scores' width, built at the first call
-        self._blocked: dict[int, torch.Tensor] = {}  # guide state -> (V,) True where a token is not allowed
+        self._blocked: dict[int, tuple] = {}  # id(mask) -> (mask, (V,) True where a token is not allowed)
         self.reset()
 
     def reset(self) -> None:
@@ -45,13 +46,17 @@ class GuideLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._begin(input_ids, scores.shape[-1])
         rows = input_ids[:, self._prompts.shape[1] :].tolist()  # (B, generated) ids after the prompt
-        blocked = torch.stack([self._blocked_of(self._state(tuple(row)), scores.device) for row in rows])  # (B, V)
+        blocked = torch.stack([self._blocked_of(self._mask(self._state(tuple(row)), len(row)), scores.device)
+                               for row in rows])  # (B, V)
         return scores.masked_fill(blocked, float("-inf"))
 
     def _begin(self, input_ids: torch.Tensor, width: int) -> None:
         """Build the index on the first call; take the prompt rows at the first call of each generation."""
         if self._index is None:
             guide = fsm.Guide.from_rx(self._term, self._tokenizer, vocab_size=width, eos_token_ids=self._eos)
+            if not guide.within(self._budget).fits():
+                raise ValueError(f"close_within_budget: no valid output is known to fit in max_new_tokens="
+                                 f"{self._budget} (the shortest one found takes {guide.shortest_completion()} tokens)")
             self._index = guide.index
         if width != self._index.vocab_size:
             raise ValueError(f"scores have {width} columns but the processor was built for {self._index.vocab_size}")
@@ -85,15 +90,22 @@ class GuideLogitsProcessor(LogitsProcessor):
             return DEAD
         return self._index.next_state(state, token)
 
-    def _blocked_of(self, state: int, device: torch.device) -> torch.Tensor:
-        found = self._blocked.get(state)
-        if found is None or found.device != device:
-            mask = self._index.info(FINISHED if state == DEAD else state).mask  # dead rows: EOS only
-            found = self._blocked[state] = (~mask).to(device)
-        return found
+    def _mask(self, state: int, generated: int) -> torch.Tensor:
+        """(V,) bool allowed after `generated` tokens in `state` (dead rows: EOS only); shared, do not modify."""
+        state = FINISHED if state == DEAD else state
+        if self._budget is None:
+            return self._index.info(state).mask
+        return self._index.closing.mask(state, max(self._budget - generated, 1))
+
+    def _blocked_of(self, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+        found = self._blocked.get(id(mask))
+        if found is None or found[1].device != device:
+            found = self._blocked[id(mask)] = (mask, (~mask).to(device))  # the mask kept: its id stays its own
+        return found[1]
 
 
 def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, guide_options: dict | None = None,
+                     close_within_budget: bool = False, max_new_tokens: int | None = None,
                      **deprecated_options) -> GuideLogitsProcessor:
     """A logits processor that constrains `model.generate(...)` to a JSON Schema or a regex.
 
@@ -116,6 +128,11 @@ def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, 
         How the schema is read, as in `generate`: ``policy``, ``whitespace``, ``additional_properties``,
         ``property_order``, ``max_recursion_depth``, ``budget`` (only ``budget`` for a regex). Passing them as keyword
         arguments is deprecated.
+    close_within_budget : bool
+        Allow a token only if, after it, a valid completion still fits in what is left of `max_new_tokens`
+        (pass the same `max_new_tokens` to ``model.generate``): every output ends complete within the budget.
+    max_new_tokens : int, optional
+        The budget `close_within_budget` counts from (required with it).
 
     Returns
     -------
@@ -147,4 +164,16 @@ def logits_processor(tokenizer, *, schema=None, regex=None, eos_token_ids=None, 
     eos = eos_ids(None, tokenizer, eos_token_ids, name="eos_token_ids")
     if not eos:
         raise ValueError("the tokenizer has no EOS token: pass eos_token_ids")
-    return GuideLogitsProcessor(term, tokenizer, tuple(sorted(eos)))
+    return GuideLogitsProcessor(term, tokenizer, tuple(sorted(eos)), _budget_of(close_within_budget, max_new_tokens))
+
+
+def _budget_of(close_within_budget, max_new_tokens) -> int | None:
+    """The processor's budget: `max_new_tokens` with `close_within_budget`, else None."""
+    if not isinstance(close_within_budget, bool):
+        raise TypeError(f"close_within_budget must be a bool, got {close_within_budget!r}")
+    if not close_within_budget:
+        return None
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"close_within_budget=True needs max_new_tokens, an int >= 1 (as passed to model.generate), "
+                         f"got {max_new_tokens!r}")
+    return max_new_tokens

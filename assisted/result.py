@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from assisted.auto import Estimates
 
-StopReason = Literal["eos", "final", "length", "stop_string", "criteria", "error"]
+StopReason = Literal["eos", "final", "length", "closed", "stop_string", "criteria", "error"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class Stats:
     leaves_priced_out: int = 0  # schedule="auto": steps whose leaf was not verified, its row worth more than it
     cache: str = "dynamic"  # the KV caches decoded on: "dynamic", "static" or "static+graphs" (captured steps)
     cache_note: str | None = None  # on a CUDA target, why the default left static caches or graphs off
+    budget_tightened: int = 0  # close_within_budget: committed positions whose mask the budget tightened
 
     @property
     def latency_seconds(self) -> float:
@@ -91,9 +92,11 @@ class GenerationResult:
         The validated pydantic instance (schema was a pydantic class), the parsed JSON validated by
         `jsonschema` (JSON Schema), or None (regex, no constraint, or a text the guide does not accept as
         complete: cut by the token budget, stop reason "length"). Never a parsed prefix.
-    stop_reason : {"eos", "final", "length", "stop_string", "criteria", "error"}
-        EOS emitted; the guide reached a final state that allows nothing else; the budget ran out; a stop string
-        was completed; a stopping criterion said stop; or (`generate_batch` only) the row failed, see `error`.
+    stop_reason : {"eos", "final", "length", "closed", "stop_string", "criteria", "error"}
+        EOS emitted; the guide reached a final state that allows nothing else; the budget ran out; the budget
+        tightened the mask (`close_within_budget=True`, `stats.budget_tightened` positions) and the output closed
+        complete; a stop string was completed; a stopping criterion said stop; or (`generate_batch` only) the row
+        failed, see `error`.
     stats : Stats
         Forward passes, drafted/accepted tokens by source, timings and per-step records.
     error : str or None

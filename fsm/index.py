@@ -20,6 +20,7 @@ import torch
 
 from fsm import rx
 from fsm.budget import DEFAULT_BUDGET, Budget, metered
+from fsm.closing import Closing
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
@@ -50,6 +51,10 @@ class StateInfo:
         if i < len(self.token_ids) and self.token_ids[i] == token_id:
             return int(self.next_states[i])
         return DEAD
+
+    def successors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token_ids, next_states) of the allowed tokens."""
+        return self.token_ids, self.next_states
 
     @property
     def nbytes(self) -> int:
@@ -135,6 +140,19 @@ class HeadStateInfo:
             self.mains[end] = self.number(end)
         return int(self.mains[end])
 
+    def successors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token_ids, next_states) of the allowed tokens, without a call per token: the ends of the head that
+        tokens reach are numbered once each."""
+        ids = self.token_ids
+        at = np.searchsorted(self.extra_ids, ids).clip(max=max(len(self.extra_ids) - 1, 0))  # (n,)
+        extra = self.extra_ids[at] == ids if len(self.extra_ids) else np.zeros(len(ids), dtype=bool)
+        ends = self.walk.end_of_row[self.row_of[ids]]  # (n,) -1 for the crossing (extra) ids
+        for end in np.unique(ends[~extra]).tolist():
+            if self.mains[end] == UNNUMBERED:
+                self.mains[end] = self.number(end)
+        nexts = np.where(extra, self.extra_nexts[at] if len(self.extra_ids) else 0, self.mains[ends.clip(min=0)])
+        return ids, nexts.astype(np.int32)
+
     @property
     def nbytes(self) -> int:
         own = self.mask.numel() if (self.mains == DEAD).any() else 0  # a mask of its own (mostly)
@@ -159,6 +177,11 @@ class TokenIndex:
     def __post_init__(self):
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
         object.__setattr__(self, "_live", TokenLiveness(self.dfa, self.vocabulary.single_bytes, crawl))
+
+    @cached_property
+    def closing(self) -> Closing:
+        """Shortest completions and budget masks of this index (`fsm.closing`), built on first use."""
+        return Closing(self)
 
     @property
     def vocab_size(self) -> int:

@@ -12,6 +12,10 @@ appended first, without asking the target, in its coalesced spelling:
 
 Only `Guide.mask()`, `allowed()`, `advance()`, `is_final()` and `eos_token_ids` are used, never `Guide.forced()`:
 a wrong forced spelling in the library cannot hide in the reference.
+
+With `close_within_budget` the reference is the budget-aware one (DESIGN.md): the masks come from the guide counting
+the tokens left (`Guide.within(max_new_tokens)`, one token spent per advance); the forced tokens are the
+constraint's own (read off the masks without the budget), cut before the first one the budget's mask forbids.
 """
 
 from __future__ import annotations
@@ -124,21 +128,35 @@ def _only_eos_left(guide: fsm.Guide | None) -> bool:
     return guide is not None and guide.is_final() and len(_allowed_text_ids(guide)) == 0
 
 
+def _forced_within(guide: fsm.Guide, tokenizer) -> list[int]:
+    """The forced tokens of the constraint alone (no budget), up to the first one the guide's mask forbids."""
+    walk, out = guide.copy(), []
+    for token in forced_tokens(guide.within(None), tokenizer):
+        if not walk.mask()[token]:
+            break
+        walk.advance(token)
+        out.append(token)
+    return out
+
+
 @torch.no_grad()
 def plain_decode(model, tokenizer, input_ids: list[int], max_new_tokens: int, schema=None, regex=None,
-                 coalesce: bool = True, guide_options=None) -> tuple[list[int], str]:
+                 coalesce: bool = True, guide_options=None, close_within_budget: bool = False
+                 ) -> tuple[list[int], str]:
     """Plain constrained greedy decoding: (new token ids, stop reason "eos" | "final" | "length").
 
     One full-sequence forward per model-chosen token (no cache); with `coalesce`, forced tokens are appended
     without a forward. EOS is kept in the output and ends it; so does a state where only EOS is allowed.
     """
     guide = make_guide(model, tokenizer, schema, regex, guide_options)
+    if close_within_budget:
+        guide = guide.within(max_new_tokens)
     eos = set(eos_of(model, tokenizer) if guide is None else guide.eos_token_ids)
     out: list[int] = []
     if _only_eos_left(guide):
         return out, "final"
     while True:
-        run = forced_tokens(guide, tokenizer) if coalesce and guide is not None else []
+        run = _forced_within(guide, tokenizer) if coalesce and guide is not None else []
         if not run:
             device = next(model.parameters()).device
             logits = model(torch.tensor([list(input_ids) + out], device=device)).logits[0, -1].float()
@@ -159,7 +177,7 @@ def plain_decode(model, tokenizer, input_ids: list[int], max_new_tokens: int, sc
 
 @torch.no_grad()
 def plain_distribution(model, tokenizer, input_ids: list[int], max_new_tokens: int, probs, regex=None,
-                       coalesce: bool = True) -> dict[tuple[int, ...], float]:
+                       coalesce: bool = True, close_within_budget: bool = False) -> dict[tuple[int, ...], float]:
     """Exact probability of every whole output of plain constrained sampling (the sampled twin of `plain_decode`).
 
     `probs(logits (1, V), mask (1, V) | None) -> (1, V)` is the masked, warped next-token distribution. With
@@ -168,6 +186,8 @@ def plain_distribution(model, tokenizer, input_ids: list[int], max_new_tokens: i
     """
     table: dict[tuple[int, ...], float] = {}
     root = make_guide(model, tokenizer, regex=regex)
+    if close_within_budget:
+        root = root.within(max_new_tokens)
     eos = set(eos_of(model, tokenizer) if root is None else root.eos_token_ids)
 
     def extend(out: list[int], guide, p: float, run: list[int]) -> None:
@@ -180,7 +200,7 @@ def plain_distribution(model, tokenizer, input_ids: list[int], max_new_tokens: i
             if token in eos or _only_eos_left(guide) or len(out) >= max_new_tokens:
                 table[tuple(out)] = table.get(tuple(out), 0.0) + p
                 return
-        forced = forced_tokens(guide, tokenizer) if coalesce and guide is not None else []
+        forced = _forced_within(guide, tokenizer) if coalesce and guide is not None else []
         if forced:
             return extend(out, guide, p, forced)
         logits = model(torch.tensor([list(input_ids) + out])).logits[0, -1:].float()
