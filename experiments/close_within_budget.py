@@ -31,9 +31,9 @@ from pydantic import BaseModel, Field
 
 import fsm
 from assisted import generate
-from experiments.intervals import paired_ratio
-from experiments.machine import run_lines
-from experiments.tasks import (Task, add_assistant_quantization, assistant_label, assistant_quantization,
+from experiments.lib.intervals import paired_ratio
+from experiments.lib.machine import run_lines
+from experiments.lib.tasks import (Task, add_assistant_quantization, assistant_label, assistant_quantization,
                                load_pair_or_none, write_rows)
 from experiments.vs_xgrammar import TASKS as HELD_OUT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from experiments import close_within_budget as cwb
-from experiments.tasks import set_eos
+from experiments.lib.tasks import set_eos
 from tests.helpers_models import tiny_llama
 
 
