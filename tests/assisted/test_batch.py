@@ -323,7 +323,7 @@ from assisted.cli import main
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pair = tiny_llama(49152, seed=0), smollm2_tokenizer(), tiny_llama(49152, seed=1)
-real, writes = assisted.batch._write, []
+real, writes = assisted.batch.write_line, []
 
 def write(out, record):
     writes.append(1)
@@ -332,7 +332,7 @@ def write(out, record):
         sys.stdin.readline()  # wait here for the parent's SIGKILL
     real(out, record)
 
-assisted.batch._write = write
+assisted.batch.write_line = write
 sys.exit(main(json.loads(sys.argv[1]), load=lambda args: pair))
 """
 

@@ -173,7 +173,7 @@ import assisted.ray_batch as ray_batch
 from assisted.batch import read_input
 from tests.assisted.test_distributed import OPTIONS, POINT, tiny_loader
 
-real, writes = ray_batch._write, []
+real, writes = ray_batch.write_line, []
 
 def write(out, record):
     writes.append(1)
@@ -182,7 +182,7 @@ def write(out, record):
         sys.stdin.readline()  # wait here for the parent's SIGKILL
     real(out, record)
 
-ray_batch._write = write
+ray_batch.write_line = write
 kwargs = {"model": "tiny", "assistant": "tiny2", "schema": POINT, "options": OPTIONS, "loader": tiny_loader}
 settings = ray_batch.RaySettings(workers=1, threads_per_worker=1, worker_kwargs=kwargs)
 ray_batch.run_ray_batch(read_input(sys.argv[1]), sys.argv[2], settings, report=lambda message: None, progress=False)
