@@ -60,6 +60,7 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("bias", bias)
         self.in_features, self.out_features, self.reduce_range = in_features, out_features, reduce_range
 
+    @torch.no_grad()  # an inference kernel: fbgemm's int8 op has no gradient
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()  # (n, in)
         scale = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_min_(1e-30)  # (n, 1)

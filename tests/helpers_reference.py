@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 import fsm
-from drafting.kv_cache import logits_size
 
 
 def _gpt2_byte_chars() -> dict[int, str]:
@@ -113,11 +112,17 @@ def eos_of(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def _logits_size(model) -> int:
+    """Length of the model's logits: its head's outputs (an int8 head keeps no float weight)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", None) or head.weight.shape[0])
+
+
 def make_guide(model, tokenizer, schema=None, regex=None, guide_options=None) -> fsm.Guide | None:
     """The constraint's guide over the model's logits width (None without a constraint)."""
     if schema is None and regex is None:
         return None
-    vocab, eos = logits_size(model), eos_of(model, tokenizer)
+    vocab, eos = _logits_size(model), eos_of(model, tokenizer)
     if regex is not None:
         return fsm.Guide.from_regex(regex, tokenizer, vocab_size=vocab, eos_token_ids=eos, **(guide_options or {}))
     return fsm.Guide.from_schema(schema, tokenizer, vocab_size=vocab, eos_token_ids=eos, **(guide_options or {}))

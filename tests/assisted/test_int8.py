@@ -72,6 +72,7 @@ def test_output_is_the_row_times_the_int8_weight_to_quantization_error():
     step = x.abs().amax(1, keepdim=True) / 127  # one activation code
     assert ((layer(x) - exact).abs() <= step * layer.dequantized().abs().sum(1) + 1e-5).all()
     assert (layer(torch.zeros(2, 128)) == linear.bias.detach()).all()  # an all-zero row: the bias
+    assert torch.equal(layer(x.requires_grad_()), layer(x.detach()))  # runs where autograd is on (no gradient)
 
 
 # ------------------------------------------------------------------------------------------------ the forward
