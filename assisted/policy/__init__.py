@@ -1,0 +1,1 @@
+"""assisted.policy."""
