@@ -255,7 +255,7 @@ def test_each_sampled_row_has_its_own_reference_distribution(small):
 def test_a_biased_acceptance_fails_the_batched_distribution_check(small, monkeypatch):
     """Negative control: rows that take every assistant token they are shown (no min(1, p/q) test) must fail
     the same check with the same draws."""
-    loop = importlib.import_module("assisted.generate")  # the module: `assisted.generate` names the function
+    loop = importlib.import_module("assisted.steps")  # where the batched rows accept, as generate() does
     fair = loop.speculative_accept
     monkeypatch.setattr(loop, "speculative_accept", lambda p, q, draft, auto, gen: fair(p, q, draft, auto | True, gen))
     verdicts = sampled_rows(small)
