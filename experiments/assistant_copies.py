@@ -42,6 +42,7 @@ def make_copies(assistant, names: tuple[str, ...]) -> dict:
     return {name: makers[name](assistant) for name in names}
 
 
+@torch.inference_mode()  # as generate() runs its forwards (int8 kernels refuse autograd)
 def step_seconds(model, ids: list[int], repeats: int) -> list[float]:
     """Seconds of `repeats` drafting steps of `model`: one token after the prompt `ids`, with its logits."""
     from drafting.kv_cache import crop_to, forward, new_cache
@@ -56,6 +57,7 @@ def step_seconds(model, ids: list[int], repeats: int) -> list[float]:
     return seconds
 
 
+@torch.inference_mode()  # as generate() runs its forwards (int8 kernels refuse autograd)
 def judge(model, copies: dict, tokenizer, prompts: list[dict], temperatures: list[float], max_new_tokens: int,
           repeats: int) -> list[dict]:
     """One row per (prompt, temperature, copy): mean acceptance over the target's text, and a median step."""
