@@ -4,11 +4,11 @@
     out = generate(model, assistant_model, tokenizer=tok, prompt="...", schema=Character)
 """
 
-from assisted.costs import forget as reset_remembered_state
-from assisted.batched import generate_batch, generate_batch_iter
+from assisted.policy.costs import forget as reset_remembered_state
+from assisted.rows.batched import generate_batch, generate_batch_iter
 from assisted.generate import generate
-from assisted.int4 import int4_copy
-from assisted.packing import pack_linear_weights
+from assisted.models.int4 import int4_copy
+from assisted.models.packing import pack_linear_weights
 from assisted.prefix import PrefixCache
 from assisted.processor import GuideLogitsProcessor, logits_processor
 from assisted.result import GenerationResult, Seconds, Stats, StepRecord

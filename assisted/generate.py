@@ -16,8 +16,8 @@ import fsm
 from assisted.caching import Held, plan_caches, static_caches
 from assisted.closing import outcome, within_budget
 from assisted.config import options, resolve
-from assisted.costs import StepCost, memorize, recall, recall_calibration
-from assisted.draft_policy import Policy, make_policy
+from assisted.policy.costs import StepCost, memorize, recall, recall_calibration
+from assisted.policy.draft_policy import Policy, make_policy
 from assisted.eos import eos_ids
 from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
 from assisted.prefix import PrefixCache
@@ -113,7 +113,7 @@ def generate(
           seed reproduces the sample), "heuristic" (+2 after a fully accepted draft, -1 otherwise; each call starts
           afresh, as transformers' "heuristic_transient"), "constant". "auto" cuts drafts (up to 20) after each token
           where the expected time saved over plain decoding is largest, from measured costs and the assistant's
-          calibrated confidence, and decodes plainly while that is faster (`assisted.auto`); costs are kept per
+          calibrated confidence, and decodes plainly while that is faster (`assisted.policy.auto`); costs are kept per
           model pair and engine, calibration per pair and sampling setting (`assisted.reset_remembered_state()`).
         - ``prompt_lookup_num_tokens``: also draft copies of the prompt (what followed the latest occurrence of the
           text just written; free, verified), at most this many per step; 0: off. Default: on under "auto", which

@@ -19,7 +19,7 @@ import torch
 import fsm
 from drafting.kv_cache import logits_size
 from drafting.processors import Processors
-from assisted.draft_policy import SCHEDULES
+from assisted.policy.draft_policy import SCHEDULES
 from drafting.sampling import Warp
 from drafting.base import Cursor
 

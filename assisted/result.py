@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from assisted.auto import Estimates
+from assisted.policy.auto import Estimates
 
 StopReason = Literal["eos", "final", "length", "closed", "stop_string", "criteria", "error"]
 
@@ -102,7 +102,7 @@ class GenerationResult:
     error : str or None
         `generate_batch` only: why this row could not be generated (empty prompt, too long, bad schema); the
         other rows went on. None otherwise.
-    batch : assisted.batched_stats.BatchStats or None
+    batch : assisted.rows.batched_stats.BatchStats or None
         `generate_batch` only: the statistics of the whole batch run, one object shared by all its rows
         (final once the run has returned every row).
     """

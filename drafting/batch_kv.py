@@ -22,7 +22,8 @@ from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
 
-ATTENTIONS = ("sdpa", "eager", "row_invariant")  # attentions that apply a custom 4D mask (row_invariant: assisted.int8)
+# attentions that apply a custom 4D mask (row_invariant: assisted.models.int8)
+ATTENTIONS = ("sdpa", "eager", "row_invariant")
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
 

@@ -10,7 +10,7 @@ position it was committed at, and the cache is cropped as after a chain step.
 Where to branch must not depend on the token drawn there (or the accepted tokens would lean towards likely
 ones): the branch goes at the first assistant token whose confidence (a function of the distribution only,
 which depends on chain[:at] only) is below `threshold`. For the same reason the leaf's own confidence, by
-which `assisted.auto` prices it, is the max of the assistant's distribution without chain token `at`: greedy,
+which `assisted.policy.auto` prices it, is the max of the assistant's distribution without chain token `at`: greedy,
 the runner-up's share of what the chain token leaves; sampling, a function of q and the chain token only.
 """
 
@@ -26,7 +26,7 @@ from drafting.kv_cache import cache_argument, input_device
 from drafting.sampling import NEG_INF, confidence, sample
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
-TREE_ATTENTION = ("sdpa", "eager", "row_invariant")  # apply a custom 4D mask (row_invariant: assisted.int8)
+TREE_ATTENTION = ("sdpa", "eager", "row_invariant")  # apply a custom 4D mask (row_invariant: assisted.models.int8)
 
 
 @dataclass(frozen=True)

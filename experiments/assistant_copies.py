@@ -2,9 +2,9 @@
 
     python -m experiments.assistant_copies --packed-target --threads 1 --half tuning --out experiments/results/<run>
 
-The copies of --assistant: as loaded (float32), int8 (`assisted.int8.int8_copy`, row-invariant: one
+The copies of --assistant: as loaded (float32), int8 (`assisted.models.int8.int8_copy`, row-invariant: one
 activation range per row; the committed runs used the earlier per-tensor copy) and int4 in groups of 32, 64
-and 128 (`assisted.int4`). Per prompt the target writes its own texts once (greedy, and sampled at each
+and 128 (`assisted.models.int4`). Per prompt the target writes its own texts once (greedy, and sampled at each
 --temperatures; written with the int4 copy's help, which is lossless), and
 each copy is judged on them position by position as `experiments.policy_replay` does (`trace_of`): argmax
 agreement when greedy, sum min(p, q) when sampling. A drafting step (one token through the copy after the
@@ -35,13 +35,14 @@ FIELDS = ("class", "prompt", "temperature", "copy", "positions", "acceptance", "
 
 def make_copies(assistant, names: tuple[str, ...]) -> dict:
     """{name: model} for the copies in `names` (see COPIES) of a float assistant."""
-    from assisted.int4 import int4_copy
-    from assisted.loading import int8_copy
+    from assisted.models.int4 import int4_copy
+    from assisted.models.loading import int8_copy
     makers = {"float32": lambda m: m, "int8": int8_copy,
               **{f"int4-g{g}": (lambda m, g=g: int4_copy(m, g)) for g in (32, 64, 128)}}
     return {name: makers[name](assistant) for name in names}
 
 
+@torch.inference_mode()  # as generate() runs its forwards (int8 kernels refuse autograd)
 def step_seconds(model, ids: list[int], repeats: int) -> list[float]:
     """Seconds of `repeats` drafting steps of `model`: one token after the prompt `ids`, with its logits."""
     from drafting.kv_cache import crop_to, forward, new_cache
@@ -56,6 +57,7 @@ def step_seconds(model, ids: list[int], repeats: int) -> list[float]:
     return seconds
 
 
+@torch.inference_mode()  # as generate() runs its forwards (int8 kernels refuse autograd)
 def judge(model, copies: dict, tokenizer, prompts: list[dict], temperatures: list[float], max_new_tokens: int,
           repeats: int) -> list[dict]:
     """One row per (prompt, temperature, copy): mean acceptance over the target's text, and a median step."""

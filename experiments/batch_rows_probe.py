@@ -1,4 +1,4 @@
-"""A rough probe behind two choices of the batched loop (`assisted.batched`): the KV-cache mechanism, and the
+"""A rough probe behind two choices of the batched loop (`assisted.rows.batched`): the KV-cache mechanism, and the
 default `structspec batch --batch-size`. Not the throughput study (that is its own experiment).
 
 1. Mechanism: per verification step of B rows of different lengths, what keeping rows of different lengths
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from assisted import PrefixCache, generate, generate_batch
-from assisted.batch_rows import Item
-from assisted.batched import make_engine
-from assisted.loading import load_pair
+from assisted.rows.batch_rows import Item
+from assisted.rows.batched import make_engine
+from assisted.models.loading import load_pair
 from drafting.batch_kv import BatchKV
 from experiments.lib.machine import run_lines
 from experiments.prefix_reuse import DOCUMENTS, SCHEMA, messages

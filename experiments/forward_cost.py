@@ -6,7 +6,7 @@ After a 64-token prefill, times a forward over n more tokens (logits for all n, 
 each n, interleaved, `--repeats` times; prints the median seconds and the ratio to n = 1. On a GPU the
 curve is flat for small n, so drafts are nearly free to verify; on a CPU it is not, and that decides
 whether model drafting can pay. `--prepacked` also times the same model with its Linear weights
-pre-packed for oneDNN (`assisted.packing`: used from the row count where it wins on this machine, timed per
+pre-packed for oneDNN (`assisted.models.packing`: used from the row count where it wins on this machine, timed per
 weight shape).
 """
 
@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from drafting.kv_cache import cache_argument  # noqa: E402
-from assisted.packing import pack_linear_weights  # noqa: E402
+from assisted.models.packing import pack_linear_weights  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

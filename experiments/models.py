@@ -1,4 +1,4 @@
-"""The benchmark harness's model loading: the library's loader (`assisted.loading`, `assisted.sources`)
+"""The benchmark harness's model loading: the library's loader (`assisted.models.loading`, `assisted.models.sources`)
 re-exported under the names the experiments and tests use, plus drafters made for experiments
 (a truncated copy, a random model of the same vocabulary).
 
@@ -12,16 +12,17 @@ import os
 
 import torch
 
-from assisted.loading import (  # noqa: F401  (re-exported)
+from assisted.models.loading import (  # noqa: F401  (re-exported)
     QUANTIZED_COPIES, int8_copy, load_model, load_pair, load_tokenizer)
-from assisted.sources import (  # noqa: F401  (re-exported)
+from assisted.models.sources import (  # noqa: F401  (re-exported)
     SOURCES, ChecksumError, NotPreparedError, Source, assemble, installed_gguf, publish, cache_root,
     convert_gguf, model_dir, prepare, status, tokenizer_dir)
 
 
 def load(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",
          device: str | torch.device = "cpu", device_map: str | dict | None = None):
-    """(model, tokenizer) of `source`; see `assisted.loading.load_model`. The tokenizer loads first (clear errors)."""
+    """(model, tokenizer) of `source`; see `assisted.models.loading.load_model`. The tokenizer loads first (clear
+    errors)."""
     tokenizer = load_tokenizer(source)
     return load_model(source, dtype=dtype, device=device, device_map=device_map), tokenizer
 
@@ -39,7 +40,7 @@ def truncated(model, layers: int):
 
 def load_assistant(source: str, target, *, quantize: str | None = None, **load_options):
     """The assistant for `target`: a model source (`load`) or "random" (`random_like`), as a quantized copy
-    ("int4" or "int8", `assisted.loading.QUANTIZED_COPIES`) if asked."""
+    ("int4" or "int8", `assisted.models.loading.QUANTIZED_COPIES`) if asked."""
     assistant = random_like(target) if source == "random" else load(source, **load_options)[0]
     return QUANTIZED_COPIES[quantize](assistant) if quantize else assistant
 

@@ -55,9 +55,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from assisted.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # noqa: E402
-from assisted.costs import CostTable, StepCost  # noqa: E402
-from assisted.draft_policy import Constant, Heuristic, Policy  # noqa: E402
+from assisted.policy.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_bins  # noqa: E402
+from assisted.policy.costs import CostTable, StepCost  # noqa: E402
+from assisted.policy.draft_policy import Constant, Heuristic, Policy  # noqa: E402
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
 from experiments.lib.tasks import add_assistant_quantization  # noqa: E402
 
@@ -108,7 +108,7 @@ class ConfidenceStop:
 
 class Remembering:
     """Makes `Auto` policies as `generate` does in one process: each starts from the costs of a warmed process
-    and the calibration (`assisted.costs.recall_calibration`) that the latest call at the same temperature on
+    and the calibration (`assisted.policy.costs.recall_calibration`) that the latest call at the same temperature on
     another prompt ended with: replays of one text never learn from each other."""
 
     def __init__(self, costs: Costs, config: AutoConfig | None = None):
@@ -197,7 +197,7 @@ def _step(acc: np.ndarray, rest: np.ndarray, t: int, k: int, costs: Costs, overh
 
 
 def calibrated(traces: list[Trace]) -> list[np.ndarray]:
-    """Per trace, [t]: the mean acceptance of its confidence bin (`assisted.auto.CONFIDENCE_BINS`) over all
+    """Per trace, [t]: the mean acceptance of its confidence bin (`assisted.policy.auto.CONFIDENCE_BINS`) over all
     traces at its temperature: what a policy that knew the calibration exactly would believe."""
     tables = {}
     for temperature in {t.temperature for t in traces}:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from assisted import PrefixCache, generate
-from assisted.loading import load_pair
+from assisted.models.loading import load_pair
 from experiments.lib.machine import run_lines
 from experiments.lib.tasks import add_assistant_quantization, assistant_label, assistant_quantization, write_rows
 

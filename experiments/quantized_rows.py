@@ -3,7 +3,7 @@
 Speculative verification scores k + 1 positions in one forward and is lossless only if each position's logits are
 those plain decoding computes for it: a function of its own prefix, not of the other rows fed beside it. Dynamic
 quantization with one activation scale per tensor (`torch.ao.quantization.quantize_dynamic`) breaks that: the scale
-depends on every row in the forward. The row-invariant int8 of `assisted.int8` (per-row activation ranges,
+depends on every row in the forward. The row-invariant int8 of `assisted.models.int8` (per-row activation ranges,
 per-query-row attention) keeps it. This measures, per scheme, the largest
 logit difference between one forward over 10 positions and the same positions scored one at a time (float32 rounding
 is ~1e-5), and the cost of a forward over k = 1, 2, 5, 9 new tokens after 150 cached ones (interleaved repeats).
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from assisted.int8 import int8_copy
-from assisted.loading import load_model
+from assisted.models.int8 import int8_copy
+from assisted.models.loading import load_model
 from drafting.kv_cache import crop_to, forward, new_cache
 
 KS = (1, 2, 5, 9)
@@ -75,7 +75,7 @@ def per_tensor_int8(model):
 
 
 SCHEMES = {"float32": lambda m: m, "torch.ao dynamic int8 (one range per call)": per_tensor_int8,
-           "row-invariant int8 (assisted.int8)": int8_copy,
+           "row-invariant int8 (assisted.models.int8)": int8_copy,
            "int8 weight-only (torch._weight_int8pack_mm)": weight_only_int8,
            "torchao Int8WeightOnlyConfig": torchao("Int8WeightOnlyConfig"),
            "torchao Int8DynamicActivationInt8WeightConfig": torchao("Int8DynamicActivationInt8WeightConfig")}

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_assistant_quantization(p)
     p.add_argument("--packed-target", action="store_true",
-                   help="pre-pack the target's Linear weights for multi-token forwards (assisted.packing; CPU): "
+                   help="pre-pack the target's Linear weights for multi-token forwards (assisted.models.packing; CPU): "
                         "every system, the target alone included, runs on the same packed model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")

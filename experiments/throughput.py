@@ -152,8 +152,8 @@ class Runner:
         return Pass(outputs, 0.0, forwards)
 
     def _ours(self, docs: list[Document], size: int, drafts: bool, share_prefix: bool) -> Pass:
-        from assisted.batch_rows import items_of
-        from assisted.batched import make_engine
+        from assisted.rows.batch_rows import items_of
+        from assisted.rows.batched import make_engine
         engine = make_engine(self.model, self.assistant if drafts else None, tokenizer=self.tokenizer, batch_size=size,
                              max_new_tokens=self.max_new, share_prefix=share_prefix)
         found = dict(engine.run(items_of(None, None, [self.ids(d) for d in docs], Ticket, None, None)))
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         if (args.out / "units.csv").exists():
             print(f"error: {args.out / 'units.csv'} exists: use another --out or --report-only", file=sys.stderr)
             return 2
-        from assisted.loading import load_pair
+        from assisted.models.loading import load_pair
         model, tokenizer, assistant = load_pair(args.target, args.assistant, pack=args.pack,
                                                 quantize_assistant=assistant_quantization(args))
         docs = load_documents(args.documents)[args.skip :][: args.limit]

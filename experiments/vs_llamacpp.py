@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from assisted import generate
-from assisted.loading import QUANTIZED_COPIES, load_model, load_pair
-from assisted.sources import gguf_file
+from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
+from assisted.models.sources import gguf_file
 from drafting.kv_cache import crop_to, forward, new_cache
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.machine import run_lines

@@ -31,7 +31,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from assisted import generate, logits_processor
-from assisted.loading import load_pair
+from assisted.models.loading import load_pair
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.machine import run_lines
 from experiments.lib.tasks import (

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from assisted import generate
-from assisted.loading import load_pair, set_eos  # noqa: F401  (every system compared stops on one set)
+from assisted.models.loading import load_pair, set_eos  # noqa: F401  (every system compared stops on one set)
 
 
 # ---------------------------------------------------------------- schemas (pydantic at the boundary)
@@ -115,7 +115,7 @@ STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
 
 # ---------------------------------------------------------------- loading
 def load_pair_or_none(target: str, assistant: str | None = None, **options) -> tuple | None:
-    """`assisted.loading.load_pair(target, assistant, **options)` as the experiments run it: None, after printing
+    """`assisted.models.loading.load_pair(target, assistant, **options)` as the experiments run it: None, after printing
     why to stderr, when a model is not prepared or cannot be loaded or packed. `assistant="random"`: a tiny random
     model with the target's vocabulary (`experiments.models.random_like`; a bad drafter), quantized as
     ``quantize_assistant`` asks."""
@@ -240,7 +240,7 @@ def add_assistant_quantization(parser, names: tuple[str, str] = ("--assistant-in
     """Flags for a quantized copy of the assistant (results cite both spellings of the int8 one)."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument(names[0], dest="assistant_int4", action="store_true",
-                       help="draft with a group-wise int4 copy of the assistant (CPU; `assisted.int4`)")
+                       help="draft with a group-wise int4 copy of the assistant (CPU; `assisted.models.int4`)")
     group.add_argument(names[1], dest="assistant_int8", action="store_true",
                        help="draft with a dynamically quantized int8 copy of the assistant (CPU)")
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import assisted
-from assisted import batch_lock
-from assisted.batch import BatchError, read_input, read_output
-from assisted.batch_lock import OutputBusy, lock_path, output_lock
+from assisted.jobs import batch_lock
+from assisted.jobs.batch import BatchError, read_input, read_output
+from assisted.jobs.batch_lock import OutputBusy, lock_path, output_lock
 from assisted.cli import main
 from tests.assisted.test_cli import pair  # noqa: F401 (the CLI tests' tiny pair, a fixture)
 
@@ -318,12 +318,12 @@ WRITER_CHILD = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-import assisted.batch
+import assisted.jobs.batch
 from assisted.cli import main
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pair = tiny_llama(49152, seed=0), smollm2_tokenizer(), tiny_llama(49152, seed=1)
-real, writes = assisted.batch.write_line, []
+real, writes = assisted.jobs.batch.write_line, []
 
 def write(out, record):
     writes.append(1)
@@ -332,7 +332,7 @@ def write(out, record):
         sys.stdin.readline()  # wait here for the parent's SIGKILL
     real(out, record)
 
-assisted.batch.write_line = write
+assisted.jobs.batch.write_line = write
 sys.exit(main(json.loads(sys.argv[1]), load=lambda args: pair))
 """
 

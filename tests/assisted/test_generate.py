@@ -23,10 +23,10 @@ import fsm
 from assisted import generate
 from drafting.kv_cache import cache_argument
 from drafting.static_cache import BUCKETS
-from assisted.costs import forget, recall, recall_calibration
+from assisted.policy.costs import forget, recall, recall_calibration
 from assisted.inputs import check_options, make_cursor, parse_value
 from drafting.sampling import Warp
-from assisted.draft_policy import Auto, AutoConfig, make_policy
+from assisted.policy.draft_policy import Auto, AutoConfig, make_policy
 from tests.helpers_clock import pin_clock
 from tests.helpers_reference import plain_decode
 from tests.helpers_models import boost, smollm2_tokenizer, threads, tiny_gpt2, tiny_llama

@@ -146,7 +146,7 @@ def test_a_row_does_not_depend_on_its_neighbours_or_their_order(tok, models, pla
 
 
 def test_rows_with_different_schemas_share_compiled_guides(tok, models, plain_reference, monkeypatch):
-    import assisted.batch_rows as rows
+    import assisted.rows.batch_rows as rows
 
     built, real = [], rows.make_cursor
     monkeypatch.setattr(rows, "make_cursor", lambda schema, *args: built.append(schema) or real(schema, *args))
@@ -291,7 +291,7 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
         return main(args, load=lambda args: pair)
 
     assert run(tmp_path / "one.jsonl", "--batch-size", "1") == 0
-    writes, real = [], assisted.batch.write_line
+    writes, real = [], assisted.jobs.batch.write_line
 
     def crash_on_the_fourth_line(out, record):
         writes.append(record)
@@ -299,9 +299,9 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
             raise KeyboardInterrupt
         real(out, record)
 
-    monkeypatch.setattr(assisted.batch, "write_line", crash_on_the_fourth_line)
+    monkeypatch.setattr(assisted.jobs.batch, "write_line", crash_on_the_fourth_line)
     assert run(tmp_path / "three.jsonl", "--batch-size", "3") == 130  # interrupted after three lines
-    monkeypatch.setattr(assisted.batch, "write_line", real)
+    monkeypatch.setattr(assisted.jobs.batch, "write_line", real)
     assert run(tmp_path / "three.jsonl", "--batch-size", "3") == 0  # resumed
     one, three = ([json.loads(x) for x in (tmp_path / name).read_text().splitlines()] for name in
                   ("one.jsonl", "three.jsonl"))
@@ -315,8 +315,8 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
 
 @pytest.mark.parametrize("helper", [None, "llama-other"])
 def test_the_cli_engine_prefills_newcomers_from_a_row_sharing_their_prefix(tok, models, plain_reference, helper):
-    from assisted.batch_rows import Item
-    from assisted.batched import make_engine
+    from assisted.rows.batch_rows import Item
+    from assisted.rows.batched import make_engine
 
     instruction = "Extract the point as JSON with keys x and tag, nothing else. " * 3
     prompts = [f"{instruction}Doc {i}: {p}" for i, p in enumerate(PROMPTS)]

@@ -1,5 +1,5 @@
-"""assisted.int4 (group-wise 4-bit) and assisted.loading.int8_copy: quantized copies of an assistant; drafting with
-one stays lossless."""
+"""assisted.models.int4 (group-wise 4-bit) and assisted.models.loading.int8_copy: quantized copies of an assistant;
+drafting with one stays lossless."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.int4 import KERNEL_ROWS, Int4Linear, int4_copy
-from assisted.loading import int8_copy, set_eos
+from assisted.models.int4 import KERNEL_ROWS, Int4Linear, int4_copy
+from assisted.models.loading import int8_copy, set_eos
 from tests.helpers_models import threads, tiny_llama
 
 

@@ -1,4 +1,4 @@
-"""assisted.int8: a row-invariant int8 model, and speculation over it exactly lossless.
+"""assisted.models.int8: a row-invariant int8 model, and speculation over it exactly lossless.
 
 Row invariance is tested bitwise (torch.equal), never within a tolerance: one forward over n positions against
 n one-token steps (dynamic and static caches), a Linear's row alone against the same row among others, a row of
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.int8 import ATTENTION, Int8Linear, int8_copy, quantize_int8
-from assisted.loading import load_pair, set_eos
+from assisted.models.int8 import ATTENTION, Int8Linear, int8_copy, quantize_int8
+from assisted.models.loading import load_pair, set_eos
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import StaticKV
 from tests.helpers_models import HAS_SMOLLM2, threads, tiny_gpt2, tiny_llama

@@ -1,5 +1,5 @@
-"""assisted.loading: the library's loader (folders, named sources, quantized assistants, packing) and the layering
-rule."""
+"""assisted.models.loading: the library's loader (folders, named sources, quantized assistants, packing) and the
+layering rule."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.loading import load_pair, load_tokenizer
-from assisted.packing import is_packed
-from assisted.sources import NotPreparedError
+from assisted.models.loading import load_pair, load_tokenizer
+from assisted.models.packing import is_packed
+from assisted.models.sources import NotPreparedError
 from tests.helpers_models import save_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
     assert out.stop_reason == "final" and len(out.text.replace(" ", "")) == 3
 
 
-@pytest.mark.parametrize("quantize, module", [("int8", "assisted.int8"), ("int4", "assisted.int4")])
+@pytest.mark.parametrize("quantize, module", [("int8", "assisted.models.int8"), ("int4", "assisted.models.int4")])
 def test_quantized_assistant_and_packed_target(tiny_folder, plain_reference, quantize, module):
     model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), quantize_assistant=quantize, pack=True)
     assert assistant is not model and is_packed(model) and not is_packed(assistant)
@@ -73,7 +73,7 @@ def test_unknown_and_unprepared_sources_say_which(tmp_path):
 
 @pytest.mark.parametrize("package", ["fsm", "drafting", "assisted"])
 def test_the_library_never_imports_experiments(package):
-    for path in (ROOT / package).glob("*.py"):
+    for path in (ROOT / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -1,4 +1,4 @@
-"""assisted.packing: packed Linear forwards agree with the dense ones, speculation on a packed target stays
+"""assisted.models.packing: packed Linear forwards agree with the dense ones, speculation on a packed target stays
 greedy-identical to plain decoding of the unpacked model, and unpackable models are refused."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from assisted import generate, packing
-from assisted.packing import CALIBRATION_ROWS, pack_linear_weights, smallest_winning_rows
+from assisted import generate
+from assisted.models import packing
+from assisted.models.packing import CALIBRATION_ROWS, pack_linear_weights, smallest_winning_rows
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
@@ -107,7 +108,7 @@ def test_unpackable_models_are_refused_with_the_module_named(model, message):
 
 
 def test_costs_measured_on_the_dense_model_do_not_carry_to_the_packed_one():
-    from assisted.costs import CostTable, memorize, recall
+    from assisted.policy.costs import CostTable, memorize, recall
 
     target, assistant = tiny_llama(256, seed=0), tiny_llama(256, seed=1)
     memorize(target, assistant, CostTable().with_target(1, 0.5, 0.9))

@@ -1,4 +1,5 @@
-"""assisted.draft_policy: constant, transformers' heuristic, and the cost-aware `Auto` candidate-length schedules."""
+"""assisted.policy.draft_policy: constant, transformers' heuristic, and the cost-aware `Auto` candidate-length
+schedules."""
 
 import math
 import random
@@ -7,9 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from assisted.auto import AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf
-from assisted.costs import CostTable
-from assisted.draft_policy import SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost, make_policy
+from assisted.policy.auto import AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf
+from assisted.policy.costs import CostTable
+from assisted.policy.draft_policy import (SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost,
+                                          make_policy)
 from drafting.base import Draft
 
 

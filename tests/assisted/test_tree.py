@@ -14,7 +14,7 @@ import torch
 
 import drafting.assistant
 from assisted import generate, reset_remembered_state
-from assisted.costs import N_MAX, CostTable, memorize
+from assisted.policy.costs import N_MAX, CostTable, memorize
 from assisted.acceptance import speculative_accept
 from assisted.tree_accept import greedy_tree_accept, speculative_tree_accept
 from drafting.kv_cache import crop_to, forward, new_cache

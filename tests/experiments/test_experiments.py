@@ -127,7 +127,7 @@ def test_paired_ratio_is_a_geometric_mean_with_a_student_t_interval():
 def test_forward_cost_times_a_packed_model_and_the_clis_take_the_packing_and_int8_flags(tiny):
     import torch
 
-    from assisted.packing import pack_linear_weights
+    from assisted.models.packing import pack_linear_weights
 
     model, tok = tiny
     ids = torch.tensor([tok("The cat sat on the mat and looked around").input_ids])  # (1, n)

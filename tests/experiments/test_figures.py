@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from experiments import figures
-from assisted.loading import set_eos
+from assisted.models.loading import set_eos
 from tests.helpers_models import threads, tiny_llama
 
 

@@ -7,7 +7,7 @@ import pytest
 from experiments import policy_replay as pr
 from experiments.policy_replay import (ConfidenceStop, Costs, Trace, calibrated, make_policies, planned, replay,
                                        replay_all, report, summarize)
-from assisted.draft_policy import Constant, Heuristic
+from assisted.policy.draft_policy import Constant, Heuristic
 
 COSTS = Costs(target=(0.0,) + tuple(0.1 + 0.01 * n for n in range(1, 23)), draft=0.02)
 

@@ -1,11 +1,11 @@
 """Load what `generate` needs: a target, its tokenizer and an assistant, from wherever they are.
 
-A model source is a named offline source (`assisted.sources.SOURCES`, converted once into a cache), a
+A model source is a named offline source (`assisted.models.sources.SOURCES`, converted once into a cache), a
 hub id or local folder (`from_pretrained`; offline under ``HF_HUB_OFFLINE=1``) or a ``.gguf`` file
 (de-quantized on every load). The assistant may be loaded as a 4-bit or int8 copy (CPU), and the target's
-Linear weights packed for cheaper verification forwards (`assisted.packing`).
+Linear weights packed for cheaper verification forwards (`assisted.models.packing`).
 
-    from assisted.loading import load_pair
+    from assisted.models.loading import load_pair
     model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", quantize_assistant="int4")
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from assisted.eos import eos_ids
-from assisted.int4 import int4_copy
-from assisted.int8 import check_attention, check_engine, int8_copy, quantize_int8
-from assisted.packing import pack_linear_weights
-from assisted.sources import SOURCES, gguf_tokenizer, to_dtype, cached
+from assisted.models.int4 import int4_copy
+from assisted.models.int8 import check_attention, check_engine, int8_copy, quantize_int8
+from assisted.models.packing import pack_linear_weights
+from assisted.models.sources import SOURCES, gguf_tokenizer, to_dtype, cached
 
 
 def load_tokenizer(source: str | os.PathLike):
@@ -61,7 +61,7 @@ def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32
 
     Raises
     ------
-    assisted.sources.NotPreparedError
+    assisted.models.sources.NotPreparedError
         For a named source that needs ``structspec prepare <name>`` first.
     """
     from transformers import AutoModelForCausalLM
@@ -109,12 +109,13 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     dtype, device, device_map
         As for `load_model`, for both models.
     quantize_assistant : {None, "int4", "int8"}
-        Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.int4.int4_copy`, group-wise
-        4-bit weights) or "int8" (`assisted.int8.int8_copy`, row-invariant int8).
+        Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.models.int4.int4_copy`, group-wise
+        4-bit weights) or "int8" (`assisted.models.int8.int8_copy`, row-invariant int8).
     quantize_target : {None, "int8"}
-        Turn the target's Linear layers (the head included) into row-invariant int8 (`assisted.int8.quantize_int8`;
-        CPU, float32): speculation over it is exactly lossless with respect to plain decoding of that int8 model.
-        When the assistant source is the target's, the assistant is the same int8 model.
+        Turn the target's Linear layers (the head included) into row-invariant int8
+        (`assisted.models.int8.quantize_int8`; CPU, float32): speculation over it is exactly lossless with respect to
+        plain decoding of that int8 model. When the assistant source is the target's, the assistant is the same int8
+        model.
     pack : bool
         Pack the target's Linear weights (`assisted.pack_linear_weights`; CPU, float32/bfloat16).
 
@@ -127,7 +128,7 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     ------
     ValueError
         For options that do not fit the device, before loading anything.
-    OSError, assisted.sources.NotPreparedError
+    OSError, assisted.models.sources.NotPreparedError
         For a source that cannot be found.
     """
     on_cpu = device_map is None and torch.device(device).type == "cpu"

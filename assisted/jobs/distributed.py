@@ -1,7 +1,7 @@
 """`structspec batch`'s work as a callable class for Ray Data: one actor per worker, models loaded once per actor.
 
     import ray
-    from assisted.distributed import BatchGenerator, map_batches_options
+    from assisted.jobs.distributed import BatchGenerator, map_batches_options
 
     docs = ray.data.read_json("docs.jsonl")  # rows: {"id", "prompt"} or {"id", "messages"}
     out = docs.map_batches(BatchGenerator, fn_constructor_kwargs={"model": "smollm2-135m", "schema": schema,
@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from assisted.batch import BadLine, Document, document_record, error_record
-from assisted.batch_input import parse_line
+from assisted.jobs.batch import BadLine, Document, document_record, error_record
+from assisted.jobs.batch_input import parse_line
 
 OUTPUT_COLUMNS = ("id", "text", "value", "stop_reason", "stats", "line", "error")
 RESULT_KEYS = ("id", "text", "value", "stop_reason", "stats")
@@ -75,7 +75,7 @@ class BatchGenerator:
     Parameters
     ----------
     model : str or PathLike
-        The target's source (hub id, folder, .gguf file or named offline source; see `assisted.loading`).
+        The target's source (hub id, folder, .gguf file or named offline source; see `assisted.models.loading`).
     assistant : str or PathLike, optional
         The drafting model's source.
     schema, regex : optional
@@ -94,7 +94,7 @@ class BatchGenerator:
         Reuse the KV cache of the prompt prefix shared with the previous document (`assisted.PrefixCache`).
     loader : callable, optional
         ``loader(model, assistant, **load_options) -> (model, tokenizer, assistant)``; default
-        `assisted.loading.load_pair`.
+        `assisted.models.loading.load_pair`.
 
     Raises
     ------
@@ -142,7 +142,7 @@ class BatchGenerator:
 
 def _load(loader: Callable | None, model, assistant, load_options: dict):
     if loader is None:
-        from assisted.loading import load_pair as loader
+        from assisted.models.loading import load_pair as loader
     try:
         return loader(model, assistant, **load_options)
     except Exception as error:  # noqa: BLE001  whatever the loader raises, the run stops with its one line

@@ -3,7 +3,7 @@
 `CostTable` keeps a decayed mean of the target's forward seconds per n (tokens fed to one forward) and
 of the assistant's seconds per drafted token. The cost of verifying n tokens is not a line: on a CPU the
 step from 1 to 2 tokens can double it (matrix-vector becomes matrix-matrix) and later tokens add little,
-on a GPU it is flat up to a few dozen; with packed weights (`assisted.packing`) it can even fall (a packed
+on a GPU it is flat up to a few dozen; with packed weights (`assisted.models.packing`) it can even fall (a packed
 forward over a few tokens can cost less than a dense one-token step). So `curve` interpolates linearly
 between the n it has measured, as measured (a dip is kept: there, verifying a few more drafts is cheaper than
 verifying none), and past the largest measured n holds that cost: optimistic, so that a longer verification
@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from assisted.packing import is_packed
+from assisted.models.packing import is_packed
 
 N_MAX = 64  # forwards over more tokens than this (prompt prefills) are not recorded
 
@@ -106,7 +106,7 @@ def _device_key(model, engine: str) -> tuple:
 
 def recall(target, assistant, engine: str = "dynamic") -> CostTable | None:
     """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads,
-    weight layout (`assisted.packing`) and engine (`assisted.caching.CachePlan.engine`: a captured step costs a
+    weight layout (`assisted.models.packing`) and engine (`assisted.caching.CachePlan.engine`: a captured step costs a
     fraction of an eager one)."""
     with _LOCK:
         pairs = _MEMORY.get(target)

@@ -1,6 +1,6 @@
 """The cost-aware policy `Auto`: decode plainly, or draft and cut the draft where it stops paying.
 
-Two decisions, both on costs measured online (`assisted.costs.CostTable`):
+Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`):
 
 - Per drafted token (`Estimates.cut`): draft another token, or stop and verify the first i drafts. A
   draft's acceptance is predicted from the assistant's confidence in it (the max of its distribution),
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from assisted.costs import CostTable, StepCost
+from assisted.policy.costs import CostTable, StepCost
 
 if TYPE_CHECKING:
     from drafting.base import Draft
@@ -345,10 +345,10 @@ class Auto:
     config : AutoConfig, optional
         Decays, priors, k_max and probing.
     costs : CostTable, optional
-        Costs measured by earlier calls on the same model pair and device (`assisted.costs.recall`).
+        Costs measured by earlier calls on the same model pair and device (`assisted.policy.costs.recall`).
     calibration : Calibration, optional
         Acceptance per confidence bin learned by earlier calls on the pair with the same sampling
-        (`assisted.costs.recall_calibration`); each bin starts from the confidence itself otherwise.
+        (`assisted.policy.costs.recall_calibration`); each bin starts from the confidence itself otherwise.
 
     Notes
     -----

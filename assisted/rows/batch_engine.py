@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import torch
 
-from assisted.batch_rows import Guides, Item, RowInput, prepare_row, token_bytes
-from assisted.batched_stats import BatchStats
+from assisted.rows.batch_rows import Guides, Item, RowInput, prepare_row, token_bytes
+from assisted.rows.batched_stats import BatchStats
 from assisted.closing import outcome
 from assisted.config import Settings, options
 from assisted.inputs import parse_value
-from assisted.draft_policy import make_policy
+from assisted.policy.draft_policy import make_policy
 from assisted.result import GenerationResult, Recorder
 from assisted.steps import accept, commit, judge, needs_forward
 from assisted.stopping import Sink, Stops

@@ -4,7 +4,7 @@ Forced tokens are free and never count against k. After each drafted token the l
 `cut` whether to go on (None) or how many drafts to verify; after every step it tells the policy which
 drafts the target judged (up to the first rejection, with the assistant's confidence in each), how many it
 accepted, and what the step cost: a `StepCost` of wall times the loop measured around calls it made
-anyway. `constant` and `heuristic` (transformers' schedules) never cut; `auto` (`assisted.auto`) does. With
+anyway. `constant` and `heuristic` (transformers' schedules) never cut; `auto` (`assisted.policy.auto`) does. With
 `generate(tree=True)`, the policy also decides whether a side leaf is verified: the fixed schedules always,
 `auto` where its expected extra token pays for its row.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from assisted.auto import Auto, AutoConfig, Calibration, Estimates
-from assisted.costs import CostTable, StepCost
+from assisted.policy.auto import Auto, AutoConfig, Calibration, Estimates
+from assisted.policy.costs import CostTable, StepCost
 
 if TYPE_CHECKING:
     from drafting.base import Draft

@@ -18,7 +18,7 @@ Norms, rotary embeddings and activations work row by row already; the bitwise te
 (`tests/assisted/test_int8.py`) check the whole forward: n positions at once against n single steps, and a row
 of a batch against the row alone.
 
-    from assisted.int8 import quantize_int8
+    from assisted.models.int8 import quantize_int8
     quantize_int8(model)  # in place: every Linear (the head included) int8, attention "row_invariant"
 """
 

@@ -1,16 +1,16 @@
 """generate_batch(): B rows decoded at once, each exactly as generate() would decode it alone.
 
 The arguments of the whole batch are checked here, before any model call; each row's own inputs (prompt,
-budget, constraint) when it is admitted, so that a bad row gets its own error (`assisted.batch_rows`). The loop
-is `assisted.batch_engine`; the caches `drafting.batch_kv`; drafting `drafting.batch_draft`.
+budget, constraint) when it is admitted, so that a bad row gets its own error (`assisted.rows.batch_rows`). The loop
+is `assisted.rows.batch_engine`; the caches `drafting.batch_kv`; drafting `drafting.batch_draft`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from assisted.batch_engine import Engine
-from assisted.batch_rows import Guides, batch_eos, check_batch_size, check_settings, items_of, refuse_unsupported
+from assisted.rows.batch_engine import Engine
+from assisted.rows.batch_rows import Guides, batch_eos, check_batch_size, check_settings, items_of, refuse_unsupported
 from assisted.config import Settings, options, resolve
 from assisted.inputs import MAX_SEED, check_int, check_guide_options, check_models
 from assisted.result import GenerationResult
