@@ -15,6 +15,9 @@ forward costs behind the ratios: one forward of k new tokens after 200 cached on
 on the float model's own outputs), and ours-full's objects field by field with the float32 target.
 
     pip install llama-cpp-python==0.3.36   # builds llama.cpp from source (about 9 minutes); never in CI
+    # on a VM that lists AMX but does not enable it (SIGILL at the first eval), build without it:
+    # CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+    #   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF" pip install --force-reinstall --no-deps llama-cpp-python==0.3.36
     python -m experiments.vs_llamacpp --threads 1 2 --repeats 3 --costs --quality --out experiments/results/...
 """
 
