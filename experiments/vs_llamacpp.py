@@ -40,7 +40,7 @@ from drafting.kv_cache import crop_to, forward, new_cache
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.machine import run_lines
 from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import validate, write_rows
+from experiments.lib.tasks import chat_ids, validate, write_rows
 from experiments.vs_xgrammar import TASKS
 
 FREE = ("llama.cpp", "ours-plain", "ours-spec")
@@ -133,18 +133,12 @@ class Ours:
         return out.text, len(tokens)  # EOS not counted (llama.cpp's count leaves it out too)
 
 
-def chat_ids(tokenizer, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-
-
 def units(tokenizer, per_class: int) -> list[tuple[str, str, list[int], object]]:
     """(kind, name, prompt ids, schema or None): free prompts, then the extraction tasks."""
     free = [p for p in load_prompts(half="validation") if p["class"] in ("prose", "code", "extraction")]
     kept = [p for c in ("prose", "code", "extraction") for p in [q for q in free if q["class"] == c][:per_class]]
-    rows = [("free", f"{p['class']}/{p['name']}", chat_ids(tokenizer, p["prompt"]), None) for p in kept]
-    return rows + [("structured", t.name, chat_ids(tokenizer, t.user), t) for t in TASKS]
+    rows = [("free", f"{p['class']}/{p['name']}", chat_ids(tokenizer, p), None) for p in kept]
+    return rows + [("structured", t.name, chat_ids(tokenizer, {"prompt": t.user}), t) for t in TASKS]
 
 
 def run_system(system: str, threads: int, ours: Ours, llama: LlamaCpp, ids: list[int], task) -> dict:
