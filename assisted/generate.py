@@ -19,6 +19,7 @@ from assisted.config import options, resolve
 from assisted.policy.costs import StepCost, memorize, recall, recall_calibration
 from assisted.policy.draft_policy import Policy, make_policy
 from assisted.eos import eos_ids
+from assisted.foreign import foreign_drafter, is_foreign
 from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult, Recorder
@@ -27,6 +28,7 @@ from assisted.stopping import Sink, Stops
 from drafting.assistant import AssistantDrafter
 from drafting.base import Cursor, Draft
 from drafting.combined import CombinedSource
+from drafting.foreign import ForeignSource
 from drafting.kv_cache import KV, DynamicKV, input_device, output_device
 from drafting.lookup import PromptLookup
 from drafting.sampling import make_generator
@@ -38,6 +40,7 @@ def generate(
     assistant_model=None,
     *,
     tokenizer,
+    assistant_tokenizer=None,
     prompt=None,
     messages=None,
     input_ids=None,
@@ -63,9 +66,16 @@ def generate(
     model : transformers causal LM
         The target. Batch size 1; may be spread over devices with ``device_map``.
     assistant_model : transformers causal LM, optional
-        A smaller model with the same vocabulary; it drafts under the constraint's mask.
+        A smaller model; it drafts under the constraint's mask. With the target's vocabulary it drafts target tokens;
+        with its own (`assistant_tokenizer`) it drafts text under a guide compiled for its tokenizer, and the text,
+        spelled in the target's tokens, is verified as point masses (`drafting.foreign`).
     tokenizer : transformers tokenizer
-        Shared by both models.
+        The target's (shared by both models unless `assistant_tokenizer` is given).
+    assistant_tokenizer : transformers tokenizer, optional
+        The assistant's own tokenizer, as in transformers' universal assisted generation. When its vocabulary differs
+        from the target's, the assistant drafts text: its drafts are the assistant's argmax (also when sampling),
+        the logits processors apply to the target only, and `tree` and `generate_batch` are refused; with the same
+        vocabulary it changes nothing.
     prompt, messages, input_ids : str | list[dict] | list[int] or tensor, exactly one
         A text, chat messages (formatted with the chat template), or token ids (shape (n,) or (1, n)).
     schema : pydantic class | dict | str, optional
@@ -145,14 +155,15 @@ def generate(
         For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
     """
     settings = resolve(model, generation_config, kwargs)
-    _check_tree(settings.tree, model, assistant_model)
-    vocab_size = check_models(model, assistant_model, tokenizer)
+    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
+    same = None if foreign else assistant_model  # an assistant that drafts target tokens
+    _check_tree(settings.tree, model, assistant_model, foreign)
+    vocab_size = check_models(model, same, tokenizer)
     ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
     opts = options(settings, len(ids), logits_processor)
     _check_tree_processors(settings.tree, opts)
-    plan = plan_caches(model, assistant_model, settings.cache_implementation, settings.cuda_graphs, settings.tree,
-                       prefix_cache)
-    opts = fit_positions(opts, len(ids), model, assistant_model)
+    plan = plan_caches(model, same, settings.cache_implementation, settings.cuda_graphs, settings.tree, prefix_cache)
+    opts = fit_positions(opts, len(ids), model, same)
     eos = eos_ids(model, tokenizer, settings.eos_token_id)
     cursor = within_budget(make_cursor(schema, regex, tokenizer, vocab_size, eos, guide_options), opts.max_new_tokens,
                            opts.close_within_budget)
@@ -161,28 +172,33 @@ def generate(
                   fsm.vocabulary_from_tokenizer(tokenizer, vocab_size).token_bytes, input_device(model))
     recorder = Recorder()
     assistant = None
-    if assistant_model is not None:
+    if same is not None:
         seed2 = None if opts.seed is None else opts.seed + 1
-        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2),
-                                     opts.processors)
+        assistant = AssistantDrafter(same, opts.warp, make_generator(output_device(same), seed2), opts.processors)
     lookup = PromptLookup(tokenizer, ids) if opts.prompt_lookup else None
-    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
-                            output_device(model), coalesced=opts.coalesce)
+    if foreign:  # drafts text, verified as the target's tokens (point masses)
+        assistant = foreign_drafter(assistant_model, assistant_tokenizer, tokenizer, vocab_size, ids, prompt, messages,
+                                    schema, regex, guide_options)
+        source = ForeignSource(assistant, vocab_size, opts.warp.do_sample, lookup, output_device(model), opts.coalesce)
+    else:
+        source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample,
+                                lookup, output_device(model), coalesced=opts.coalesce)
     policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
                          recall_calibration(model, assistant_model, opts.warp))
     sink = Sink(stops, streamer, ids)
-    with torch.inference_mode(), static_caches(plan, model, assistant_model, len(ids) + opts.max_new_tokens) as held, \
-            sink:
+    with torch.inference_mode(), static_caches(plan, model, same, len(ids) + opts.max_new_tokens) as held, sink:
         recorder.caches(plan.engine, plan.note, held.capture_seconds)
-        cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids, held)
+        cache, cached = _start_caches(prefix_cache, model, same, assistant, ids, held)
         new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, settings.tree, sink)
         if prefix_cache is not None:
-            prefix_cache.put(model, assistant_model, ids + new, cache.cache, assistant and assistant.cache)
+            prefix_cache.put(model, same, ids + new, cache.cache, assistant and assistant.cache)
     memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp, plan.engine)
     text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     value = parse_value(schema, text, cursor.accepting())
     calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
     stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates(), len(ids) - cached)
+    if foreign:
+        stats = replace(stats, seconds=replace(stats.seconds, assistant_tokenizer=assistant.tokenizer_seconds))
     tightened, stop = outcome(start, new, stop)
     return GenerationResult(text, new, value, stop, replace(stats, budget_tightened=tightened))
 
@@ -274,12 +290,16 @@ def _check_tree_processors(tree: bool, opts: Options) -> None:
                          "a leaf's row has another prefix than its chain row")
 
 
-def _check_tree(tree, model, assistant_model) -> None:
-    """`tree` is a bool, and True only with an assistant and a target whose attention takes a tree mask."""
+def _check_tree(tree, model, assistant_model, foreign: bool = False) -> None:
+    """`tree` is a bool, and True only with an assistant of the target's vocabulary and a target whose attention
+    takes a tree mask."""
     if not isinstance(tree, bool):
         raise TypeError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
     if tree and assistant_model is None:
         raise ValueError("tree=True needs an assistant_model: the branch is the assistant's runner-up")
+    if tree and foreign:
+        raise ValueError("tree=True needs an assistant with the target's vocabulary: the branch is the runner-up of "
+                         "the assistant's distribution over the target's tokens")
     if tree:
         check_tree_attention(model)
 

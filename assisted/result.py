@@ -30,6 +30,7 @@ class Seconds:
     assistant: float  # assistant forward passes
     fsm: float  # guide calls: mask, advance, forced, is_final
     capture: float = 0.0  # capturing CUDA graphs (paid once per model and width, before the first forward)
+    assistant_tokenizer: float = 0.0  # of `assistant`: an assistant with another tokenizer respelling text
 
     @property
     def overhead(self) -> float:

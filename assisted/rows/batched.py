@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from assisted.rows.batch_engine import Engine
 from assisted.rows.batch_rows import Guides, batch_eos, check_batch_size, check_settings, items_of, refuse_unsupported
 from assisted.config import Settings, options, resolve
+from assisted.foreign import is_foreign
 from assisted.inputs import MAX_SEED, check_int, check_guide_options, check_models
 from assisted.result import GenerationResult
 from drafting.batch_kv import check_batch_model
@@ -30,8 +31,8 @@ def generate_batch(model, assistant_model=None, *, tokenizer, prompts=None, mess
     Parameters
     ----------
     model, assistant_model, tokenizer
-        As for `assisted.generate`. Both models need an attention that applies a custom 4D mask ("sdpa" or
-        "eager") and no sliding-window layers.
+        As for `assisted.generate` (an `assistant_tokenizer` with another vocabulary is refused). Both models need an
+        attention that applies a custom 4D mask ("sdpa" or "eager") and no sliding-window layers.
     prompts, messages, input_ids : list, exactly one
         One entry per row: texts, chat-message lists, or token-id lists (or 1-D tensors).
     schema, regex : one, or a list with one per row (None: unconstrained), at most one of the two
@@ -87,14 +88,19 @@ def generate_batch_iter(model, assistant_model=None, *, tokenizer, prompts=None,
 
 def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, generation_config=None,
                 logits_processor=None, guide_options: dict | None = None, constrained: bool = True,
-                share_prefix: bool = False, **kwargs) -> Engine:
+                share_prefix: bool = False, assistant_tokenizer=None, **kwargs) -> Engine:
     """The batch engine after every batch-level check (the CLI feeds it `Item`s as it reads documents).
 
     `share_prefix` (the CLI's default): a newcomer copies the KV entries of the longest prompt prefix a row in the
     batch caches and prefills only the rest, like `PrefixCache` for one row at a time. Its entries then come from
     another chunking of the same forward, equal up to float rounding: off in `generate_batch`, whose rows are
-    decoded exactly as alone.
+    decoded exactly as alone. An `assistant_tokenizer` whose vocabulary differs from the target's is refused: the rows
+    engine drafts target tokens only (`generate` drafts with such an assistant).
     """
+    if is_foreign(model, assistant_model, tokenizer, assistant_tokenizer):
+        raise ValueError("generate_batch cannot draft with an assistant of another vocabulary yet (its rows engine "
+                         "drafts target tokens): call generate() per row, or pass an assistant with the target's "
+                         "tokenizer")
     kwargs.pop("seed", None)  # per row, on the items
     batch_size = check_batch_size(batch_size)
     refuse_unsupported(kwargs)
