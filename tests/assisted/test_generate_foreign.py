@@ -189,3 +189,21 @@ def test_smollm2_behind_a_shuffled_vocabulary_drafts_an_object_the_target_accept
         out = generate(model, helper, assistant_tokenizer=helper_tok, num_assistant_tokens_schedule="constant", **kw)
     assert out.token_ids == ref.token_ids and out.value is not None
     assert out.stats.accepted_by_source["assistant"] >= 0.8 * out.stats.drafted_by_source["assistant"] > 0
+
+
+def test_the_command_line_drafts_with_the_assistants_own_tokenizer(tmp_path, monkeypatch, capsys):
+    """`structspec generate --assistant A` loads A's own tokenizer when A is another source: an assistant with another
+    vocabulary (two word-level tokenizers over other words) drafts, and the text is the target's alone."""
+    from assisted.cli import main
+    from tests.helpers_models import save_tiny_llama
+
+    monkeypatch.setenv("STRUCTSPEC_CACHE", str(tmp_path / "cache"))
+    target = save_tiny_llama(tmp_path / "target", ["a", "b", "c", "d"], hidden_size=32, intermediate_size=64)
+    helper = save_tiny_llama(tmp_path / "helper", ["d", "c", "b", "a", "ab"], hidden_size=32, intermediate_size=64)
+    common = ["generate", "--model", str(target), "--regex", "[abcd]{6}", "--prompt", "a b", "--stats",
+              "--schedule", "constant"]
+    assert main(common) == 0
+    alone = capsys.readouterr().out
+    assert main(common + ["--assistant", str(helper)]) == 0
+    out, err = capsys.readouterr()
+    assert out == alone and '"assistant_forward_passes": 0' not in err
