@@ -84,3 +84,20 @@ def test_common_prefix(a, b):
     n = common_prefix(a, b)
     assert a[:n] == b[:n] and (n == min(len(a), len(b)) or a[n] != b[n])
     assert common_prefix(bytes(a), bytearray(b)) == n
+
+
+def test_qwen_spellings_are_canonical_and_settle_digit_by_digit():
+    """Qwen2.5's pre-tokenizer splits digits one by one: a number's digits settle as soon as the next one is written."""
+    from assisted.models.sources import tokenizer_dir
+
+    folder = tokenizer_dir("qwen2.5-coder-0.5b")
+    if not folder.is_dir():
+        pytest.skip("needs the Qwen2.5 tokenizer (structspec prepare qwen2.5-coder-0.5b); CI has none")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    vocabulary = fsm.vocabulary_from_tokenizer(tokenizer)
+    for text in [*TEXTS, '{"year":2026,"name":"Ada Lovelace"}']:
+        spelling = speller(vocabulary).spell(text.encode())
+        assert list(spelling.ids) == vocabulary.encode(text)
+    assert speller(vocabulary).spell(b'{"year":20').settled == 4  # '{"', 'year', '":', '2' settled; '0' waits
