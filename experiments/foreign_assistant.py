@@ -1,8 +1,9 @@
 """An assistant of another family: the Qwen2.5-Coder 1.5B target drafted by SmolLM2-135M (issue 56).
 
-    PYTHONPATH=/tmp/xgr python -m experiments.foreign_assistant --threads 1 --out experiments/results/foreign-...
+    python -m experiments.foreign_assistant --threads 1 --out experiments/results/foreign-assistant-qwen-smollm2-...
 
-(XGrammar's CPU install: see `experiments.vs_xgrammar`; without it the structured part runs without those systems.)
+(XGrammar: the `compare` extra, or the CPU install in `experiments.vs_xgrammar`; without it the structured part runs
+without the xgrammar systems.)
 Two parts; the system order rotates per unit; greedy outputs are checked against the target's own (free text:
 transformers' plain greedy; structured: ours without an assistant), every object is validated:
 
