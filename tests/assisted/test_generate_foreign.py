@@ -115,6 +115,18 @@ def test_an_assistant_tokenizer_with_the_targets_vocabulary_changes_nothing(tok,
     assert given.stats.seconds.assistant_tokenizer == 0.0
 
 
+def test_a_prefix_cache_keeps_the_targets_cache_only(tok, pairs, plain_reference):
+    from assisted import PrefixCache
+
+    target, (helper, helper_tok) = pairs["target"], pairs["shuffled"]
+    kw = dict(tokenizer=tok, prompt="Describe a hero:", max_new_tokens=20, regex=CONSTRAINTS["regex"]["regex"])
+    ref, cache = plain_reference(target, **kw), PrefixCache()
+    runs = [generate(target, helper, assistant_tokenizer=helper_tok, prefix_cache=cache, **kw) for _ in range(2)]
+    assert all(out.token_ids == ref.token_ids for out in runs)
+    assert runs[1].stats.prefill_tokens < runs[0].stats.prefill_tokens  # the second call reused the target's cache
+    assert runs[1].stats.drafted_by_source["assistant"] > 0  # and its assistant drafted from a fresh cache
+
+
 def test_the_assistant_sees_its_own_prompt(tok, sentencepiece_tokenizer):
     """A text prompt in its tokens; messages through its own chat template where it has one, else the target's
     prompt text respelled."""
