@@ -152,11 +152,12 @@ class Runner:
         return Pass(outputs, 0.0, forwards)
 
     def _ours(self, docs: list[Document], size: int, drafts: bool, share_prefix: bool) -> Pass:
-        from assisted.rows.batch_rows import items_of
-        from assisted.rows.batched import make_engine
+        from assisted.generate_batch import make_engine
+        from assisted.rows.inputs import items_of, prepared
         engine = make_engine(self.model, self.assistant if drafts else None, tokenizer=self.tokenizer, batch_size=size,
                              max_new_tokens=self.max_new, share_prefix=share_prefix)
-        found = dict(engine.run(items_of(None, None, [self.ids(d) for d in docs], Ticket, None, None)))
+        found = dict(engine.run(prepared(items_of(None, None, [self.ids(d) for d in docs], Ticket, None, None),
+                                         engine.prepare)))
         results = [found[i] for i in range(len(docs))]
         outputs = [Output(r.text, r.stats.new_tokens, r.stats.latency_seconds, r.error or "") for r in results]
         batch = results[0].batch
