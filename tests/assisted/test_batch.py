@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import assisted
-from assisted.jobs import batch_lock
+from assisted.jobs import lock as batch_lock
 from assisted.jobs.run import BatchError, read_input, read_output
 from assisted.jobs.lock import OutputBusy, lock_path, output_lock
 from assisted.cli import main
