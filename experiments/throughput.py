@@ -42,6 +42,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from assisted import generate, generate_batch, logits_processor
+from drafting.kv_cache import logits_size
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.machine import cpu_name, run_lines
 from experiments.lib.tasks import add_assistant_quantization, assistant_label, assistant_quantization
@@ -189,7 +190,7 @@ class Runner:
             return logits_processor(self.tokenizer, schema=Ticket)
         if self._xgrammar is None:
             import xgrammar
-            vocab = self.model.get_output_embeddings().weight.shape[0]
+            vocab = logits_size(self.model)  # an int8 head keeps no float weight
             info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab, stop_token_ids=self.eos)
             grammar = xgrammar.GrammarCompiler(info).compile_json_schema(
                 json.dumps(Ticket.model_json_schema()), any_whitespace=False, separators=(",", ":"))

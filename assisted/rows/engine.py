@@ -27,7 +27,7 @@ from assisted.inputs import parse_value
 from assisted.policy.costs import StepCost, memorize
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.inputs import RowError, RowInput
-from assisted.rows.row import Drafted, Row, draft_sources
+from assisted.rows.row import RowStep, Row, draft_sources
 from assisted.rows.stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward
 from assisted.stopping import Stops
@@ -54,7 +54,7 @@ class Setup:
     memory: str = "dynamic"  # the engine name learned costs are kept under (`assisted.policy.costs.memorize`)
 
 
-def target_forward(target: RowsKV, rows: list[Row], drafted: list[Drafted]) -> list[torch.Tensor | None]:
+def target_forward(target: RowsKV, rows: list[Row], drafted: list[RowStep]) -> list[torch.Tensor | None]:
     """The step's one target forward: each row's logits after its committed tokens and each draft prefix, (k+1 (+1),
     V), None for a row that fed nothing."""
     keep = [len(d.draft.tokens) + 1 + (d.leaf is not None) for d in drafted]
@@ -62,7 +62,7 @@ def target_forward(target: RowsKV, rows: list[Row], drafted: list[Drafted]) -> l
     return target.run([d.feed for d in drafted], keep, leaves if any(leaves) else None)
 
 
-def verify(target: RowsKV, rows: list[Row], drafted: list[Drafted]) -> list[list[int] | None]:
+def verify(target: RowsKV, rows: list[Row], drafted: list[RowStep]) -> list[list[int] | None]:
     """The target forward and each row's acceptance test: [n, took, token] per row (None where it fed nothing), in
     the step's one host sync."""
     logits = target_forward(target, rows, drafted)
@@ -212,7 +212,7 @@ class Engine:
         self._learn(rows, drafted, seconds)  # 5. the policies learn what was accepted and what it cost
         return done
 
-    def _draft(self, rows: list[Row]) -> list[Drafted]:
+    def _draft(self, rows: list[Row]) -> list[RowStep]:
         """Every row's draft: its proposal, the assistant's tokens for all asking rows drafted together."""
         ks = [row.policy.k for row in rows]
         assisted, sampling = self.assistant is not None, self.setup.warp.do_sample
@@ -234,10 +234,10 @@ class Engine:
             for row, n in zip(rows, took):
                 row.helper_passes, row.helper_seconds = row.helper_passes + n, row.helper_seconds + n * share
         device = None if self.assistant is None else input_device(self.setup.assistant_model)
-        return [Drafted(k, p.draft(self.masks, self.setup.vocab_size, device), s)
+        return [RowStep(k, p.draft(self.masks, self.setup.vocab_size, device), s)
                 for k, p, s in zip(ks, proposals, spent)]
 
-    def _feed(self, row: Row, d: Drafted) -> None:
+    def _feed(self, row: Row, d: RowStep) -> None:
         """The row's feed: its uncached committed tokens, its draft, and a tree's leaf where the policy says it pays."""
         feed = row.seq[row.cached :] + list(d.draft.tokens)
         if self.setup.tree:
@@ -247,7 +247,7 @@ class Engine:
             feed += [] if d.leaf is None else [d.leaf.token]
         d.feed = feed if needs_forward(d.draft, len(row.seq), row.end, row.opts.coalesce) else []
 
-    def _book(self, rows: list[Row], drafted: list[Drafted], seconds: float) -> None:
+    def _book(self, rows: list[Row], drafted: list[RowStep], seconds: float) -> None:
         """Each row that fed the forward takes part in it and shares its seconds."""
         fed = [row for row, d in zip(rows, drafted) if d.feed]
         for row in fed:
@@ -256,7 +256,7 @@ class Engine:
         if fed:
             self.stats.verified([d.feed for d in drafted])
 
-    def _commit(self, slot: int, row: Row, d: Drafted, verdict: list[int] | None) -> bool:
+    def _commit(self, slot: int, row: Row, d: RowStep, verdict: list[int] | None) -> bool:
         """Commit the row's accepted drafts and the target's token (a taken leaf first); True when the row stops."""
         if verdict is None:  # only coalesced tokens up to the end: no forward
             d.n, d.took, d.after = len(d.draft.tokens), False, []
@@ -271,7 +271,7 @@ class Engine:
         row.cached = min(d.valid + d.took, len(row.seq) - 1)
         return row.stop is not None
 
-    def _learn(self, rows: list[Row], drafted: list[Drafted], seconds: float) -> None:
+    def _learn(self, rows: list[Row], drafted: list[RowStep], seconds: float) -> None:
         """Tell each row's policy what the target judged and what its step cost; book the step; price the forward."""
         for row, d in zip(rows, drafted):
             spent = d.spent

@@ -60,7 +60,7 @@ class Row:
 
 
 @dataclass
-class Drafted:
+class RowStep:
     """What a row drafted in one step, and its counters before it (the step's costs are their differences)."""
 
     k: int  # assistant tokens its policy allowed
