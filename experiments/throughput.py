@@ -341,7 +341,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("batch size B")
-    ax.set_ylabel("documents per minute (all valid)")
+    ax.set_ylabel("documents per minute (validity: README)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
