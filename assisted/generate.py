@@ -24,8 +24,9 @@ from assisted.policy.draft_policy import make_policy
 from assisted.policy.prices import SharedPrices
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult
-from assisted.rows.engine import Engine, Setup
+from assisted.rows.engine import Engine
 from assisted.rows.engine import verify as _verify  # the step's verification; a test injects a failure here
+from assisted.rows.row import Setup
 from assisted.rows.inputs import Guides, Item, prepare_row, token_bytes
 from assisted.stopping import Stops, check_streamer
 from drafting.kv_cache import input_device

@@ -21,7 +21,8 @@ from assisted.policy.draft_policy import make_policy
 from assisted.policy.prices import SharedPrices
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult
-from assisted.rows.engine import Engine, Setup
+from assisted.rows.engine import Engine
+from assisted.rows.row import Setup
 from assisted.rows.inputs import Guides, check_batch_size, items_of, prepare_row, prepared, token_bytes
 from assisted.stopping import Stops, check_streamer
 from drafting.batch_kv import BatchKV, check_batch_model

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -27,31 +27,14 @@ from assisted.inputs import parse_value
 from assisted.policy.costs import StepCost, memorize
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.inputs import RowError, RowInput
-from assisted.rows.row import RowStep, Row, draft_sources
+from assisted.rows.row import Row, RowStep, Setup, draft_sources
 from assisted.rows.stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward
-from assisted.stopping import Stops
 from drafting.assistant import Assistant
 from drafting.base import DeviceMasks
 from drafting.kv_cache import input_device, output_device
 from drafting.row_kv import RowsKV
-from drafting.sampling import Warp
 from drafting.tree import grow_branch
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What the rows of one engine share."""
-
-    model: Any
-    assistant_model: Any
-    tokenizer: Any
-    vocab_size: int
-    warp: Warp  # greedy or sampling, the same for every row (seeds may differ)
-    stops: Stops  # stop strings and criteria, checked; each row gets its own copy (`Stops.fresh`)
-    tree: bool = False  # draft the assistant's runner-up where it is unsure
-    caches: tuple[str, str | None, float] = ("dynamic", None, 0.0)  # engine, note, capture seconds (`Recorder.caches`)
-    memory: str = "dynamic"  # the engine name learned costs are kept under (`assisted.policy.costs.memorize`)
 
 
 def target_forward(target: RowsKV, rows: list[Row], drafted: list[RowStep]) -> list[torch.Tensor | None]:

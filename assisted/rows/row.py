@@ -1,12 +1,14 @@
 """One row being decoded, set up once for one row (`assisted.generate`) or many (`assisted.generate_batch`): its
-sequence, cursor, policy, generators, prompt lookup, stops and streamer, counters; and what it drafted this step.
+sequence, cursor, policy, generators, prompt lookup, stops and streamer, counters; what it drafted this step; and
+what the rows of one engine share (`Setup`).
 
-`Sources` is where a row's draft sources are built (one place: a new source joins here).
+`draft_sources` is where a row's draft sources are built (one place: a new source joins here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from assisted.result import Recorder
 from assisted.rows.inputs import RowInput
@@ -14,8 +16,23 @@ from assisted.stopping import Sink, Stops
 from drafting.base import Draft
 from drafting.lookup import PromptLookup
 from drafting.proposal import Proposal
-from drafting.sampling import make_generator
+from drafting.sampling import Warp, make_generator
 from drafting.tree import Branch
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the rows of one engine share."""
+
+    model: Any
+    assistant_model: Any
+    tokenizer: Any
+    vocab_size: int
+    warp: Warp  # greedy or sampling, the same for every row (seeds may differ)
+    stops: Stops  # stop strings and criteria, checked; each row gets its own copy (`Stops.fresh`)
+    tree: bool = False  # draft the assistant's runner-up where it is unsure
+    caches: tuple[str, str | None, float] = ("dynamic", None, 0.0)  # engine, note, capture seconds (`Recorder.caches`)
+    memory: str = "dynamic"  # the engine name learned costs are kept under (`assisted.policy.costs.memorize`)
 
 
 @dataclass(frozen=True)
