@@ -11,7 +11,7 @@ Padded queries attend to their row's valid keys and to the new columns up to the
 themselves), so no query row is fully masked: every stored value is finite (a NaN in a hole would poison
 later rows through 0 * NaN in the attention product). Positions are per row (`position_ids`), so a row's
 entries are those of the row decoded alone. This needs an attention that applies a custom 4D mask
-(`ATTENTIONS`) and a model without sliding-window layers.
+(`kernels.attention.MASKED_ATTENTIONS`) and a model without sliding-window layers.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
-
-# attentions that apply a custom 4D mask (row_invariant: assisted.models.int8)
-ATTENTIONS = ("sdpa", "eager", "row_invariant")
+from kernels.attention import MASKED_ATTENTIONS
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
 
@@ -31,8 +29,8 @@ def check_batch_model(model, name: str = "model") -> None:
     """Raise ValueError unless `model` can run rows of different lengths on one cache (before any model call)."""
     config = model.config
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ATTENTIONS:
-        raise ValueError(f"batched generation needs attn_implementation in {ATTENTIONS} (a custom 4D mask); "
+    if attention not in MASKED_ATTENTIONS:
+        raise ValueError(f"batched generation needs attn_implementation in {MASKED_ATTENTIONS} (a custom 4D mask); "
                          f"{name} has {attention!r}")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     sliding = "sliding_attention" in (getattr(text, "layer_types", None) or ()) or (
