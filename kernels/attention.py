@@ -32,7 +32,7 @@ _UNSUPPORTED = ("softcap", "s_aux", "position_bias")  # keyword arguments that w
 @functools.cache
 def built() -> Built:
     """The C++ attention library, built once per machine on first use (`kernels.build.load`)."""
-    return load("attention", ("attention.cpp",), ("-ffp-contract=off",))
+    return load("attention", ("attention.cpp",), ("-ffp-contract=off", "-fopenmp"))
 
 
 def implementation() -> str:

@@ -9,9 +9,10 @@
 // threads (tasks are split over threads whole), so a row gives bitwise what it gives alone, in a prefill, a batch
 // or a one-position step. A task whose row attends to no key (a padded query) gives zeros, as torch's sdpa does.
 //
-// Vectorised over D by the compiler: the lanes are independent sums (no reassociation), built for AVX-512, AVX2
-// and baseline x86-64 (target_clones, chosen at load time by the CPU); -ffp-contract=off keeps every build's
-// arithmetic the same (no fused multiply-add).
+// Vectorised over D with GCC / Clang vector types (element-wise, so no sum is reassociated), compiled for AVX-512,
+// AVX2 and baseline x86-64 (target_clones, chosen at load time by the CPU; helpers are inlined into each clone);
+// -ffp-contract=off keeps every clone's arithmetic the same (no fused multiply-add), so the ISA changes the speed
+// only. Threads: at::parallel_for (OpenMP, hence -fopenmp) over whole tasks.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -19,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -31,21 +33,81 @@
 #ifndef STRUCTSPEC_CLONES
 #define STRUCTSPEC_CLONES
 #endif
+// Helpers are inlined into each clone, so that they are compiled for its ISA too.
+#define INLINE inline __attribute__((always_inline))
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+// GCC / Clang vector types: element-wise arithmetic, lowered to whatever registers the clone's ISA has.
+typedef float F16 __attribute__((vector_size(64)));
+typedef float F8 __attribute__((vector_size(32)));
+typedef float F4 __attribute__((vector_size(16)));
+constexpr int64_t kLanes = 16;  // a dot product's partial sums: lane l sums d = l, l + 16, ...
+constexpr int64_t kKeys = 4;    // keys scored at once (independent sums: the same order as one at a time)
+constexpr int64_t kBlock = 4;   // F16 columns of the output summed in registers while the keys stream past
 
-// sum over d of a[d] * b[d]: lane l sums d = l, l + 16, ...; then lanes 16 -> 8 -> 4 -> 2 -> 1.
-inline float dot(const float* a, const float* b, int64_t dim) {
-  float acc[kLanes] = {0};
+INLINE F16 load(const float* p) {
+  F16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+INLINE F16 load_tail(const float* p, int64_t count) {  // p[0 .. count), zeros after
+  float padded[kLanes] = {};
+  std::memcpy(padded, p, count * sizeof(float));
+  return load(padded);
+}
+
+// The lanes' sum in a fixed tree: 16 -> 8 -> 4 -> 2 -> 1 (lane l plus lane l + half).
+INLINE float lane_sum(F16 x) {
+  F8 low, high;
+  std::memcpy(&low, &x, sizeof low);
+  std::memcpy(&high, reinterpret_cast<const char*>(&x) + sizeof low, sizeof high);
+  const F8 eight = low + high;
+  F4 a, b;
+  std::memcpy(&a, &eight, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&eight) + sizeof a, sizeof b);
+  const F4 four = a + b;
+  return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
+// out[r] = q . k[r] for R keys: per key 16 lane sums in d order (a zero-padded last block), then `lane_sum`.
+// Each key's sum is the same whatever R (the keys' sums never mix).
+template <int64_t R>
+INLINE void dots(const float* q, const float* const* k, int64_t dim, float* out) {
+  F16 acc[R] = {};
   int64_t d = 0;
-  for (; d + kLanes <= dim; d += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[d + l] * b[d + l];
-  for (int64_t l = 0; d < dim; ++d, ++l) acc[l] += a[d] * b[d];
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)
-    for (int64_t l = 0; l < width; ++l) acc[l] += acc[l + width];
-  return acc[0];
+  for (; d + kLanes <= dim; d += kLanes) {
+    const F16 x = load(q + d);
+    for (int64_t r = 0; r < R; ++r) acc[r] += x * load(k[r] + d);
+  }
+  if (d < dim) {
+    const F16 x = load_tail(q + d, dim - d);
+    for (int64_t r = 0; r < R; ++r) acc[r] += x * load_tail(k[r] + d, dim - d);
+  }
+  for (int64_t r = 0; r < R; ++r) out[r] = lane_sum(acc[r]);
+}
+
+// out[c .. c + 16 C) = (sum over t, ascending, of p[t] * v[t][c ..]) / total: C vectors of columns in registers.
+template <int64_t C>
+INLINE void weighted(const float* p, const float* const* v, int64_t m, int64_t c, float total, float* out) {
+  F16 acc[C] = {};
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t j = 0; j < C; ++j) acc[j] += p[t] * load(v[t] + c + j * kLanes);
+  for (int64_t j = 0; j < C; ++j) {
+    const F16 result = acc[j] / total;
+    std::memcpy(out + c + j * kLanes, &result, sizeof result);
+  }
+}
+
+// The same sums for the last dim % 16 columns, one column at a time (the same arithmetic per column).
+INLINE void weighted_tail(const float* p, const float* const* v, int64_t m, int64_t c, int64_t dim, float total,
+                          float* out) {
+  for (; c < dim; ++c) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < m; ++t) acc += p[t] * v[t][c];
+    out[c] = acc / total;
+  }
 }
 
 struct Rows {  // strides in elements; the last dim of query, key and value is contiguous
@@ -56,35 +118,55 @@ struct Rows {  // strides in elements; the last dim of query, key and value is c
   float scale;
 };
 
-// One (b, h, i): out (D,) = softmax(scale * q . k_j over attended j) . v_j. `scores` holds L floats, `keys` L ints.
-STRUCTSPEC_CLONES
-void attend_one(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, float* scores, int64_t* keys) {
-  const float* q = r.query + b * r.q_b + h * r.q_h + i * r.q_i;
+struct Scratch {  // per thread: L entries each
+  std::vector<float> scores;
+  std::vector<const float*> keys, values;
+  explicit Scratch(int64_t length) : scores(length), keys(length), values(length) {}
+};
+
+// The rows of key and value that (b, h, i) attends to, ascending; returns how many.
+INLINE int64_t attended(const Rows& r, int64_t b, int64_t h, int64_t i, Scratch& s) {
   const float* k = r.key + b * r.k_b + (h / r.groups) * r.k_h;
   const float* v = r.value + b * r.v_b + (h / r.groups) * r.v_h;
+  const bool* row = r.mask == nullptr ? nullptr : r.mask + b * r.m_b + i * r.m_i;
+  const int64_t end = row == nullptr ? r.length - r.n + i + 1 : r.length;
   int64_t m = 0;
-  if (r.mask == nullptr) {
-    for (int64_t j = 0; j <= r.length - r.n + i; ++j) keys[m++] = j;
-  } else {
-    const bool* row = r.mask + b * r.m_b + i * r.m_i;
-    for (int64_t j = 0; j < r.length; ++j)
-      if (row[j * r.m_j]) keys[m++] = j;
+  for (int64_t j = 0; j < end; ++j) {
+    if (row != nullptr && !row[j * r.m_j]) continue;
+    s.keys[m] = k + j * r.k_j;
+    s.values[m++] = v + j * r.v_j;
   }
-  for (int64_t d = 0; d < r.dim; ++d) out[d] = 0.0f;
-  if (m == 0) return;
+  return m;
+}
+
+// One (b, h, i): out (D,) = softmax(scale * q . k_t over its attended keys t) . v_t; zeros if it attends none.
+STRUCTSPEC_CLONES
+void attend_one(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s) {
+  const int64_t m = attended(r, b, h, i, s);
+  if (m == 0) {
+    for (int64_t d = 0; d < r.dim; ++d) out[d] = 0.0f;
+    return;
+  }
+  const float* q = r.query + b * r.q_b + h * r.q_h + i * r.q_i;
+  float* scores = s.scores.data();
+  int64_t t = 0;
+  for (; t + kKeys <= m; t += kKeys) dots<kKeys>(q, &s.keys[t], r.dim, scores + t);
+  for (; t < m; ++t) dots<1>(q, &s.keys[t], r.dim, scores + t);
   float top = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < m; ++t) {
-    scores[t] = dot(q, k + keys[t] * r.k_j, r.dim) * r.scale;
+  for (t = 0; t < m; ++t) {
+    scores[t] *= r.scale;
     top = scores[t] > top ? scores[t] : top;
   }
   float total = 0.0f;
-  for (int64_t t = 0; t < m; ++t) {
-    const float p = std::exp(scores[t] - top);
-    const float* vj = v + keys[t] * r.v_j;
-    total += p;
-    for (int64_t d = 0; d < r.dim; ++d) out[d] += p * vj[d];
+  for (t = 0; t < m; ++t) {
+    scores[t] = std::exp(scores[t] - top);
+    total += scores[t];
   }
-  for (int64_t d = 0; d < r.dim; ++d) out[d] /= total;
+  const float* const* values = s.values.data();
+  int64_t c = 0;
+  for (; c + kBlock * kLanes <= r.dim; c += kBlock * kLanes) weighted<kBlock>(scores, values, m, c, total, out);
+  for (; c + kLanes <= r.dim; c += kLanes) weighted<1>(scores, values, m, c, total, out);
+  weighted_tail(scores, values, m, c, r.dim, total, out);
 }
 
 at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -121,11 +203,10 @@ at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& ke
   float* base = out.data_ptr<float>();
   const int64_t tasks = batch * heads * n;  // task t: (b, h, i), i fastest (a head's tasks share its keys)
   at::parallel_for(0, tasks, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(length);
-    std::vector<int64_t> keys(length);
+    Scratch scratch(length);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t % n, h = (t / n) % heads, b = t / (n * heads);
-      attend_one(rows, b, h, i, base + ((b * n + i) * heads + h) * dim, scores.data(), keys.data());
+      attend_one(rows, b, h, i, base + ((b * n + i) * heads + h) * dim, scratch);
     }
   });
   return out;
