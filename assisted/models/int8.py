@@ -30,7 +30,7 @@ import warnings
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from kernels.attention import ATTENTION, MASKED_ATTENTIONS
+from kernels.attention import ATTENTION, MASKED_ATTENTIONS, built
 
 _ENDS = torch.tensor([[1.0, -1.0]])  # (1, 2): the constant columns that pin every call's range to [-1, 1]
 
@@ -112,7 +112,9 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
 
     The model's attention becomes ``"row_invariant"``, so that a forward over any number of positions, rows,
     padding or holes gives each position bitwise the logits a one-token step gives it: speculation over the
-    result is exactly lossless with respect to plain decoding of the same int8 model.
+    result is exactly lossless with respect to plain decoding of the same int8 model. The attention's C++ op is
+    built here on first use (`kernels.attention.implementation()` says whether it runs or, where it cannot build,
+    the Python loop that keeps the same contract).
 
     Parameters
     ----------
@@ -133,6 +135,7 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
             if linear is not None:
                 setattr(parent, name, Int8Linear(linear, reduce_range))
     model.set_attn_implementation(ATTENTION)
+    built()  # the attention op is built (once per machine) now, not inside a timed forward
     return model.eval()
 
 

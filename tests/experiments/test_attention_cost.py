@@ -1,0 +1,28 @@
+"""experiments.attention_cost on a tiny int8 model: every unit timed, the report's table, the bitwise check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from assisted.models.int8 import quantize_int8
+from experiments import attention_cost
+from kernels.attention import ATTENTION, LOOP_ATTENTION
+from tests.helpers_models import threads, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_every_unit_is_timed_and_reported():
+    model = quantize_int8(tiny_llama(300, seed=0, layers=2, hidden=64))
+    ids = torch.randint(0, 300, (attention_cost.PROMPT + 5,), generator=torch.Generator().manual_seed(0)).tolist()
+    args = attention_cost.parse_args(["--threads", "1", "--repeats", "1"])
+    with torch.inference_mode(), threads(1):
+        rows = attention_cost.measure(model, ids, args)
+        for attention in (ATTENTION, LOOP_ATTENTION):
+            model.set_attn_implementation(attention)
+            assert attention_cost.verify_is_steps(model, ids)
+    assert len(rows) == 1 * 3 * 3 and all(r["seconds"] > 0 for r in rows)  # repeats x attentions x forwards
+    lines = attention_cost.report(rows, args)
+    assert lines[0] == "threads=1" and len(lines) == 3 + 3
+    assert all(line.count("x |") == 2 for line in lines[3:])  # op / loop and op / sdpa, per forward
