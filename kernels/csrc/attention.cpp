@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -202,7 +203,8 @@ at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& ke
   at::Tensor out = at::empty({batch, n, heads, dim}, query.options().memory_format(at::MemoryFormat::Contiguous));
   float* base = out.data_ptr<float>();
   const int64_t tasks = batch * heads * n;  // task t: (b, h, i), i fastest (a head's tasks share its keys)
-  at::parallel_for(0, tasks, 16, [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, length * dim));
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch(length);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t i = t % n, h = (t / n) % heads, b = t / (n * heads);
