@@ -9,10 +9,10 @@
 // threads (tasks are split over threads whole), so a row gives bitwise what it gives alone, in a prefill, a batch
 // or a one-position step. A task whose row attends to no key (a padded query) gives zeros, as torch's sdpa does.
 //
-// Vectorised over D with GCC / Clang vector types (element-wise, so no sum is reassociated), compiled for AVX-512,
-// AVX2 and baseline x86-64 (target_clones, chosen at load time by the CPU; helpers are inlined into each clone);
-// -ffp-contract=off keeps every clone's arithmetic the same (no fused multiply-add), so the ISA changes the speed
-// only. Threads: at::parallel_for (OpenMP, hence -fopenmp) over whole tasks.
+// Vectorised over D with GCC / Clang vector types (element-wise, so no sum is reassociated). On x86-64 Linux it is
+// compiled for AVX-512, AVX2 and baseline x86-64 (target_clones, chosen at load time by the CPU; the helpers are
+// inlined into each clone); -ffp-contract=off keeps every clone's arithmetic the same (no fused multiply-add), so
+// the ISA changes the speed only. Threads: at::parallel_for (OpenMP, hence -fopenmp) over whole tasks.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,7 +26,7 @@
 #include <optional>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define STRUCTSPEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
