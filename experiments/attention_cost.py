@@ -93,7 +93,7 @@ def report(rows: list[dict], args) -> list[str]:
     """Median ms per (threads, forward, attention), and the median paired ratios op / loop, op / sdpa."""
     lines = []
     for threads in args.threads:
-        lines += [f"threads={threads}", "| forward | " + " | ".join(f"{a} ms" for a in args.attentions)
+        lines += ["", f"threads={threads}", "", "| forward | " + " | ".join(f"{a} ms" for a in args.attentions)
                   + " | op / loop | op / sdpa |", "|---" * (len(args.attentions) + 3) + "|"]
         for kind in ("prefill 117", "step 1", "verify 5"):
             seconds = {a: {r["repeat"]: r["seconds"] for r in rows if (r["threads"], r["forward"], r["attention"])
@@ -110,6 +110,27 @@ def _paired(seconds: dict, a: str, b: str) -> str:
     return f"{statistics.median(seconds[a][r] / seconds[b][r] for r in seconds[a]):.2f}x"
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def bitwise(model, ids: list[int], names: list[str]) -> dict[str, bool]:
+    """Per attention: is the 5-position verify bitwise the 5 single steps?"""
+    same = {}
+    for name in names:
+        model.set_attn_implementation(ATTENTIONS[name])
+        same[name] = verify_is_steps(model, ids)
+    return same
+
+
+def write_run(out: Path, rows: list[dict], head: list[str], lines: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "timings.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader(), writer.writerows(rows)
+    (out / "README.md").write_text("\n".join(head + lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from experiments.lib.machine import run_lines
@@ -122,26 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     quantize_int8(model)
     ids = tokenizer(TEXT * 4).input_ids[: PROMPT + 5]
-    print(f"{args.model} int8, attention op: {implementation()}")
+    head = [f"- attention op: {implementation()}; load average (1, 5, 15 min) before: {_load()}"]
     with torch.inference_mode():
-        same = {}
-        for name in args.attentions:
-            model.set_attn_implementation(ATTENTIONS[name])
-            same[name] = verify_is_steps(model, ids)
-        print("verify 5 bitwise = 5 steps: " + ", ".join(f"{a} {s}" for a, s in same.items()))
+        same = bitwise(model, ids, args.attentions)
+        head.append("- verify 5 bitwise = 5 steps: " + ", ".join(f"{a} {s}" for a, s in same.items()))
+        print("\n".join(head))
         rows = measure(model, ids, args)
-    lines = report(rows, args)
+    lines = report(rows, args) + ["", f"Load average (1, 5, 15 min) after the run: {_load()}."]
     print("\n".join(lines))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / "timings.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader(), writer.writerows(rows)
         command = run_lines("experiments.attention_cost", argv or sys.argv[1:])
-        head = [f"# Attention cost: {args.model} int8", "", *command, f"- attention op: {implementation()}",
-                "- verify 5 bitwise = 5 steps: " + ", ".join(f"{a} {s}" for a, s in same.items()), ""]
-        (out / "README.md").write_text("\n".join(head + lines) + "\n")
+        write_run(Path(args.out), rows, [f"# Attention cost: {args.model} int8", "", *command, *head], lines)
     return 0
 
 

@@ -13,7 +13,7 @@ from tests.helpers_models import threads, tiny_llama
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_every_unit_is_timed_and_reported():
+def test_every_unit_is_timed_and_reported(tmp_path):
     model = quantize_int8(tiny_llama(300, seed=0, layers=2, hidden=64))
     ids = torch.randint(0, 300, (attention_cost.PROMPT + 5,), generator=torch.Generator().manual_seed(0)).tolist()
     args = attention_cost.parse_args(["--threads", "1", "--repeats", "1"])
@@ -24,5 +24,8 @@ def test_every_unit_is_timed_and_reported():
             assert attention_cost.verify_is_steps(model, ids)
     assert len(rows) == 1 * 3 * 3 and all(r["seconds"] > 0 for r in rows)  # repeats x attentions x forwards
     lines = attention_cost.report(rows, args)
-    assert lines[0] == "threads=1" and len(lines) == 3 + 3
-    assert all(line.count("x |") == 2 for line in lines[3:])  # op / loop and op / sdpa, per forward
+    assert lines[1] == "threads=1" and len(lines) == 5 + 3
+    assert all(line.count("x |") == 2 for line in lines[5:])  # op / loop and op / sdpa, per forward
+    attention_cost.write_run(tmp_path / "run", rows, ["# head"], lines)
+    assert (tmp_path / "run" / "README.md").read_text().startswith("# head\n\nthreads=1\n\n| forward |")
+    assert len((tmp_path / "run" / "timings.csv").read_text().splitlines()) == 1 + len(rows)
