@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
 from kernels.attention import MASKED_ATTENTIONS
+
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
 
