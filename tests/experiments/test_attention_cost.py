@@ -29,3 +29,18 @@ def test_every_unit_is_timed_and_reported(tmp_path):
     attention_cost.write_run(tmp_path / "run", rows, ["# head"], lines)
     assert (tmp_path / "run" / "README.md").read_text().startswith("# head\n\nthreads=1\n\n| forward |")
     assert len((tmp_path / "run" / "timings.csv").read_text().splitlines()) == 1 + len(rows)
+
+
+def test_the_calls_alone_are_timed_at_a_configs_shapes():
+    from transformers import LlamaConfig
+
+    from experiments import attention_calls
+
+    shape = attention_calls.shapes(LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                               num_hidden_layers=2))
+    assert shape == dict(heads=4, kv_heads=2, dim=16, layers=2)
+    args = attention_calls.parse_args(["--threads", "1", "--repeats", "1"])
+    with torch.inference_mode():
+        rows = attention_calls.measure(shape, args)
+    assert len(rows) == 3 * 3 and all(r["seconds"] > 0 for r in rows)
+    assert len(attention_cost.report(rows, args)) == 5 + 3
