@@ -1,5 +1,6 @@
-"""generate()'s side of an assistant with another tokenizer: the pair checked before any model call, the assistant's
-prompt and guide, and its drafter (`drafting.foreign`).
+"""The engine's side of an assistant with another tokenizer: the pair checked before any model call (`is_foreign`),
+what the rows share (`Foreign`), each row's assistant prompt and guide (`ForeignRow`, set up with the row's other
+inputs, so that a bad row gets its own error) and its drafter (`drafting.foreign.ForeignDrafter`).
 
 The assistant sees its own prompt: a text prompt in its tokens, chat messages through its own chat template where it
 has one, else the target's prompt text respelled. The output is shared as text from there on.
@@ -7,12 +8,16 @@ has one, else the target's prompt text respelled. The output is shared as text f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import fsm
 from assisted.eos import eos_ids
 from assisted.inputs import make_cursor, prompt_ids
+from drafting.base import Cursor
 from drafting.foreign import ForeignDrafter
 from drafting.kv_cache import logits_size
-from drafting.respell import speller
+from drafting.respell import Speller, speller
 
 
 def is_foreign(model, assistant_model, tokenizer, assistant_tokenizer) -> bool:
@@ -61,23 +66,56 @@ def _same_vocabulary(model, tokenizer, assistant_tokenizer, size: int) -> bool:
     return ours == fsm.vocabulary_from_tokenizer(assistant_tokenizer, size).token_bytes
 
 
-def foreign_drafter(assistant_model, assistant_tokenizer, tokenizer, vocab_size: int, ids: list[int], prompt, messages,
-                    schema, regex, guide_options) -> ForeignDrafter:
-    """The drafter of a call: the assistant's prompt and guide (from the call's `schema` / `regex` and
-    `guide_options`), spellers of both vocabularies; raises ValueError when the assistant's prompt does not fit its
-    positions. Runs no model."""
+@dataclass(frozen=True)
+class Foreign:
+    """What every row drafted by an assistant with another tokenizer shares: the assistant, its tokenizer and EOS ids,
+    spellers of both vocabularies, its position limit, and how the call's schemas are read."""
+
+    model: Any
+    tokenizer: Any
+    size: int  # the assistant's logits width
+    eos: frozenset[int]
+    target: Speller
+    own: Speller
+    limit: int | None  # the assistant's position limit
+    guide_options: dict | None
+
+    def row(self, item, ids: list[int], tokenizer) -> ForeignRow:
+        """A row's assistant prompt and guide (`item`: an `assisted.rows.inputs.Item`; `ids`: the target's prompt);
+        ValueError when the assistant's prompt leaves it no room to draft."""
+        kwargs = {item.form: item.value}
+        own = assistant_prompt(self.tokenizer, tokenizer, ids, kwargs.get("prompt"), kwargs.get("messages"), self.size)
+        if self.limit is not None and len(own) >= self.limit:
+            raise ValueError(f"the assistant's prompt has {len(own)} tokens but assistant_model takes at most "
+                             f"{self.limit} positions: no room to draft; shorten the prompt")
+        cursor = make_cursor(item.schema, item.regex, self.tokenizer, self.size, self.eos, self.guide_options)
+        return ForeignRow(self, own, cursor, len(ids))
+
+
+@dataclass(frozen=True)
+class ForeignRow:
+    """One row's assistant prompt (its own tokens) and guide (compiled for its tokenizer)."""
+
+    foreign: Foreign
+    prompt: list[int]
+    cursor: Cursor
+    start: int  # the target's prompt length
+
+    def drafter(self) -> ForeignDrafter:
+        f = self.foreign
+        return ForeignDrafter(f.model, self.prompt, self.cursor, f.target, f.own, self.start, self.cursor.eos or f.eos,
+                              f.limit)
+
+
+def foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size: int, guide_options) -> Foreign:
+    """The call's `Foreign` (runs no model)."""
     size = logits_size(assistant_model)
-    own = assistant_prompt(assistant_tokenizer, tokenizer, ids, prompt, messages, size)
     limit = getattr(getattr(assistant_model, "config", None), "max_position_embeddings", None)
-    limit = limit if isinstance(limit, int) and limit > 0 else None
-    if limit is not None and len(own) >= limit:
-        raise ValueError(f"the assistant's prompt has {len(own)} tokens but assistant_model takes at most {limit} "
-                         "positions: no room to draft; shorten the prompt")
     eos = frozenset(i for i in eos_ids(assistant_model, assistant_tokenizer) if i < size)
-    cursor = make_cursor(schema, regex, assistant_tokenizer, size, eos, guide_options)
-    target = speller(fsm.vocabulary_from_tokenizer(tokenizer, vocab_size))
-    return ForeignDrafter(assistant_model, own, cursor, target, speller(fsm.vocabulary_from_tokenizer(
-        assistant_tokenizer, size)), len(ids), cursor.eos or eos, limit)
+    return Foreign(assistant_model, assistant_tokenizer, size, eos,
+                   speller(fsm.vocabulary_from_tokenizer(tokenizer, vocab_size)),
+                   speller(fsm.vocabulary_from_tokenizer(assistant_tokenizer, size)),
+                   limit if isinstance(limit, int) and limit > 0 else None, guide_options)
 
 
 def assistant_prompt(assistant_tokenizer, tokenizer, ids: list[int], prompt, messages, size: int) -> list[int]:

@@ -103,7 +103,7 @@ class GenerationResult:
     error : str or None
         `generate_batch` only: why this row could not be generated (empty prompt, too long, bad schema); the
         other rows went on. None otherwise.
-    batch : assisted.rows.batched_stats.BatchStats or None
+    batch : assisted.rows.stats.BatchStats or None
         `generate_batch` only: the statistics of the whole batch run, one object shared by all its rows
         (final once the run has returned every row).
     """
@@ -120,14 +120,15 @@ class GenerationResult:
 class Recorder:
     """Mutable counters filled by the loop, frozen into `Stats` at the end."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
         self.target_passes, self.target_seconds = 0, 0.0
         self.drafted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.appended, self.steps = 0, []
         self.branches, self.leaves_taken, self.priced_out = 0, 0, 0
         self.cache, self.cache_note, self.capture_seconds = "dynamic", None, 0.0
+        self.assistant_tokenizer = 0.0  # seconds an assistant with another tokenizer spent respelling text
 
     def caches(self, engine: str, note: str | None, capture_seconds: float) -> None:
         """Book the call's KV caches (`assisted.caching.CachePlan`) and what capturing their steps cost."""
@@ -153,7 +154,8 @@ class Recorder:
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
                estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
         total = time.perf_counter() - self.start
-        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds)
+        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds,
+                          self.assistant_tokenizer)
         return Stats(
             new_tokens=new_tokens,
             target_forward_passes=self.target_passes,

@@ -13,7 +13,8 @@ otherwise draws from p with x removed, which gives exactly p conditional on any 
 the assistant wrote, and greedy output is the target's argmax chain (docs/design.md, "A draft from another tokenizer
 is text"). Under point-mass acceptance the best draft is the assistant's argmax, so it drafts greedily whatever the
 target samples with. Target tokens its spelling predicts beyond the one asked for are kept (`expected`) and handed
-out while the contexts follow them, without the tokenizer.
+out while the contexts follow them, without the tokenizer. It needs nothing after a step: the next `draft` keeps in
+step with whatever the target committed. Each row of the engine has its own (`draft_foreign`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import time
 from bisect import bisect_left, bisect_right
 
 import fsm
-from drafting.assistant import Drafted, pick, settle
-from drafting.base import Cursor, DeviceMasks
-from drafting.combined import CombinedSource
+from drafting.assistant import pick, settle
+from drafting.base import Cursor, DeviceMasks, Drafted
 from drafting.kv_cache import DynamicKV, input_device
 from drafting.respell import Speller, char_start, common_prefix, whole_chars
 from drafting.sampling import Warp
@@ -73,11 +73,6 @@ class ForeignDrafter:
         self.calls, self.asked, self.drafted = 0, 0, 0  # its forward passes; target tokens asked for, handed out
         self.seconds, self.tokenizer_seconds = 0.0, 0.0  # all its work (forwards, tokenizer calls); tokenizer calls
 
-    @property
-    def cache(self) -> None:
-        """No cache to keep for a later call (`assisted.PrefixCache`): it holds the assistant's own tokens."""
-        return None
-
     def draft(self, context: list[int], mask) -> Drafted | None:
         """The target token after `context` (target ids: prompt, committed output, draft so far) as a point mass, or
         None when the assistant has none there or the target's guide `mask` (V,) forbids it."""
@@ -90,9 +85,6 @@ class ForeignDrafter:
             return None
         self.drafted += 1
         return Drafted(found[0], None, found[1], None)
-
-    def rollback(self, valid: int) -> None:
-        """Nothing to do now: the next `draft` keeps in step with whatever the target committed, by text."""
 
     def _next(self, output: list[int]) -> tuple[int, float] | None:
         n = len(output)
@@ -220,23 +212,14 @@ class ForeignDrafter:
             self.tokenizer_seconds += time.perf_counter() - begin
 
 
-class ForeignSource(CombinedSource):
-    """`CombinedSource` whose assistant is a `ForeignDrafter`: forced runs, its point masses, prompt lookup.
-
-    `calls` counts the target tokens it was asked for, so that the cost-aware policy prices a drafted target token at
-    what drafting costs per token asked (the assistant's forwards and tokenizer calls together, a token it could not
-    draft included); the drafter's own `calls` are its forwards (`stats.assistant_forward_passes`).
-    Its q rows are one-hot on the target's device.
-    """
-
-    def __init__(self, drafter: ForeignDrafter, vocab_size: int, sampling: bool, lookup=None, mask_device="cpu",
-                 coalesced: bool = False):
-        super().__init__(drafter, True, vocab_size, sampling, lookup, mask_device, coalesced)
-        self.device = self.target_masks.device
-
-    @property
-    def calls(self) -> int:
-        return self.assistant.asked
-
-    def branch(self, draft, cursor, threshold=None):
-        raise ValueError("a draft tree needs an assistant with the target's vocabulary")
+def draft_foreign(proposals: list, drafters: list) -> list[tuple[int, float, float]]:
+    """Complete each `Proposal`: forced runs and copies, and where its row has a `ForeignDrafter` (None: none), every
+    assistant token it asks for. Per row: (the drafter's forwards, its seconds, its tokenizer seconds) this took."""
+    spent = []
+    for proposal, drafter in zip(proposals, drafters):
+        before = (0, 0.0, 0.0) if drafter is None else (drafter.calls, drafter.seconds, drafter.tokenizer_seconds)
+        while proposal.fill() and drafter is not None:
+            proposal.give(drafter.draft(proposal.context, proposal.mask))
+        after = (0, 0.0, 0.0) if drafter is None else (drafter.calls, drafter.seconds, drafter.tokenizer_seconds)
+        spent.append(tuple(a - b for a, b in zip(after, before)))
+    return spent

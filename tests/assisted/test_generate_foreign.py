@@ -106,6 +106,20 @@ def test_auto_stops_drafting_when_nothing_is_accepted_and_drafts_on_when_it_is(c
     assert good.stats.target_forward_passes < 60 / 2 and good.stats.k_trace.count(0) <= 3
 
 
+@pytest.mark.parametrize("constraint", ["none", "schema"])
+def test_each_row_of_a_batch_drafted_by_a_foreign_assistant_is_decoded_as_alone(tok, pairs, constraint):
+    target, (helper, helper_tok) = pairs["target"], pairs["shuffled"]
+    prompts = ["Describe a hero:", "Name a city", "Hi"]
+    kw = dict(tokenizer=tok, assistant_tokenizer=helper_tok, max_new_tokens=16,
+              num_assistant_tokens_schedule="constant", **CONSTRAINTS[constraint])
+    rows = generate_batch(target, helper, prompts=prompts, batch_size=2, **kw)
+    for prompt, row in zip(prompts, rows):
+        alone = generate(target, prompt=prompt, **{k: v for k, v in kw.items() if k != "assistant_tokenizer"})
+        assert row.token_ids == alone.token_ids and row.stop_reason == alone.stop_reason
+    assert sum(row.stats.accepted_by_source["assistant"] for row in rows) > 0
+    assert rows[0].batch.assistant_forwards == sum(row.stats.assistant_forward_passes for row in rows) > 0
+
+
 def test_an_assistant_tokenizer_with_the_targets_vocabulary_changes_nothing(tok, pairs):
     target, other = pairs["target"], tiny_llama(len(tok), seed=1)
     kw = dict(tokenizer=tok, prompt="Hi", max_new_tokens=20, num_assistant_tokens_schedule="constant")
@@ -172,8 +186,8 @@ def test_bad_pairs_are_refused_before_any_model_call(tok, pairs, sentencepiece_t
     assert "tree=True" in refused(target, helper, lambda: generate(target, helper, assistant_tokenizer=sp, tree=True,
                                                                    **kw))
     batch = dict(tokenizer=tok, prompts=["Hi", "Ho"], max_new_tokens=5)
-    assert "generate() per row" in refused(target, helper, lambda: generate_batch(target, helper,
-                                                                                  assistant_tokenizer=sp, **batch))
+    assert "tree=True" in refused(target, helper, lambda: generate_batch(target, helper, assistant_tokenizer=sp,
+                                                                         tree=True, **batch))
 
 
 def test_an_assistant_prompt_past_its_positions_is_refused(tok, sentencepiece_tokenizer):
