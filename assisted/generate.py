@@ -17,6 +17,7 @@ import torch
 from assisted.caching import plan_caches, static_caches
 from assisted.config import resolve
 from assisted.eos import eos_ids
+from assisted.foreign import foreign_setup, is_foreign
 from assisted.inputs import Options, check_models, one_prompt
 from assisted.policy.auto import AutoConfig
 from assisted.policy.costs import recall, recall_calibration
@@ -39,6 +40,7 @@ def generate(
     assistant_model=None,
     *,
     tokenizer,
+    assistant_tokenizer=None,
     prompt=None,
     messages=None,
     input_ids=None,
@@ -64,9 +66,16 @@ def generate(
     model : transformers causal LM
         The target. Batch size 1; may be spread over devices with ``device_map``.
     assistant_model : transformers causal LM, optional
-        A smaller model with the same vocabulary; it drafts under the constraint's mask.
+        A smaller model; it drafts under the constraint's mask. With the target's vocabulary it drafts target tokens;
+        with its own (`assistant_tokenizer`) it drafts text under a guide compiled for its tokenizer, and the text,
+        spelled in the target's tokens, is verified as point masses (`drafting.foreign`).
     tokenizer : transformers tokenizer
-        Shared by both models.
+        The target's (shared by both models unless `assistant_tokenizer` is given).
+    assistant_tokenizer : transformers tokenizer, optional
+        The assistant's own tokenizer, as in transformers' universal assisted generation. When its vocabulary differs
+        from the target's, the assistant drafts text: its drafts are the assistant's argmax (also when sampling), the
+        logits processors apply to the target only, and `tree` is refused; with the same vocabulary it changes
+        nothing.
     prompt, messages, input_ids : str | list[dict] | list[int] or tensor, exactly one
         A text, chat messages (formatted with the chat template), or token ids (shape (n,) or (1, n)).
     schema : pydantic class | dict | str, optional
@@ -146,13 +155,16 @@ def generate(
         For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
     """
     settings = resolve(model, generation_config, kwargs)
-    check_tree(settings.tree, model, assistant_model)
-    vocab_size = check_models(model, assistant_model, tokenizer)
+    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
+    same = None if foreign else assistant_model  # an assistant that drafts target tokens (the engine's)
+    check_tree(settings.tree, model, assistant_model, foreign)
+    vocab_size = check_models(model, same, tokenizer)
     item = Item(0, *one_prompt(prompt, messages, input_ids), schema, regex, settings.seed, streamer)
-    plan = plan_caches(model, assistant_model, settings.cache_implementation, settings.cuda_graphs, settings.tree,
-                       prefix_cache)
+    plan = plan_caches(model, same, settings.cache_implementation, settings.cuda_graphs, settings.tree, prefix_cache)
     guides = Guides(tokenizer, vocab_size, eos_ids(model, tokenizer, settings.eos_token_id), guide_options)
-    inp = prepare_row(item, model, assistant_model, tokenizer, vocab_size, settings, logits_processor, guides)
+    helper = foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size, guide_options) if foreign \
+        else None
+    inp = prepare_row(item, model, same, tokenizer, vocab_size, settings, logits_processor, guides, helper)
     check_tree_processors(settings.tree, inp.opts)
     stops = Stops(settings.stop_strings, stopping_criteria, token_bytes(tokenizer, vocab_size), input_device(model))
     check_streamer(streamer)
@@ -167,10 +179,9 @@ def generate(
 
     setup = Setup(model, assistant_model, tokenizer, vocab_size, inp.opts.warp, stops, settings.tree,
                   memory=plan.engine)
-    with torch.inference_mode(), static_caches(plan, model, assistant_model, len(inp.ids) + inp.opts.max_new_tokens) \
-            as held:
+    with torch.inference_mode(), static_caches(plan, model, same, len(inp.ids) + inp.opts.max_new_tokens) as held:
         setup = replace(setup, caches=(plan.engine, plan.note, held.capture_seconds))
-        helper = None if assistant_model is None else OneRow(assistant_model, held.assistant)
+        helper = None if same is None else OneRow(same, held.assistant)
         engine = Engine(setup, OneRow(model, held.target), helper, 1, policy_for, prices, prefix_cache, verify=_verify,
                         batch=False)
         ((_, result),) = engine.run([inp])
@@ -183,11 +194,15 @@ def check_tree_processors(tree: bool, opts: Options) -> None:
                          "a leaf's row has another prefix than its chain row")
 
 
-def check_tree(tree, model, assistant_model) -> None:
-    """`tree` is a bool, and True only with an assistant and a target whose attention takes a tree mask."""
+def check_tree(tree, model, assistant_model, foreign: bool = False) -> None:
+    """`tree` is a bool, and True only with an assistant of the target's vocabulary (not `foreign`) and a target whose
+    attention takes a tree mask."""
     if not isinstance(tree, bool):
         raise TypeError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
     if tree and assistant_model is None:
         raise ValueError("tree=True needs an assistant_model: the branch is the assistant's runner-up")
+    if tree and foreign:
+        raise ValueError("tree=True needs an assistant with the target's vocabulary: the branch is the runner-up of "
+                         "the assistant's distribution over the target's tokens")
     if tree:
         check_tree_attention(model)

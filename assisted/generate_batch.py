@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from assisted.config import Settings, options, resolve
 from assisted.eos import eos_ids
+from assisted.foreign import foreign_setup, is_foreign
 from assisted.generate import check_tree, check_tree_processors
 from assisted.inputs import MAX_SEED, check_guide_options, check_int, check_models
 from kernels.attention import ATTENTION
@@ -47,7 +48,8 @@ def generate_batch(model, assistant_model=None, *, tokenizer, prompts=None, mess
     ----------
     model, assistant_model, tokenizer
         As for `assisted.generate`. Both models need an attention that applies a custom 4D mask ("sdpa", "eager" or
-        the int8 target's "row_invariant") and no sliding-window layers.
+        the int8 target's "row_invariant") and no sliding-window layers; ``assistant_tokenizer=`` as there (an
+        assistant with another vocabulary drafts for each row on its own cache, one row after another).
     prompts, messages, input_ids : list, exactly one
         One entry per row: texts, chat-message lists, or token-id lists (or 1-D tensors).
     schema, regex : one, or a list with one per row (None: unconstrained), at most one of the two
@@ -118,16 +120,19 @@ def generate_batch_iter(model, assistant_model=None, *, tokenizer, prompts=None,
 def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, generation_config=None,
                 logits_processor=None, stopping_criteria=None, prefix_cache: PrefixCache | None = None,
                 share_prefix: bool | None = None, guide_options: dict | None = None, constrained: bool = True,
-                **kwargs) -> Engine:
+                assistant_tokenizer=None, **kwargs) -> Engine:
     """The batch engine after every batch-level check; `engine.run(prepared(items, engine.prepare))` decodes
-    `assisted.rows.inputs.Item`s (the CLI feeds them as it reads documents)."""
+    `assisted.rows.inputs.Item`s (the CLI feeds them as it reads documents). An assistant with another tokenizer
+    (`assistant_tokenizer`) drafts for each row on its own cache, one row after another."""
     kwargs.pop("seed", None)  # per row, on the items
     batch_size = check_batch_size(batch_size)
     if "prompt" in kwargs:
         raise ValueError("generate_batch() does not take prompt=: pass prompts= (a list)")
-    vocab_size = check_models(model, assistant_model, tokenizer)
+    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
+    same = None if foreign else assistant_model  # an assistant that drafts target tokens, for all rows at once
+    vocab_size = check_models(model, same, tokenizer)
     settings = resolve(model, generation_config, kwargs)
-    check_tree(settings.tree, model, assistant_model)
+    check_tree(settings.tree, model, assistant_model, foreign)
     if settings.cache_implementation not in (None, "dynamic") or settings.cuda_graphs:
         raise ValueError("generate_batch() decodes on dynamic batch caches (rows of different lengths): static caches "
                          f"and captured steps serve one row (cache_implementation={settings.cache_implementation!r}, "
@@ -135,7 +140,7 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
     settings = Settings(settings.values | {"seed": None}, settings.max_length)
     opts = options(settings, 0, logits_processor)  # every option checked once, before any model call
     check_tree_processors(settings.tree, opts)
-    for name, m in (("model", model), ("assistant_model", assistant_model)):
+    for name, m in (("model", model), ("assistant_model", same)):
         if m is not None:
             check_batch_model(m, name)
     if guide_options is not None:
@@ -154,11 +159,14 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
         return make_policy(o.schedule, o.num_assistant_tokens, None, recall_calibration(model, assistant_model, o.warp),
                            prices)
 
+    drafts = foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size, guide_options) if foreign \
+        else None  # each row's own foreign drafter is set up from this
+
     def prepare(item):
-        return prepare_row(item, model, assistant_model, tokenizer, vocab_size, settings, logits_processor, guides)
+        return prepare_row(item, model, same, tokenizer, vocab_size, settings, logits_processor, guides, drafts)
 
     setup = Setup(model, assistant_model, tokenizer, vocab_size, opts.warp, stops, settings.tree, memory=ENGINE)
-    helper = None if assistant_model is None else BatchKV(assistant_model)
+    helper = None if same is None else BatchKV(same)
     exact = getattr(model.config, "_attn_implementation", None) == ATTENTION  # row-invariant: a shared prefix is exact
     return Engine(setup, BatchKV(model), helper, batch_size, policy_for, prices, prefix_cache,
                   exact if share_prefix is None else share_prefix, prepare=prepare)

@@ -119,7 +119,7 @@ def check_models(model, assistant_model, tokenizer) -> int:
         if theirs != size:
             raise ValueError(
                 f"assistant_model's vocabulary differs from the model's: logits of size {theirs} vs {size}; "
-                "the assistant must share the target's tokenizer and vocabulary"
+                "pass its own tokenizer as assistant_tokenizer= to draft across vocabularies"
             )
     return size
 

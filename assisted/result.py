@@ -30,6 +30,7 @@ class Seconds:
     assistant: float  # assistant forward passes
     fsm: float  # guide calls: mask, advance, forced, is_final
     capture: float = 0.0  # capturing CUDA graphs (paid once per model and width, before the first forward)
+    assistant_tokenizer: float = 0.0  # of `assistant`: an assistant with another tokenizer respelling text
 
     @property
     def overhead(self) -> float:
@@ -127,6 +128,7 @@ class Recorder:
         self.appended, self.steps = 0, []
         self.branches, self.leaves_taken, self.priced_out = 0, 0, 0
         self.cache, self.cache_note, self.capture_seconds = "dynamic", None, 0.0
+        self.assistant_tokenizer = 0.0  # seconds an assistant with another tokenizer spent respelling text
 
     def caches(self, engine: str, note: str | None, capture_seconds: float) -> None:
         """Book the call's KV caches (`assisted.caching.CachePlan`) and what capturing their steps cost."""
@@ -152,7 +154,8 @@ class Recorder:
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
                estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
         total = time.perf_counter() - self.start
-        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds)
+        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds,
+                          self.assistant_tokenizer)
         return Stats(
             new_tokens=new_tokens,
             target_forward_passes=self.target_passes,

@@ -112,8 +112,12 @@ class Proposal:
             self._push(token, "lookup")
         return False
 
-    def give(self, drafted: Drafted) -> None:
-        """The assistant's token, with what it was drawn from."""
+    def give(self, drafted: Drafted | None) -> None:
+        """The assistant's token, with what it was drawn from (`q` None: a point mass); None: it has no token here, and
+        is asked no more in this draft."""
+        if drafted is None:
+            self.asks = 0
+            return
         self.asks -= 1
         self._push(drafted.token, "assistant", drafted)
 
@@ -168,13 +172,13 @@ class Proposal:
                      self.ends, logits)
 
     def _q(self, vocab_size: int, device) -> torch.Tensor | None:
-        """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup)."""
+        """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup, foreign)."""
         if not self.sampling:
             return None
         q = torch.zeros(len(self.tokens), vocab_size, device=device)  # (k, V)
-        points = [i for i, d in enumerate(self.drawn) if d is None]
+        points = [i for i, d in enumerate(self.drawn) if d is None or d.q is None]
         q[points, [self.tokens[i] for i in points]] = 1.0
-        drawn = [i for i, d in enumerate(self.drawn) if d is not None]
+        drawn = [i for i, d in enumerate(self.drawn) if d is not None and d.q is not None]
         if drawn:
             q[drawn] = torch.cat([self.drawn[i].q for i in drawn])
         return q

@@ -104,8 +104,9 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     Parameters
     ----------
     target, assistant : str or PathLike
-        Model sources (see `load_model`); the assistant must share the target's vocabulary. The same
-        source twice loads one model and uses it for both.
+        Model sources (see `load_model`). The same source twice loads one model and uses it for both. An assistant
+        with another vocabulary stops on its own tokenizer's EOS set; `generate` drafts with it given its tokenizer
+        (``assistant_tokenizer=load_tokenizer(assistant)``).
     dtype, device, device_map
         As for `load_model`, for both models.
     quantize_assistant : {None, "int4", "int8"}
@@ -142,8 +143,7 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         raise ValueError("pack needs the target on the CPU (packed oneDNN weights are a CPU kernel)")
     _check_quantize_target(quantize_target, on_cpu=on_cpu, dtype=dtype, pack=pack)
     tokenizer = load_tokenizer(target)  # first: cheap, and its errors are the clear ones
-    if assistant is not None and str(assistant) != str(target):
-        load_tokenizer(assistant)
+    own = load_tokenizer(assistant) if assistant is not None and str(assistant) != str(target) else None
     if quantize_target:
         _check_target_attention(target)
     options = {"dtype": dtype, "device": device, "device_map": device_map}
@@ -156,7 +156,11 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         helper = QUANTIZED_COPIES[quantize_assistant](helper) if quantize_assistant else helper
     if pack:
         pack_linear_weights(model)
-    set_eos(tokenizer, model, helper)
+    if own is not None and own.get_vocab() != tokenizer.get_vocab():  # another vocabulary: its own EOS ids
+        set_eos(own, helper)
+        set_eos(tokenizer, model)
+    else:
+        set_eos(tokenizer, model, helper)
     return model, tokenizer, helper
 
 

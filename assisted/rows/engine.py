@@ -27,7 +27,7 @@ from assisted.inputs import parse_value
 from assisted.policy.costs import StepCost, memorize
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.inputs import RowError, RowInput
-from assisted.rows.row import Row, RowStep, Setup, draft_sources
+from assisted.rows.row import Row, RowStep, Setup, draft_alone, draft_sources
 from assisted.rows.stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward
 from drafting.assistant import Assistant
@@ -204,9 +204,9 @@ class Engine:
             self.prices.proposals = proposals
         spent = [(row.rec.target_seconds, row.helper_passes, row.helper_seconds) for row in rows]
         self.rounds = (0, 0.0)  # this step's assistant forwards and their seconds
-        if self.assistant is None:
-            for proposal in proposals:
-                proposal.fill()
+        if self.assistant is None:  # forced runs, copies, and an assistant with another tokenizer (row by row)
+            self.rounds = draft_alone(rows, proposals)
+            self.stats.assistant_forwards += self.rounds[0]
         else:
             before, rounds = self.assistant.seconds, self.assistant.forwards
             generators, processors = [r.helper_generator for r in rows], [r.opts.processors for r in rows]
@@ -216,7 +216,7 @@ class Engine:
             share = self.rounds[1] / max(1, sum(took))
             for row, n in zip(rows, took):
                 row.helper_passes, row.helper_seconds = row.helper_passes + n, row.helper_seconds + n * share
-        device = None if self.assistant is None else input_device(self.setup.assistant_model)
+        device = output_device(self.setup.model) if self.assistant is None else input_device(self.setup.assistant_model)
         return [RowStep(k, p.draft(self.masks, self.setup.vocab_size, device), s)
                 for k, p, s in zip(ks, proposals, spent)]
 

@@ -44,6 +44,7 @@ class RowInput:
     opts: Options
     cursor: Cursor
     began: float  # perf_counter when it was set up: its stats' wall time starts there
+    foreign: Any = None  # an assistant with another tokenizer: its prompt and guide (`assisted.foreign.ForeignRow`)
 
 
 @dataclass(frozen=True)
@@ -55,15 +56,16 @@ class RowError:
 
 
 def prepare_row(item: Item, model, assistant_model, tokenizer, vocab_size: int, settings: Settings,
-                logits_processor, guides: Guides) -> RowInput:
-    """The row's ids, options and cursor; ValueError/TypeError (this row's error) when it cannot be generated."""
+                logits_processor, guides: Guides, foreign=None) -> RowInput:
+    """The row's ids, options and cursor (and with `foreign`, an `assisted.foreign.Foreign`, the assistant's prompt and
+    guide); ValueError/TypeError (this row's error) when it cannot be generated."""
     began = time.perf_counter()
     kwargs = {item.form: item.value}
     ids = prompt_ids(tokenizer, kwargs.get("prompt"), kwargs.get("messages"), kwargs.get("input_ids"), vocab_size)
     opts = options(Settings(settings.values | {"seed": item.seed}, settings.max_length), len(ids), logits_processor)
     opts = fit_positions(opts, len(ids), model, assistant_model)
     cursor = within_budget(guides.cursor(item.schema, item.regex), opts.max_new_tokens, opts.close_within_budget)
-    return RowInput(item, ids, opts, cursor, began)
+    return RowInput(item, ids, opts, cursor, began, None if foreign is None else foreign.row(item, ids, tokenizer))
 
 
 def prepared(items, prepare) -> Any:

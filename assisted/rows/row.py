@@ -14,6 +14,7 @@ from assisted.result import Recorder
 from assisted.rows.inputs import RowInput
 from assisted.stopping import Sink, Stops
 from drafting.base import Draft
+from drafting.foreign import ForeignDrafter, draft_foreign
 from drafting.lookup import PromptLookup
 from drafting.proposal import Proposal
 from drafting.sampling import Warp, make_generator
@@ -40,11 +41,24 @@ class Sources:
     """A row's draft sources besides the guide's forced runs and the engine's assistant."""
 
     lookup: PromptLookup | None  # copies of the prompt
+    foreign: ForeignDrafter | None = None  # an assistant with another tokenizer, drafting for this row alone
 
 
 def draft_sources(inp: RowInput, tokenizer) -> Sources:
     """The row's own draft sources."""
-    return Sources(PromptLookup(tokenizer, inp.ids) if inp.opts.prompt_lookup else None)
+    return Sources(PromptLookup(tokenizer, inp.ids) if inp.opts.prompt_lookup else None,
+                   None if inp.foreign is None else inp.foreign.drafter())
+
+
+def draft_alone(rows: list[Row], proposals: list[Proposal]) -> tuple[int, float]:
+    """Complete every proposal without the engine's assistant: forced runs and copies, and where a row has a foreign
+    drafter, every token it asks for (`drafting.foreign.draft_foreign`), its forwards and seconds booked on the row.
+    Returns the step's assistant (forwards, seconds)."""
+    spent = draft_foreign(proposals, [row.sources.foreign for row in rows])
+    for row, (forwards, seconds, respelling) in zip(rows, spent):
+        row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
+        row.rec.assistant_tokenizer += respelling
+    return sum(s[0] for s in spent), sum(s[1] for s in spent)
 
 
 class Row:
@@ -70,6 +84,7 @@ class Row:
     def proposal(self, k: int, assisted: bool, sampling: bool) -> Proposal:
         """This step's proposal from the committed state: up to `k` assistant tokens, prompt-lookup copies, forced
         runs, the policy's cut (`drafting.proposal.Proposal`)."""
+        assisted = assisted or self.sources.foreign is not None
         return Proposal(self.seq, self.cursor.copy(), k=k if assisted else 0,
                         lookup_k=min(self.policy.lookup_k, self.opts.lookup_tokens), limit=self.end - len(self.seq) - 1,
                         lookup=self.sources.lookup, use_forced=assisted or self.opts.coalesce,
