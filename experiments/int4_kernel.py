@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
               *run_lines("experiments.int4_kernel", argv), f"- model {args.model}; context {args.context}, "
               f"prefill {args.prefill}, {args.repeats} repeats, targets interleaved", ""]
     for t in TARGETS:
-        readme.append(f"- {t} target: {linear_kernels(models[t])}; Linear weights {weight_bytes(models[t]) / 1e6:.0f} MB")
+        megabytes = weight_bytes(models[t]) / 1e6
+        readme.append(f"- {t} target: {linear_kernels(models[t])}; Linear weights {megabytes:.0f} MB")
     readme += ["", *table(rows), ""]
     print("\n".join(readme))
     if args.out:

@@ -120,7 +120,8 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         Q4_K / Q4_1 / Q4_0 groups exactly (a named source reads its GGUF, `sources.gguf_file`) and its other tensors
         in int8, and quantizes a float source to Q4_K's form (head int8); where the int4 kernel cannot run it warns
         in one line and runs int8 (`assisted.models.int4.linear_kernels(model)` says what runs). When the
-        assistant source is the target's, the assistant is the same quantized model.
+        assistant source is the target's, the assistant is the same quantized model (with `quantize_assistant`
+        too, a quantized copy of the float model, loaded again).
     pack : bool
         Pack the target's Linear weights (`assisted.pack_linear_weights`; CPU, float32/bfloat16).
 
@@ -161,7 +162,8 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         QUANTIZED_TARGETS[quantize_target](model)
     helper = None
     if assistant is not None:
-        helper = model if str(assistant) == str(target) else load_model(assistant, **options)
+        same = str(assistant) == str(target)  # one model, unless the copy must come from float weights
+        helper = model if same and not (quantize_assistant and quantize_target) else load_model(assistant, **options)
         helper = QUANTIZED_COPIES[quantize_assistant](helper) if quantize_assistant else helper
     if pack:
         pack_linear_weights(model)
