@@ -9,7 +9,9 @@ repeat runs both targets, which one first alternating), medians and the int4 / i
 - linears: every Linear of the target, one after the other, at 1, 5 and --prefill rows (the kernels alone; a pass
   reads every weight once, so from DRAM, as a forward does);
 - forwards: the whole target: one new token after --context cached ones (a decode step), 5 new tokens after them
-  (a verify), and --prefill tokens from an empty cache (a prompt's prefill).
+  (a verify), and --prefill tokens from an empty cache (a prompt's prefill);
+- layouts: the int4 target's 4-bit Linears in Q4_K's two-level form (float d, dmin per 256 inputs, 6-bit sc, m per
+  32: 4.75 bits a weight) against the same groups with a float32 scale and offset each (6.5 bits), same outputs.
 It also counts the bytes each target's Linear weights take (what a decode step reads).
 """
 
@@ -29,8 +31,10 @@ from assisted.models.int8 import Int8Linear
 from assisted.models.loading import load_pair
 from drafting.kv_cache import crop_to, forward, new_cache
 from experiments.lib.machine import run_lines
+from kernels import int4
 
 TARGETS = ("int4", "int8")
+PAIRS = {"linears": TARGETS, "forwards": TARGETS, "layouts": ("two-level", "per-group")}  # part -> (first, second)
 FIELDS = ("part", "shape", "target", "repeat", "seconds")
 
 
@@ -42,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=200, help="cached tokens before a step or a verify")
     parser.add_argument("--prefill", type=int, default=117, help="prompt tokens of a prefill (and rows of the "
                                                                  "linears' largest call)")
-    parser.add_argument("--parts", nargs="+", choices=("linears", "forwards"), default=["linears", "forwards"])
+    parser.add_argument("--parts", nargs="+", choices=tuple(PAIRS), default=list(PAIRS))
     parser.add_argument("--out", type=Path, help="folder for results.csv and README.md")
     return parser.parse_args(argv)
 
@@ -83,40 +87,67 @@ def time_forwards(model, ids: list[int], context: int, prefill: int) -> dict[str
     return out
 
 
+def per_group(layer: Int4Linear) -> Int4Linear:
+    """The same weights with each group's own float32 scale and offset (one group a super-block: sc = m = 1), the
+    form without Q4_K's two levels: 6.5 bits a weight against 4.75, the same products (bitwise the same output)."""
+    groups = layer.groups()
+    scale, offset = groups.scale_offset()
+    ones = torch.ones_like(groups.sc)
+    return Int4Linear(int4.Groups(groups.codes, scale, -offset, ones, ones), layer.bias)
+
+
+def contenders(models: dict, parts) -> dict[str, dict[str, list]]:
+    """part -> {name: what it times}: Linear lists for "linears" and "layouts", whole models for "forwards"."""
+    out = {}
+    if "linears" in parts:
+        out["linears"] = {t: linears(models[t]) for t in TARGETS}
+    if "layouts" in parts:
+        two_level = [m for m in linears(models["int4"]) if isinstance(m, Int4Linear)]
+        out["layouts"] = {"two-level": two_level, "per-group": [per_group(m) for m in two_level]}
+        x = torch.randn(3, two_level[0].in_features)
+        assert torch.equal(out["layouts"]["per-group"][0](x), two_level[0](x)), "the two layouts must agree"
+    if "forwards" in parts:
+        out["forwards"] = {t: models[t] for t in TARGETS}
+    return out
+
+
 def measure(models: dict, args) -> list[dict]:
     vocab = next(iter(models.values())).config.vocab_size
     ids = [(1000 + 7 * i) % vocab for i in range(max(args.context + 5, args.prefill))]
     row_counts = (1, 5, args.prefill)
+    timed_parts = contenders(models, args.parts)
     rows = []
     with torch.inference_mode():
         for repeat in range(args.repeats + 1):  # repeat 0 warms up and is dropped
-            order = TARGETS if repeat % 2 else TARGETS[::-1]
             timed = []
-            if "linears" in args.parts:
+            for part, systems in timed_parts.items():
+                order = list(systems) if repeat % 2 else list(systems)[::-1]
+                if part == "forwards":
+                    for name in order:
+                        timed += [(part, shape, name, s) for shape, s in
+                                  time_forwards(systems[name], ids, args.context, args.prefill).items()]
+                    continue
                 for n in row_counts:
-                    timed += [("linears", f"{n} rows", t, time_linears(linears(models[t]), n)) for t in order]
-            if "forwards" in args.parts:
-                for t in order:
-                    timed += [("forwards", shape, t, s) for shape, s in
-                              time_forwards(models[t], ids, args.context, args.prefill).items()]
+                    timed += [(part, f"{n} rows", name, time_linears(systems[name], n)) for name in order]
             if repeat:
-                rows += [dict(zip(FIELDS, (part, shape, t, repeat, s))) for part, shape, t, s in timed]
-            print(f"repeat {repeat}: " + ", ".join(f"{t} {shape} {1e3 * s:.0f} ms" for _, shape, t, s in timed),
-                  file=sys.stderr, flush=True)
+                rows += [dict(zip(FIELDS, (part, shape, name, repeat, s))) for part, shape, name, s in timed]
+            print(f"repeat {repeat}: " + ", ".join(f"{part} {name} {shape} {1e3 * s:.0f} ms"
+                                                   for part, shape, name, s in timed), file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> list[str]:
-    """Median ms per (part, shape) and target, and the int4 / int8 ratio of medians (and its range over repeats)."""
-    lines = ["| part | shape | int4 ms | int8 ms | int4 / int8 | per-repeat ratio range |", "|---" * 6 + "|"]
-    shapes = dict.fromkeys((r["part"], r["shape"]) for r in rows)
-    for part, shape in shapes:
+    """Per (part, shape): median ms of the part's two contenders, their ratio of medians and its range over
+    repeats."""
+    lines = ["| part | shape | first | ms | second | ms | first / second | per-repeat range |", "|---" * 8 + "|"]
+    for part, shape in dict.fromkeys((r["part"], r["shape"]) for r in rows):
         mine = [r for r in rows if (r["part"], r["shape"]) == (part, shape)]
-        by = {t: {r["repeat"]: r["seconds"] for r in mine if r["target"] == t} for t in TARGETS}
-        med = {t: statistics.median(by[t].values()) for t in TARGETS}
-        ratios = [by["int4"][k] / by["int8"][k] for k in by["int4"]]
-        lines.append(f"| {part} | {shape} | {1e3 * med['int4']:.1f} | {1e3 * med['int8']:.1f} | "
-                     f"{med['int4'] / med['int8']:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
+        first, second = PAIRS[part]
+        by = {name: {r["repeat"]: r["seconds"] for r in mine if r["target"] == name} for name in (first, second)}
+        med = {name: statistics.median(by[name].values()) for name in by}
+        ratios = [by[first][k] / by[second][k] for k in by[first]]
+        lines.append(f"| {part} | {shape} | {first} | {1e3 * med[first]:.1f} | {second} | {1e3 * med[second]:.1f} | "
+                     f"{med[first] / med[second]:.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
     return lines
 
 
