@@ -268,3 +268,26 @@ def test_threads_do_not_change_a_forward():
         with threads(2):
             two = model(ids).logits
     assert torch.equal(one, two)
+
+
+def test_the_command_takes_an_int4_target_and_reports_its_kernels(tmp_path, capsys):
+    import json
+
+    from assisted.cli import main
+    from tests.helpers_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=64, intermediate_size=256,
+                             eos_token_id=1)
+    assert main(["generate", "--model", str(folder), "--quantize-target", "int4", "--prompt", "a b",
+                 "--max-new-tokens", "4", "--stats"]) == 0
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["target_kernels"] == "int4 (AVX-512 VNNI) x7, int8 (fbgemm) x1"
+
+
+def test_a_library_that_cannot_build_says_why():
+    from kernels.build import load
+
+    assert load("int4_probe", ("int4_linear.cpp",), needs=("no_such_flag",)) == Built(
+        "int4_probe", False, "this CPU lacks no_such_flag")
+    broken = load("int4_missing", ("no_such_file.cpp",))
+    assert not broken.ok and broken.reason.startswith("the C++ op library 'int4_missing' did not build")

@@ -20,7 +20,7 @@ def test_int4_kernel_writes_both_targets_rows_and_ratios(tmp_path):
     readme = (out / "README.md").read_text()
     assert "- int4 target: int4 (AVX-512 VNNI) x7, int8 (fbgemm) x1" in readme
     assert "- int8 target: int8 (fbgemm) x8" in readme
-    for shape in ("| linears | 1 rows | int4 |", "| linears | 9 rows |", "| forwards | step |", "| forwards | verify 5 |",
-                  "| forwards | prefill 9 |", "| layouts | 5 rows | two-level |"):
+    for shape in ("| linears | 1 rows | int4 |", "| linears | 9 rows |", "| forwards | step |",
+                  "| forwards | verify 5 |", "| forwards | prefill 9 |", "| layouts | 5 rows | two-level |"):
         assert shape in readme
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 2 * 9  # header, 9 shapes x 2 contenders
