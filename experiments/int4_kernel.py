@@ -34,6 +34,7 @@ from experiments.lib.machine import run_lines
 from kernels import int4
 
 TARGETS = ("int4", "int8")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU seconds (all threads)
 PAIRS = {"linears": TARGETS, "forwards": TARGETS, "layouts": ("two-level", "per-group")}  # part -> (first, second)
 FIELDS = ("part", "shape", "target", "repeat", "seconds")
 
@@ -47,6 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prefill", type=int, default=117, help="prompt tokens of a prefill (and rows of the "
                                                                  "linears' largest call)")
     parser.add_argument("--parts", nargs="+", choices=tuple(PAIRS), default=list(PAIRS))
+    parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                        help="wall seconds, or the process's CPU seconds (steadier on a shared machine at one thread; "
+                             "the sum over threads at more)")
     parser.add_argument("--out", type=Path, help="folder for results.csv and README.md")
     return parser.parse_args(argv)
 
@@ -63,27 +67,27 @@ def weight_bytes(model) -> int:
     return total
 
 
-def time_linears(layers: list[torch.nn.Module], rows: int) -> float:
+def time_linears(layers: list[torch.nn.Module], rows: int, clock=time.perf_counter) -> float:
     """Seconds of one pass over every Linear at `rows` rows (inputs made before the clock starts)."""
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in layers}
-    start = time.perf_counter()
+    start = clock()
     for m in layers:
         m(inputs[m.in_features])
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def time_forwards(model, ids: list[int], context: int, prefill: int) -> dict[str, float]:
+def time_forwards(model, ids: list[int], context: int, prefill: int, clock=time.perf_counter) -> dict[str, float]:
     """Seconds of a step (1 new token after `context`), a verify (5 new tokens) and a prefill of `prefill` tokens."""
     cache, out = new_cache(), {}
     forward(model, cache, ids[:context], 1)
     for name, k in (("step", 1), ("verify 5", 5)):
-        start = time.perf_counter()
+        start = clock()
         forward(model, cache, ids[context : context + k], k)
-        out[name] = time.perf_counter() - start
+        out[name] = clock() - start
         crop_to(cache, context)
-    start = time.perf_counter()
+    start = clock()
     forward(model, new_cache(), ids[:prefill], 1)
-    out[f"prefill {prefill}"] = time.perf_counter() - start
+    out[f"prefill {prefill}"] = clock() - start
     return out
 
 
@@ -115,7 +119,7 @@ def measure(models: dict, args) -> list[dict]:
     vocab = next(iter(models.values())).config.vocab_size
     ids = [(1000 + 7 * i) % vocab for i in range(max(args.context + 5, args.prefill))]
     row_counts = (1, 5, args.prefill)
-    timed_parts = contenders(models, args.parts)
+    timed_parts, clock = contenders(models, args.parts), CLOCKS[args.clock]
     rows = []
     with torch.inference_mode():
         for repeat in range(args.repeats + 1):  # repeat 0 warms up and is dropped
@@ -125,10 +129,10 @@ def measure(models: dict, args) -> list[dict]:
                 if part == "forwards":
                     for name in order:
                         timed += [(part, shape, name, s) for shape, s in
-                                  time_forwards(systems[name], ids, args.context, args.prefill).items()]
+                                  time_forwards(systems[name], ids, args.context, args.prefill, clock).items()]
                     continue
                 for n in row_counts:
-                    timed += [(part, f"{n} rows", name, time_linears(systems[name], n)) for name in order]
+                    timed += [(part, f"{n} rows", name, time_linears(systems[name], n, clock)) for name in order]
             if repeat:
                 rows += [dict(zip(FIELDS, (part, shape, name, repeat, s))) for part, shape, name, s in timed]
             print(f"repeat {repeat}: " + ", ".join(f"{part} {name} {shape} {1e3 * s:.0f} ms"
@@ -159,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(models, args)
     readme = [f"# int4 against int8 target: {args.out.name if args.out else args.model}", "",
               *run_lines("experiments.int4_kernel", argv), f"- model {args.model}; context {args.context}, "
-              f"prefill {args.prefill}, {args.repeats} repeats, targets interleaved", ""]
+              f"prefill {args.prefill}, {args.repeats} repeats, targets interleaved, {args.clock} clock", ""]
     for t in TARGETS:
         megabytes = weight_bytes(models[t]) / 1e6
         readme.append(f"- {t} target: {linear_kernels(models[t])}; Linear weights {megabytes:.0f} MB")
