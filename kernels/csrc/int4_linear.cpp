@@ -118,8 +118,8 @@ void tile(const Activations& a, int64_t r0, const uint8_t* const* w, int64_t sup
       }
       __m512 scale[C], offset[C];
       for (int c = 0; c < C; ++c) {
-        scale[c] = _mm512_mul_ps(d[c], widen(base[c] + 128 + kLanes * g));                // exact: d * sc
-        offset[c] = _mm512_mul_ps(neg_dmin[c], widen(base[c] + 128 + kLanes * (groups + g)));  // exact: -dmin * m
+        scale[c] = _mm512_mul_ps(d[c], widen(base[c] + 128 + kLanes * g));  // d * sc (exact for fp16 d)
+        offset[c] = _mm512_mul_ps(neg_dmin[c], widen(base[c] + 128 + kLanes * (groups + g)));  // -dmin * m
       }
       for (int r = 0; r < R; ++r) {
         const __m512 sum = _mm512_set1_ps(a.sums[(r0 + r) * sums_per_row + group]);
