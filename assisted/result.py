@@ -102,7 +102,7 @@ class GenerationResult:
     error : str or None
         `generate_batch` only: why this row could not be generated (empty prompt, too long, bad schema); the
         other rows went on. None otherwise.
-    batch : assisted.rows.batched_stats.BatchStats or None
+    batch : assisted.rows.stats.BatchStats or None
         `generate_batch` only: the statistics of the whole batch run, one object shared by all its rows
         (final once the run has returned every row).
     """
@@ -119,8 +119,8 @@ class GenerationResult:
 class Recorder:
     """Mutable counters filled by the loop, frozen into `Stats` at the end."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
         self.target_passes, self.target_seconds = 0, 0.0
         self.drafted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}

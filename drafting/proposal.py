@@ -22,8 +22,7 @@ import math
 
 import torch
 
-from drafting.assistant import Drafted
-from drafting.base import Cursor, DeviceMasks, Draft
+from drafting.base import Cursor, DeviceMasks, Draft, Drafted
 from drafting.forced import ForcedTokens
 from drafting.lookup import PromptLookup
 
@@ -71,6 +70,21 @@ class Proposal:
     def mask(self) -> torch.Tensor | None:
         """(V,) the guide's mask after the draft so far (None without a constraint)."""
         return self.masks[-1]
+
+    @property
+    def model_confidence(self) -> tuple[float, ...]:
+        """The assistant's confidence in each model draft so far (NaN for prompt-lookup copies)."""
+        return tuple(self._confidence(i) for i, s in enumerate(self.sources) if s != "forced")
+
+    @property
+    def model_drafts(self) -> int:
+        """Model drafts (assistant and prompt-lookup) so far."""
+        return sum(s != "forced" for s in self.sources)
+
+    @property
+    def may_draft(self) -> bool:
+        """Whether the draft may still grow by a model draft this step."""
+        return not self.done and (self.asks > 0 or (self.lookup is not None and self.copies > 0))
 
     def tail(self, start: int) -> list[int]:
         """`context[start:]` without copying the committed sequence before `start`."""
