@@ -12,8 +12,8 @@ themselves), so no query row is fully masked: every stored value is finite (a Na
 later rows through 0 * NaN in the attention product). Positions are per row (`position_ids`), so a row's
 entries are those of the row decoded alone. A row's feed may end in a draft tree's leaf: its query does not see the
 chain from its sibling on, and it sits at its sibling's position (`drafting.tree`). This needs an attention that
-applies a custom 4D mask (`ATTENTIONS`) and a model without sliding-window layers. `BatchKV` is the engine's
-`drafting.row_kv.RowsKV` for B rows.
+applies a custom 4D mask (`kernels.attention.MASKED_ATTENTIONS`) and a model without sliding-window layers.
+`BatchKV` is the engine's `drafting.row_kv.RowsKV` for B rows.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
 from drafting.row_kv import Leaf
+from kernels.attention import MASKED_ATTENTIONS
 
-# attentions that apply a custom 4D mask (row_invariant: assisted.models.int8)
-ATTENTIONS = ("sdpa", "eager", "row_invariant")
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
 
@@ -34,8 +33,8 @@ def check_batch_model(model, name: str = "model") -> None:
     """Raise ValueError unless `model` can run rows of different lengths on one cache (before any model call)."""
     config = model.config
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ATTENTIONS:
-        raise ValueError(f"batched generation needs attn_implementation in {ATTENTIONS} (a custom 4D mask); "
+    if attention not in MASKED_ATTENTIONS:
+        raise ValueError(f"batched generation needs attn_implementation in {MASKED_ATTENTIONS} (a custom 4D mask); "
                          f"{name} has {attention!r}")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     sliding = "sliding_attention" in (getattr(text, "layer_types", None) or ()) or (

@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 
 from assisted.models.gguf_groups import module_groups
-from assisted.models.int8 import ATTENTION, Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
+from assisted.models.int8 import Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
 from kernels import int4
+from kernels.attention import ATTENTION
 
 KERNEL = "int4 (AVX-512 VNNI)"
 

@@ -17,9 +17,10 @@ import torch
 from assisted import generate
 from assisted.models import int4 as int4_models
 from assisted.models.int4 import Int4Linear, int4_copy, linear_kernels, quantize_int4
-from assisted.models.int8 import ATTENTION, Int8Linear
+from assisted.models.int8 import Int8Linear
 from assisted.models.loading import load_pair, set_eos
 from kernels import int4
+from kernels.attention import ATTENTION
 from kernels.build import Built
 from tests.assisted.test_int8 import SCHEMA, steps_equal_one_forward
 from tests.helpers_models import threads, tiny_gpt2, tiny_llama

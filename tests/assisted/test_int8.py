@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.models.int8 import ATTENTION, Int8Linear, int8_copy, quantize_int8
+from assisted.models.int8 import Int8Linear, int8_copy, quantize_int8
 from assisted.models.loading import load_pair, set_eos
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import StaticKV
+from kernels.attention import ATTENTION
 from tests.helpers_models import HAS_SMOLLM2, threads, tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
