@@ -145,9 +145,13 @@ void tile(const Activations& a, int64_t r0, const uint8_t* const* w, int64_t sup
 template <int C>
 void rows_of(const Activations& a, int64_t n, const uint8_t* const* w, int64_t supers, int64_t groups,
              const Outputs& out) {
+  // Tiles of 4 rows; 4 + 1 rows as one tile of 5 (a single row would unpack the weights again for itself alone:
+  // a verify of 4 drafts has 5 rows); the last rows in a smaller tile. Every tile: the same per-lane sequence.
+  const int64_t fours = n % kMaxRows == 1 && n > kMaxRows ? n - kMaxRows - 1 : n;
   int64_t r0 = 0;
-  for (; r0 + kMaxRows <= n; r0 += kMaxRows) tile<kMaxRows, C>(a, r0, w, supers, groups, out);
-  switch (n - r0) {  // the last rows: the same per-lane sequence in a smaller tile
+  for (; r0 + kMaxRows <= fours; r0 += kMaxRows) tile<kMaxRows, C>(a, r0, w, supers, groups, out);
+  switch (n - r0) {
+    case 5: tile<kMaxRows + 1, C>(a, r0, w, supers, groups, out); break;
     case 3: tile<3, C>(a, r0, w, supers, groups, out); break;
     case 2: tile<2, C>(a, r0, w, supers, groups, out); break;
     case 1: tile<1, C>(a, r0, w, supers, groups, out); break;
