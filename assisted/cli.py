@@ -73,8 +73,9 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto")
     models.add_argument("--quantize-assistant", choices=("int4", "int8"),
                         help="draft with a quantized copy of the assistant (CPU; int4 is faster and closer)")
-    models.add_argument("--quantize-target", choices=("int8",),
-                        help="row-invariant int8 target (CPU, float32; speculation over it stays exactly lossless)")
+    models.add_argument("--quantize-target", choices=("int4", "int8"),
+                        help="row-invariant quantized target (CPU, float32; speculation over it stays exactly "
+                             "lossless): int4 keeps a GGUF's own 4-bit groups (others int8), int8 every Linear")
     models.add_argument("--pack", action="store_true", help="pack the target's Linear weights (CPU)")
     models.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     constraint = parser.add_mutually_exclusive_group()
@@ -205,6 +206,7 @@ def _prompt_of(prompt: str | None, messages: list | None, chat: bool) -> dict:
 
 def command_generate(args, load: Callable) -> int:
     from assisted import generate
+    from assisted.models.int4 import linear_kernels
     constraint, decoding = constraint_of(args), decoding_of(args)
     messages = None if args.messages is None else _messages_file(args.messages)
     model, tokenizer, assistant, own = _loaded(load, args)
@@ -215,7 +217,8 @@ def command_generate(args, load: Callable) -> int:
     if streamer is None:
         print(result.text)
     if args.stats:
-        print(json.dumps({"stop_reason": result.stop_reason, **stats_record(result.stats)}), file=sys.stderr)
+        kernels = {"target_kernels": linear_kernels(model)} if args.quantize_target else {}
+        print(json.dumps({"stop_reason": result.stop_reason, **kernels, **stats_record(result.stats)}), file=sys.stderr)
     return 0
 
 

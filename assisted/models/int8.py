@@ -131,7 +131,7 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
     check_quantizable(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            linear = _as_linear(child)
+            linear = as_linear(child)
             if linear is not None:
                 setattr(parent, name, Int8Linear(linear, reduce_range))
     model.set_attn_implementation(ATTENTION)
@@ -139,7 +139,7 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
     return model.eval()
 
 
-def _as_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
+def as_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
     """`module` as a Linear if it is one: a Linear, or GPT-2's Conv1D (the transposed weight); None otherwise."""
     if type(module) is torch.nn.Linear:
         return module

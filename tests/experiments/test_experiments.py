@@ -187,7 +187,7 @@ def test_assistant_copies_judges_each_copy_on_the_target_s_own_text(tiny):
     from experiments import assistant_copies
 
     model, tok = tiny  # hidden size 32: int4 groups of 32 fit
-    copies = assistant_copies.make_copies(model, ("float32", "int8", "int4-g32"))
+    copies = assistant_copies.make_copies(model, ("float32", "int8", "int4"))
     assert copies["float32"] is model
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     with threads(1):
