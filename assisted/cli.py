@@ -206,7 +206,6 @@ def _prompt_of(prompt: str | None, messages: list | None, chat: bool) -> dict:
 
 def command_generate(args, load: Callable) -> int:
     from assisted import generate
-    from assisted.models.int4 import linear_kernels
     constraint, decoding = constraint_of(args), decoding_of(args)
     messages = None if args.messages is None else _messages_file(args.messages)
     model, tokenizer, assistant, own = _loaded(load, args)
@@ -217,8 +216,7 @@ def command_generate(args, load: Callable) -> int:
     if streamer is None:
         print(result.text)
     if args.stats:
-        kernels = {"target_kernels": linear_kernels(model)} if args.quantize_target else {}
-        print(json.dumps({"stop_reason": result.stop_reason, **kernels, **stats_record(result.stats)}), file=sys.stderr)
+        print(json.dumps({"stop_reason": result.stop_reason, **stats_record(result.stats)}), file=sys.stderr)
     return 0
 
 

@@ -63,6 +63,7 @@ class Stats:
     cache: str = "dynamic"  # the KV caches decoded on: "dynamic", "static" or "static+graphs" (captured steps)
     cache_note: str | None = None  # on a CUDA target, why the default left static caches or graphs off
     budget_tightened: int = 0  # close_within_budget: committed positions whose mask the budget tightened
+    target_kernels: str = ""  # what runs the target's Linears, e.g. "int4 (AVX-512 VNNI) x168, int8 (fbgemm) x29"
 
     @property
     def latency_seconds(self) -> float:

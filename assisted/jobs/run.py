@@ -106,6 +106,7 @@ def stats_record(stats) -> dict:
         "drafted": stats.drafted,
         "accepted": stats.accepted,
         "forced_tokens_appended": stats.forced_tokens_appended,
+        "target_kernels": stats.target_kernels,
         "seconds": {"total": round(s.total, 4), "target": round(s.target, 4), "assistant": round(s.assistant, 4),
                     "fsm": round(s.fsm, 4)},
     }

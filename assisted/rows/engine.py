@@ -24,6 +24,7 @@ import torch
 
 from assisted.closing import outcome
 from assisted.inputs import parse_value
+from assisted.models.int4 import linear_kernels
 from assisted.policy.costs import StepCost, memorize
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.inputs import RowError, RowInput
@@ -74,6 +75,7 @@ class Engine:
         self.assistant = None if helper is None else Assistant(helper, setup.warp)
         self.prefix_cache, self.share_prefix, self.verify, self.batch = prefix_cache, share_prefix, verify, batch
         self.masks = DeviceMasks(output_device(setup.model))  # guide masks on the target's device
+        self.kernels = linear_kernels(setup.model)  # named in every row's stats
         self.rows: list[Row] = []
         self.stats = BatchStats(batch_size)
 
@@ -295,7 +297,8 @@ class Engine:
                                row.policy.estimates(), row.prefilled)
         tightened, stop = outcome(row.start, new, row.stop)
         batch = self.stats if self.batch else None
-        return GenerationResult(text, new, value, stop, replace(stats, budget_tightened=tightened), None, batch)
+        stats = replace(stats, budget_tightened=tightened, target_kernels=self.kernels)
+        return GenerationResult(text, new, value, stop, stats, None, batch)
 
     def _error(self, message: str) -> GenerationResult:
         """A failed row's result; its error on one line (an output line of the CLI)."""

@@ -135,6 +135,7 @@ def test_greedy_over_an_int4_target_is_its_plain_decoding(smol_tokenizer, int4_p
     ref = plain_reference(target, **options)
     out = generate(target, assistant, schedule="constant", num_assistant_tokens=4, **options)
     assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
+    assert out.stats.target_kernels == linear_kernels(target) and "int4" in out.stats.target_kernels
     if helper == "itself" and schema is None:  # a perfect assistant: all it drafts is accepted
         assert out.stats.accepted_by_source["assistant"] == out.stats.drafted_by_source["assistant"] > 0
     if helper == "int4-near" and schema is None:  # drafts taken, and some rejected
@@ -211,8 +212,10 @@ def no_kernel(monkeypatch):
 def test_without_the_kernel_the_target_runs_int8_and_says_so(no_kernel, smol_tokenizer):
     with pytest.warns(UserWarning, match=r"^int4 kernel unavailable \(this CPU lacks avx512_vnni\); the target runs "
                                          r"the int8 kernel instead$"):
-        model = int4_llama(300, seed=0, hidden=64)
+        model = int4_llama(len(smol_tokenizer), seed=0, hidden=64)
     assert linear_kernels(model) == "int8 (fbgemm) x8" and model.config._attn_implementation == ATTENTION
+    out = generate(model, tokenizer=smol_tokenizer, prompt="Once", max_new_tokens=2)
+    assert out.stats.target_kernels == "int8 (fbgemm) x8"  # the result says which kernel ran
     with pytest.warns(UserWarning, match="the assistant copy runs the int8 kernel"):
         helper = int4_copy(tiny_llama(300, seed=1, hidden=64))
     assert linear_kernels(helper) == "int8 (fbgemm) x8"
