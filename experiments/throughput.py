@@ -355,8 +355,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
     add_assistant_quantization(p, ("--int4-assistant", "--int8-assistant"))
     p.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
-    p.add_argument("--quantize-target", choices=["int8"], default=None,
-                   help="the row-invariant int8 target (`assisted.models.int8`), for every system")
+    p.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
+                   help="a row-invariant quantized target (`assisted.models.int4` / `int8`), for every system")
     p.add_argument("--systems", nargs="+", type=str, default=RERUN)
     p.add_argument("--documents", type=Path, default=DOCUMENTS)
     p.add_argument("--skip", type=int, default=0, help="leave out the first N documents")
