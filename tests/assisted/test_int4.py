@@ -22,7 +22,8 @@ from assisted.models.loading import load_pair, set_eos
 from kernels import int4
 from kernels.attention import ATTENTION
 from kernels.build import Built
-from tests.assisted.test_int8 import SCHEMA, steps_equal_one_forward
+from tests.assisted.test_int8 import (SCHEMA, padded_row_is_the_row_alone, steps_equal_one_forward,
+                                      stock_attention_is_not_row_invariant)
 from tests.helpers_models import threads, tiny_gpt2, tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -79,31 +80,11 @@ def test_one_forward_over_n_positions_is_bitwise_n_single_steps(make, cache_kind
 
 
 def test_the_stock_attention_over_int4_linears_is_not_row_invariant():
-    """The control for the test above: the same int4 Linears with sdpa attention differ."""
-    model = int4_llama(300, seed=0, layers=3, hidden=64)
-    model.set_attn_implementation("sdpa")
-    torch.manual_seed(5)
-    ids = torch.randint(0, 300, (40,)).tolist()
-    with torch.inference_mode(), pytest.raises(AssertionError, match="max"):
-        for n in range(2, 17):
-            steps_equal_one_forward(model, ids[: 20 + n], 20, "dynamic")
+    stock_attention_is_not_row_invariant(int4_llama(300, seed=0, layers=3, hidden=64))
 
 
 def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
-    """Left padding and a hole in the middle (a rejected draft's slot) leave a row's logits as they are alone."""
-    model = int4_llama(300, seed=1, layers=2, hidden=64)
-    torch.manual_seed(6)
-    row = torch.randint(0, 300, (1, 12))
-    with torch.inference_mode():
-        alone = model(row).logits[0]  # (12, V)
-        padded = torch.cat([torch.randint(0, 300, (1, 5)), row[:, :7], torch.randint(0, 300, (1, 2)), row[:, 7:]], 1)
-        valid = torch.tensor([False] * 5 + [True] * 7 + [False] * 2 + [True] * 5)
-        mask = valid[None, :] & torch.ones(19, 19, dtype=torch.bool).tril()  # (19, 19): causal over valid keys
-        positions = (valid.cumsum(0) - 1).clamp_min(0)[None]
-        ids = torch.cat([padded, torch.randint(0, 300, (1, 19))])  # a second row of the same batch
-        masks = torch.stack([mask, torch.ones(19, 19, dtype=torch.bool).tril()])[:, None]  # (2, 1, 19, 19)
-        out = model(ids, attention_mask=masks, position_ids=torch.cat([positions, torch.arange(19)[None]])).logits
-    assert torch.equal(out[0, valid], alone)
+    padded_row_is_the_row_alone(int4_llama(300, seed=1, layers=2, hidden=64))
 
 
 # ------------------------------------------------------------------------------------------------ generate

@@ -110,9 +110,8 @@ def test_one_forward_over_n_positions_is_bitwise_n_single_steps(make, cache_kind
             steps_equal_one_forward(model, ids[: 20 + n], 20, cache_kind)
 
 
-def test_the_stock_attention_over_int8_linears_is_not_row_invariant():
-    """The control for the test above: the same int8 Linears with sdpa attention differ."""
-    model = int8_llama(300, seed=0, layers=3, hidden=64)
+def stock_attention_is_not_row_invariant(model) -> None:
+    """The control for the n-steps test: the same quantized Linears with sdpa attention differ."""
     model.set_attn_implementation("sdpa")
     torch.manual_seed(5)
     ids = torch.randint(0, 300, (40,)).tolist()
@@ -121,9 +120,8 @@ def test_the_stock_attention_over_int8_linears_is_not_row_invariant():
             steps_equal_one_forward(model, ids[: 20 + n], 20, "dynamic")
 
 
-def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
+def padded_row_is_the_row_alone(model) -> None:
     """Left padding and a hole in the middle (a rejected draft's slot) leave a row's logits as they are alone."""
-    model = int8_llama(300, seed=1, layers=2, hidden=64)
     torch.manual_seed(6)
     row = torch.randint(0, 300, (1, 12))
     with torch.inference_mode():
@@ -132,11 +130,18 @@ def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
         valid = torch.tensor([False] * 5 + [True] * 7 + [False] * 2 + [True] * 5)
         mask = valid[None, :] & torch.ones(19, 19, dtype=torch.bool).tril()  # (19, 19): causal over valid keys
         positions = (valid.cumsum(0) - 1).clamp_min(0)[None]
-        other = torch.randint(0, 300, (1, 19))  # a second row of the same batch
-        ids = torch.cat([padded, other])
+        ids = torch.cat([padded, torch.randint(0, 300, (1, 19))])  # a second row of the same batch
         masks = torch.stack([mask, torch.ones(19, 19, dtype=torch.bool).tril()])[:, None]  # (2, 1, 19, 19)
         out = model(ids, attention_mask=masks, position_ids=torch.cat([positions, torch.arange(19)[None]])).logits
     assert torch.equal(out[0, valid], alone)
+
+
+def test_the_stock_attention_over_int8_linears_is_not_row_invariant():
+    stock_attention_is_not_row_invariant(int8_llama(300, seed=0, layers=3, hidden=64))
+
+
+def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
+    padded_row_is_the_row_alone(int8_llama(300, seed=1, layers=2, hidden=64))
 
 
 @pytest.mark.slow
