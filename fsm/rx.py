@@ -624,6 +624,10 @@ def _every(values) -> bool | None:
 def _structurally_empty(term: Rx, limit: int) -> bool | None:
     if term.nullable or term.plain:
         return term is NOTHING
+    found = witness(term)
+    if found is not None:  # proved non-empty without a search: a union of a hard part and an easy one is easy
+        _mark_live(term, found)
+        return False
     kind, args = term.kind, term.args
     decide = functools.partial(_decide, limit=limit)
     if kind == "seq":  # heads are never sequences: walk the chain instead of recursing on tails
@@ -640,10 +644,6 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     if kind == "pick":
         return _every(f for f in (_pick_branch(b, args[1], decide, _some) for b in _branches(args[0]))
                       if f is not _UNFILLED)
-    found = witness(term)
-    if found is not None:  # proved non-empty without a search
-        _mark_live(term, found)
-        return False
     return _search_empty(term, limit)
 
 
@@ -670,7 +670,7 @@ def _search_empty(term: Rx, limit: int) -> bool | None:
         d = derivative(t, lowest_byte(mask))
         if d.id in seen or d._empty is True:
             continue
-        if d.nullable or d._empty is False or (d.plain and d is not NOTHING):
+        if d.nullable or d._empty is False or (d.plain and d is not NOTHING) or _witnessed(d):
             for on_path, _ in path:
                 on_path._empty = False
             return False
@@ -682,6 +682,14 @@ def _search_empty(term: Rx, limit: int) -> bool | None:
     for t in explored:
         t._empty = True
     return True
+
+
+def _witnessed(term: Rx) -> bool:
+    """Whether `term` has a witness found by structure (marked live along it): the search stops there."""
+    found = witness(term)
+    if found is not None:
+        _mark_live(term, found)
+    return found is not None
 
 
 _UNFILLED = object()  # a branch of a pick whose item its owner no longer allows
