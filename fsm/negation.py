@@ -103,7 +103,8 @@ def _value_schema(subs: tuple):
 def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
     """Schemas whose union is a subset of `not schema` (see the module docstring): other types, a required key absent
     or with a value its schema rejects, and up to `extra` declared keys present with such a value (as many as fit in
-    MAX_CASES where none is required). None where S is not an object schema with a key to negate.
+    MAX_CASES where none is required); [] where nothing is left. None where S is not an object schema with a key to
+    negate.
 
     `within`: the schema the cases will be merged with; cases it contradicts for sure are left out (a key it requires
     absent, a value of a key under the very subschemas of S that it also applies)."""
@@ -125,7 +126,7 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
                 and not all(s is True or s == {} for s in subs) and not _implied(own, n, subs)]
     for name, subs in optional[:extra if found.required else max(extra, MAX_CASES - len(cases))]:
         cases.append({"type": "object", "required": [name], "properties": {name: {"not": _value_schema(subs)}}})
-    return cases if any(c.get("type") == "object" for c in cases) else None
+    return cases
 
 
 def _implied(own: Facts, name: str, subs: tuple) -> bool:

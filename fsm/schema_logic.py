@@ -65,6 +65,8 @@ def without(c, schema, excluded: list[tuple[object, str]], pointer: str) -> rx.R
     of their U."""
     cases = [negated_cases(o, c.resolve, within=schema) if c.negations < MAX_NEGATION_DEPTH else None
              for o, _ in excluded]
+    if any(found == [] for found in cases):  # `schema` and an excluded one agree on every key it negates
+        return rx.NOTHING
     product = 1
     for i, found in enumerate(cases):
         if found is not None and product * len(found) <= MAX_CASES:
