@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from fsm import rx
 from fsm.errors import SchemaError
+from fsm.merge import VALIDATION
 
 TYPES = ("null", "boolean", "object", "array", "string", "number")  # "integer" is a kind of number
 MAX_CASES = 16  # cases of one negation (else the complement of its over-approximation is used)
@@ -102,9 +103,9 @@ def _value_schema(subs: tuple):
 
 def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
     """Schemas whose union is a subset of `not schema` (see the module docstring): other types, a required key absent
-    or with a value its schema rejects, and up to `extra` declared keys present with such a value (as many as fit in
-    MAX_CASES where none is required); [] where nothing is left. None where S is not an object schema with a key to
-    negate.
+    or with a value its schema rejects, and up to `extra` declared keys whose schema allows only scalars present with
+    such a value (as many as fit in MAX_CASES where none is required); [] where nothing is left. None where S is not
+    an object schema with a key to negate.
 
     `within`: the schema the cases will be merged with; cases it contradicts for sure are left out (a key it requires
     absent, a value of a key under the very subschemas of S that it also applies)."""
@@ -114,7 +115,8 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
         return None
     cases = []
     if found.types is not None:
-        others = [t for t in TYPES if t not in found.types and not (t == "number" and "integer" in found.types)]
+        others = [t for t in TYPES if t not in found.types and not (t == "number" and "integer" in found.types)
+                  and (own.types is None or t in own.types or (t == "number" and "integer" in own.types))]
         cases += [{"type": others}] if others else []
     for name in found.required:
         subs = found.properties.get(name, ())
@@ -123,16 +125,37 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
         elif name not in own.required:  # only "absent" is left
             cases.append({"type": "object", "properties": {name: False}})
     optional = [(n, subs) for n, subs in found.properties.items() if n not in found.required
-                and not all(s is True or s == {} for s in subs) and not _implied(own, n, subs)]
+                and _scalar(_value_schema(subs), resolve) and not _implied(own, n, subs)]
     for name, subs in optional[:extra if found.required else max(extra, MAX_CASES - len(cases))]:
         cases.append({"type": "object", "required": [name], "properties": {name: {"not": _value_schema(subs)}}})
     return cases
 
 
+def _scalar(schema, resolve) -> bool:
+    """Whether `schema` says something and allows no array or object: its negation is cheap (no nested cases)."""
+    types = facts(schema, resolve).types
+    return types is not None and not types & {"object", "array"}
+
+
+def lean(cases: list) -> list:
+    """One case of each kind (another type; an object) out of `cases`: a subset, so still inside `not S`."""
+    kinds = {}
+    for case in cases:
+        kinds.setdefault(case.get("type") == "object", case)
+    return list(kinds.values())
+
+
 def _implied(own: Facts, name: str, subs: tuple) -> bool:
-    """Whether every value `own` allows for `name` is valid under all of `subs` (each is among own's subschemas)."""
-    mine = {json.dumps(s, sort_keys=True, default=repr) for s in own.properties.get(name, ())}
-    return all(s is True or s == {} or json.dumps(s, sort_keys=True, default=repr) in mine for s in subs)
+    """Whether every value `own` allows for `name` is valid under all of `subs` (each is among own's subschemas, as
+    far as their validation keywords go: descriptions differ between copies of one property)."""
+    mine = {_canonical(s) for s in own.properties.get(name, ())}
+    return all(s is True or s == {} or _canonical(s) in mine for s in subs)
+
+
+def _canonical(schema) -> str:
+    if isinstance(schema, dict):
+        schema = {k: v for k, v in schema.items() if k in VALIDATION}
+    return json.dumps(schema, sort_keys=True, default=repr)
 
 
 def disjoint(a, b, resolve, upper) -> bool:

@@ -8,7 +8,7 @@ disjoint (`fsm.negation.disjoint`) are not negated at all. Both only narrow what
 from __future__ import annotations
 
 from fsm import rx
-from fsm.negation import MAX_CASES, disjoint, negated_cases
+from fsm.negation import MAX_CASES, disjoint, lean, negated_cases
 from fsm.rewrites import exclusive_required_cases
 from fsm.schema_types import proved_empty
 from fsm.budget import GuideBudgetError
@@ -16,7 +16,6 @@ from fsm.errors import SchemaError
 from fsm.merge import Unsatisfiable, merge_all
 
 DISJOINT_SEARCH = 40  # states explored to prove a oneOf option's term disjoint from another's U (else: exclude it)
-EMPTY_SEARCH = 500  # states explored to prove a difference empty (a dead case costs the guide nothing then)
 MAX_NEGATION_DEPTH = 4  # `not`s inside `not`s written as cases (deeper: the complement of U)
 
 
@@ -54,21 +53,23 @@ def union(c, schema: dict, pointer: str) -> rx.Rx:
     terms = []
     for i, option in enumerate(with_base):
         others = [(o, f"{pointer}/oneOf/{j}") for j, o in enumerate(options)
-                  if j != i and not _disjoint(c, options[i], o)]
+                  if j != i and not _disjoint(c, option, with_base[j])]  # with the base: its required keys count
         terms.append(without(c, option, others, f"{pointer}/oneOf/{i}"))
     return rx.alt(*terms)
 
 
 def without(c, schema, excluded: list[tuple[object, str]], pointer: str) -> rx.Rx:
     """L(schema) minus every value valid under an `excluded` schema ((schema, its pointer) pairs): object schemas as
-    cases of `not` (at most MAX_CASES combined; optional keys' cases where room is left), the others as complements
-    of their U."""
+    cases of `not` (at most MAX_CASES combined: past it an excluded schema keeps one case per kind; optional keys'
+    cases where room is left), the others as complements of their U."""
     cases = [negated_cases(o, c.resolve, within=schema) if c.negations < MAX_NEGATION_DEPTH else None
              for o, _ in excluded]
     if any(found == [] for found in cases):  # `schema` and an excluded one agree on every key it negates
         return rx.NOTHING
     product = 1
     for i, found in enumerate(cases):
+        if found is not None and product * len(found) > MAX_CASES:
+            found = cases[i] = lean(found)  # fewer cases: narrower, and cheaper than a complement to search
         if found is not None and product * len(found) <= MAX_CASES:
             product *= len(found)
         else:
@@ -101,16 +102,13 @@ def _mergeable(schema: dict, pointer: str, resolve) -> bool:
 
 
 def exclude(c, term: rx.Rx, uppers: list[rx.Rx]) -> rx.Rx:
-    """`term` minus every upper bound it may overlap (skipping the ones quickly proved disjoint); NOTHING where a
-    short search proves nothing is left (a case of a negation that contradicts its schema: a string not a string)."""
+    """`term` minus every upper bound it may overlap (skipping the ones quickly proved disjoint)."""
     for u in uppers:
         key = (term.id, u.id)
         if key not in c.disjoint:
             c.disjoint[key] = proved_empty(rx.inter(term, u), limit=DISJOINT_SEARCH)
         if not c.disjoint[key]:
             term = rx.inter(term, rx.complement(u))
-    if term.kind == "and" and proved_empty(term, limit=EMPTY_SEARCH):
-        return rx.NOTHING
     return term
 
 

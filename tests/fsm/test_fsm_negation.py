@@ -67,8 +67,11 @@ def test_a_case_the_merged_schema_contradicts_is_left_out():
     c = _compiler(point)
     assert negated_cases(point, c.resolve) == [{"type": ["null", "boolean", "array", "string", "number"]},
                                                {"type": "object", "properties": {"type": {"not": {"const": "Point"}}}}]
-    assert negated_cases(point, c.resolve, within=point) == [{"type": ["null", "boolean", "array", "string",
-                                                                        "number"]}]
+    assert negated_cases(point, c.resolve, within=point) == []  # nothing left: the option's term is NOTHING
+    assert negated_cases(point, c.resolve, within={"required": ["type"], "properties": point["properties"]}) == [
+        {"type": ["null", "boolean", "array", "string", "number"]}]  # only other types are left
+    assert negated_cases(point, c.resolve, within={"type": "object"}) == [
+        {"type": "object", "properties": {"type": {"not": {"const": "Point"}}}}]  # objects only: no other type
 
 
 def test_options_called_disjoint_share_no_valid_value():
