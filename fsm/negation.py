@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from fsm import rx
 from fsm.errors import SchemaError
 from fsm.merge import VALIDATION
+from fsm.patterns import pattern_upper
 
 TYPES = ("null", "boolean", "object", "array", "string", "number")  # "integer" is a kind of number
 MAX_CASES = 16  # cases of one negation (else the complement of its over-approximation is used)
@@ -35,6 +36,7 @@ class Facts:
     required: tuple = ()  # keys an object must have
     properties: dict = field(default_factory=dict)  # key -> subschemas that all hold for its value
     exact: bool = True  # False where a conjunct could not be read (a $ref that does not resolve)
+    closed: frozenset | None = None  # the only keys an object may have (additionalProperties false); None: any
 
 
 def facts(schema, resolve, depth: int = 0) -> Facts:
@@ -66,7 +68,9 @@ def _own(schema: dict) -> Facts:
     required = tuple(n for n in schema.get("required", []) if isinstance(n, str)) \
         if isinstance(schema.get("required"), list) else ()
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    return Facts(types, required, {k: (v,) for k, v in properties.items()})
+    closed = frozenset(properties) if schema.get("additionalProperties") is False \
+        and not schema.get("patternProperties") else None
+    return Facts(types, required, {k: (v,) for k, v in properties.items()}, closed=closed)
 
 
 def _types_of(value) -> tuple:
@@ -87,18 +91,24 @@ def _meet(a: frozenset, b: frozenset) -> frozenset:
 
 
 def _together(parts: list[Facts]) -> Facts:
-    types, required, properties = None, [], {}
+    types, required, properties, closed = None, [], {}, None
     for part in parts:
         if part.types is not None:
             types = part.types if types is None else _meet(types, part.types)
+        if part.closed is not None:
+            closed = part.closed if closed is None else closed & part.closed
         required += [n for n in part.required if n not in required]
         for name, subs in part.properties.items():
             properties[name] = properties.get(name, ()) + subs
-    return Facts(types, tuple(required), properties, all(p.exact for p in parts))
+    return Facts(types, tuple(required), properties, all(p.exact for p in parts), closed)
 
 
 def _value_schema(subs: tuple):
-    return subs[0] if len(subs) == 1 else {"allOf": list(subs)}
+    """One schema for all of `subs` (False if one is False; `true` ones left out)."""
+    if any(s is False for s in subs):
+        return False
+    subs = [s for s in subs if s is not True and s != {}] or [True]
+    return subs[0] if len(subs) == 1 else {"allOf": subs}
 
 
 def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
@@ -109,15 +119,20 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
 
     `within`: the schema the cases will be merged with; cases it contradicts for sure are left out (a key it requires
     absent, a value of a key under the very subschemas of S that it also applies)."""
+    branches = _branches(schema)
+    if branches is not None:  # not (A or B) = not A and not B (and a subset of not oneOf [A, B])
+        return _every_negated(branches, resolve, extra, within)
     found, own = facts(schema, resolve), facts(within, resolve) if within is not None else Facts()
     if not found.exact or (found.types is not None and "object" not in found.types) or not found.properties \
-            and not found.required:
+            and not found.required and found.closed is None:
         return None
     cases = []
     if found.types is not None:
         others = [t for t in TYPES if t not in found.types and not (t == "number" and "integer" in found.types)
                   and (own.types is None or t in own.types or (t == "number" and "integer" in own.types))]
         cases += [{"type": others}] if others else []
+    if found.closed is not None:  # a key S does not allow, among those the merged schema declares
+        cases += [{"type": "object", "required": [k]} for k in own.properties if k not in found.closed][:1]
     for name in found.required:
         subs = found.properties.get(name, ())
         if not _implied(own, name, subs):
@@ -135,6 +150,30 @@ def _scalar(schema, resolve) -> bool:
     """Whether `schema` says something and allows no array or object: its negation is cheap (no nested cases)."""
     types = facts(schema, resolve).types
     return types is not None and not types & {"object", "array"}
+
+
+def _branches(schema) -> list | None:
+    """The branches of a schema that is only a union (`anyOf` or `oneOf`, nested ones flattened), else None."""
+    if not isinstance(schema, dict) or set(schema) & VALIDATION not in ({"anyOf"}, {"oneOf"}):
+        return None
+    options = schema.get("anyOf", schema.get("oneOf"))
+    if not isinstance(options, list) or not options:
+        return None
+    out = []
+    for option in options:
+        out += _branches(option) or [option]
+    return out
+
+
+def _every_negated(branches: list, resolve, extra: int, within) -> list | None:
+    """Cases of `not B` for every branch B at once (one allOf per combination), or None past MAX_CASES."""
+    combined = [[]]
+    for branch in branches:
+        cases = negated_cases(branch, resolve, extra, within)
+        if cases is None or len(combined) * len(cases) > MAX_CASES:
+            return None
+        combined = [[*done, case] for done in combined for case in cases]
+    return [parts[0] if len(parts) == 1 else {"allOf": parts} for parts in combined]
 
 
 def lean(cases: list) -> list:
@@ -155,7 +194,10 @@ def _implied(own: Facts, name: str, subs: tuple) -> bool:
 def _canonical(schema) -> str:
     if isinstance(schema, dict):
         schema = {k: v for k, v in schema.items() if k in VALIDATION}
-    return json.dumps(schema, sort_keys=True, default=repr)
+    try:
+        return json.dumps(schema, sort_keys=True, default=repr)
+    except ValueError:  # an integer past Python's 4,300 digits: never equal to another text
+        return repr(id(schema))
 
 
 def disjoint(a, b, resolve, upper) -> bool:
@@ -168,12 +210,44 @@ def disjoint(a, b, resolve, upper) -> bool:
         return True
     if shared is None or not shared <= {"object"}:
         return False
+    if any(k not in f.closed for f, g in ((fa, fb), (fb, fa)) if f.closed is not None for k in g.required):
+        return True  # a key one requires is one the other does not allow
     for name in dict.fromkeys((*fa.required, *fb.required)):
         if name in fa.properties and name in fb.properties:
-            ua, ub = upper(_value_schema(fa.properties[name])), upper(_value_schema(fb.properties[name]))
-            if _proved_empty(rx.inter(ua, ub)):
+            va, vb = _value_schema(fa.properties[name]), _value_schema(fb.properties[name])
+            if _strings_disjoint(va, vb, resolve) or _proved_empty(rx.inter(upper(va), upper(vb))):
                 return True
     return False
+
+
+def _strings_disjoint(a, b, resolve) -> bool:
+    """Whether two schemas that allow only strings allow no common string: their patterns and listed values are
+    compared on the decoded contents (U compares texts, where any escaped spelling may match any pattern)."""
+    ca, cb = _contents(a, resolve), _contents(b, resolve)
+    return ca is not None and cb is not None and _proved_empty(rx.inter(ca, cb))
+
+
+def _contents(schema, resolve) -> rx.Rx | None:
+    """A superset of the decoded contents of the strings `schema` allows (None unless it allows only strings)."""
+    if facts(schema, resolve).types != frozenset({"string"}):
+        return None
+    parts, todo, seen = [], [schema], 0
+    while todo and seen < MAX_DEPTH:
+        node, seen = todo.pop(), seen + 1
+        if not isinstance(node, dict):
+            continue
+        patterns = node.get("pattern", [])
+        parts += [pattern_upper(p) for p in (patterns if isinstance(patterns, list) else [patterns])]
+        if "const" in node or isinstance(node.get("enum"), list):
+            values = [node["const"]] if "const" in node else node["enum"]
+            parts.append(rx.alt(*(rx.literal(v) for v in values if isinstance(v, str))))
+        if isinstance(node.get("$ref"), str):
+            try:
+                todo.append(resolve(node["$ref"], "#"))
+            except SchemaError:
+                pass
+        todo += node.get("allOf", []) if isinstance(node.get("allOf"), list) else []
+    return rx.inter(*parts) if parts else None
 
 
 def _proved_empty(term: rx.Rx) -> bool:

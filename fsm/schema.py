@@ -178,13 +178,15 @@ class Compiler:
 
     def compile(self, schema, pointer: str) -> rx.Rx:
         """L: a term whose every string is valid under `schema` (the same subschema in the same context: one term)."""
-        key = (json.dumps(schema, sort_keys=True, default=repr), self.depth, self.negations)
+        key = (_text(schema), self.depth, self.negations)
         found = self.texts.get(key)
         if found is None:
             try:
-                found = self.texts[key] = self._compile(schema, pointer)
+                found = self._compile(schema, pointer)
             except GuideBudgetError as error:
                 raise error.at(pointer) from None
+            if key[0] is not None:
+                self.texts[key] = found
         return found
 
     def _compile(self, schema, pointer: str) -> rx.Rx:
@@ -297,6 +299,14 @@ class Compiler:
 
     def union(self, schema: dict, pointer: str) -> rx.Rx:
         return union(self, schema, pointer)
+
+
+def _text(schema) -> str | None:
+    """The subschema as canonical JSON (None where Python will not write it: integers over 4,300 digits)."""
+    try:
+        return json.dumps(schema, sort_keys=True, default=repr)
+    except ValueError:
+        return None
 
 
 def validation_keywords(schema: dict, pointer: str) -> dict:

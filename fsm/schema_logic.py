@@ -62,6 +62,7 @@ def without(c, schema, excluded: list[tuple[object, str]], pointer: str) -> rx.R
     """L(schema) minus every value valid under an `excluded` schema ((schema, its pointer) pairs): object schemas as
     cases of `not` (at most MAX_CASES combined: past it an excluded schema keeps one case per kind; optional keys'
     cases where room is left), the others as complements of their U."""
+    excluded = [(o, where) for o, where in excluded if not _disjoint(c, schema, o)]  # nothing to take away there
     cases = [negated_cases(o, c.resolve, within=schema) if c.negations < MAX_NEGATION_DEPTH else None
              for o, _ in excluded]
     if any(found == [] for found in cases):  # `schema` and an excluded one agree on every key it negates

@@ -129,3 +129,23 @@ def test_loose_runs_balance_brackets_and_skip_strings():
     member = has_member(rx.literal('"k"'), rx.literal("1"), rx.EPSILON)
     assert rx.matches(member, '{"a":[1,2],"k":1}') and not rx.matches(member, '{"k":12}')
     assert not rx.matches(member, '{"a":{"k":1}}')
+
+
+def test_a_key_one_option_requires_and_the_other_forbids_makes_them_disjoint():
+    closed = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
+    point = {"type": "object", "required": ["type"]}
+    c = _compiler({})
+    assert disjoint(closed, point, c.resolve, lambda s: c.upper(s, "#"))
+    assert not any(_valid(closed, v) and _valid(point, v) for v in POOL)
+    assert not disjoint(closed, {"type": "object", "required": ["a"]}, c.resolve, lambda s: c.upper(s, "#"))
+
+
+def test_not_of_a_union_negates_every_branch():
+    """not (required a or required b): one case, both absent (a union's negation is every branch's)."""
+    schema = {"anyOf": [{"required": ["a"]}, {"anyOf": [{"required": ["b"]}]}]}
+    c = _compiler(schema)
+    cases = negated_cases(schema, c.resolve)
+    assert cases == [{"allOf": [{"type": "object", "properties": {"a": False}},
+                                {"type": "object", "properties": {"b": False}}]}]
+    for value in POOL:
+        assert not (_valid(cases[0], value) and _valid(schema, value))
