@@ -26,6 +26,7 @@ TYPES = ("null", "boolean", "object", "array", "string", "number")  # "integer" 
 MAX_CASES = 16  # cases of one negation (else the complement of its over-approximation is used)
 MAX_DEPTH = 16  # $ref / allOf links followed to collect what surely holds
 DISJOINT_SEARCH = 2_000  # terms explored to prove two property values disjoint
+READ = frozenset("type required properties additionalProperties not allOf $ref".split())  # what Facts hold whole
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Facts:
     properties: dict = field(default_factory=dict)  # key -> subschemas that all hold for its value
     exact: bool = True  # False where a conjunct could not be read (a $ref that does not resolve)
     closed: frozenset | None = None  # the only keys an object may have (additionalProperties false); None: any
+    negated: tuple = ()  # subschemas of its `not`s: a value valid under one is not valid here
+    complete: bool = True  # whether these facts are all its conjuncts say (no other keyword)
 
 
 def facts(schema, resolve, depth: int = 0) -> Facts:
@@ -44,7 +47,7 @@ def facts(schema, resolve, depth: int = 0) -> Facts:
     if schema is True or not isinstance(schema, dict):
         return Facts(frozenset() if schema is False else None)
     if depth > MAX_DEPTH:
-        return Facts(exact=False)
+        return Facts(exact=False, complete=False)
     parts = [_own(schema)]
     if isinstance(schema.get("$ref"), str):
         try:
@@ -70,7 +73,10 @@ def _own(schema: dict) -> Facts:
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     closed = frozenset(properties) if schema.get("additionalProperties") is False \
         and not schema.get("patternProperties") else None
-    return Facts(types, required, {k: (v,) for k, v in properties.items()}, closed=closed)
+    negated = (schema["not"],) if "not" in schema else ()
+    complete = not set(schema) & VALIDATION - READ and schema.get("additionalProperties", False) in (False, True, {})
+    return Facts(types, required, {k: (v,) for k, v in properties.items()}, closed=closed, negated=negated,
+                 complete=complete)
 
 
 def _types_of(value) -> tuple:
@@ -91,16 +97,18 @@ def _meet(a: frozenset, b: frozenset) -> frozenset:
 
 
 def _together(parts: list[Facts]) -> Facts:
-    types, required, properties, closed = None, [], {}, None
+    types, required, properties, closed, negated = None, [], {}, None, ()
     for part in parts:
         if part.types is not None:
             types = part.types if types is None else _meet(types, part.types)
         if part.closed is not None:
             closed = part.closed if closed is None else closed & part.closed
+        negated += part.negated
         required += [n for n in part.required if n not in required]
         for name, subs in part.properties.items():
             properties[name] = properties.get(name, ()) + subs
-    return Facts(types, tuple(required), properties, all(p.exact for p in parts), closed)
+    return Facts(types, tuple(required), properties, all(p.exact for p in parts), closed, negated,
+                 all(p.complete for p in parts))
 
 
 def _value_schema(subs: tuple):
@@ -124,7 +132,7 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
         return _every_negated(branches, resolve, extra, within)
     found, own = facts(schema, resolve), facts(within, resolve) if within is not None else Facts()
     if not found.exact or (found.types is not None and "object" not in found.types) or not found.properties \
-            and not found.required and found.closed is None:
+            and not found.required and found.closed is None and not found.negated:
         return None
     cases = []
     if found.types is not None:
@@ -139,11 +147,12 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
             cases.append({"type": "object", "properties": {name: {"not": _value_schema(subs)}}})
         elif name not in own.required:  # only "absent" is left
             cases.append({"type": "object", "properties": {name: False}})
+    cases += list(found.negated)  # a value valid under what S negates is not valid under S
     optional = [(n, subs) for n, subs in found.properties.items() if n not in found.required
                 and _scalar(_value_schema(subs), resolve) and not _implied(own, n, subs)]
     for name, subs in optional[:extra if found.required else max(extra, MAX_CASES - len(cases))]:
         cases.append({"type": "object", "required": [name], "properties": {name: {"not": _value_schema(subs)}}})
-    return cases
+    return cases if cases or found.complete else None  # S says more than its facts: the complement of U does
 
 
 def _scalar(schema, resolve) -> bool:

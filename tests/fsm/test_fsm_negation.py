@@ -28,6 +28,7 @@ OBJECT_SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
     {"type": ["object", "null"], "required": ["a", "b"], "properties": {"a": {"type": "array"}}},
     {"allOf": [{"$ref": "#/$defs/t"}, {"required": ["c"]}], "$defs": {"t": {"type": "object", "required": ["type"]}}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["b"]}},
 ]
 
 
@@ -149,3 +150,11 @@ def test_not_of_a_union_negates_every_branch():
                                 {"type": "object", "properties": {"b": False}}]}]
     for value in POOL:
         assert not (_valid(cases[0], value) and _valid(schema, value))
+
+
+def test_what_a_schema_negates_is_a_case_of_its_negation():
+    """not {a: integer, not required b} holds {"a": 1, "b": 2}: neither a type nor a property case says so."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["b"]}}
+    term = _compiler(schema).compile({"not": schema}, "#")
+    assert {"required": ["b"]} in negated_cases(schema, _compiler(schema).resolve)
+    assert rx.matches(term, '{"a":1,"b":2}') and not rx.matches(term, '{"a":1}')
