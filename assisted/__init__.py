@@ -5,8 +5,8 @@
 """
 
 from assisted.policy.costs import forget as reset_remembered_state
-from assisted.rows.batched import generate_batch, generate_batch_iter
 from assisted.generate import generate
+from assisted.generate_batch import generate_batch, generate_batch_iter
 from assisted.models.int4 import int4_copy
 from assisted.models.packing import pack_linear_weights
 from assisted.prefix import PrefixCache

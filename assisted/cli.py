@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 from assisted.config import LOOKUP_UNBOUNDED
-from assisted.jobs.batch import BatchError, Document, read_input, read_output, run_batch, stats_record
-from assisted.jobs.batch_lock import output_lock
-from assisted.jobs.ray_batch import add_ray_options
+from assisted.jobs.run import BatchError, Document, read_input, read_output, run_batch, stats_record
+from assisted.jobs.lock import output_lock
+from assisted.jobs.ray import add_ray_options
 
 EXIT_ERROR = 2
 DEFAULT_BATCH_SIZE = 8  # `structspec batch --batch-size`: the fastest measured on these CPUs, with newcomers
@@ -67,13 +67,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _model_options(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
     models.add_argument("--model", required=True, help="hub id, local folder, .gguf file or named offline source")
-    models.add_argument("--assistant", help="drafting model with the same vocabulary (same forms as --model)")
+    models.add_argument("--assistant", help="drafting model (same forms as --model); one with another vocabulary "
+                        "drafts text with its own tokenizer")
     models.add_argument("--device", default="cpu")
     models.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto")
     models.add_argument("--quantize-assistant", choices=("int4", "int8"),
                         help="draft with a quantized copy of the assistant (CPU; int4 is faster and closer)")
-    models.add_argument("--quantize-target", choices=("int8",),
-                        help="row-invariant int8 target (CPU, float32; speculation over it stays exactly lossless)")
+    models.add_argument("--quantize-target", choices=("int4", "int8"),
+                        help="row-invariant quantized target (CPU, float32; speculation over it stays exactly "
+                             "lossless): int4 keeps a GGUF's own 4-bit groups (others int8), int8 every Linear")
     models.add_argument("--pack", action="store_true", help="pack the target's Linear weights (CPU)")
     models.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     constraint = parser.add_mutually_exclusive_group()
@@ -168,11 +170,20 @@ def decoding_of(args: argparse.Namespace) -> dict:
 
 
 def load_models(args: argparse.Namespace):
-    """(model, tokenizer, assistant or None) by `assisted.models.loading.load_pair`."""
-    from assisted.models.loading import load_pair
-    return load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
-                     quantize_assistant=args.quantize_assistant, quantize_target=args.quantize_target,
-                     pack=args.pack)
+    """(model, tokenizer, assistant or None, the assistant's own tokenizer or None) by
+    `assisted.models.loading.load_pair`; `generate` drafts across vocabularies with the fourth."""
+    from assisted.models.loading import load_pair, load_tokenizer
+    model, tokenizer, assistant = load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
+                                            quantize_assistant=args.quantize_assistant,
+                                            quantize_target=args.quantize_target, pack=args.pack)
+    own = None if assistant is None or str(args.assistant) == str(args.model) else load_tokenizer(args.assistant)
+    return model, tokenizer, assistant, own
+
+
+def _loaded(load: Callable, args) -> tuple:
+    """`load(args)` as (model, tokenizer, assistant, assistant_tokenizer): a loader may leave out the fourth."""
+    model, tokenizer, assistant, *own = load(args)
+    return model, tokenizer, assistant, (own[0] if own else None)
 
 
 def _messages_file(path: Path) -> list:
@@ -197,9 +208,10 @@ def command_generate(args, load: Callable) -> int:
     from assisted import generate
     constraint, decoding = constraint_of(args), decoding_of(args)
     messages = None if args.messages is None else _messages_file(args.messages)
-    model, tokenizer, assistant = load(args)
+    model, tokenizer, assistant, own = _loaded(load, args)
     streamer = _printer(tokenizer) if args.stream else None
-    result = generate(model, assistant, tokenizer=tokenizer, **_prompt_of(args.prompt, messages, args.chat),
+    result = generate(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own,
+                      **_prompt_of(args.prompt, messages, args.chat),
                       **constraint, **decoding, streamer=streamer)
     if streamer is None:
         print(result.text)
@@ -232,12 +244,12 @@ def _batch_locked(args, load: Callable) -> int:
     batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
     if batch_size > 1:
         return _batch_rows(args, load, constraint, decoding, inputs, batch_size)
-    model, tokenizer, assistant = load(args)
+    model, tokenizer, assistant, own = _loaded(load, args)
     reuse = PrefixCache() if not args.no_prefix_cache else None  # the shared instruction is prefilled once
 
     def generate_one(document: Document):
-        return generate(model, assistant, tokenizer=tokenizer, **constraint, **decoding, prefix_cache=reuse,
-                        **_prompt_of(document.prompt, document.messages, args.chat))
+        return generate(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own, **constraint, **decoding,
+                        prefix_cache=reuse, **_prompt_of(document.prompt, document.messages, args.chat))
 
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
     summary = run_batch(inputs, args.output, generate_one, report, progress=not args.no_progress)
@@ -248,15 +260,12 @@ def _batch_locked(args, load: Callable) -> int:
 def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, batch_size: int) -> int:
     """`batch --batch-size B` (B > 1): documents decoded B at a time by `assisted.rows.batched`, refilled as they
     finish."""
-    from assisted.jobs.batch import run_batch_rows
-    from assisted.rows.batch_rows import Item
-    from assisted.rows.batched import make_engine
-    if args.schedule == "auto":
-        raise CliError("--schedule auto prices one document per forward: pass --schedule heuristic or constant, "
-                       "or --batch-size 1")
-    model, tokenizer, assistant = load(args)
-    engine = make_engine(model, assistant, tokenizer=tokenizer, batch_size=batch_size, constrained=bool(constraint),
-                         share_prefix=not args.no_prefix_cache, **decoding)
+    from assisted.generate_batch import make_engine
+    from assisted.jobs.run import run_batch_rows
+    from assisted.rows.inputs import Item, prepared
+    model, tokenizer, assistant, own = _loaded(load, args)
+    engine = make_engine(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own, batch_size=batch_size,
+                         constrained=bool(constraint), share_prefix=not args.no_prefix_cache, **decoding)
     seed = decoding.get("seed")
 
     def generate_rows(documents):
@@ -268,7 +277,7 @@ def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, 
                 (form, value), = _prompt_of(document.prompt, document.messages, args.chat).items()
                 yield Item(index, form, value, constraint.get("schema"), constraint.get("regex"), seed)
 
-        for index, result in engine.run(items()):
+        for index, result in engine.run(prepared(items(), engine.prepare)):
             yield waiting.pop(index), result
 
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
@@ -278,9 +287,9 @@ def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, 
 
 
 def command_ray_batch(args, constraint: dict, decoding: dict, inputs) -> int:
-    """`batch --ray`: the same documents and lines, generated by Ray workers (`assisted.jobs.ray_batch`); the caller
+    """`batch --ray`: the same documents and lines, generated by Ray workers (`assisted.jobs.ray`); the caller
     holds the output's lock on this driver."""
-    from assisted.jobs.ray_batch import ray_settings, run_ray_batch
+    from assisted.jobs.ray import ray_settings, run_ray_batch
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
     summary = run_ray_batch(inputs, args.output, ray_settings(args, constraint, decoding), report,
                             progress=not args.no_progress)
@@ -309,7 +318,8 @@ def command_sources(args) -> int:
 
 
 def main(argv: list[str] | None = None, *, load: Callable | None = None) -> int:
-    """Run the command line; returns the exit status. `load(args)` -> (model, tokenizer, assistant) for tests."""
+    """Run the command line; returns the exit status. `load(args)` -> (model, tokenizer, assistant[, the assistant's
+    own tokenizer]) for tests."""
     args = parse_args(argv)
     try:
         if args.command in ("prepare", "list"):

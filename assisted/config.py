@@ -142,6 +142,9 @@ def options(settings, prompt_length: int, logits_processor) -> Options:
                          None if lookup is None else lookup > 0)
     processors = Processors([*built_in(settings.repetition_penalty, settings.no_repeat_ngram_size),
                              *_processor_list(logits_processor)])
+    if not isinstance(settings.close_within_budget, bool):
+        raise TypeError(f"close_within_budget must be a bool, got {type(settings.close_within_budget).__name__} "
+                        f"{settings.close_within_budget!r}")
     return replace(opts, lookup_tokens=lookup or LOOKUP_UNBOUNDED, processors=processors or None,
                    close_within_budget=settings.close_within_budget)
 

@@ -1,36 +1,38 @@
-"""generate(): draft -> one target forward -> accept -> commit -> crop -> adapt k.
+"""generate(): the decode engine (`assisted.rows.engine`) with one row.
 
-The loop keeps three things in step: `seq` (prompt + committed tokens), the target's KV cache
-(always `seq[:-1]` after a step: the last committed token is fed with the next draft) and the
-guide cursor (the state after `seq`). Drafts run ahead on a copy of the cursor.
+Every argument is checked here, before any model call; then the row is set up as every row of a batch is
+(`assisted.rows.inputs.prepare_row`) and decoded on this call's caches: dynamic, a kept prefix (`PrefixCache`), or
+static caches whose steps may be replayed from captured CUDA graphs (`assisted.caching`). The loop keeps three things
+in step: the row's sequence (prompt + committed tokens), the target's KV cache (`seq[:-1]` after a step: the last
+committed token is fed with the next draft) and the guide cursor (the state after the sequence); drafts run ahead on a
+copy of the cursor.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
 
-import fsm
-from assisted.caching import Held, plan_caches, static_caches
-from assisted.closing import outcome, within_budget
-from assisted.config import options, resolve
-from assisted.policy.costs import StepCost, memorize, recall, recall_calibration
-from assisted.policy.draft_policy import Policy, make_policy
+from assisted.caching import plan_caches, static_caches
+from assisted.config import resolve
 from assisted.eos import eos_ids
-from assisted.inputs import Options, check_models, fit_positions, make_cursor, parse_value, prompt_ids
+from assisted.foreign import foreign_setup, is_foreign
+from assisted.inputs import Options, check_models, one_prompt
+from assisted.policy.auto import AutoConfig
+from assisted.policy.costs import recall, recall_calibration
+from assisted.policy.draft_policy import make_policy
+from assisted.policy.prices import SharedPrices
 from assisted.prefix import PrefixCache
-from assisted.result import GenerationResult, Recorder
-from assisted.steps import accept, commit, judge, needs_forward
-from assisted.stopping import Sink, Stops
-from drafting.assistant import AssistantDrafter
-from drafting.base import Cursor, Draft
-from drafting.combined import CombinedSource
-from drafting.kv_cache import KV, DynamicKV, input_device, output_device
-from drafting.lookup import PromptLookup
-from drafting.sampling import make_generator
-from drafting.tree import Branch, check_tree_attention, move_leaf, tree_forward
+from assisted.result import GenerationResult
+from assisted.rows.engine import Engine
+from assisted.rows.engine import verify as _verify  # the step's verification; a test injects a failure here
+from assisted.rows.row import Setup
+from assisted.rows.inputs import Guides, Item, prepare_row, token_bytes
+from assisted.stopping import Stops, check_streamer
+from drafting.kv_cache import input_device
+from drafting.row_kv import OneRow
+from drafting.tree import check_tree_attention
 
 
 def generate(
@@ -38,6 +40,7 @@ def generate(
     assistant_model=None,
     *,
     tokenizer,
+    assistant_tokenizer=None,
     prompt=None,
     messages=None,
     input_ids=None,
@@ -63,9 +66,16 @@ def generate(
     model : transformers causal LM
         The target. Batch size 1; may be spread over devices with ``device_map``.
     assistant_model : transformers causal LM, optional
-        A smaller model with the same vocabulary; it drafts under the constraint's mask.
+        A smaller model; it drafts under the constraint's mask. With the target's vocabulary it drafts target tokens;
+        with its own (`assistant_tokenizer`) it drafts text under a guide compiled for its tokenizer, and the text,
+        spelled in the target's tokens, is verified as point masses (`drafting.foreign`).
     tokenizer : transformers tokenizer
-        Shared by both models.
+        The target's (shared by both models unless `assistant_tokenizer` is given).
+    assistant_tokenizer : transformers tokenizer, optional
+        The assistant's own tokenizer, as in transformers' universal assisted generation. When its vocabulary differs
+        from the target's, the assistant drafts text: its drafts are the assistant's argmax (also when sampling), the
+        logits processors apply to the target only, and `tree` is refused; with the same vocabulary it changes
+        nothing.
     prompt, messages, input_ids : str | list[dict] | list[int] or tensor, exactly one
         A text, chat messages (formatted with the chat template), or token ids (shape (n,) or (1, n)).
     schema : pydantic class | dict | str, optional
@@ -145,146 +155,54 @@ def generate(
         For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
     """
     settings = resolve(model, generation_config, kwargs)
-    _check_tree(settings.tree, model, assistant_model)
-    vocab_size = check_models(model, assistant_model, tokenizer)
-    ids = prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size)
-    opts = options(settings, len(ids), logits_processor)
-    _check_tree_processors(settings.tree, opts)
-    plan = plan_caches(model, assistant_model, settings.cache_implementation, settings.cuda_graphs, settings.tree,
-                       prefix_cache)
-    opts = fit_positions(opts, len(ids), model, assistant_model)
-    eos = eos_ids(model, tokenizer, settings.eos_token_id)
-    cursor = within_budget(make_cursor(schema, regex, tokenizer, vocab_size, eos, guide_options), opts.max_new_tokens,
-                           opts.close_within_budget)
-    start = cursor.copy()
-    stops = Stops(settings.stop_strings, stopping_criteria,
-                  fsm.vocabulary_from_tokenizer(tokenizer, vocab_size).token_bytes, input_device(model))
-    recorder = Recorder()
-    assistant = None
-    if assistant_model is not None:
-        seed2 = None if opts.seed is None else opts.seed + 1
-        assistant = AssistantDrafter(assistant_model, opts.warp, make_generator(output_device(assistant_model), seed2),
-                                     opts.processors)
-    lookup = PromptLookup(tokenizer, ids) if opts.prompt_lookup else None
-    source = CombinedSource(assistant, assistant is not None or opts.coalesce, vocab_size, opts.warp.do_sample, lookup,
-                            output_device(model), coalesced=opts.coalesce)
-    policy = make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
-                         recall_calibration(model, assistant_model, opts.warp))
-    sink = Sink(stops, streamer, ids)
-    with torch.inference_mode(), static_caches(plan, model, assistant_model, len(ids) + opts.max_new_tokens) as held, \
-            sink:
-        recorder.caches(plan.engine, plan.note, held.capture_seconds)
-        cache, cached = _start_caches(prefix_cache, model, assistant_model, assistant, ids, held)
-        new, stop = _decode(model, source, policy, cursor, ids, opts, recorder, cache, cached, settings.tree, sink)
-        if prefix_cache is not None:
-            prefix_cache.put(model, assistant_model, ids + new, cache.cache, assistant and assistant.cache)
-    memorize(model, assistant_model, policy.learned(), policy.calibration(), opts.warp, plan.engine)
-    text = tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    value = parse_value(schema, text, cursor.accepting())
-    calls, seconds = (assistant.calls, assistant.seconds) if assistant else (0, 0.0)
-    stats = recorder.freeze(len(new), calls, seconds, cursor.clock.seconds, policy.estimates(), len(ids) - cached)
-    tightened, stop = outcome(start, new, stop)
-    return GenerationResult(text, new, value, stop, replace(stats, budget_tightened=tightened))
-
-
-def _start_caches(prefix_cache: PrefixCache | None, model, assistant_model, drafter, ids: list[int], held: Held
-                  ) -> tuple[KV, int]:
-    """(target cache, tokens it holds): the `held` static caches, empty ones, or a kept prefix of `ids` (the drafter
-    gets its own too)."""
-    if drafter is not None and held.assistant is not None:
-        drafter.kv = held.assistant
-    if held.target is not None:
-        return held.target, 0
-    if prefix_cache is None:
-        return DynamicKV(model), 0
-    if not isinstance(prefix_cache, PrefixCache):
+    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
+    same = None if foreign else assistant_model  # an assistant that drafts target tokens (the engine's)
+    check_tree(settings.tree, model, assistant_model, foreign)
+    vocab_size = check_models(model, same, tokenizer)
+    item = Item(0, *one_prompt(prompt, messages, input_ids), schema, regex, settings.seed, streamer)
+    plan = plan_caches(model, same, settings.cache_implementation, settings.cuda_graphs, settings.tree, prefix_cache)
+    guides = Guides(tokenizer, vocab_size, eos_ids(model, tokenizer, settings.eos_token_id), guide_options)
+    helper = foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size, guide_options) if foreign \
+        else None
+    inp = prepare_row(item, model, same, tokenizer, vocab_size, settings, logits_processor, guides, helper)
+    check_tree_processors(settings.tree, inp.opts)
+    stops = Stops(settings.stop_strings, stopping_criteria, token_bytes(tokenizer, vocab_size), input_device(model))
+    check_streamer(streamer)
+    if prefix_cache is not None and not isinstance(prefix_cache, PrefixCache):
         raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
-    cache, cached, helper_cache, helper_cached = prefix_cache.take(model, assistant_model, ids)
-    if drafter is not None and helper_cache is not None:
-        drafter.kv, drafter.cached = DynamicKV(assistant_model, helper_cache), helper_cached
-    return DynamicKV(model, cache), cached
+    prices = SharedPrices(AutoConfig(), recall(model, assistant_model, plan.engine)) if inp.opts.schedule == "auto" \
+        else None
+
+    def policy_for(opts: Options):
+        return make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
+                           recall_calibration(model, assistant_model, opts.warp), prices)
+
+    setup = Setup(model, assistant_model, tokenizer, vocab_size, inp.opts.warp, stops, settings.tree,
+                  memory=plan.engine)
+    with torch.inference_mode(), static_caches(plan, model, same, len(inp.ids) + inp.opts.max_new_tokens) as held:
+        setup = replace(setup, caches=(plan.engine, plan.note, held.capture_seconds))
+        helper = None if same is None else OneRow(same, held.assistant)
+        engine = Engine(setup, OneRow(model, held.target), helper, 1, policy_for, prices, prefix_cache, verify=_verify,
+                        batch=False)
+        ((_, result),) = engine.run([inp])
+    return result
 
 
-def _decode(model, source: CombinedSource, policy: Policy, cursor: Cursor, prompt: list[int], opts: Options,
-            rec: Recorder, cache: KV, cached: int, tree: bool, sink: Sink):
-    """The decode loop from a target cache holding `prompt[:cached]`; returns (new token ids, stop reason)."""
-    generator = make_generator(output_device(model), opts.seed)
-    seq, end = list(prompt), len(prompt) + opts.max_new_tokens  # target cache holds seq[:cached]
-    if cursor.only_eos_left():
-        return [], "final"
-    while True:
-        # 1. draft: forced runs (free) and up to k assistant tokens (k = 0: none), leaving room for the target's
-        k, spent = policy.k, (rec.target_seconds, source.calls, source.seconds)
-        lookup_k = min(policy.lookup_k, opts.lookup_tokens)
-        draft = source.propose(seq, cursor.copy(), k, end - len(seq) - 1, policy.cut, lookup_k)
-        # 2. verify: one target forward over [uncached committed tokens, *draft(, leaf)] -> (k+1 (+1), V)
-        ids = seq[cached:] + list(draft.tokens)
-        branch = source.branch(draft, cursor) if tree else None  # the runner-up where the assistant is unsure
-        leaf = branch if branch is not None and policy.leaf_pays(draft, branch, len(ids)) else None  # if its row pays
-        ids += [] if leaf is None else [leaf.token]
-        if needs_forward(draft, len(seq), end, opts.coalesce):
-            n, took, after = _verify(model, cache, ids, seq, draft, leaf, opts, generator, rec)
-        else:  # only coalesced tokens up to the end: no forward
-            n, took, after, ids = len(draft.tokens), False, [], []
-        # 3. commit the accepted prefix, the taken leaf and the target's token; crop both caches to what was committed
-        valid, before = len(seq) + n, len(seq)
-        stop = commit(seq, cursor, [*draft.tokens[:n], *after], end, sink)
-        sink.put(seq[before:])
-        cached = min(valid + took, len(seq) - 1)
-        cache.crop(cached)
-        source.rollback(valid)
-        # 4. adapt k on the judged model drafts and the step's timings, and record the step
-        cost = StepCost(len(ids), rec.target_seconds - spent[0], source.calls - spent[1], source.seconds - spent[2])
-        policy.update(*judge(draft.forced, n), cost, draft.model_confidence)
-        _judge_runner_up(policy, branch, n, after)
-        rec.step(k, draft.sources, n, opts.coalesce)
-        rec.branch(leaf is not None, took, priced_out=branch is not None and leaf is None)
-        if stop is not None:
-            return seq[len(prompt) :], stop
-
-
-def _verify(model, cache: KV, ids: list[int], seq: list[int], draft: Draft, leaf: Branch | None, opts: Options,
-            generator, rec: Recorder) -> tuple[int, bool, list[int]]:
-    """One timed target forward over `ids` (the chain, then the leaf if any) and the acceptance test:
-    (accepted draft tokens, leaf taken, the tokens to commit after them).
-
-    The tokens after them are the target's token, or a taken leaf and the target's token after it (unless the
-    leaf ends in EOS or a forced run); a taken leaf's cache entries move to its committed position (the caller
-    crops as usual). The clock stops after the acceptance's host sync, so on a GPU it times the forward's
-    kernels, not their launch.
-    """
-    start, k = time.perf_counter(), len(draft.tokens)
-    if leaf is None:
-        logits = cache.run(ids, k + 1)  # (k+1, V)
-    else:  # trees run on dynamic caches only (`assisted.caching.plan_caches`)
-        logits = tree_forward(model, cache.cache, len(seq), ids, leaf)  # (k+2, V): row k+1 is the leaf's
-    found = accept(logits, seq, draft, leaf, opts, generator).tolist()  # the step's one host sync
-    n, took, token = found if leaf is not None else (found[0], 0, found[1])  # [n, token] on a chain
-    rec.target_passes += 1
-    rec.target_seconds += time.perf_counter() - start
-    if not took:
-        return n, False, [token]
-    move_leaf(cache.cache, len(seq) + k, len(seq) + leaf.at)
-    return n, True, [leaf.token, *([token] if leaf.bonus else [])]
-
-
-def _check_tree_processors(tree: bool, opts: Options) -> None:
+def check_tree_processors(tree: bool, opts: Options) -> None:
     if tree and opts.processors:
         raise ValueError("tree=True cannot apply logits processors (repetition_penalty, logits_processor=...): "
                          "a leaf's row has another prefix than its chain row")
 
 
-def _check_tree(tree, model, assistant_model) -> None:
-    """`tree` is a bool, and True only with an assistant and a target whose attention takes a tree mask."""
+def check_tree(tree, model, assistant_model, foreign: bool = False) -> None:
+    """`tree` is a bool, and True only with an assistant of the target's vocabulary (not `foreign`) and a target whose
+    attention takes a tree mask."""
     if not isinstance(tree, bool):
         raise TypeError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
     if tree and assistant_model is None:
         raise ValueError("tree=True needs an assistant_model: the branch is the assistant's runner-up")
+    if tree and foreign:
+        raise ValueError("tree=True needs an assistant with the target's vocabulary: the branch is the runner-up of "
+                         "the assistant's distribution over the target's tokens")
     if tree:
         check_tree_attention(model)
-
-
-def _judge_runner_up(policy: Policy, branch: Branch | None, n: int, after: list[int]) -> None:
-    """Tell the policy whether the target, rejecting the branch's sibling, picked the runner-up (verified or not)."""
-    if branch is not None and n == branch.at:
-        policy.observe_leaf(branch.confidence, after[0] == branch.token)

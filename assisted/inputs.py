@@ -119,17 +119,24 @@ def check_models(model, assistant_model, tokenizer) -> int:
         if theirs != size:
             raise ValueError(
                 f"assistant_model's vocabulary differs from the model's: logits of size {theirs} vs {size}; "
-                "the assistant must share the target's tokenizer and vocabulary"
+                "pass its own tokenizer as assistant_tokenizer= to draft across vocabularies"
             )
     return size
 
 
+def one_prompt(prompt, messages, input_ids) -> tuple[str, Any]:
+    """(form, value) of the one prompt form given; ValueError unless exactly one is."""
+    forms = [(name, value) for name, value in (("prompt", prompt), ("messages", messages), ("input_ids", input_ids))
+             if value is not None]
+    if len(forms) != 1:
+        raise ValueError(f"pass exactly one of prompt, messages, input_ids; got "
+                         f"{', '.join(name for name, _ in forms) or 'none'}")
+    return forms[0]
+
+
 def prompt_ids(tokenizer, prompt, messages, input_ids, vocab_size: int) -> list[int]:
     """Exactly one of the three prompt forms -> one sequence of ids (batch size 1)."""
-    forms = (("prompt", prompt), ("messages", messages), ("input_ids", input_ids))
-    given = [name for name, value in forms if value is not None]
-    if len(given) != 1:
-        raise ValueError(f"pass exactly one of prompt, messages, input_ids; got {', '.join(given) or 'none'}")
+    given = [one_prompt(prompt, messages, input_ids)[0]]
     if prompt is not None:
         ids = _from_prompt(tokenizer, prompt)
     elif messages is not None:

@@ -1,7 +1,8 @@
 """A `transformers.LogitsProcessor` that constrains `model.generate(...)` with a schema or regex.
 
-Each row's guide state is a function of the tokens that row generated after the prompt, looked up in a
-dictionary keyed by those tokens (filled on first sight by advancing the parent prefix's state). Nothing
+Each row's guide (an `fsm.Guide`, a cursor over the constraint's index) is a function of the tokens that row generated
+after the prompt, looked up in a dictionary keyed by those tokens (filled on first sight by advancing a copy of the
+parent prefix's guide). Nothing
 depends on the order of calls, so the processor is correct under batching with left padding, sampling,
 beam search (rows reorder between calls) and transformers' assisted generation (called for candidate
 positions that are later rejected, and by the assistant's own drafting loop).
@@ -17,8 +18,6 @@ from transformers import LogitsProcessor
 import fsm
 from assisted.eos import eos_ids
 from assisted.inputs import check_guide_options
-from fsm.index import FINISHED
-from fsm.lazy_dfa import DEAD
 
 
 class GuideLogitsProcessor(LogitsProcessor):
@@ -34,32 +33,36 @@ class GuideLogitsProcessor(LogitsProcessor):
 
     def __init__(self, term, tokenizer, eos_token_ids: tuple[int, ...], budget: int | None = None):
         self._term, self._tokenizer, self._eos, self._budget = term, tokenizer, eos_token_ids, budget
-        self._index = None  # fsm.TokenIndex for the scores' width, built at the first call
+        self._root = None  # fsm.Guide for the scores' width (counting the budget), built at the first call
+        self._eos_only = None  # (V,) bool: what a finished or dead row may take
         self._blocked: dict[int, tuple] = {}  # id(mask) -> (mask, (V,) True where a token is not allowed)
         self.reset()
 
     def reset(self) -> None:
         """Forget the prompt; the next call starts a new generation."""
         self._prompts: torch.Tensor | None = None  # (B, P) prompt rows of the current generation
-        self._states: dict[tuple[int, ...], int] = {(): 0}  # generated ids -> guide state
+        self._guides: dict[tuple[int, ...], fsm.Guide | None] = {}  # generated ids -> guide after them (None: dead)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._begin(input_ids, scores.shape[-1])
         rows = input_ids[:, self._prompts.shape[1] :].tolist()  # (B, generated) ids after the prompt
-        blocked = torch.stack([self._blocked_of(self._mask(self._state(tuple(row)), len(row)), scores.device)
+        blocked = torch.stack([self._blocked_of(self._mask(self._guide(tuple(row))), scores.device)
                                for row in rows])  # (B, V)
         return scores.masked_fill(blocked, float("-inf"))
 
     def _begin(self, input_ids: torch.Tensor, width: int) -> None:
-        """Build the index on the first call; take the prompt rows at the first call of each generation."""
-        if self._index is None:
+        """Build the guide on the first call; take the prompt rows at the first call of each generation."""
+        if self._root is None:
             guide = fsm.Guide.from_rx(self._term, self._tokenizer, vocab_size=width, eos_token_ids=self._eos)
-            if not guide.within(self._budget).fits():
+            self._root = guide.within(self._budget)
+            if not self._root.fits():
                 raise ValueError(f"close_within_budget: no valid output is known to fit in max_new_tokens="
                                  f"{self._budget} (the shortest one found takes {guide.shortest_completion()} tokens)")
-            self._index = guide.index
-        if width != self._index.vocab_size:
-            raise ValueError(f"scores have {width} columns but the processor was built for {self._index.vocab_size}")
+            self._eos_only = torch.zeros(width, dtype=torch.bool)
+            self._eos_only[list(guide.eos_token_ids)] = True
+            self.reset()
+        if width != self._root.vocab_size:
+            raise ValueError(f"scores have {width} columns but the processor was built for {self._root.vocab_size}")
         prompts = self._prompts
         same = (
             prompts is not None
@@ -71,31 +74,39 @@ class GuideLogitsProcessor(LogitsProcessor):
             self.reset()
             self._prompts = input_ids.clone()
 
-    def _state(self, generated: tuple[int, ...]) -> int:
-        """The guide state after `generated`: one dict lookup, or a walk from the longest known prefix."""
-        state = self._states.get(generated)
-        if state is not None:
-            return state
+    def _guide(self, generated: tuple[int, ...]) -> fsm.Guide | None:
+        """The guide after `generated` (None: a token the constraint forbids, or past the budget): one dict lookup, or
+        a walk from the longest known prefix."""
+        if not generated:
+            return self._root
+        if generated in self._guides:
+            return self._guides[generated]
         known = len(generated) - 1
-        while generated[:known] not in self._states:
+        while known and generated[:known] not in self._guides:
             known -= 1
-        state = self._states[generated[:known]]
+        guide = self._guides[generated[:known]] if known else self._root
         for end in range(known + 1, len(generated) + 1):
-            state = self._next(state, generated[end - 1])
-            self._states[generated[:end]] = state
-        return state
+            guide = self._next(guide, generated[end - 1])
+            self._guides[generated[:end]] = guide
+        return guide
 
-    def _next(self, state: int, token: int) -> int:
-        if state == DEAD:
-            return DEAD
-        return self._index.next_state(state, token)
+    @staticmethod
+    def _next(guide: fsm.Guide | None, token: int) -> fsm.Guide | None:
+        if guide is None:
+            return None
+        guide = guide.copy()
+        try:
+            guide.advance(token)
+        except fsm.InvalidTokenError:
+            return None
+        return guide
 
-    def _mask(self, state: int, generated: int) -> torch.Tensor:
-        """(V,) bool allowed after `generated` tokens in `state` (dead rows: EOS only); shared, do not modify."""
-        state = FINISHED if state == DEAD else state
-        if self._budget is None:
-            return self._index.info(state).mask
-        return self._index.closing.mask(state, max(self._budget - generated, 1))
+    def _mask(self, guide: fsm.Guide | None) -> torch.Tensor:
+        """(V,) bool allowed after a row's tokens (dead rows: EOS only; past the budget, as with one token left);
+        shared, do not modify."""
+        if guide is None:
+            return self._eos_only
+        return guide.within(1).mask() if guide.left is not None and guide.left < 1 else guide.mask()
 
     def _blocked_of(self, mask: torch.Tensor, device: torch.device) -> torch.Tensor:
         found = self._blocked.get(id(mask))

@@ -30,6 +30,7 @@ class Seconds:
     assistant: float  # assistant forward passes
     fsm: float  # guide calls: mask, advance, forced, is_final
     capture: float = 0.0  # capturing CUDA graphs (paid once per model and width, before the first forward)
+    assistant_tokenizer: float = 0.0  # of `assistant`: an assistant with another tokenizer respelling text
 
     @property
     def overhead(self) -> float:
@@ -62,6 +63,7 @@ class Stats:
     cache: str = "dynamic"  # the KV caches decoded on: "dynamic", "static" or "static+graphs" (captured steps)
     cache_note: str | None = None  # on a CUDA target, why the default left static caches or graphs off
     budget_tightened: int = 0  # close_within_budget: committed positions whose mask the budget tightened
+    target_kernels: str = ""  # what runs the target's Linears, e.g. "int4 (AVX-512 VNNI) x168, int8 (fbgemm) x29"
 
     @property
     def latency_seconds(self) -> float:
@@ -102,7 +104,7 @@ class GenerationResult:
     error : str or None
         `generate_batch` only: why this row could not be generated (empty prompt, too long, bad schema); the
         other rows went on. None otherwise.
-    batch : assisted.rows.batched_stats.BatchStats or None
+    batch : assisted.rows.stats.BatchStats or None
         `generate_batch` only: the statistics of the whole batch run, one object shared by all its rows
         (final once the run has returned every row).
     """
@@ -119,14 +121,15 @@ class GenerationResult:
 class Recorder:
     """Mutable counters filled by the loop, frozen into `Stats` at the end."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
+    def __init__(self, start: float | None = None) -> None:
+        self.start = time.perf_counter() if start is None else start
         self.target_passes, self.target_seconds = 0, 0.0
         self.drafted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.accepted = {"assistant": 0, "lookup": 0, "forced": 0}
         self.appended, self.steps = 0, []
         self.branches, self.leaves_taken, self.priced_out = 0, 0, 0
         self.cache, self.cache_note, self.capture_seconds = "dynamic", None, 0.0
+        self.assistant_tokenizer = 0.0  # seconds an assistant with another tokenizer spent respelling text
 
     def caches(self, engine: str, note: str | None, capture_seconds: float) -> None:
         """Book the call's KV caches (`assisted.caching.CachePlan`) and what capturing their steps cost."""
@@ -152,7 +155,8 @@ class Recorder:
     def freeze(self, new_tokens: int, assistant_passes: int, assistant_s: float, fsm_s: float,
                estimates: Estimates | None = None, prefill_tokens: int = 0) -> Stats:
         total = time.perf_counter() - self.start
-        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds)
+        seconds = Seconds(total, self.target_seconds, assistant_s, fsm_s, self.capture_seconds,
+                          self.assistant_tokenizer)
         return Stats(
             new_tokens=new_tokens,
             target_forward_passes=self.target_passes,

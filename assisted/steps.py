@@ -1,5 +1,5 @@
-"""The rules of one verification step, shared by the single-row loop (`assisted.generate`) and the rows engine
-(`assisted.rows.batch_engine`): whether a draft needs the target at all, the acceptance test on the target's logits,
+"""The rules of one verification step, applied by the engine (`assisted.rows.engine`) to each row, one or many:
+whether a draft needs the target at all, the acceptance test on the target's logits,
 the commit of the accepted tokens, and which model drafts the draft-length policy is told about.
 
 Each is the same for one row and for a row of a batch, so a batched row decodes as it would alone.

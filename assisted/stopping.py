@@ -23,6 +23,12 @@ class Stops:
     def __bool__(self) -> bool:
         return bool(self.strings or self.criteria)
 
+    def fresh(self) -> Stops:
+        """The same stop strings and criteria for another sequence (a row of its own)."""
+        found = Stops(None, None, self.token_bytes, self.device)
+        found.strings, found.criteria = self.strings, self.criteria
+        return found
+
     def after(self, seq: list[int]) -> str | None:
         """Book the last token of `seq` and say whether it ends generation."""
         if self.strings:
@@ -58,26 +64,32 @@ def _strings(stop_strings) -> tuple[str, ...]:
 
 class Sink:
     """Where committed tokens go besides the sequence: the stop checks, and a streamer that gets the prompt first,
-    then each step's committed tokens, and `end()` when the call ends (also on an error, so no reader waits)."""
+    then each step's committed tokens, and `end()` when the row ends (also on an error, so no reader waits)."""
 
     def __init__(self, stops: Stops, streamer, prompt: list[int]):
-        if streamer is not None and not (callable(getattr(streamer, "put", None)) and
-                                         callable(getattr(streamer, "end", None))):
-            raise TypeError(
-                f"streamer must have put() and end() (a transformers streamer), got {type(streamer).__name__}"
-            )
+        check_streamer(streamer)
         self.stops, self.streamer, self.prompt = stops, streamer, prompt
+        self.ended = False
 
-    def __enter__(self) -> Sink:
+    def open(self) -> None:
+        """Stream the prompt: (1, L), as transformers' generate does."""
         if self.streamer is not None:
-            self.streamer.put(torch.tensor([self.prompt]))  # (1, L), as transformers' generate does
-        return self
+            self.streamer.put(torch.tensor([self.prompt]))
 
-    def __exit__(self, *exc) -> None:
-        if self.streamer is not None:
+    def close(self) -> None:
+        """End the stream (once; also when the call fails, so that no reader waits)."""
+        if self.streamer is not None and not self.ended:
+            self.ended = True
             self.streamer.end()
 
     def put(self, tokens: list[int]) -> None:
         """Stream tokens just committed (a step's accepted run at once)."""
         if self.streamer is not None and tokens:
             self.streamer.put(torch.tensor(tokens))
+
+
+def check_streamer(streamer) -> None:
+    """TypeError unless `streamer` is None or has put() and end() (transformers' streamer API)."""
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and
+                                     callable(getattr(streamer, "end", None))):
+        raise TypeError(f"streamer must have put() and end() (a transformers streamer), got {type(streamer).__name__}")

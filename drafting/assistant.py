@@ -1,4 +1,6 @@
-"""A small causal LM as drafter: its own persistent KV cache, masked by the guide at each position."""
+"""A small causal LM as drafter, masked by the guide at each position: `pick` / `settle` (its choice), `Assistant`
+(the engine's: one forward drafts a token for every row that asks, on a `drafting.row_kv.RowsKV` of one row or many)
+and `AssistantDrafter` (one row on its own cache, asked one token at a time by `drafting.combined.CombinedSource`)."""
 
 from __future__ import annotations
 
@@ -7,19 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from drafting.base import DeviceMasks
+from drafting.base import DeviceMasks, Drafted
 from drafting.kv_cache import KV, DynamicKV, input_device
+from drafting.proposal import Proposal
+from drafting.row_kv import RowsKV
 from drafting.sampling import Warp, confidence, masked, probs, sample
-
-
-@dataclass(frozen=True)
-class Drafted:
-    """One assistant token and what it was drawn from."""
-
-    token: int
-    q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
-    confidence: float  # max of the masked distribution at temperature 1 (see `pick`)
-    logits: torch.Tensor  # (1, V) masked logits before the warpers: a draft tree's runner-up is chosen from them
 
 
 @dataclass(frozen=True)
@@ -55,6 +49,49 @@ def settle(picks: list[Pick]) -> list[Drafted]:
     """The picks' tokens and confidences, in one host sync for all of them."""
     found = torch.stack([p.found for p in picks]).tolist()  # (n, 2)
     return [Drafted(int(token), p.q, conf, p.logits) for p, (token, conf) in zip(picks, found)]
+
+
+class Assistant:
+    """The assistant over the engine's rows cache: one forward drafts one token for every row that asks.
+
+    `Proposal`s hold each row's rule (forced runs and prompt-lookup copies on the host, the cut); the order of tokens,
+    sources and masks is that of `CombinedSource.propose`, so each row drafts what it would draft alone.
+    """
+
+    def __init__(self, kv: RowsKV, warp: Warp):
+        self.kv, self.warp = kv, warp
+        self.masks = DeviceMasks(input_device(kv.model))
+        self.forwards, self.seconds = 0, 0.0  # drafting rounds (assistant forwards) and their wall time
+
+    def draft(self, proposals: list[Proposal], generators: list, processors: list) -> list[int]:
+        """Complete every row's proposal; returns how many assistant forwards each row took part in.
+
+        Row r's assistant cache holds a prefix of its context; each forward feeds every asking row what its cache
+        lacks (the target's tokens since, and the last drafted token) and picks its next token with its own
+        generator (`generators[r]`), after its logits processors and its guide's mask: one host sync per round.
+        """
+        took = [0] * len(proposals)
+        asking = [r for r, p in enumerate(proposals) if p.fill()]
+        while asking:
+            start = time.perf_counter()
+            feeds = [proposals[r].tail(n) if r in asking else [] for r, n in enumerate(self.kv.lengths)]
+            logits = self.kv.run(feeds, [1] * len(feeds))  # (1, V) per asking row: after its whole context
+            picks = [self._pick(logits[r], proposals[r], generators[r], processors[r]) for r in asking]
+            for r, drafted in zip(asking, settle(picks)):  # the round's one host sync
+                proposals[r].give(drafted)
+                took[r] += 1
+            # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
+            self.forwards, self.seconds = self.forwards + 1, self.seconds + time.perf_counter() - start
+            asking = [r for r in asking if proposals[r].fill()]
+        return took
+
+    def _pick(self, logits: torch.Tensor, proposal: Proposal, generator, processors) -> Pick:
+        context = proposal.context if processors else None  # built only for processors: no copy per step
+        return pick(logits, self.masks(proposal.mask), self.warp, generator, processors, context)
+
+    def rollback(self, valid: list[int]) -> None:
+        """Row r committed only the first `valid[r]` tokens of its last context."""
+        self.kv.crop_rows(valid)
 
 
 class AssistantDrafter:

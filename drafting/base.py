@@ -44,6 +44,16 @@ class Draft:
         return self.sources.count("assistant")
 
 
+@dataclass(frozen=True)
+class Drafted:
+    """One assistant token and what it was drawn from."""
+
+    token: int
+    q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
+    confidence: float  # max of the masked distribution at temperature 1 (see `pick`)
+    logits: torch.Tensor  # (1, V) masked logits before the warpers: a draft tree's runner-up is chosen from them
+
+
 class DraftSource(Protocol):
     """Proposes drafts; told after each step how much of the sequence is committed."""
 

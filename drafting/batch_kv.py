@@ -10,8 +10,10 @@ cache is made per step (the move touches only the step's new entries).
 Padded queries attend to their row's valid keys and to the new columns up to their own (they always see
 themselves), so no query row is fully masked: every stored value is finite (a NaN in a hole would poison
 later rows through 0 * NaN in the attention product). Positions are per row (`position_ids`), so a row's
-entries are those of the row decoded alone. This needs an attention that applies a custom 4D mask
-(`ATTENTIONS`) and a model without sliding-window layers.
+entries are those of the row decoded alone. A row's feed may end in a draft tree's leaf: its query does not see the
+chain from its sibling on, and it sits at its sibling's position (`drafting.tree`). This needs an attention that
+applies a custom 4D mask (`kernels.attention.MASKED_ATTENTIONS`) and a model without sliding-window layers.
+`BatchKV` is the engine's `drafting.row_kv.RowsKV` for B rows.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
+from drafting.row_kv import Leaf
+from kernels.attention import MASKED_ATTENTIONS
 
-# attentions that apply a custom 4D mask (row_invariant: assisted.models.int8)
-ATTENTIONS = ("sdpa", "eager", "row_invariant")
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
 
@@ -31,8 +33,8 @@ def check_batch_model(model, name: str = "model") -> None:
     """Raise ValueError unless `model` can run rows of different lengths on one cache (before any model call)."""
     config = model.config
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in ATTENTIONS:
-        raise ValueError(f"batched generation needs attn_implementation in {ATTENTIONS} (a custom 4D mask); "
+    if attention not in MASKED_ATTENTIONS:
+        raise ValueError(f"batched generation needs attn_implementation in {MASKED_ATTENTIONS} (a custom 4D mask); "
                          f"{name} has {attention!r}")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     sliding = "sliding_attention" in (getattr(text, "layer_types", None) or ()) or (
@@ -43,6 +45,8 @@ def check_batch_model(model, name: str = "model") -> None:
 
 class BatchKV:
     """The cache of one model for B rows; `lengths[r]` tokens of row r are cached."""
+
+    prefills = True  # `place` runs a newcomer's prompt alone
 
     def __init__(self, model):
         self.model, self.cache, self.lengths = model, DynamicCache(), []
@@ -55,20 +59,37 @@ class BatchKV:
         """P: the physical columns of every row."""
         return self.cache.get_seq_length()
 
-    def forward(self, feeds: list[list[int]]) -> torch.Tensor:
+    def run(self, feeds: list[list[int]], keep: list[int], leaves: list[Leaf | None] | None = None
+            ) -> list[torch.Tensor | None]:
+        """`drafting.row_kv.RowsKV.run`: one forward over every row's feed; row r's logits (keep[r], V), views of the
+        batch's (B, m, V), None where it was fed nothing."""
+        logits = self.forward(feeds, leaves)  # (B, m, V)
+        return [logits[r, len(f) - k : len(f)] if f else None for r, (f, k) in enumerate(zip(feeds, keep))]
+
+    def forward(self, feeds: list[list[int]], leaves: list[Leaf | None] | None = None) -> torch.Tensor:
         """Run row r's `feeds[r]` (not yet cached) after its cached tokens; logits (B, m, V), m = longest feed.
 
         Row r's logits are rows [0, len(feeds[r])) of its (m, V) block; after the call those tokens are cached.
+        Where `leaves[r]` is given, row r's last token is that leaf of a draft tree.
         """
         b, m, past = len(feeds), max(1, max(map(len, feeds))), self.width
         assert b == len(self.lengths), "one feed per row"
         ids = torch.tensor([f + [PAD] * (m - len(f)) for f in feeds], dtype=torch.long, device=self.device)  # (B, m)
-        positions = torch.tensor([[n + min(j, max(len(f) - 1, 0)) for j in range(m)]
-                                  for n, f in zip(self.lengths, feeds)], device=self.device)  # (B, m)
-        out = self.model(input_ids=ids, attention_mask=self._mask(past, m), position_ids=positions, use_cache=True,
-                         logits_to_keep=m, **{cache_argument(type(self.model)): self.cache})
+        positions = [[n + min(j, max(len(f) - 1, 0)) for j in range(m)] for n, f in zip(self.lengths, feeds)]
+        mask = self._mask(past, m)  # (B, 1, m, past + m)
+        for r, leaf in enumerate(leaves or ()):
+            if leaf is not None:
+                positions[r][len(feeds[r]) - 1] = self._hide_chain(mask, r, past, len(feeds[r]), *leaf)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor(positions, device=self.device),
+                         use_cache=True, logits_to_keep=m, **{cache_argument(type(self.model)): self.cache})
         self._compact(past, [len(f) for f in feeds])
         return out.logits  # (B, m, V)
+
+    def _hide_chain(self, mask: torch.Tensor, r: int, past: int, fed: int, committed: int, branch) -> int:
+        """Hide chain[at:] from row r's leaf (its last query) in `mask`; returns the leaf's position."""
+        chain = committed - self.lengths[r]  # query index of chain[0]
+        mask[r, 0, fed - 1, past + chain + branch.at : past + fed - 1] = torch.finfo(mask.dtype).min
+        return committed + branch.at
 
     def _mask(self, past: int, m: int) -> torch.Tensor:
         """Additive (B, 1, m, past + m): row r's valid prefix, then causal over the new columns."""
@@ -114,16 +135,14 @@ class BatchKV:
             self.cache = DynamicCache()
         self._crop_width()
 
-    def place(self, slot: int, ids: list[int], source: int | None = None, shared: int = 0) -> None:
+    def place(self, slot: int, ids: list[int], shared: int = 0, source: int | DynamicCache | None = None) -> None:
         """Prefill `ids` alone (their own forward) into row `slot` (an existing row is replaced; `slot == B` adds one).
 
         With `source`, the first `shared` entries are copied from row `source`, which caches the same first `shared`
-        tokens (a shared instruction), and only the rest of `ids` is run. The caller never adds a row beyond its
-        batch size: the cache holds at most that many rows.
+        tokens (a shared instruction), or from a cache holding them (`assisted.PrefixCache`), and only the rest of
+        `ids` is run. The caller never adds a row beyond its batch size: the cache holds at most that many rows.
         """
-        prefix = None if source is None or shared <= 0 else [
-            (layer.keys[source : source + 1, :, :shared].clone(), layer.values[source : source + 1, :, :shared].clone())
-            for layer in self.cache.layers]  # (1, H, shared, D) each, taken before `slot` is overwritten
+        prefix = None if source is None or shared <= 0 else self._prefix(source, shared)  # taken before `slot` goes
         if slot == len(self.lengths):
             self.lengths.append(0)
             self._grow_rows()
@@ -131,11 +150,7 @@ class BatchKV:
         if not ids:
             return self._crop_width()
         small = DynamicCache()
-        for keys, values in prefix or ():
-            layer = DynamicLayer()
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys, values
-            small.layers.append(layer)
+        small.layers.extend(_layer(keys, values) for keys, values in prefix or ())
         rest = ids[shared:] if prefix else ids
         if rest:
             x = torch.tensor([rest], dtype=torch.long, device=self.device)  # (1, n - shared)
@@ -149,6 +164,27 @@ class BatchKV:
             layer.keys[slot, :, :n], layer.values[slot, :, :n] = new.keys[0], new.values[0]
         self.lengths[slot] = n
         self._crop_width()
+
+    def _prefix(self, source: int | DynamicCache, shared: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) (1, H, shared, D) per layer: row `source`'s first `shared` entries, or a kept cache's."""
+        if isinstance(source, DynamicCache):
+            return [(layer.keys[:, :, :shared], layer.values[:, :, :shared]) for layer in source.layers]
+        rows = slice(source, source + 1)
+        return [(layer.keys[rows, :, :shared].clone(), layer.values[rows, :, :shared].clone())
+                for layer in self.cache.layers]
+
+    def move(self, row: int, source: int, target: int) -> None:
+        """Copy row `row`'s entries at position `source` to `target`, in every layer (a taken leaf)."""
+        for layer in self.cache.layers:
+            layer.keys[row, :, target] = layer.keys[row, :, source]
+            layer.values[row, :, target] = layer.values[row, :, source]
+
+    def row_cache(self, row: int) -> DynamicCache:
+        """Row `row`'s cached entries, copied into a one-row `DynamicCache`."""
+        out, n = DynamicCache(), self.lengths[row]
+        out.layers.extend(_layer(layer.keys[row : row + 1, :, :n].clone(), layer.values[row : row + 1, :, :n].clone())
+                          for layer in self.cache.layers)
+        return out
 
     def _create(self, small: DynamicCache, n: int) -> None:
         for new in small.layers:
@@ -168,3 +204,11 @@ class BatchKV:
             if layer.is_initialized:
                 layer.keys, layer.values = (torch.cat([t, t.new_zeros((1, *t.shape[1:]))])
                                             for t in (layer.keys, layer.values))
+
+
+def _layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    """A cache layer holding these keys and values (1, H, n, D)."""
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    return layer

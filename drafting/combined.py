@@ -1,4 +1,4 @@
-"""The draft source of the single-row loop: the guide's forced runs, prompt lookup and an assistant, each optional.
+"""One row's draft source outside the engine: the guide's forced runs, prompt lookup and an assistant, each optional.
 
 The proposal rule itself (forced run first, then the assistant or prompt lookup, the cut, the budget's last slot)
 is `drafting.proposal.Proposal`, shared with the rows engine; this source asks its assistant for each token the

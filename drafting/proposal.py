@@ -13,7 +13,7 @@ never lets the target respell forced text.
 `Proposal` is this rule as a state machine, so that one implementation serves one row and many: `fill()` appends
 free tokens until the draft needs an assistant token (True) or is done (False), `give()` hands it the assistant's
 token. `CombinedSource.propose` asks its assistant at once; the rows engine asks one assistant forward for every row
-that wants a token (`drafting.batch_draft.BatchAssistant`).
+that wants a token (`drafting.assistant.Assistant`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import math
 
 import torch
 
-from drafting.assistant import Drafted
-from drafting.base import Cursor, DeviceMasks, Draft
+from drafting.base import Cursor, DeviceMasks, Draft, Drafted
 from drafting.forced import ForcedTokens
 from drafting.lookup import PromptLookup
 
@@ -72,6 +71,21 @@ class Proposal:
         """(V,) the guide's mask after the draft so far (None without a constraint)."""
         return self.masks[-1]
 
+    @property
+    def model_confidence(self) -> tuple[float, ...]:
+        """The assistant's confidence in each model draft so far (NaN for prompt-lookup copies)."""
+        return tuple(self._confidence(i) for i, s in enumerate(self.sources) if s != "forced")
+
+    @property
+    def model_drafts(self) -> int:
+        """Model drafts (assistant and prompt-lookup) so far."""
+        return sum(s != "forced" for s in self.sources)
+
+    @property
+    def may_draft(self) -> bool:
+        """Whether the draft may still grow by a model draft this step."""
+        return not self.done and (self.asks > 0 or (self.lookup is not None and self.copies > 0))
+
     def tail(self, start: int) -> list[int]:
         """`context[start:]` without copying the committed sequence before `start`."""
         if start >= len(self.seq):
@@ -98,8 +112,12 @@ class Proposal:
             self._push(token, "lookup")
         return False
 
-    def give(self, drafted: Drafted) -> None:
-        """The assistant's token, with what it was drawn from."""
+    def give(self, drafted: Drafted | None) -> None:
+        """The assistant's token, with what it was drawn from (`q` None: a point mass); None: it has no token here, and
+        is asked no more in this draft."""
+        if drafted is None:
+            self.asks = 0
+            return
         self.asks -= 1
         self._push(drafted.token, "assistant", drafted)
 
@@ -154,13 +172,13 @@ class Proposal:
                      self.ends, logits)
 
     def _q(self, vocab_size: int, device) -> torch.Tensor | None:
-        """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup)."""
+        """(k, V) draft probabilities: assistant rows, one-hot rows for point masses (forced, lookup, foreign)."""
         if not self.sampling:
             return None
         q = torch.zeros(len(self.tokens), vocab_size, device=device)  # (k, V)
-        points = [i for i, d in enumerate(self.drawn) if d is None]
+        points = [i for i, d in enumerate(self.drawn) if d is None or d.q is None]
         q[points, [self.tokens[i] for i in points]] = 1.0
-        drawn = [i for i, d in enumerate(self.drawn) if d is not None]
+        drawn = [i for i, d in enumerate(self.drawn) if d is not None and d.q is not None]
         if drawn:
             q[drawn] = torch.cat([self.drawn[i].q for i in drawn])
         return q

@@ -24,9 +24,9 @@ from transformers import DynamicCache
 from drafting.base import Cursor, Draft
 from drafting.kv_cache import cache_argument, input_device
 from drafting.sampling import NEG_INF, confidence, sample
+from kernels.attention import MASKED_ATTENTIONS
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
-TREE_ATTENTION = ("sdpa", "eager", "row_invariant")  # apply a custom 4D mask (row_invariant: assisted.models.int8)
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ def grow_branch(draft: Draft, cursor: Cursor, coalesce: bool, generator, to_targ
 def check_tree_attention(model) -> None:
     """Raise ValueError unless `model`'s attention applies a custom 4D mask (flash kernels would ignore it)."""
     attention = getattr(model.config, "_attn_implementation", None)
-    if attention not in TREE_ATTENTION:
-        raise ValueError(f"tree=True needs attn_implementation in {TREE_ATTENTION}, the target has {attention!r}")
+    if attention not in MASKED_ATTENTIONS:
+        raise ValueError(f"tree=True needs attn_implementation in {MASKED_ATTENTIONS}, the target has {attention!r}")
 
 
 def tree_attention(past: int, length: int, hidden: range, dtype: torch.dtype, device) -> torch.Tensor:

@@ -3,13 +3,14 @@
     python -m experiments.assistant_copies --packed-target --threads 1 --half tuning --out experiments/results/<run>
 
 The copies of --assistant: as loaded (float32), int8 (`assisted.models.int8.int8_copy`, row-invariant: one
-activation range per row; the committed runs used the earlier per-tensor copy) and int4 in groups of 32, 64
-and 128 (`assisted.models.int4`). Per prompt the target writes its own texts once (greedy, and sampled at each
---temperatures; written with the int4 copy's help, which is lossless), and
-each copy is judged on them position by position as `experiments.policy_replay` does (`trace_of`): argmax
-agreement when greedy, sum min(p, q) when sampling. A drafting step (one token through the copy after the
-prompt, and its logits) is timed --repeats times per prompt, the copies' order rotating per prompt. No
-end-to-end timing here: `python -m experiments.ablation --arms int8-assistant` does that, paired.
+activation range per row; the committed runs used the earlier per-tensor copy) and int4 (`assisted.models.int4`:
+Q4_K's form, groups of 32 in super-blocks of 256, on the project's 4-bit kernel; the committed runs used torch's
+int4 kernel in groups of 32, 64 and 128, since deleted). Per prompt the target writes its own texts once (greedy,
+and sampled at each --temperatures; written with the int4 copy's help, which is lossless), and each copy is
+judged on them position by position as `experiments.policy_replay` does (`trace_of`): argmax agreement when
+greedy, sum min(p, q) when sampling. A drafting step (one token through the copy after the prompt, and its
+logits) is timed --repeats times per prompt, the copies' order rotating per prompt. No end-to-end timing here:
+`python -m experiments.ablation --arms int8-assistant` does that, paired.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from experiments.lib.machine import run_lines  # noqa: E402
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
 from experiments.lib.tasks import write_rows  # noqa: E402
 
-COPIES = ("float32", "int8", "int4-g32", "int4-g64", "int4-g128")
+COPIES = ("float32", "int8", "int4")
 FIELDS = ("class", "prompt", "temperature", "copy", "positions", "acceptance", "step_seconds")
 
 
@@ -37,8 +38,7 @@ def make_copies(assistant, names: tuple[str, ...]) -> dict:
     """{name: model} for the copies in `names` (see COPIES) of a float assistant."""
     from assisted.models.int4 import int4_copy
     from assisted.models.loading import int8_copy
-    makers = {"float32": lambda m: m, "int8": int8_copy,
-              **{f"int4-g{g}": (lambda m, g=g: int4_copy(m, g)) for g in (32, 64, 128)}}
+    makers = {"float32": lambda m: m, "int8": int8_copy, "int4": int4_copy}
     return {name: makers[name](assistant) for name in names}
 
 

@@ -1,4 +1,4 @@
-"""A rough probe behind two choices of the batched loop (`assisted.rows.batched`): the KV-cache mechanism, and the
+"""A rough probe behind two choices of the batched loop (`assisted.generate_batch`): the KV-cache mechanism, and the
 default `structspec batch --batch-size`. Not the throughput study (that is its own experiment).
 
 1. Mechanism: per verification step of B rows of different lengths, what keeping rows of different lengths
@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from assisted import PrefixCache, generate, generate_batch
-from assisted.rows.batch_rows import Item
-from assisted.rows.batched import make_engine
+from assisted.generate_batch import make_engine
+from assisted.rows.inputs import Item, prepared
 from assisted.models.loading import load_pair
 from drafting.batch_kv import BatchKV
 from experiments.lib.machine import run_lines
@@ -107,7 +107,8 @@ def throughput(system: str, model, tokenizer, assistant, documents: list[str], m
     else:  # "shared-B": the CLI's batched engine, newcomers prefilled from a row sharing their prompt prefix
         engine = make_engine(model, assistant, batch_size=int(system.split("-")[1]), share_prefix=True,
                              **{k: v for k, v in kw.items() if k != "schema"})
-        found = dict(engine.run(Item(i, "messages", messages(d), SCHEMA, None, None) for i, d in enumerate(documents)))
+        items = (Item(i, "messages", messages(d), SCHEMA, None, None) for i, d in enumerate(documents))
+        found = dict(engine.run(prepared(items, engine.prepare)))
         outs = [found[i] for i in range(len(documents))]
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     batch = outs[0].batch

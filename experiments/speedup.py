@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed-target", action="store_true",
                    help="pre-pack the target's Linear weights for multi-token forwards (assisted.models.packing; CPU): "
                         "every system, the target alone included, runs on the same packed model")
+    p.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
+                   help="a row-invariant quantized target (`assisted.models.int4` / `int8`; CPU), for every system")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
@@ -265,7 +267,8 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: 
         *machine_lines(),
         f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
         f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
-        f"- target {args.target}, assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, "
+        f"- target {args.target}{f' ({args.quantize_target})' if args.quantize_target else ''}, "
+        f"assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, "
         f"repeats {args.repeats}",
     ]
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", *(kept or run),
@@ -398,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     shards.check(args.shard)
     out = shards.folder(out, args.shard)
     loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
-                               pack=args.packed_target, dtype=args.dtype, device=args.device)
+                               pack=args.packed_target, dtype=args.dtype, device=args.device,
+                               quantize_target=args.quantize_target)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

@@ -1,31 +1,32 @@
-"""Ours on the row-invariant int8 target against llama.cpp on the same GGUF files, on a CPU.
+"""Ours on row-invariant quantized targets (int4, int8) against llama.cpp on the same GGUF files, on a CPU.
 
-Systems (greedy, same models, same run; every unit runs each system in an order rotated per unit):
+Systems (greedy, same models, same run; every unit runs each system in an order rotated per unit), ours once per
+target of --quantize-target (T: int4 keeps the GGUF's own 4-bit groups, the rest int8; int8 every Linear):
   free prompts (prose, code, extraction: the validation half of experiments/prompts/split.json), s per token
     llama.cpp                  llama-cpp-python's plain greedy decoding of the target GGUF
-    ours-plain                 `assisted.generate` over the int8 target, no assistant (plain decoding)
-    ours-spec                  the same with the assistant's drafts (plain speculative decoding, `auto`)
+    ours-plain-T               `assisted.generate` over the T target, no assistant (plain decoding)
+    ours-spec-T                the same with the assistant's drafts (plain speculative decoding, `auto`)
   extraction tasks (`experiments.vs_xgrammar.TASKS`, held out), s per object, every object validated
     llama.cpp-grammar          llama.cpp with its JSON-schema grammar (`json_schema_to_gbnf`: whitespace allowed)
     llama.cpp-grammar-compact  the same grammar with its whitespace rule emptied (compact JSON, as ours writes)
-    ours-full                  `assisted.generate`: int8 target, assistant, schema, defaults (forced tokens, lookup)
+    ours-full-T                `assisted.generate`: T target, assistant, schema, defaults (forced tokens, lookup)
 Every unit runs at each of --threads (torch's threads; one llama.cpp context per count). `--costs` adds the
 forward costs behind the ratios: one forward of k new tokens after 200 cached ones, ours and llama.cpp's.
-`--quality` adds the quality note: the int8 target's greedy tokens against the float32 model's (teacher-forced
-on the float model's own outputs), and ours-full's objects field by field with the float32 target.
+`--quality` adds the quality note per target: its greedy tokens against the float32 model's (top-1 agreement,
+teacher-forced on the float model's own outputs for the held-out free prompts), and ours-full's objects field by
+field with the float32 target.
 
     pip install llama-cpp-python==0.3.36   # builds llama.cpp from source (about 9 minutes); never in CI
     # on a VM that lists AMX but does not enable it (SIGILL at the first eval), build without it:
     # CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
     #   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF" pip install --force-reinstall --no-deps llama-cpp-python==0.3.36
-    python -m experiments.vs_llamacpp --threads 1 2 --repeats 3 --costs --quality --out experiments/results/...
+    python -m experiments.vs_llamacpp --quantize-target int4 int8 --threads 1 2 --repeats 3 --costs --quality \\
+        --out experiments/results/...
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 import time
@@ -34,17 +35,18 @@ from pathlib import Path
 import torch
 
 from assisted import generate
+from assisted.models.int4 import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
 from drafting.kv_cache import crop_to, forward, new_cache
 from experiments.lib.intervals import paired_ratio
+from experiments.lib.llamacpp import LlamaCpp
 from experiments.lib.machine import run_lines
 from experiments.lib.prompt_split import load_prompts
 from experiments.lib.tasks import chat_ids, validate, write_rows
 from experiments.vs_xgrammar import TASKS
 
-FREE = ("llama.cpp", "ours-plain", "ours-spec")
-STRUCTURED = ("llama.cpp-grammar", "llama.cpp-grammar-compact", "ours-full")
+TARGETS = ("int4", "int8")  # --quantize-target's choices
 FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens", "valid", "text")
 COST_KS = (1, 2, 4, 8, 16)
 
@@ -53,7 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m experiments.vs_llamacpp", description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--assistant-copy", choices=sorted(QUANTIZED_COPIES), default="int8",
+    parser.add_argument("--quantize-target", nargs="+", choices=TARGETS, default=list(TARGETS),
+                        help="our targets, each a system of its own in the same run")
+    parser.add_argument("--assistant-copy", choices=sorted(QUANTIZED_COPIES), default="int4",
                         help="the quantized copy of the assistant that drafts")
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--per-class", type=int, default=2, help="free prompts per class (validation half)")
@@ -61,73 +65,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--free-max-new-tokens", type=int, default=64, help="budget of a free prompt (per token)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--costs", action="store_true", help="also time single forwards of k new tokens")
-    parser.add_argument("--quality", action="store_true", help="also compare the int8 target with float32")
+    parser.add_argument("--quality", action="store_true", help="also compare each target with float32")
     parser.add_argument("--out", type=Path, required=True)
     return parser.parse_args(argv)
 
 
-# ---------------------------------------------------------------- llama.cpp
-def without_digit_escapes(schema):
-    """`schema` with each pattern's \\d spelled [0-9] (the same language): llama-cpp-python's converter copies \\d
-    into the grammar as a literal and the grammar then fails to parse."""
-    if isinstance(schema, dict):
-        return {k: v.replace("\\d", "[0-9]") if k == "pattern" and isinstance(v, str) else without_digit_escapes(v)
-                for k, v in schema.items()}
-    return [without_digit_escapes(v) for v in schema] if isinstance(schema, list) else schema
-
-
-def compact_grammar(gbnf: str) -> str:
-    """The GBNF with its whitespace rule emptied: the same language, written compactly."""
-    return re.sub(r"(?m)^space ::= .*$", 'space ::= ""', gbnf)
-
-
-class LlamaCpp:
-    """llama-cpp-python contexts over one GGUF, one per thread count; each call starts from an empty cache."""
-
-    def __init__(self, path: Path, threads, logits_all: bool = False):
-        from llama_cpp import Llama
-        self.llms = {t: Llama(model_path=str(path), n_ctx=2048, n_threads=t, n_threads_batch=t, n_batch=512,
-                              logits_all=logits_all, verbose=False) for t in threads}
-
-    def complete(self, threads: int, ids: list[int], max_new: int, schema: dict | None = None,
-                 compact: bool = False) -> tuple[str, int]:
-        from llama_cpp import LlamaGrammar
-        from llama_cpp.llama_grammar import json_schema_to_gbnf
-        llm = self.llms[threads]
-        grammar = None
-        if schema is not None:
-            gbnf = json_schema_to_gbnf(json.dumps(without_digit_escapes(schema)))
-            grammar = LlamaGrammar.from_string(compact_grammar(gbnf) if compact else gbnf, verbose=False)
-        llm.reset()  # no prompt reuse between calls: ours prefills every prompt too
-        out = llm.create_completion(prompt=ids, max_tokens=max_new, temperature=0.0, repeat_penalty=1.0,
-                                    grammar=grammar)
-        return out["choices"][0]["text"], out["usage"]["completion_tokens"]
-
-    def forward_cost(self, threads: int, ids: list[int], k: int) -> float:
-        """Seconds of one eval of ids[200:200 + k] after the 200 before it (cached once)."""
-        llm = self.llms[threads]
-        if llm.n_tokens < 200 or list(llm.input_ids[:200]) != ids[:200]:
-            llm.reset()
-            llm.eval(ids[:200])
-        llm.n_tokens = 200  # eval drops every cached position from n_tokens on
-        start = time.perf_counter()
-        llm.eval(ids[200 : 200 + k])
-        return time.perf_counter() - start
-
-
 # ---------------------------------------------------------------- ours
+def systems(kind: str, targets) -> tuple[str, ...]:
+    """The systems a unit of `kind` runs: llama.cpp's, then ours on each target."""
+    if kind == "free":
+        return ("llama.cpp", *(f"ours-{mode}-{t}" for t in targets for mode in ("plain", "spec")))
+    return ("llama.cpp-grammar", "llama.cpp-grammar-compact", *(f"ours-full-{t}" for t in targets))
+
+
 class Ours:
-    def __init__(self, model, tokenizer, assistant, max_new: int, free_max_new: int):
-        self.model, self.tokenizer, self.assistant = model, tokenizer, assistant
+    def __init__(self, models: dict, tokenizer, assistant, max_new: int, free_max_new: int):
+        self.models, self.tokenizer, self.assistant = models, tokenizer, assistant  # models: target -> model
         self.max_new, self.free_max_new = max_new, free_max_new
-        self.eos = set(model.generation_config.eos_token_id)
+        self.eos = set(next(iter(models.values())).generation_config.eos_token_id)
 
     def budget(self, schema) -> int:
         return self.free_max_new if schema is None else self.max_new
 
     def run(self, system: str, ids: list[int], schema=None) -> tuple[str, int]:
-        helper = None if system == "ours-plain" else self.assistant
-        out = generate(self.model, helper, tokenizer=self.tokenizer, input_ids=ids, schema=schema,
+        _, mode, target = system.split("-")  # ours-plain-int4
+        helper = None if mode == "plain" else self.assistant
+        out = generate(self.models[target], helper, tokenizer=self.tokenizer, input_ids=ids, schema=schema,
                        max_new_tokens=self.budget(schema))
         tokens = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in self.eos else out.token_ids
         return out.text, len(tokens)  # EOS not counted (llama.cpp's count leaves it out too)
@@ -156,12 +119,12 @@ def run_system(system: str, threads: int, ours: Ours, llama: LlamaCpp, ids: list
 
 def measure(ours: Ours, llama: LlamaCpp, all_units, threads, repeats: int) -> list[dict]:
     for kind, name, ids, task in all_units[:1] + all_units[-1:]:  # untimed: grammars, indexes, allocators warm
-        for system in FREE if kind == "free" else STRUCTURED:
+        for system in systems(kind, ours.models):
             run_system(system, threads[0], ours, llama, ids, task)
     rows = []
     for i, (repeat, t, (kind, name, ids, task)) in enumerate(
             (r, t, u) for r in range(repeats) for t in threads for u in all_units):
-        names = FREE if kind == "free" else STRUCTURED
+        names = systems(kind, ours.models)
         for system in names[i % len(names):] + names[: i % len(names)]:
             row = {"threads": t, "kind": kind, "unit": name, "repeat": repeat, "system": system,
                    **run_system(system, t, ours, llama, ids, task)}
@@ -180,16 +143,13 @@ def _per(row: dict) -> float:
 def table(rows: list[dict], kind: str, ours: str) -> list[str]:
     """Per thread count and system: median ms per token (free) or s per object (structured), validity, and `ours`'
     speedup over the system paired per (unit, repeat) with a 90% interval."""
-    names = FREE if kind == "free" else STRUCTURED
     unit = "ms / token" if kind == "free" else "s / object"
     lines = [f"| threads | system | median {unit} | tokens | valid | {ours} faster by [90% CI] |", "|---" * 6 + "|"]
     for t in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["kind"] == kind and r["threads"] == t]
         base = {(r["unit"], r["repeat"]): _per(r) for r in mine if r["system"] == ours}
-        for system in names:
+        for system in [s for s in systems(kind, TARGETS) if any(r["system"] == s for r in mine)]:
             runs = [r for r in mine if r["system"] == system]
-            if not runs:
-                continue
             scale = 1e3 if kind == "free" else 1.0
             ratio, low, high = paired_ratio([(_per(r), base[(r["unit"], r["repeat"])]) for r in runs])
             valid = "" if kind == "free" else f"{sum(r['valid'] is True for r in runs)}/{len(runs)}"
@@ -199,10 +159,9 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
     return lines
 
 
-def costs(model, assistants: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]:
-    """ms of one forward over k new tokens after 200 cached ones: the int8 target, the assistant copies, llama.cpp."""
+def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]:
+    """ms of one forward over k new tokens after 200 cached ones: our targets, the assistant copies, llama.cpp."""
     ids = list(range(1000, 1300))
-    models = {"ours int8 target": model, **{f"ours assistant ({k})": m for k, m in assistants.items()}}
     caches = {name: new_cache() for name in models}
     times = {}
     with torch.inference_mode():
@@ -219,8 +178,8 @@ def costs(model, assistants: dict, llama: LlamaCpp, threads, repeats: int = 5) -
                         crop_to(caches[name], 200)
                         times.setdefault((t, name, k), []).append(spent) if repeat else None
                     spent = llama.forward_cost(t, ids, k)
-                    times.setdefault((t, "llama.cpp target (Q4_K_M)", k), []).append(spent) if repeat else None
-    names = [*models, "llama.cpp target (Q4_K_M)"]
+                    times.setdefault((t, "llama.cpp target (its GGUF)", k), []).append(spent) if repeat else None
+    names = [*models, "llama.cpp target (its GGUF)"]
     lines = ["| threads | model | " + " | ".join(f"k={k}" for k in COST_KS) + " |", "|---" * (len(COST_KS) + 2) + "|"]
     for t in threads:
         for name in names:
@@ -229,32 +188,40 @@ def costs(model, assistants: dict, llama: LlamaCpp, threads, repeats: int = 5) -
     return lines
 
 
-def quality(model, tokenizer, assistant, args, all_units) -> list[str]:
-    """Top-1 agreement of the int8 target with float32 (teacher-forced on float32's greedy output) and ours-full's
-    objects field by field with each target."""
+def quality(models: dict, tokenizer, assistant, args, all_units) -> list[str]:
+    """Per target: top-1 agreement with float32 (teacher-forced on float32's greedy output of the held-out free
+    prompts) and ours-full's objects field by field with the float32 target's."""
     dense = load_model(args.target)
-    agree = total = 0
+    agree, same, fields, total = dict.fromkeys(models, 0), dict.fromkeys(models, 0), dict.fromkeys(models, 0), 0
     with torch.inference_mode():
         for kind, name, ids, task in all_units:
-            if kind != "free":
-                continue
-            out = generate(dense, tokenizer=tokenizer, input_ids=ids, max_new_tokens=32).token_ids
-            full = torch.tensor([ids + out])
-            a, b = dense(full).logits[0, len(ids) - 1 : -1], model(full).logits[0, len(ids) - 1 : -1]
-            agree, total = agree + int((a.argmax(-1) == b.argmax(-1)).sum()), total + len(out)
-        same = fields = 0
-        for kind, name, ids, task in all_units:
             if kind == "free":
+                out = generate(dense, tokenizer=tokenizer, input_ids=ids, max_new_tokens=32).token_ids
+                full = torch.tensor([ids + out])
+                top = dense(full).logits[0, len(ids) - 1 : -1].argmax(-1)
+                total += len(out)
+                for t, m in models.items():
+                    agree[t] += int((m(full).logits[0, len(ids) - 1 : -1].argmax(-1) == top).sum())
                 continue
-            objects = [generate(m, assistant, tokenizer=tokenizer, input_ids=ids, schema=task.schema,
-                                max_new_tokens=args.max_new_tokens).value for m in (dense, model)]
-            if all(o is not None for o in objects):
-                left, right = (o.model_dump() for o in objects)
-                fields += len(left)
-                same += sum(left[k] == right.get(k) for k in left)
-    return [f"- greedy tokens of the int8 target equal to float32's (teacher-forced, free prompts): {agree}/{total} "
-            f"({100 * agree / max(total, 1):.1f}%)",
-            f"- fields of ours-full's objects equal with the float32 target and the int8 target: {same}/{fields}"]
+            runs = {t: generate(m, assistant, tokenizer=tokenizer, input_ids=ids, schema=task.schema,
+                                max_new_tokens=args.max_new_tokens).value
+                    for t, m in {"float32": dense, **models}.items()}
+            for t in models:
+                if runs["float32"] is not None and runs[t] is not None:
+                    left, right = runs["float32"].model_dump(), runs[t].model_dump()
+                    fields[t] += len(left)
+                    same[t] += sum(left[k] == right.get(k) for k in left)
+    return [f"- {t} target: greedy tokens equal to float32's (teacher-forced, held-out free prompts) "
+            f"{agree[t]}/{total} ({100 * agree[t] / max(total, 1):.1f}%); fields of ours-full's objects equal to "
+            f"the float32 target's {same[t]}/{fields[t]}" for t in models]
+
+
+def load_targets(args) -> tuple[dict, object, object]:
+    """Each target of --quantize-target (one process, same source), the tokenizer and the assistant copy."""
+    first, *rest = args.quantize_target
+    model, tokenizer, assistant = load_pair(args.target, args.assistant, quantize_target=first,
+                                            quantize_assistant=args.assistant_copy)
+    return {first: model, **{t: load_pair(args.target, quantize_target=t)[0] for t in rest}}, tokenizer, assistant
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,33 +232,34 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("error: llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)", file=sys.stderr)
         return 2
-    model, tokenizer, assistant = load_pair(args.target, args.assistant, quantize_target="int8",
-                                            quantize_assistant=args.assistant_copy)
+    models, tokenizer, assistant = load_targets(args)
     llama = LlamaCpp(gguf_file(args.target), args.threads)
     all_units = units(tokenizer, args.per_class)
-    ours = Ours(model, tokenizer, assistant, args.max_new_tokens, args.free_max_new_tokens)
+    ours = Ours(models, tokenizer, assistant, args.max_new_tokens, args.free_max_new_tokens)
     rows = measure(ours, llama, all_units, args.threads, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)
-    readme = [f"# Ours (int8 target) vs llama.cpp on the same GGUF: {args.out.name}", "",
+    readme = [f"# Ours ({', '.join(models)} targets) vs llama.cpp on the same GGUF: {args.out.name}", "",
               *run_lines("experiments.vs_llamacpp", argv, f"llama-cpp-python {llama_cpp.__version__}"),
-              f"- target {args.target} (ours: the GGUF de-quantized, then row-invariant int8), assistant "
-              f"{args.assistant} ({args.assistant_copy} copy); llama.cpp: the target's Q4_K_M GGUF; greedy, "
-              f"max_new_tokens {args.free_max_new_tokens} (free prompts) and {args.max_new_tokens} (extraction), "
-              f"{args.repeats} repeats, systems rotated per unit", "",
-              "## Plain decoding, free prompts (per token)", "", *table(rows, "free", "ours-spec"), "",
-              "## Structured extraction (per object, every object validated)", "", *table(rows, "structured",
-                                                                                          "ours-full"), ""]
+              f"- target {args.target}, assistant {args.assistant} ({args.assistant_copy} copy); llama.cpp: the "
+              f"target's GGUF; greedy, max_new_tokens {args.free_max_new_tokens} (free prompts) and "
+              f"{args.max_new_tokens} (extraction), {args.repeats} repeats, systems rotated per unit",
+              *(f"- our {t} target's Linear layers: {linear_kernels(m)}" for t, m in models.items()), ""]
+    for t in models:
+        readme += [f"## Plain decoding, free prompts (per token), against ours-spec-{t}", "",
+                   *table(rows, "free", f"ours-spec-{t}"), "",
+                   f"## Structured extraction (per object, every object validated), against ours-full-{t}", "",
+                   *table(rows, "structured", f"ours-full-{t}"), ""]
     if args.costs:
-        assistants = {args.assistant_copy: assistant}
         other = "int4" if args.assistant_copy == "int8" else "int8"
-        assistants[other] = QUANTIZED_COPIES[other](load_model(args.assistant))
+        named = {**{f"ours {t} target": m for t, m in models.items()}, f"ours assistant ({args.assistant_copy})":
+                 assistant, f"ours assistant ({other})": QUANTIZED_COPIES[other](load_model(args.assistant))}
         cost_llama = LlamaCpp(gguf_file(args.target), args.threads, logits_all=True)
         readme += ["## Forward costs (ms; k new tokens after 200 cached; llama.cpp with logits for every row)", "",
-                   *costs(model, assistants, cost_llama, args.threads), ""]
+                   *costs(named, cost_llama, args.threads), ""]
     if args.quality:
-        readme += ["## Quality note (int8 target against the float32 model)", "",
-                   *quality(model, tokenizer, assistant, args, all_units), ""]
+        readme += ["## Quality note (each target against the float32 model)", "",
+                   *quality(models, tokenizer, assistant, args, all_units), ""]
     (args.out / "README.md").write_text("\n".join(readme) + "\n")
     print("\n".join(readme))
     return 0

@@ -116,6 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--assistant", default="smollm2-135m")
     add_assistant_quantization(parser, ("--int4-assistant", "--int8-assistant"))
     parser.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
+    parser.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
+                        help="a row-invariant quantized target (`assisted.models.int4` / `int8`), for every system")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
@@ -239,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: xgrammar is not importable; see this module's docstring for the CPU install", file=sys.stderr)
         return 2
     model, tokenizer, assistant = load_pair(args.target, args.assistant, pack=args.pack,
-                                            quantize_assistant=assistant_quantization(args))
+                                            quantize_assistant=assistant_quantization(args),
+                                            quantize_target=args.quantize_target)
     rows = measure(Systems(model, tokenizer, assistant, args.max_new_tokens), TASKS, args.systems, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)
@@ -247,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     version = getattr(xgrammar, "__version__", None) or _dist_version("xgrammar")
     readme = [f"# Our full system vs transformers + XGrammar: {args.out.name}", "",
               *run_lines("experiments.vs_xgrammar", argv, f"xgrammar {version}"),
-              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {assistant_label(args)}, greedy, "
-              f"max_new_tokens {args.max_new_tokens}",
+              f"- target {args.target}{' (packed)' if args.pack else ''}"
+              f"{f' ({args.quantize_target})' if args.quantize_target else ''}, assistant {assistant_label(args)}, "
+              f"greedy, max_new_tokens {args.max_new_tokens}",
               f"- four held-out extraction tasks written for this comparison (invoice, patient, flight, review), "
               f"{args.repeats} run(s) each, systems in rotated order per (task, run)", "",
               *table(rows), "",

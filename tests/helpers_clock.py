@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import types
 
-TIMED_MODULES = ("assisted.generate", "drafting.assistant")  # where the loop times target and assistant forwards
+TIMED_MODULES = ("assisted.rows.engine", "drafting.assistant")  # where the engine times target and assistant forwards
 
 
 class TickClock:

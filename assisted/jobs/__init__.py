@@ -1,3 +1,2 @@
-"""The JSONL job behind `structspec batch`: resumable runs (batch.py), two-pass input reading (batch_input.py), the
-output lock (batch_lock.py), Ray workers (ray_batch.py) and `BatchGenerator` for `Dataset.map_batches`
-(distributed.py)."""
+"""The JSONL job behind `structspec batch`: resumable runs (run.py), two-pass input reading (input.py), the output
+lock (lock.py), Ray workers (ray.py) and `BatchGenerator` for `Dataset.map_batches` (distributed.py)."""

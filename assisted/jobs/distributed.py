@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from assisted.jobs.batch import BadLine, Document, document_record, error_record
-from assisted.jobs.batch_input import parse_line
+from assisted.jobs.run import BadLine, Document, document_record, error_record
+from assisted.jobs.input import parse_line
 
 OUTPUT_COLUMNS = ("id", "text", "value", "stop_reason", "stats", "line", "error")
 RESULT_KEYS = ("id", "text", "value", "stop_reason", "stats")

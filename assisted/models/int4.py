@@ -1,110 +1,175 @@
-"""A 4-bit copy of an assistant for CPU drafting: group-wise int4 weights, computed by torch's int4 CPU kernel.
+"""Row-invariant 4-bit models for the CPU: a GGUF's own 4-bit groups times per-row int8 activations.
 
-Each Linear's weight is cut into groups of `group_size` inputs per output row; a group keeps 4-bit codes and its
-own scale and offset (asymmetric min-max rounding), so an outlier spoils only its group. The earlier
-per-tensor dynamic int8 copy kept one scale per tensor; on Qwen2.5-Coder-0.5B that copy's argmax agreed with
-the 1.5B target's less often than the 4-bit one (results: `docs/results.md`). Activations enter the kernel as
-bfloat16 and the outputs come back in the input's dtype. Only the drafts change: the target verifies them, and
-under sampling the drafts' distribution is the one the copy computed, so outputs stay exactly the target's.
+`Int4Linear` runs `kernels.int4` (AVX-512 VNNI): groups of 32 weights ``scale * q + offset`` (q in 0..15), each
+input row quantized to int8 with its own scale inside the op, each group summed in int32, the groups added in float
+in one fixed order. A row's output is bitwise the same whatever else the call holds, as with `Int8Linear`, so a
+target built of both, with the row-invariant attention, verifies drafts exactly losslessly (docs/design.md,
+"Row invariance").
+
+- `quantize_int4(model, gguf=path)`: the target. Every Linear that the GGUF stores as Q4_K, Q4_1 or Q4_0 keeps
+  those groups exactly (`assisted.models.gguf_groups`, checked bitwise against the weights transformers loaded);
+  the others (Q6_K, Q8_0, ...) become `Int8Linear`. Without a GGUF, every Linear but the output head is quantized
+  to Q4_K's form (the head int8, as Q4_K_M keeps it in Q6_K).
+- `int4_copy(model)`: an assistant's 4-bit copy (every Linear that fits, the head included; attention untouched).
+
+Where the kernel cannot build or the CPU has no AVX-512 VNNI, both say why in one warning line and fall back to
+the int8 path; `linear_kernels(model)` reports what runs.
+
+    from assisted.models.int4 import quantize_int4
+    quantize_int4(model, gguf="model.gguf")  # in place; attention "row_invariant"
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
+from collections import Counter
+from pathlib import Path
 
 import torch
 
-GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel accepts
-OUT_MULTIPLE = 16  # the kernel packs output rows in blocks of 16
-KERNEL_ROWS = 8  # inputs of at most this many rows use the int4 kernel; longer ones (prefills, forced runs) a
-# bfloat16 matmul over the same dequantized weights, which costs less there (200 rows: 0.08 against 0.52 s over
-# 24 of Qwen2.5-0.5B's MLP projections, one thread)
+from assisted.models.gguf_groups import module_groups
+from assisted.models.int8 import Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
+from kernels import int4
+from kernels.attention import ATTENTION
+
+KERNEL = "int4 (AVX-512 VNNI)"
 
 
 class Int4Linear(torch.nn.Module):
-    """(..., in) -> (..., out): a Linear whose weight is held as group-wise 4-bit codes.
+    """(..., in) -> (..., out): a weight held as 4-bit `kernels.int4.Groups`, per-row int8 activations.
 
-    A few rows (a drafting step) go through torch's int4 kernel; more rows through a bfloat16 copy of the same
-    dequantized weight (2 bytes a weight in memory, read only by prefills and long catch-ups).
+    Row-invariant: each row's output depends on that row alone (bitwise), whatever the number of rows or threads.
     """
 
-    def __init__(self, linear: torch.nn.Linear, group_size: int = 32):
+    def __init__(self, groups: int4.Groups, bias: torch.Tensor | None = None):
         super().__init__()
-        out_features, in_features = linear.weight.shape
-        if not fits(linear, group_size):
-            raise ValueError(f"a {in_features} -> {out_features} Linear does not fit int4 groups of {group_size} "
-                             f"(needs in % {group_size} == 0 and out % {OUT_MULTIPLE} == 0)")
-        weight = linear.weight.detach().float().reshape(out_features, in_features // group_size, group_size)
-        low, high = weight.amin(-1, keepdim=True), weight.amax(-1, keepdim=True)  # (out, groups, 1)
-        scale = ((high - low) / 15).clamp(min=1e-12)
-        codes = ((weight - low) / scale).round().clamp(0, 15).to(torch.int32).reshape(out_features, in_features)
-        # the kernel dequantizes (code - 8) * scale + zero, so zero is the value of code 8
-        zero = low + 8 * scale
-        scale, zero = scale.to(torch.bfloat16), zero.to(torch.bfloat16)  # as the kernel reads them
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
-        self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).transpose(0, 1).contiguous())
-        dense = (codes.reshape(weight.shape) - 8) * scale.float() + zero.float()  # (out, groups, group_size)
-        self.register_buffer("dense", dense.reshape(out_features, in_features).to(torch.bfloat16))
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        self.register_buffer("bias", bias)
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        packed = int4.pack(groups)
+        self.register_buffer("packed", packed.data)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = groups.shape
+        self.groups_per_block = groups.groups_per_block
 
+    @classmethod
+    def quantized(cls, linear: torch.nn.Linear) -> Int4Linear:
+        """A float Linear quantized to Q4_K's form (super-blocks of 8 groups, or 1 where `in` is not a multiple of
+        256); its `in_features` must be a multiple of 32 (`fits`)."""
+        blocks = 8 if linear.in_features % (8 * int4.GROUP) == 0 else 1
+        return cls(int4.quantize(linear.weight.detach(), blocks), linear.bias)
+
+    def layout(self) -> int4.Packed:
+        return int4.Packed(self.packed, self.out_features, self.in_features, self.groups_per_block)
+
+    @torch.no_grad()  # an inference kernel: the op has no gradient
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (n, in)
-        if rows.shape[0] > KERNEL_ROWS:
-            y = torch.nn.functional.linear(rows, self.dense)  # (n, out)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
-        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., out)
-        return y if self.bias is None else y + self.bias
+        rows = x.reshape(-1, self.in_features).float()  # (n, in)
+        y = int4.linear(rows, self.layout(), self.bias)  # (n, out)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def groups(self) -> int4.Groups:
+        return int4.unpack(self.layout())
 
     def dequantized(self) -> torch.Tensor:
-        """(out, in) float32: the weight this module multiplies by (for tests and error reports)."""
-        eye = torch.eye(self.in_features)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(eye.to(torch.bfloat16), self.packed, self.group_size,
-                                                      self.scales_and_zeros)  # (in, out)
-        return y.float().T.contiguous()
+        """(out, in) float32: the weight this module multiplies by (for tests and reports)."""
+        return self.groups().dequantize()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"groups_per_block={self.groups_per_block}, bias={self.bias is not None}"
 
 
-def fits(linear: torch.nn.Linear, group_size: int) -> bool:
-    """Whether torch's int4 CPU kernel can hold this Linear's weight in groups of `group_size`."""
-    out_features, in_features = linear.weight.shape
-    return in_features % group_size == 0 and out_features % OUT_MULTIPLE == 0
+def fits(linear: torch.nn.Linear) -> bool:
+    """Whether a Linear's inputs split into groups of 32."""
+    return linear.in_features % int4.GROUP == 0
 
 
-def int4_copy(model: torch.nn.Module, group_size: int = 32) -> torch.nn.Module:
-    """A copy of `model` whose Linear layers hold int4 weights (CPU); a faster, closer drafter than `int8_copy`.
+def unavailable() -> str | None:
+    """Why the int4 kernel cannot run here (one line), or None when it can."""
+    built = int4.built()
+    return None if built.ok else built.reason
+
+
+def _fall_back(to: str) -> None:
+    warnings.warn(f"int4 kernel unavailable ({unavailable()}); {to} runs the int8 kernel instead", stacklevel=3)
+
+
+def quantize_int4(model: torch.nn.Module, gguf: str | Path | None = None) -> torch.nn.Module:
+    """Turn every Linear of `model` into `Int4Linear` or `Int8Linear`, in place; attention ``"row_invariant"``.
+
+    Speculation over the result is exactly lossless with respect to plain decoding of the same model: each
+    position's logits are bitwise those of a one-token step.
 
     Parameters
     ----------
     model : torch.nn.Module
-        A float model on the CPU (left unchanged).
-    group_size : int
-        Inputs per quantization group, one of `GROUP_SIZES`.
-
-    Returns
-    -------
-    torch.nn.Module
-        The copy, in eval mode. Every Linear whose shape the kernel cannot hold (`fits`) stays as it was.
-        A replaced Linear keeps 2.5 bytes a weight: the 4-bit codes, and the bfloat16 copy long inputs use.
+        A float32 causal LM on the CPU with the standard attention interface (sdpa or eager).
+    gguf : str or Path, optional
+        The GGUF file the model was loaded from (or converted from): its Q4_K / Q4_1 / Q4_0 tensors are kept as they
+        are, its other tensors become int8. Without one, every Linear but the head is quantized to Q4_K's form.
 
     Raises
     ------
     ValueError
-        For a group size the kernel does not accept, a model off the CPU, or when no Linear fits.
+        If the model is off the CPU or uses another attention, if torch has no fbgemm engine, or if the GGUF's
+        groups do not de-quantize bitwise to the model's weights (`assisted.models.gguf_groups.module_groups`).
     """
-    if group_size not in GROUP_SIZES:
-        raise ValueError(f"group_size must be one of {GROUP_SIZES}, not {group_size}")
+    check_quantizable(model)
+    if unavailable():
+        _fall_back("the target")
+        return quantize_int8(model)
+    kept = module_groups(model, gguf) if gguf is not None else {}
+    head = model.get_output_embeddings()
+    for name, parent, child_name, child in _linears(model):
+        linear = as_linear(child)
+        if name in kept:
+            new = Int4Linear(kept[name], linear.bias)
+        elif gguf is None and child is not head and fits(linear):
+            new = Int4Linear.quantized(linear)
+        else:
+            new = Int8Linear(linear)
+        setattr(parent, child_name, new)
+    model.set_attn_implementation(ATTENTION)
+    return model.eval()
+
+
+def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str, torch.nn.Module]]:
+    """(full name, parent, name in parent, module) of every Linear (or GPT-2 Conv1D) of `model`."""
+    return [(f"{prefix}.{name}" if prefix else name, parent, name, child)
+            for prefix, parent in list(model.named_modules()) for name, child in parent.named_children()
+            if as_linear(child) is not None]
+
+
+def int4_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A 4-bit copy of `model` for drafting on a CPU: every Linear whose inputs split into groups of 32 (the head
+    included) becomes `Int4Linear`, quantized to Q4_K's form; the attention and other layers are left as they are.
+
+    The original is left unchanged. Where the int4 kernel is unavailable, warns once and returns `int8_copy(model)`.
+
+    Raises
+    ------
+    ValueError
+        For a model off the CPU, or when no Linear fits.
+    """
     off_cpu = {str(p.device) for p in model.parameters() if p.device.type != "cpu"}
     if off_cpu:
-        raise ValueError(f"int4_copy needs the model on the CPU (torch's int4 kernel here is CPU-only), not {off_cpu}")
+        raise ValueError(f"int4_copy needs the model on the CPU (the int4 kernel is a CPU kernel), not {off_cpu}")
+    if unavailable():
+        _fall_back("the assistant copy")
+        return int8_copy(model)
     model = copy.deepcopy(model)
     replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and fits(child, group_size):
-                setattr(parent, name, Int4Linear(child, group_size))
-                replaced += 1
+    for _, parent, child_name, child in _linears(model):
+        linear = as_linear(child)
+        if fits(linear):
+            setattr(parent, child_name, Int4Linear.quantized(linear))
+            replaced += 1
     if not replaced:
-        raise ValueError(f"no Linear layer of this model fits int4 groups of {group_size}")
+        raise ValueError("no Linear layer of this model has inputs in groups of 32 (int4 needs in_features % 32 == 0)")
     return model.eval()
+
+
+def linear_kernels(model: torch.nn.Module) -> str:
+    """Which kernels run `model`'s Linear layers, e.g. "int4 (AVX-512 VNNI) x196, int8 (fbgemm) x57"."""
+    names = {Int4Linear: KERNEL, Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
+    counts = Counter(names.get(type(m), type(m).__name__) for m in model.modules() if type(m) in names)
+    return ", ".join(f"{kind} x{count}" for kind, count in counts.most_common()) or "none"

@@ -10,9 +10,9 @@ int8 model, and this module removes both:
   exactly [-1, 1], each row is quantized on its own, the int32 products are exact, and the output is scaled back
   per row. A row's output is bitwise the same whatever rows share the call.
 - **Attention reductions.** A float rounding difference in attention can flip an activation across a
-  quantization step, and the layers amplify it. `row_invariant_attention` (registered in transformers'
-  `AttentionInterface` as ``"row_invariant"``) computes each query row with the call a decode step makes: its
-  own keys, gathered when a mask leaves holes, in one `scaled_dot_product_attention` call per row.
+  quantization step, and the layers amplify it. `quantize_int8` sets the model's attention to
+  `kernels.attention.row_invariant_attention` (``"row_invariant"``): one C++ call computes every query row
+  against its own keys in one fixed order, the same in a prefill, a batch or a one-position step.
 
 Norms, rotary embeddings and activations work row by row already; the bitwise tests
 (`tests/assisted/test_int8.py`) check the whole forward: n positions at once against n single steps, and a row
@@ -28,13 +28,10 @@ import copy
 import warnings
 
 import torch
-import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.pytorch_utils import Conv1D
 
-ATTENTION = "row_invariant"
-REPLACEABLE_ATTENTIONS = (None, "sdpa", "eager", ATTENTION)  # attentions whose masks and outputs we reproduce
+from kernels.attention import ATTENTION, MASKED_ATTENTIONS, built
+
 _ENDS = torch.tensor([[1.0, -1.0]])  # (1, 2): the constant columns that pin every call's range to [-1, 1]
 
 
@@ -85,53 +82,6 @@ class Int8Linear(torch.nn.Module):
         return Int8Linear(clone, self.reduce_range)
 
 
-def row_invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention with each query row computed alone: the call a one-token decode step makes for it.
-
-    query (B, H, n, D); key, value (B, H_kv, L, D); attention_mask None (causal over the last n positions) or
-    (B, 1, n, L), bool (True attends) or additive float. Returns (B, n, H, D) as transformers' attentions do.
-    """
-    if dropout:
-        raise ValueError("row_invariant attention has no dropout (it is an inference kernel)")
-    batch, heads, n, dim = query.shape
-    groups = heads // key.shape[1]
-    keys = _attended_keys(attention_mask, batch, n, key.shape[2])
-    out = query.new_empty(batch, n, heads, dim)
-    for b in range(batch):
-        for i in range(n):
-            k, v = _select(key[b], keys[b][i]), _select(value[b], keys[b][i])  # (H_kv, m, D)
-            q = query[b, :, i].reshape(key.shape[1], groups, dim)  # (H_kv, groups, D): a decode step's GQA packing
-            out[b, i] = F.scaled_dot_product_attention(q, k, v, scale=scaling).reshape(heads, dim)
-    return out, None
-
-
-def _attended_keys(mask, batch: int, n: int, length: int) -> list[list]:
-    """Per batch row and query row: an int m (keys 0..m-1) or a LongTensor of key indices (a mask with holes)."""
-    if mask is None:
-        return [[length - n + i + 1 for i in range(n)] for _ in range(batch)]
-    allowed = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0  # (B, n, L)
-    counts = allowed.sum(-1)  # (B, n)
-    prefix = allowed.int().cumprod(-1).sum(-1) == counts  # (B, n): the attended keys are a prefix
-    return [[int(c) if p else allowed[b, i].nonzero().flatten() for i, (c, p) in enumerate(zip(cs, ps))]
-            for b, (cs, ps) in enumerate(zip(counts.tolist(), prefix.tolist()))]
-
-
-def _select(states: torch.Tensor, keys) -> torch.Tensor:
-    """(H_kv, L, D) -> (H_kv, m, D): a prefix view, or the gathered rows of a mask with holes."""
-    return states[:, :keys] if isinstance(keys, int) else states.index_select(1, keys)
-
-
-def _row_invariant_mask(*args, **kwargs):
-    """transformers' boolean sdpa mask, never skipped: a static cache's keys run past the valid ones, so the keys a
-    query attends to are read from the mask, not from the key length."""
-    kwargs["allow_is_causal_skip"] = False
-    return sdpa_mask(*args, **kwargs)
-
-
-AttentionInterface.register(ATTENTION, row_invariant_attention)
-AttentionMaskInterface.register(ATTENTION, _row_invariant_mask)
-
-
 def check_engine() -> None:
     """Raise ValueError if this torch build has no fbgemm engine (int8 models need an x86 CPU build)."""
     if "fbgemm" not in torch.backends.quantized.supported_engines:
@@ -144,7 +94,7 @@ def check_attention(model_class: type, attention: str | None = None) -> None:
     if not getattr(model_class, "is_backend_compatible", lambda: False)():
         raise ValueError(f"{model_class.__name__} does not use transformers' attention interface, so its attention "
                          "cannot be made row-invariant (int8 needs a causal LM with the standard interface)")
-    if attention not in REPLACEABLE_ATTENTIONS:
+    if attention is not None and attention not in MASKED_ATTENTIONS:
         raise ValueError(f"a row-invariant int8 model needs sdpa or eager attention to replace, not {attention!r}")
 
 
@@ -162,7 +112,9 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
 
     The model's attention becomes ``"row_invariant"``, so that a forward over any number of positions, rows,
     padding or holes gives each position bitwise the logits a one-token step gives it: speculation over the
-    result is exactly lossless with respect to plain decoding of the same int8 model.
+    result is exactly lossless with respect to plain decoding of the same int8 model. The attention's C++ op is
+    built here on first use (`kernels.attention.implementation()` says whether it runs or, where it cannot build,
+    the Python loop that keeps the same contract).
 
     Parameters
     ----------
@@ -179,14 +131,15 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
     check_quantizable(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            linear = _as_linear(child)
+            linear = as_linear(child)
             if linear is not None:
                 setattr(parent, name, Int8Linear(linear, reduce_range))
     model.set_attn_implementation(ATTENTION)
+    built()  # the attention op is built (once per machine) now, not inside a timed forward
     return model.eval()
 
 
-def _as_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
+def as_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
     """`module` as a Linear if it is one: a Linear, or GPT-2's Conv1D (the transposed weight); None otherwise."""
     if type(module) is torch.nn.Linear:
         return module

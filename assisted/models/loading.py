@@ -2,8 +2,9 @@
 
 A model source is a named offline source (`assisted.models.sources.SOURCES`, converted once into a cache), a
 hub id or local folder (`from_pretrained`; offline under ``HF_HUB_OFFLINE=1``) or a ``.gguf`` file
-(de-quantized on every load). The assistant may be loaded as a 4-bit or int8 copy (CPU), and the target's
-Linear weights packed for cheaper verification forwards (`assisted.models.packing`).
+(de-quantized on every load). The target may be made a row-invariant int8 or 4-bit model (CPU; the 4-bit one keeps
+a GGUF's own 4-bit groups), the assistant loaded as a 4-bit or int8 copy (CPU), and the target's Linear weights
+packed for cheaper verification forwards (`assisted.models.packing`).
 
     from assisted.models.loading import load_pair
     model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", quantize_assistant="int4")
@@ -11,16 +12,17 @@ Linear weights packed for cheaper verification forwards (`assisted.models.packin
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import torch
 
 from assisted.eos import eos_ids
-from assisted.models.int4 import int4_copy
+from assisted.models.int4 import int4_copy, quantize_int4
 from assisted.models.int8 import check_attention, check_engine, int8_copy, quantize_int8
 from assisted.models.packing import pack_linear_weights
-from assisted.models.sources import SOURCES, gguf_tokenizer, to_dtype, cached
+from assisted.models.sources import SOURCES, gguf_file, gguf_tokenizer, to_dtype, cached
 
 
 def load_tokenizer(source: str | os.PathLike):
@@ -79,7 +81,7 @@ def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32
 
 
 QUANTIZED_COPIES = {"int4": int4_copy, "int8": int8_copy}  # quantize_assistant -> copy maker
-QUANTIZED_TARGETS = {"int8": quantize_int8}  # quantize_target -> in-place conversion (row-invariant)
+QUANTIZED_TARGETS = {"int8": quantize_int8, "int4": quantize_int4}  # quantize_target -> in place, row-invariant
 
 
 def set_eos(tokenizer, *models) -> list[int]:
@@ -104,18 +106,23 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     Parameters
     ----------
     target, assistant : str or PathLike
-        Model sources (see `load_model`); the assistant must share the target's vocabulary. The same
-        source twice loads one model and uses it for both.
+        Model sources (see `load_model`). The same source twice loads one model and uses it for both. An assistant
+        with another vocabulary stops on its own tokenizer's EOS set; `generate` drafts with it given its tokenizer
+        (``assistant_tokenizer=load_tokenizer(assistant)``).
     dtype, device, device_map
         As for `load_model`, for both models.
     quantize_assistant : {None, "int4", "int8"}
         Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.models.int4.int4_copy`, group-wise
         4-bit weights) or "int8" (`assisted.models.int8.int8_copy`, row-invariant int8).
-    quantize_target : {None, "int8"}
-        Turn the target's Linear layers (the head included) into row-invariant int8
-        (`assisted.models.int8.quantize_int8`; CPU, float32): speculation over it is exactly lossless with respect to
-        plain decoding of that int8 model. When the assistant source is the target's, the assistant is the same int8
-        model.
+    quantize_target : {None, "int8", "int4"}
+        Make the target row-invariant (CPU, float32), so that speculation over it is exactly lossless with respect
+        to plain decoding of that quantized model: "int8" turns every Linear (the head included) into int8
+        (`assisted.models.int8.quantize_int8`); "int4" (`assisted.models.int4.quantize_int4`) keeps a GGUF source's
+        Q4_K / Q4_1 / Q4_0 groups exactly (a named source reads its GGUF, `sources.gguf_file`) and its other tensors
+        in int8, and quantizes a float source to Q4_K's form (head int8); where the int4 kernel cannot run it warns
+        in one line and runs int8 (`assisted.models.int4.linear_kernels(model)` says what runs). When the
+        assistant source is the target's, the assistant is the same quantized model (with `quantize_assistant`
+        too, a quantized copy of the float model, loaded again).
     pack : bool
         Pack the target's Linear weights (`assisted.pack_linear_weights`; CPU, float32/bfloat16).
 
@@ -142,21 +149,29 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         raise ValueError("pack needs the target on the CPU (packed oneDNN weights are a CPU kernel)")
     _check_quantize_target(quantize_target, on_cpu=on_cpu, dtype=dtype, pack=pack)
     tokenizer = load_tokenizer(target)  # first: cheap, and its errors are the clear ones
-    if assistant is not None and str(assistant) != str(target):
-        load_tokenizer(assistant)
+    own = load_tokenizer(assistant) if assistant is not None and str(assistant) != str(target) else None
     if quantize_target:
         _check_target_attention(target)
+    if quantize_target == "int4" and _is_gguf(target) and importlib.util.find_spec("gguf") is None:
+        raise ValueError("quantize_target='int4' reads the GGUF's 4-bit groups with the gguf package: pip install gguf")
     options = {"dtype": dtype, "device": device, "device_map": device_map}
     model = load_model(target, **options)
-    if quantize_target:
+    if quantize_target == "int4":
+        quantize_int4(model, gguf=_gguf_of(target))
+    elif quantize_target:
         QUANTIZED_TARGETS[quantize_target](model)
     helper = None
     if assistant is not None:
-        helper = model if str(assistant) == str(target) else load_model(assistant, **options)
+        same = str(assistant) == str(target)  # one model, unless the copy must come from float weights
+        helper = model if same and not (quantize_assistant and quantize_target) else load_model(assistant, **options)
         helper = QUANTIZED_COPIES[quantize_assistant](helper) if quantize_assistant else helper
     if pack:
         pack_linear_weights(model)
-    set_eos(tokenizer, model, helper)
+    if own is not None and own.get_vocab() != tokenizer.get_vocab():  # another vocabulary: its own EOS ids
+        set_eos(own, helper)
+        set_eos(tokenizer, model)
+    else:
+        set_eos(tokenizer, model, helper)
     return model, tokenizer, helper
 
 
@@ -167,14 +182,27 @@ def _check_quantize_target(quantize_target: str | None, *, on_cpu: bool, dtype, 
     if quantize_target not in QUANTIZED_TARGETS:
         raise ValueError(f"quantize_target must be one of {sorted(QUANTIZED_TARGETS)} or None, not {quantize_target!r}")
     if not on_cpu:
-        raise ValueError(f"quantize_target={quantize_target!r} needs the target on the CPU (fbgemm's int8 kernel)")
+        raise ValueError(f"quantize_target={quantize_target!r} needs the target on the CPU (row-invariant CPU kernels)")
     if to_dtype(dtype) != torch.float32:
-        raise ValueError(f"quantize_target={quantize_target!r} needs dtype float32 (activations enter the int8 kernel "
-                         f"as float32), not {dtype!r}")
+        raise ValueError(f"quantize_target={quantize_target!r} needs dtype float32 (activations enter the quantized "
+                         f"kernels as float32), not {dtype!r}")
     if pack:
         raise ValueError(f"quantize_target={quantize_target!r} and pack=True exclude each other "
-                         "(packing keeps float weights; the int8 target has none left to pack)")
+                         "(packing keeps float weights; a quantized target has none left to pack)")
     check_engine()
+
+
+def _is_gguf(source) -> bool:
+    """Whether `source` is a GGUF: a .gguf file or a named source (converted from one)."""
+    return str(source) in SOURCES or str(source).endswith(".gguf")
+
+
+def _gguf_of(source) -> Path | None:
+    """The GGUF file whose 4-bit groups an int4 target keeps: a .gguf source, or a named source's own file (kept in
+    its cache folder, assembled once); None for a float source (hub id or folder)."""
+    if str(source) in SOURCES:
+        return gguf_file(str(source))
+    return Path(source) if _is_gguf(source) else None
 
 
 def _check_target_attention(source) -> None:

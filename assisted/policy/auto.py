@@ -52,131 +52,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from assisted.policy.costs import CostTable, StepCost
+from assisted.policy.costs import N_MAX, CostTable, StepCost
+from assisted.policy.estimates import CONFIDENCE_BINS, Calibration, Estimates, confidence_bins
 
 if TYPE_CHECKING:
     from drafting.base import Draft
     from drafting.tree import Branch
 
-CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # lower edges of the calibration bins
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """P(the target accepts a draft | the assistant's confidence in it): decayed counts per confidence bin.
-
-    Each bin's estimate starts from the confidence itself, worth `prior_weight` judged tokens.
-    """
-
-    accepted: tuple[float, ...] = (0.0,) * len(CONFIDENCE_BINS)
-    judged: tuple[float, ...] = (0.0,) * len(CONFIDENCE_BINS)
-    prior_weight: float = 1.0
-
-    def observed(self, confidence: tuple[float, ...], accepted: int, decay: float) -> Calibration:
-        """After the target judged drafts of these confidences (NaN: none) and accepted the first `accepted`."""
-        conf = np.asarray(confidence, dtype=float)  # (j,)
-        known = ~np.isnan(conf)
-        if not known.any():
-            return self
-        bins = confidence_bins(conf[known])
-        hits = (np.arange(len(conf)) < accepted)[known].astype(float)
-        touched = np.bincount(bins, minlength=len(CONFIDENCE_BINS)) > 0
-        fade = np.where(touched, decay, 1.0)
-        acc = fade * np.asarray(self.accepted) + np.bincount(bins, hits, len(CONFIDENCE_BINS))
-        judged = fade * np.asarray(self.judged) + np.bincount(bins, minlength=len(CONFIDENCE_BINS))
-        return replace(self, accepted=tuple(acc.tolist()), judged=tuple(judged.tolist()))
-
-    def predict(self, confidence: np.ndarray, optimism: float = 0.0) -> np.ndarray:
-        """(j,) acceptance probabilities for (j,) confidences; NaN stays NaN.
-
-        The mean of the bin's Beta posterior, plus `optimism` times its standard deviation: an optimistic
-        estimate is wide where the bin has little evidence, so one unlucky rejection cannot make a cut drop
-        every later draft of that confidence unverified (and so never judged again).
-        """
-        known = ~np.isnan(confidence)
-        bins = confidence_bins(np.where(known, confidence, 0.0))
-        acc, judged = np.asarray(self.accepted)[bins], np.asarray(self.judged)[bins]
-        evidence = judged + self.prior_weight
-        mean = (acc + self.prior_weight * confidence) / evidence
-        spread = np.sqrt(np.clip(mean * (1.0 - mean), 0.0, None) / (evidence + 1.0))
-        return np.where(known, np.minimum(mean + optimism * spread, 1.0), np.nan)
-
-
-def confidence_bins(confidence: np.ndarray) -> np.ndarray:
-    """(j,) index into CONFIDENCE_BINS of each of (j,) confidences."""
-    return np.clip(np.searchsorted(CONFIDENCE_BINS, confidence, side="right") - 1, 0, len(CONFIDENCE_BINS) - 1)
-
-
-@dataclass(frozen=True)
-class Estimates:
-    """A cost-aware policy's beliefs: costs, acceptance, and the two modes' tokens per second."""
-
-    target_seconds: tuple[float, ...]  # [n]: seconds of a target forward over n tokens, n = 0..k_max + 1
-    draft_per_token: float  # seconds per assistant token (one assistant forward)
-    acceptance: float  # mean acceptance of the assistant's verified drafts (decayed)
-    calibration: Calibration  # acceptance given the assistant's confidence
-    plain_rate: float  # tokens per second of plain decoding, 1 / target(1)
-    drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
-    lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
-    optimism: float = 0.0  # where the cut would verify nothing, it rereads acceptance this many stds above the mean
-    window: int | None = None  # the most drafts of the next step (None: k_max)
-    leaf_calibration: Calibration = Calibration()  # P(the target picks the runner-up | the sibling was rejected)
-
-    @property
-    def price(self) -> float:
-        """Tokens a second is worth: the better of plain decoding's rate and the measured drafting rate."""
-        return max(self.plain_rate, self.drafting_rate or 0.0)
-
-    def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
-        """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
-
-        Value of verifying i drafts: sum of their survival probabilities - price * target(i + 1); of
-        drafting m more: all j survivals + survival_j * (a + ... + a^m) - price * (target(j + m + 1) +
-        m * draft), with a = max(the latest draft's predicted acceptance, the mean acceptance) and price the
-        better of the plain and the drafting rate (tokens per second). Drafting seconds already spent are sunk.
-        Acceptance is read at the calibration's mean; where that would verify nothing, at `optimism`
-        standard deviations above it, and the drafts so far are verified if that pays: a draft that is not
-        verified is never judged, so an estimate that one unlucky rejection pushed down could not recover.
-        """
-        decision = self._cut(self.accepts(confidence), k_max)
-        if decision == 0 and self.optimism:
-            hopeful = self._cut(self.accepts(confidence, self.optimism), k_max)
-            decision = len(confidence) if hopeful is None else hopeful
-        return decision
-
-    def _cut(self, acc: np.ndarray, k_max: int) -> int | None:
-        survival = np.cumprod(acc)  # (j,) P(the first i drafts are all accepted)
-        seconds, j, rate = np.asarray(self.target_seconds), len(acc), self.price
-        keep = np.concatenate([[0.0], np.cumsum(survival)]) - rate * seconds[1 : j + 2]  # (j + 1,)
-        cap = min(k_max, len(seconds) - 2, k_max if self.window is None else self.window)
-        if j < cap:
-            m = np.arange(1, cap - j + 1)  # (M,)
-            a = min(max(float(acc[-1]), self.acceptance), 1.0 - 1e-9)
-            more = survival.sum() + survival[-1] * a * (1.0 - a**m) / (1.0 - a)
-            more = more - rate * (seconds[j + 1 + m] + m * self.draft_per_token)
-            if more.max() > keep.max():
-                return None
-        return int(np.argmax(keep))
-
-    def leaf_pays(self, before: tuple[float, ...], sibling: float, leaf: float, rows: int) -> bool:
-        """Whether a side leaf's expected extra token is worth one more row in a forward over `rows` tokens.
-
-        Expected extra token: P(the drafts `before` its sibling are accepted) * P(the sibling, of confidence
-        `sibling`, is rejected) * P(the target picks the leaf, of confidence `leaf` among the rest). Price:
-        target(rows + 1) - target(rows) seconds at `price`; past the curve's end a row is free, as the cost table
-        holds its largest measured n. NaN in `before` marks a prompt-lookup draft.
-        """
-        reach = float(np.prod(self.accepts(before)))
-        rejected = 1.0 - float(self.accepts((sibling,))[0])
-        picked = float(self.leaf_calibration.predict(np.array([leaf]))[0])
-        last = len(self.target_seconds) - 1
-        extra = self.target_seconds[min(rows + 1, last)] - self.target_seconds[min(rows, last)]
-        return reach * rejected * picked > self.price * extra
-
-    def accepts(self, confidence: tuple[float, ...], optimism: float = 0.0) -> np.ndarray:
-        """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft."""
-        acc = self.calibration.predict(np.asarray(confidence, dtype=float), optimism)
-        return np.where(np.isnan(acc), self.lookup_acceptance, acc)
+__all__ = ["CONFIDENCE_BINS", "Auto", "AutoConfig", "AutoState", "Calibration", "Estimates", "choose",
+           "confidence_bins", "estimate", "observe", "observe_leaf"]
 
 
 @dataclass(frozen=True)
@@ -218,51 +102,76 @@ class AutoState:
     leaf_calibration: Calibration = field(default_factory=Calibration)  # the runner-up's, given its confidence
 
 
+PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
+          "probe_loss")  # what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
+
+
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
             confidence: tuple[float, ...] = ()) -> AutoState:
-    """The state after one step: the target judged the first `drafted` of the verified drafts (the assistant's
-    confidence in each verified draft: `confidence`; NaN, or missing, for prompt-lookup drafts) and accepted
-    `accepted`. Timings update the costs and, for a drafting step, the drafting rate.
+    """The state after one step of a row decoded alone: `learn` what the target judged, then `time_step` what the
+    step cost. The target judged the first `drafted` of the verified drafts (the assistant's confidence in each
+    verified draft: `confidence`; NaN, or missing, for prompt-lookup drafts) and accepted `accepted`."""
+    row = learn(state, drafted, accepted, cost is not None and cost.drafted > 0, cfg, confidence)
+    return time_step(row, cost, cfg, [(row, confidence)])
 
-    A drafting step counts its *expected* tokens, 1 + the verified drafts' survival probabilities under the
-    updated calibration: the same mean as the tokens it committed, without the luck of one rejection.
-    The timings of the call's first target forward (the prompt's prefill) and first assistant call (the
-    assistant's prefill) say nothing about a decoding step and are not recorded; a drafting step that holds
-    one still counts toward the drafting rate, at the seconds the cost table predicts for it (its tokens are
-    evidence like any other step's: a call that starts with a lucky or an unlucky draft is not judged on the
-    two steps after it alone). The warm-up's uncut drafts are not recorded.
-    """
-    costs, prefilled, drafted_before = state.costs, state.prefilled, state.drafted_before
-    step_seconds = _step_seconds(state, cost, len(confidence))
-    timed = step_seconds is not None and warmed_up(state)
-    if cost is not None and cost.target_tokens:
-        costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay) if prefilled else costs
-        prefilled = True
-    if cost is not None and cost.drafted:
-        costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
-        drafted_before = True
+
+def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoConfig,
+          confidence: tuple[float, ...] = ()) -> AutoState:
+    """A row's beliefs after the target judged its drafts (`asked`: the assistant drafted for it this step): mean
+    acceptance of assistant and prompt-lookup drafts, the calibration, and the window (a step that verified drafts
+    sets it to `window_growth` x its accepted run + 1; one whose cut verified nothing says nothing about it)."""
     verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
     d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
-    new = replace(state, costs=costs, prefilled=prefilled, drafted_before=drafted_before,
-                  judged=d * state.judged + int((~lookup).sum()),
+    new = replace(state, judged=d * state.judged + int((~lookup).sum()),
                   accepted=d * state.accepted + int((ok & ~lookup).sum()),
                   lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
                   lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
+    return replace(new, window=cfg.window_growth * (accepted + 1)) if asked and drafted else new
+
+
+def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
+              rows: list[tuple[AutoState, tuple[float, ...]]], width: int = 1) -> AutoState:
+    """The prices after one step whose forward served `rows` (each row's beliefs after `learn`, and the assistant's
+    confidence in each draft it verified) with `width` rows: the cost table, and for a drafting step the rates.
+
+    A drafting step counts its *expected* tokens, for each row 1 + its verified drafts' survival probabilities
+    under its updated calibration: the same mean as the tokens committed, without the luck of one rejection.
+    The timings of the first target forward (the prompt's prefill) and first assistant call (the assistant's
+    prefill) say nothing about a decoding step and are not recorded; a drafting step that holds one still counts
+    toward the drafting rate, at the seconds the cost table predicts for it (its tokens are evidence like any other
+    step's: a call that starts with a lucky or an unlucky draft is not judged on the two steps after it alone).
+    The warm-up's uncut drafts are not recorded.
+    """
+    costs, prefilled, drafted_before = prices.costs, prices.prefilled, prices.drafted_before
+    step_seconds = _step_seconds(prices, cost, max((len(c) for _, c in rows), default=0), width)
+    timed = step_seconds is not None and warmed_up(prices, width)
+    if cost is not None and cost.target_tokens:
+        if prefilled:
+            costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay, N_MAX * width)
+        prefilled = True
+    if cost is not None and cost.drafted:
+        costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
+        drafted_before = True
+    new = replace(prices, costs=costs, prefilled=prefilled, drafted_before=drafted_before)
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
-        return replace(new, idle=state.idle + 1)
-    if drafted:  # a step whose cut verified nothing says nothing about the run the target would accept
-        new = replace(new, window=cfg.window_growth * (accepted + 1))
+        return replace(new, idle=prices.idle + 1)
     if not timed:
         return replace(new, idle=0)
-    est = estimate(new, cfg)
-    tokens = cfg.rate_decay * state.drafting_tokens + 1.0 + float(np.cumprod(est.accepts(verified)).sum())
-    seconds = cfg.rate_decay * state.drafting_seconds + step_seconds
-    plain_tokens = seconds * est.plain_rate  # what plain decoding commits in the drafting steps' time
+    tokens = cfg.rate_decay * prices.drafting_tokens
+    for row, confidence in rows:
+        tokens += 1.0 + float(np.cumprod(estimate(priced(row, new), cfg, width).accepts(confidence)).sum())
+    seconds = cfg.rate_decay * prices.drafting_seconds + step_seconds
+    plain_tokens = seconds * estimate(new, cfg, width).plain_rate  # what plain decoding commits in that time
     deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
     return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
-                   drafting_steps=state.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
+                   drafting_steps=prices.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
+
+
+def priced(beliefs: AutoState, prices: AutoState) -> AutoState:
+    """A row's beliefs with the prices of the forward it shares (the same object when it is decoded alone)."""
+    return beliefs if beliefs is prices else replace(beliefs, **{f: getattr(prices, f) for f in PRICES})
 
 
 def observe_leaf(state: AutoState, confidence: float, picked: bool, cfg: AutoConfig) -> AutoState:
@@ -272,7 +181,7 @@ def observe_leaf(state: AutoState, confidence: float, picked: bool, cfg: AutoCon
     return replace(state, leaf_calibration=calibration)
 
 
-def _step_seconds(state: AutoState, cost: StepCost | None, verified: int) -> float | None:
+def _step_seconds(state: AutoState, cost: StepCost | None, verified: int, width: int = 1) -> float | None:
     """The step's seconds without prefills: as measured, or for a step that holds a prefill as the cost table
     predicts for its forward over `verified` drafts and its drafted tokens (None: no target forward, or no
     assistant timing to predict with)."""
@@ -282,55 +191,69 @@ def _step_seconds(state: AutoState, cost: StepCost | None, verified: int) -> flo
         return cost.seconds
     if state.costs.draft_per_token is None:
         return None
-    return float(state.costs.curve(verified + 1)[verified + 1]) + cost.drafted * state.costs.draft_per_token
+    return float(state.costs.curve(verified + 1, width)[verified + 1]) + cost.drafted * state.costs.draft_per_token
 
 
-def estimate(state: AutoState, cfg: AutoConfig) -> Estimates:
-    """Current beliefs: the target's cost curve, the assistant's cost, acceptance and both modes' rates."""
+def estimate(state: AutoState, cfg: AutoConfig, width: int = 1) -> Estimates:
+    """Current beliefs: the target's cost curve, the assistant's cost, acceptance and both modes' rates; for a
+    forward of `width` rows, the curve at n positions per row and the batch's rates."""
     prior = cfg.acceptance_prior * cfg.prior_weight
     acceptance = (state.accepted + prior) / (state.judged + cfg.prior_weight)
     lookup = (state.lookup_accepted + prior) / (state.lookup_judged + cfg.prior_weight)
-    curve = tuple(state.costs.curve(cfg.k_max + 1).tolist())
-    plain = 1.0 / curve[1] if curve[1] > 0 else 0.0
+    curve = tuple(state.costs.curve(cfg.k_max + 1, width).tolist())
+    plain = width / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
                      cfg.optimism, max(state.window, state.k0), state.leaf_calibration)
 
 
-def _drafting_pays(state: AutoState, cfg: AutoConfig) -> bool:
-    est = estimate(state, cfg)
+def _drafting_pays(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
+    est = estimate(state, cfg, width)
     return state.drafting_steps < cfg.min_drafting_steps or est.drafting_rate >= est.plain_rate
 
 
-def _wait(state: AutoState, cfg: AutoConfig) -> int:
+def _wait(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
     """Plain steps before the next probe: enough that a drafting step's expected loss is `probe_budget` of them."""
-    step = state.costs.curve(1)[1]
+    step = state.costs.curve(1, width)[1]
     return max(1, math.ceil(state.probe_loss / (cfg.probe_budget * step))) if step > 0 else 1
 
 
-def warmed_up(state: AutoState) -> bool:
-    """The cost table holds a forward that verified drafts and one that verified none."""
+def warmed_up(state: AutoState, width: int = 1) -> bool:
+    """The cost table holds a forward that verified drafts and one that verified none (of `width` rows)."""
     measured = state.costs.measured()
-    return 1 in measured and any(n > 1 for n in measured)
+    return width in measured and any(n > width for n in measured)
 
 
-def choose(state: AutoState, cfg: AutoConfig) -> int:
-    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), or 0
-    (plain decoding).
+def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
+    """What the next step does: "warm-up" (k0 uncut drafts, to time a forward that verifies drafts), "plain" or
+    "draft" (up to the window, cut by `Estimates.cut`).
 
     Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
     verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
     call drafts until its drafting rate is measured over `min_drafting_steps` steps, and keeps drafting
-    while that rate is at least plain decoding's.
+    while that rate is at least plain decoding's, probing again after a budgeted loss.
     """
     measured = state.costs.measured()
-    if not any(n > 1 for n in measured):
+    if not any(n > width for n in measured):
+        return "warm-up"
+    if width not in measured:
+        return "plain"
+    if _drafting_pays(state, cfg, width) or state.idle >= _wait(state, cfg, width):
+        return "draft"
+    return "plain"
+
+
+def choose(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
+    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), or 0
+    (plain decoding); k0 (or 1) during the warm-up (`mode`)."""
+    return cap(state, cfg, mode(state, cfg, width))
+
+
+def cap(state: AutoState, cfg: AutoConfig, step: str) -> int:
+    """A row's draft cap in a step of this `mode`."""
+    if step == "warm-up":
         return state.k0 or 1
-    if 1 not in measured:
-        return 0
-    if _drafting_pays(state, cfg) or state.idle >= _wait(state, cfg):
-        return min(cfg.k_max, max(state.window, state.k0))
-    return 0
+    return min(cfg.k_max, max(state.window, state.k0)) if step == "draft" else 0
 
 
 class Auto:
@@ -349,6 +272,9 @@ class Auto:
     calibration : Calibration, optional
         Acceptance per confidence bin learned by earlier calls on the pair with the same sampling
         (`assisted.policy.costs.recall_calibration`); each bin starts from the confidence itself otherwise.
+    prices : assisted.policy.prices.SharedPrices, optional
+        The costs and rates of the forwards this row shares with others (one engine's rows, `costs` then unused):
+        it decides by them, and the engine times each step once for all rows. None: the row prices alone.
 
     Notes
     -----
@@ -357,15 +283,24 @@ class Auto:
     """
 
     def __init__(self, k: int, config: AutoConfig | None = None, costs: CostTable | None = None,
-                 calibration: Calibration | None = None):
-        self.config = config or AutoConfig()
+                 calibration: Calibration | None = None, prices=None):
+        self.config, self.prices = config or AutoConfig(), prices
         self.state = AutoState(k0=k, costs=costs or CostTable(), calibration=calibration or Calibration())
-        self._refresh()
+        self.refresh()
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None,
                confidence: tuple[float, ...] = ()) -> None:
-        self.state = observe(self.state, drafted, accepted, cost, self.config, confidence)
-        self._refresh()
+        if self.prices is None:
+            self.state = observe(self.state, drafted, accepted, cost, self.config, confidence)
+        else:  # the engine times the shared forward once, after every row has learned (`SharedPrices.observe`)
+            self.state = learn(self.state, drafted, accepted, cost is not None and cost.drafted > 0, self.config,
+                               confidence)
+        self.refresh()
+
+    @property
+    def priced(self) -> AutoState:
+        """This row's beliefs at the prices it decides by."""
+        return self.state if self.prices is None else priced(self.state, self.prices.state)
 
     @property
     def lookup_k(self) -> int:
@@ -374,11 +309,15 @@ class Auto:
 
     def cut(self, confidence: tuple[float, ...]) -> int | None:
         """None: draft another token; else verify the first this-many drafts (no cut during the warm-up)."""
-        return self._estimates.cut(confidence, self.config.k_max) if self._cuts else None
+        if not self._cuts:
+            return None
+        if self.prices is None:
+            return self._estimates.cut(confidence, self.config.k_max)
+        return self.prices.cut(self, confidence)
 
     def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
         """Whether `branch`, a side leaf of `draft`, pays for one more row next to the draft's `rows`
-        (`Estimates.leaf_pays`).
+        (`Estimates.leaf_pays`; in a batch, next to the other rows' feeds).
 
         Greedy, a leaf after which the target's token is not committed (EOS, a coalesced forced run) commits no
         more than the target's correction would: it never pays. Sampling, that depends on the runner-up drawn,
@@ -388,21 +327,25 @@ class Auto:
             return False
         confidence = draft.model_confidence
         ahead = sum(s != "forced" for s in draft.sources[: branch.at])  # model drafts before the sibling
-        return self._estimates.leaf_pays(confidence[:ahead], confidence[ahead], branch.confidence, rows)
+        beside = 0 if self.prices is None else self.prices.beside(self)
+        return self._estimates.leaf_pays(confidence[:ahead], confidence[ahead], branch.confidence, rows, beside)
 
     def observe_leaf(self, confidence: float, picked: bool) -> None:
         self.state = observe_leaf(self.state, confidence, picked, self.config)
-        self._refresh()
+        self.refresh()
 
     def estimates(self) -> Estimates:
         return self._estimates
 
     def learned(self) -> CostTable:
-        return self.state.costs
+        return self.priced.costs
 
     def calibration(self) -> Calibration:
         return self.state.calibration
 
-    def _refresh(self) -> None:
-        self.k = choose(self.state, self.config)
-        self._estimates, self._cuts = estimate(self.state, self.config), warmed_up(self.state)
+    def refresh(self) -> None:
+        """Decide the next step from the current beliefs and prices (`SharedPrices` asks again once it has timed a
+        step)."""
+        width, state = (1 if self.prices is None else self.prices.width), self.priced
+        self.k = cap(state, self.config, mode(state, self.config, width) if self.prices is None else self.prices.mode)
+        self._estimates, self._cuts = estimate(state, self.config, width), warmed_up(state, width)

@@ -29,9 +29,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from assisted.models.int4 import linear_kernels
 from assisted.models.packing import is_packed
 
-N_MAX = 64  # forwards over more tokens than this (prompt prefills) are not recorded
+N_MAX = 64  # forwards over more tokens than this per row (prompt prefills) are not recorded
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ class CostTable:
     target: tuple[tuple[int, float, float], ...] = ()  # (n, mean seconds, weight), sorted by n
     draft_per_token: float | None = None  # None: not measured yet
 
-    def with_target(self, n: int, seconds: float, decay: float) -> CostTable:
-        """The table after one forward over n tokens took `seconds` (older timings at n fade by `decay`)."""
-        if not 0 < n <= N_MAX:
+    def with_target(self, n: int, seconds: float, decay: float, limit: int = N_MAX) -> CostTable:
+        """The table after one forward over n tokens took `seconds` (older timings at n fade by `decay`); forwards
+        over more than `limit` are not recorded."""
+        if not 0 < n <= limit:
             return self
         rows = {m: (mean, weight) for m, mean, weight in self.target}
         mean, weight = rows.get(n, (0.0, 0.0))
@@ -74,13 +76,14 @@ class CostTable:
         """The n with at least one timing."""
         return tuple(n for n, _, _ in self.target)
 
-    def curve(self, n_max: int) -> np.ndarray:
-        """(n_max + 1,) target seconds for n = 0..n_max ([0] = 0): interpolated between measured n, flat past them."""
+    def curve(self, n_max: int, rows: int = 1) -> np.ndarray:
+        """(n_max + 1,) target seconds of a forward over `rows` rows of n tokens each, n = 0..n_max ([0] = 0):
+        interpolated between measured sizes, flat past them."""
         if not self.target:
             return np.zeros(n_max + 1)
         xs = np.array([n for n, _, _ in self.target], dtype=float)
         ys = np.array([mean for _, mean, _ in self.target])
-        out = np.interp(np.arange(n_max + 1, dtype=float), xs, ys)
+        out = np.interp(np.arange(n_max + 1, dtype=float) * rows, xs, ys)
         out[0] = 0.0
         return out
 
@@ -101,13 +104,14 @@ _ALONE = _Alone()
 
 def _device_key(model, engine: str) -> tuple:
     p = next(model.parameters())
-    return str(p.device), str(p.dtype), torch.get_num_threads(), is_packed(model), engine
+    return str(p.device), str(p.dtype), torch.get_num_threads(), is_packed(model), linear_kernels(model), engine
 
 
 def recall(target, assistant, engine: str = "dynamic") -> CostTable | None:
     """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads,
-    weight layout (`assisted.models.packing`) and engine (`assisted.caching.CachePlan.engine`: a captured step costs a
-    fraction of an eager one)."""
+    weight layout (`assisted.models.packing`), Linear kernels (float, int8, int4: `assisted.models.int4.linear_kernels`;
+    a model quantized in place is another target) and engine (`assisted.caching.CachePlan.engine`: a captured step
+    costs a fraction of an eager one)."""
     with _LOCK:
         pairs = _MEMORY.get(target)
         entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)

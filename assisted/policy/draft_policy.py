@@ -101,8 +101,11 @@ class Heuristic(Constant):
 SCHEDULES = {"constant": Constant, "heuristic": Heuristic, "auto": Auto}
 
 
-def make_policy(schedule: str, k: int, costs: CostTable | None = None, calibration: Calibration | None = None
-                ) -> Policy:
+def make_policy(schedule: str, k: int, costs: CostTable | None = None, calibration: Calibration | None = None,
+                prices=None) -> Policy:
     """The policy named `schedule` (one of SCHEDULES), starting at `k`; `auto` also from a pair's measured `costs`
-    and the `calibration` of its earlier calls with the same sampling."""
-    return Auto(k, costs=costs, calibration=calibration) if schedule == "auto" else SCHEDULES[schedule](k)
+    and the `calibration` of its earlier calls with the same sampling, priced by the engine's shared `prices`
+    (`assisted.policy.prices.SharedPrices`; None: alone, by `costs`)."""
+    if schedule == "auto":
+        return Auto(k, costs=costs, calibration=calibration, prices=prices)
+    return SCHEDULES[schedule](k)

@@ -1,2 +1,2 @@
-"""B rows per forward: `generate_batch` / `generate_batch_iter` (batched.py), the rows engine (batch_engine.py),
-each row's inputs checked at admission (batch_rows.py) and the batch's statistics (batched_stats.py)."""
+"""The decode engine for one row or many (engine.py), a row being decoded (row.py), each row's inputs set up once
+(inputs.py) and the batch's statistics (stats.py)."""

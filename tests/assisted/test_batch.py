@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import assisted
-from assisted.jobs import batch_lock
-from assisted.jobs.batch import BatchError, read_input, read_output
-from assisted.jobs.batch_lock import OutputBusy, lock_path, output_lock
+from assisted.jobs import lock as batch_lock
+from assisted.jobs.run import BatchError, read_input, read_output
+from assisted.jobs.lock import OutputBusy, lock_path, output_lock
 from assisted.cli import main
 from tests.assisted.test_cli import pair  # noqa: F401 (the CLI tests' tiny pair, a fixture)
 
@@ -318,12 +318,12 @@ WRITER_CHILD = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-import assisted.jobs.batch
+import assisted.jobs.run
 from assisted.cli import main
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pair = tiny_llama(49152, seed=0), smollm2_tokenizer(), tiny_llama(49152, seed=1)
-real, writes = assisted.jobs.batch.write_line, []
+real, writes = assisted.jobs.run.write_line, []
 
 def write(out, record):
     writes.append(1)
@@ -332,7 +332,7 @@ def write(out, record):
         sys.stdin.readline()  # wait here for the parent's SIGKILL
     real(out, record)
 
-assisted.jobs.batch.write_line = write
+assisted.jobs.run.write_line = write
 sys.exit(main(json.loads(sys.argv[1]), load=lambda args: pair))
 """
 

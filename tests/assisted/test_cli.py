@@ -92,8 +92,11 @@ def test_a_rerun_skips_done_ids_and_rewrites_nothing(pair, files, capsys, monkey
 
 
 def untimed(record):
-    """The record without what a rerun may change: timings, and prefill (its prefix cache starts empty)."""
-    del record["stats"]["seconds"], record["stats"]["prefill_tokens"]
+    """The record without what a rerun may change: timings, prefill (its prefix cache starts empty), and how its
+    drafts were priced (`auto` prices the rows of a batch together, and the rerun's batch holds other rows)."""
+    for name in ("seconds", "prefill_tokens", "target_forward_passes", "assistant_forward_passes", "drafted",
+                 "accepted"):
+        del record["stats"][name]
     return record
 
 

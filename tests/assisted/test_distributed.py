@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from assisted.jobs.batch import BatchError, read_input
+from assisted.jobs.run import BatchError, read_input
 from assisted.jobs.distributed import BatchGenerator, output_record, rows_of
 from tests.assisted.test_cli import POINT, V
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
@@ -91,14 +91,14 @@ def test_a_loader_failure_is_one_line_naming_the_model():
 
 def test_the_library_imports_without_ray():
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import assisted, assisted.jobs.distributed, assisted.jobs.ray_batch, assisted.cli\n"
+            "import assisted, assisted.jobs.distributed, assisted.jobs.ray, assisted.cli\n"
             "assisted.cli.parse_args(['batch', '--model', 'm', '--input', 'i', '--output', 'o', '--ray'])")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_ray_settings_follow_the_batch_arguments(tmp_path, capsys):
     from assisted.cli import main, parse_args
-    from assisted.jobs.ray_batch import ray_settings
+    from assisted.jobs.ray import ray_settings
     args = parse_args(["batch", "--model", "m", "--assistant", "a", "--input", "i", "--output", "o", "--ray",
                        "ray://head:10001", "--workers", "3", "--device", "cuda:1", "--dtype", "bfloat16"])
     settings = ray_settings(args, {"regex": "a+"}, {"max_new_tokens": 9})
@@ -121,7 +121,7 @@ def test_ray_settings_follow_the_batch_arguments(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    from assisted.jobs.ray_batch import start_local_ray
+    from assisted.jobs.ray import start_local_ray
     start_local_ray(num_cpus=2)
     yield ray
     ray.shutdown()
@@ -138,7 +138,7 @@ def documents(tmp_path):
 
 @pytest.mark.ray
 def test_ray_batch_resumes_and_writes_each_id_once_after_a_killed_worker(local_ray, documents, tmp_path):
-    from assisted.jobs.ray_batch import RaySettings, run_ray_batch
+    from assisted.jobs.ray import RaySettings, run_ray_batch
     docs = list(documents.documents())
     out, marker = tmp_path / "out.jsonl", tmp_path / "killed"
     here = generator()  # the same models in this process: the reference outputs
@@ -169,8 +169,8 @@ def test_ray_batch_resumes_and_writes_each_id_once_after_a_killed_worker(local_r
 
 DRIVER_CHILD = """
 import sys
-import assisted.jobs.ray_batch as ray_batch
-from assisted.jobs.batch import read_input
+import assisted.jobs.ray as ray_batch
+from assisted.jobs.run import read_input
 from tests.assisted.test_distributed import OPTIONS, POINT, tiny_loader
 
 real, writes = ray_batch.write_line, []
@@ -211,7 +211,7 @@ def test_a_ray_driver_killed_mid_run_then_rerun_writes_each_id_once(documents, t
     """SIGKILL of `--ray`'s driver after three documents, then a rerun (its own local Ray, or the module's): each id
     once, the killed run's lines first."""
     pytest.importorskip("ray")
-    from assisted.jobs.ray_batch import RaySettings, run_ray_batch
+    from assisted.jobs.ray import RaySettings, run_ray_batch
     docs, out, script = tmp_path / "docs.jsonl", tmp_path / "out.jsonl", tmp_path / "driver.py"
     script.write_text(DRIVER_CHILD)
     root = Path(__file__).resolve().parents[2]
@@ -245,7 +245,7 @@ def test_a_ray_driver_killed_mid_run_then_rerun_writes_each_id_once(documents, t
 
 @pytest.mark.ray
 def test_a_worker_that_cannot_load_fails_the_run_with_one_line(local_ray, documents, tmp_path):
-    from assisted.jobs.ray_batch import RaySettings, run_ray_batch
+    from assisted.jobs.ray import RaySettings, run_ray_batch
     settings = RaySettings(workers=1, worker_kwargs={"model": "nowhere", "loader": missing_loader})
     with pytest.raises(BatchError) as raised:
         run_ray_batch(documents, tmp_path / "out.jsonl", settings, report=lambda message: None, progress=False)
@@ -254,7 +254,7 @@ def test_a_worker_that_cannot_load_fails_the_run_with_one_line(local_ray, docume
 
 
 def test_a_local_run_checks_the_sources_before_starting_ray(documents, tmp_path):
-    from assisted.jobs.ray_batch import RaySettings, run_ray_batch
+    from assisted.jobs.ray import RaySettings, run_ray_batch
     settings = RaySettings(worker_kwargs={"model": str(tmp_path / "nowhere")})
     with pytest.raises(BatchError, match=r"^cannot load --model .*nowhere: cannot load '.*nowhere' as a local folder"):
         run_ray_batch(documents, tmp_path / "out.jsonl", settings, report=lambda message: None, progress=False)

@@ -146,7 +146,7 @@ def test_a_row_does_not_depend_on_its_neighbours_or_their_order(tok, models, pla
 
 
 def test_rows_with_different_schemas_share_compiled_guides(tok, models, plain_reference, monkeypatch):
-    import assisted.rows.batch_rows as rows
+    import assisted.rows.inputs as rows
 
     built, real = [], rows.make_cursor
     monkeypatch.setattr(rows, "make_cursor", lambda schema, *args: built.append(schema) or real(schema, *args))
@@ -177,8 +177,9 @@ def test_bad_rows_get_their_own_error_and_the_others_finish(tok, models, plain_r
 @pytest.mark.parametrize("bad, error", [
     (dict(batch_size=0), "batch_size"), (dict(prompts="one string"), "must be a list"),
     (dict(schema=[POINT]), "schema is a list of 1"), (dict(regex="a+", schema=POINT), "at most one"),
-    (dict(streamer=object()), "streamer"), (dict(prefix_cache=object()), "prefix_cache"), (dict(tree=True), "tree"),
-    (dict(num_assistant_tokens_schedule="auto"), "'auto'"), (dict(cache_implementation="static"), "static"),
+    (dict(streamer=object()), "streamer"), (dict(streamer=[object(), None]), "streamer"),
+    (dict(prefix_cache=object()), "prefix_cache"), (dict(tree="yes"), "tree"), (dict(share_prefix=1), "share_prefix"),
+    (dict(cache_implementation="static"), "static"), (dict(cuda_graphs=True), "cuda_graphs"),
     (dict(seed=[1, -1]), "seed"), (dict(do_sample=True, temperature=0.0), "temperature"),
     (dict(top_p=2.0), "top_p"), (dict(guide_options={"policy": "spec"}), "need a schema"),
     (dict(not_an_option=1), "not_an_option"), (dict(attention="flash_attention_2"), "attn_implementation"),
@@ -291,7 +292,7 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
         return main(args, load=lambda args: pair)
 
     assert run(tmp_path / "one.jsonl", "--batch-size", "1") == 0
-    writes, real = [], assisted.jobs.batch.write_line
+    writes, real = [], assisted.jobs.run.write_line
 
     def crash_on_the_fourth_line(out, record):
         writes.append(record)
@@ -299,9 +300,9 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
             raise KeyboardInterrupt
         real(out, record)
 
-    monkeypatch.setattr(assisted.jobs.batch, "write_line", crash_on_the_fourth_line)
+    monkeypatch.setattr(assisted.jobs.run, "write_line", crash_on_the_fourth_line)
     assert run(tmp_path / "three.jsonl", "--batch-size", "3") == 130  # interrupted after three lines
-    monkeypatch.setattr(assisted.jobs.batch, "write_line", real)
+    monkeypatch.setattr(assisted.jobs.run, "write_line", real)
     assert run(tmp_path / "three.jsonl", "--batch-size", "3") == 0  # resumed
     one, three = ([json.loads(x) for x in (tmp_path / name).read_text().splitlines()] for name in
                   ("one.jsonl", "three.jsonl"))
@@ -315,15 +316,16 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
 
 @pytest.mark.parametrize("helper", [None, "llama-other"])
 def test_the_cli_engine_prefills_newcomers_from_a_row_sharing_their_prefix(tok, models, plain_reference, helper):
-    from assisted.rows.batch_rows import Item
-    from assisted.rows.batched import make_engine
+    from assisted.generate_batch import make_engine
+    from assisted.rows.inputs import Item, prepared
 
     instruction = "Extract the point as JSON with keys x and tag, nothing else. " * 3
     prompts = [f"{instruction}Doc {i}: {p}" for i, p in enumerate(PROMPTS)]
     refs = references(plain_reference, models["llama-eos"], tok, prompts, max_new_tokens=20, schema=POINT)
     engine = make_engine(models["llama-eos"], models.get(helper), tokenizer=tok, batch_size=2, share_prefix=True,
                          max_new_tokens=20)
-    found = dict(engine.run(Item(i, "prompt", p, POINT, None, None) for i, p in enumerate(prompts)))
+    found = dict(engine.run(prepared((Item(i, "prompt", p, POINT, None, None) for i, p in enumerate(prompts)),
+                                     engine.prepare)))
     same_rows([found[i] for i in range(len(prompts))], refs)
     prefilled = [found[i].stats.prefill_tokens for i in range(len(prompts))]
     whole = [len(tok(p)["input_ids"]) for p in prompts]

@@ -1,88 +1,297 @@
-"""assisted.models.int4 (group-wise 4-bit) and assisted.models.loading.int8_copy: quantized copies of an assistant;
-drafting with one stays lossless."""
+"""assisted.models.int4: a row-invariant 4-bit target, the assistant's 4-bit copy, and the int8 fallback.
+
+Row invariance is tested bitwise (torch.equal): one forward over n positions against n one-token steps (dynamic and
+static caches), a row of a padded batch with a hole against the row alone. The identity tests compare generate()
+and generate_batch() over an int4 target with the plain loop of tests/helpers_reference.py over the same int4
+model; sampling is checked against the exact distribution of plain sampling of that model. The GGUF side (groups
+kept exactly) is in test_int4_gguf.py.
+"""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
 from assisted import generate
-from assisted.models.int4 import KERNEL_ROWS, Int4Linear, int4_copy
-from assisted.models.loading import int8_copy, set_eos
-from tests.helpers_models import threads, tiny_llama
+from assisted.models import int4 as int4_models
+from assisted.models.int4 import Int4Linear, int4_copy, linear_kernels, quantize_int4
+from assisted.models.int8 import Int8Linear
+from assisted.models.loading import load_pair, set_eos
+from kernels import int4
+from kernels.attention import ATTENTION
+from kernels.build import Built
+from tests.assisted.test_int8 import SCHEMA, steps_equal_one_forward
+from tests.helpers_models import threads, tiny_gpt2, tiny_llama
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not int4.built().ok, reason=f"int4 kernel unavailable: {int4.built().reason}")]
 
 
-def _linear(out_features: int, in_features: int, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
-    torch.manual_seed(seed)
-    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+def int4_llama(vocab_size: int, seed: int, **kw):
+    return quantize_int4(tiny_llama(vocab_size, seed, **kw))
+
+
+# ------------------------------------------------------------------------------------------------ the Linear
+
+
+def test_a_linear_multiplies_by_its_groups():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(512, 48)
+    layer = Int4Linear.quantized(linear)
+    assert layer.groups_per_block == 8 and Int4Linear.quantized(torch.nn.Linear(96, 8)).groups_per_block == 1
+    groups = int4.quantize(linear.weight, 8)
+    assert torch.equal(layer.dequantized(), groups.dequantize())
+    x = torch.randn(2, 3, 512)
+    y = layer(x)
+    assert y.shape == (2, 3, 48) and torch.equal(y.reshape(6, 48), int4.linear(x.reshape(6, 512), int4.pack(groups),
+                                                                               linear.bias.detach()))
+    assert torch.equal(layer(x.requires_grad_()), y)  # runs where autograd is on (an inference kernel)
+
+
+def test_quantize_int4_replaces_every_linear_and_sets_the_attention():
+    model = int4_llama(300, seed=0, layers=2, hidden=64)
+    assert model.config._attn_implementation == ATTENTION
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert type(model.get_output_embeddings()) is Int8Linear  # the head stays int8, as Q4_K_M keeps it in Q6_K
+    assert type(model.model.layers[0].mlp.down_proj) is Int4Linear
+    assert linear_kernels(model) == "int4 (AVX-512 VNNI) x14, int8 (fbgemm) x1"
+    gpt2 = quantize_int4(tiny_gpt2(300, seed=0))
+    assert {type(m).__name__ for m in gpt2.modules()} & {"Linear", "Conv1D"} == set()
+
+
+# ------------------------------------------------------------------------------------------------ the forward
+
+
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+@pytest.mark.parametrize("make", [lambda: int4_llama(300, seed=0, layers=3, hidden=64),
+                                  lambda: int4_llama(300, seed=0, layers=2, hidden=256),
+                                  lambda: quantize_int4(tiny_gpt2(300, seed=0, layers=2, hidden=64))],
+                         ids=["llama-groups", "llama-superblocks", "gpt2"])
+def test_one_forward_over_n_positions_is_bitwise_n_single_steps(make, cache_kind):
+    model = make()
+    torch.manual_seed(5)
+    ids = torch.randint(0, 300, (40,)).tolist()
+    with torch.inference_mode():
+        for n in range(1, 17):
+            steps_equal_one_forward(model, ids[: 20 + n], 20, cache_kind)
+
+
+def test_the_stock_attention_over_int4_linears_is_not_row_invariant():
+    """The control for the test above: the same int4 Linears with sdpa attention differ."""
+    model = int4_llama(300, seed=0, layers=3, hidden=64)
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(5)
+    ids = torch.randint(0, 300, (40,)).tolist()
+    with torch.inference_mode(), pytest.raises(AssertionError, match="max"):
+        for n in range(2, 17):
+            steps_equal_one_forward(model, ids[: 20 + n], 20, "dynamic")
+
+
+def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
+    """Left padding and a hole in the middle (a rejected draft's slot) leave a row's logits as they are alone."""
+    model = int4_llama(300, seed=1, layers=2, hidden=64)
+    torch.manual_seed(6)
+    row = torch.randint(0, 300, (1, 12))
+    with torch.inference_mode():
+        alone = model(row).logits[0]  # (12, V)
+        padded = torch.cat([torch.randint(0, 300, (1, 5)), row[:, :7], torch.randint(0, 300, (1, 2)), row[:, 7:]], 1)
+        valid = torch.tensor([False] * 5 + [True] * 7 + [False] * 2 + [True] * 5)
+        mask = valid[None, :] & torch.ones(19, 19, dtype=torch.bool).tril()  # (19, 19): causal over valid keys
+        positions = (valid.cumsum(0) - 1).clamp_min(0)[None]
+        ids = torch.cat([padded, torch.randint(0, 300, (1, 19))])  # a second row of the same batch
+        masks = torch.stack([mask, torch.ones(19, 19, dtype=torch.bool).tril()])[:, None]  # (2, 1, 19, 19)
+        out = model(ids, attention_mask=masks, position_ids=torch.cat([positions, torch.arange(19)[None]])).logits
+    assert torch.equal(out[0, valid], alone)
+
+
+# ------------------------------------------------------------------------------------------------ generate
+
+
+@pytest.fixture(scope="module")
+def int4_pair(smol_tokenizer):
+    """An int4 target with peaky logits, an int4 copy of a partly agreeing model and a float model that disagrees."""
+    vocab = len(smol_tokenizer)
+    target = int4_llama(vocab, seed=3, layers=2, hidden=64, init=0.2)
+    near = tiny_llama(vocab, seed=3, layers=2, hidden=64, init=0.2)
     with torch.no_grad():
-        linear.weight[3, :5] = 4.0  # an outlier spoils only its own group
-    return linear
+        for p in near.parameters():
+            p.add_(0.02 * torch.randn_like(p))  # close to the target's float weights: accepts some drafts
+    far = tiny_llama(vocab, seed=11, hidden=64, init=0.2)
+    set_eos(smol_tokenizer, target, near, far)
+    return target, int4_copy(near), far
 
 
-@pytest.mark.parametrize("group_size", [32, 64])
-def test_weights_round_to_within_half_a_step_of_their_group(group_size):
-    linear = _linear(48, 128)
-    quantized = Int4Linear(linear, group_size)
-    weight = linear.weight.detach().reshape(48, 128 // group_size, group_size)
-    step = (weight.amax(-1, keepdim=True) - weight.amin(-1, keepdim=True)) / 15  # (out, groups, 1)
-    error = (quantized.dequantized().reshape_as(weight) - weight).abs()
-    # half a step of rounding, plus the bfloat16 rounding of each group's scale and zero
-    assert (error <= step * 0.5 + weight.abs().amax(-1, keepdim=True) * 2**-7).all()
-    assert error[3].max() > error[4].max()  # row 3 holds the outlier: its groups are coarser
-    assert error[3, 1:].max() < error[3, 0].max()  # ... in its first group only
+@pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "verified-forced"])
+@pytest.mark.parametrize("schema", [None, SCHEMA], ids=["free", "schema"])
+@pytest.mark.parametrize("helper", ["none", "itself", "int4-near", "float-far"])
+def test_greedy_over_an_int4_target_is_its_plain_decoding(smol_tokenizer, int4_pair, plain_reference, every_cache,
+                                                           helper, schema, coalesce):
+    target, near, far = int4_pair
+    assistant = {"none": None, "itself": target, "int4-near": near, "float-far": far}[helper]
+    options = dict(tokenizer=smol_tokenizer, prompt="Once upon a time", max_new_tokens=24, schema=schema,
+                   coalesce=coalesce)
+    ref = plain_reference(target, **options)
+    out = generate(target, assistant, schedule="constant", num_assistant_tokens=4, **options)
+    assert out.token_ids == ref.token_ids and out.stop_reason == ref.stop_reason
+    assert out.stats.target_kernels == linear_kernels(target) and "int4" in out.stats.target_kernels
+    if helper == "itself" and schema is None:  # a perfect assistant: all it drafts is accepted
+        assert out.stats.accepted_by_source["assistant"] == out.stats.drafted_by_source["assistant"] > 0
+    if helper == "int4-near" and schema is None:  # drafts taken, and some rejected
+        assert 0 < out.stats.accepted_by_source["assistant"] < out.stats.drafted_by_source["assistant"]
 
 
-def test_forward_is_the_input_times_the_dequantized_weight():
-    linear = _linear(32, 64)
-    quantized = Int4Linear(linear, 32)
-    x = torch.randn(2, 3, 64)
-    expected = x.to(torch.bfloat16).float() @ quantized.dequantized().T + linear.bias.detach()
-    got = quantized(x)
-    assert got.shape == (2, 3, 32) and got.dtype == torch.float32
-    assert torch.allclose(got, expected, rtol=2e-2, atol=2e-2)
+def test_sampling_over_an_int4_target_keeps_the_plain_distribution(monkeypatch):
+    """Whole outputs of coalesced sampling over an int4 target, with a disagreeing int4 assistant, against the exact
+    distribution of plain sampling of the same int4 model (the float32 test's check)."""
+    from tests.assisted.test_generate_sampling import COALESCED, COALESCED_DRAWS, PROMPT, matches, whole_outputs
+    from tests.drafting.test_sampling import hf_probs
+    from tests.helpers_clock import pin_clock
+    from tests.helpers_models import tiny_tokenizer
+    from tests.helpers_reference import plain_distribution
+
+    pin_clock(monkeypatch)
+    tok = tiny_tokenizer()
+    target = int4_llama(8, seed=3, hidden=32, init=0.3, eos=0)
+    assistant = int4_copy(tiny_llama(8, seed=0, hidden=32, init=0.3, eos=0))
+    assert "int4" in linear_kernels(target) and "int4" in linear_kernels(assistant)
+    expected = plain_distribution(target, tok, PROMPT, 12, lambda lg, m: hf_probs(lg, m, temperature=1.0),
+                                  regex=COALESCED, coalesce=True)
+    counts = whole_outputs(tok, target, assistant, COALESCED_DRAWS, None)
+    ok, numbers = matches(counts, expected, COALESCED_DRAWS)
+    assert ok, numbers
 
 
-def test_long_inputs_take_the_dense_path_over_the_same_weights():
-    quantized = Int4Linear(_linear(64, 96), 32)
-    assert torch.equal(quantized.dense.float(), quantized.dequantized())  # the kernel's weights, exactly
-    x = torch.randn(KERNEL_ROWS + 5, 96)
-    few = torch.cat([quantized(x[i : i + 1]) for i in range(len(x))])  # (n, 64) one row at a time: the kernel
-    assert torch.allclose(quantized(x), few, rtol=1e-2, atol=1e-2)  # all rows at once: the dense path
+@pytest.mark.parametrize("helper", ["none", "itself", "other"])
+@pytest.mark.parametrize("constraint", [{}, {"schema": "POINT"}], ids=["free", "schema"])
+def test_rows_of_a_batch_over_an_int4_target_are_each_row_alone(plain_reference, helper, constraint):
+    """Greedy rows of generate_batch over an int4 target (padding, holes after rejections, refills) equal the plain
+    loop of each row alone over the same int4 model, token for token."""
+    from assisted import generate_batch
+    from tests.assisted.test_generate_batch import POINT, PROMPTS, V, references, same_rows
+    from tests.helpers_models import smollm2_tokenizer
+
+    tok = smollm2_tokenizer()
+    target = int4_llama(V, seed=0, hidden=64)
+    assistant = {"none": None, "itself": target, "other": int4_copy(tiny_llama(V, seed=1, layers=2, hidden=64))}[helper]
+    kw = dict(max_new_tokens=24, **({"schema": POINT} if constraint else {}))
+    refs = references(plain_reference, target, tok, PROMPTS, **kw)
+    out = generate_batch(target, assistant, tokenizer=tok, prompts=PROMPTS, batch_size=3, **kw)
+    same_rows(out, refs)
 
 
-def test_copy_replaces_the_linears_that_fit_and_leaves_the_model_alone():
-    model = tiny_llama(vocab_size=40, seed=0, hidden=64)  # head: 40 rows, not a multiple of 16
-    copy = int4_copy(model, group_size=32)
-    kinds = {name: type(m) for name, m in copy.named_modules()}
-    assert kinds["model.layers.0.mlp.down_proj"] is Int4Linear  # 128 inputs: four groups of 32
-    assert kinds["lm_head"] is torch.nn.Linear  # 40 outputs do not fit: kept in float
+# ------------------------------------------------------------------------------------------------ the assistant copy
+
+
+def test_the_copy_replaces_the_linears_that_fit_and_leaves_the_model_alone():
+    model = tiny_llama(40, seed=0, hidden=64)
+    model.lm_head = torch.nn.Linear(64, 40, bias=False)
+    model.model.layers[0].mlp.down_proj = torch.nn.Linear(100, 64)  # 100 inputs: no groups of 32
+    helper = int4_copy(model)
+    kinds = {name: type(m) for name, m in helper.named_modules()}
+    assert kinds["model.layers.0.mlp.up_proj"] is Int4Linear and kinds["lm_head"] is Int4Linear  # the head too
+    assert kinds["model.layers.0.mlp.down_proj"] is torch.nn.Linear  # kept in float
+    assert helper.config._attn_implementation == model.config._attn_implementation  # attention untouched
     assert all(type(m) is not Int4Linear for m in model.modules())
-    with pytest.raises(ValueError, match="one of"):
-        int4_copy(model, group_size=48)
     with pytest.raises(ValueError, match="CPU"):
         int4_copy(tiny_llama(40, seed=0).to("meta"))
     with pytest.raises(ValueError, match="no Linear"):
         int4_copy(torch.nn.Sequential(torch.nn.Linear(10, 10)))
 
 
-def test_greedy_drafts_from_an_int4_copy_give_the_target_s_text(smol_tokenizer, plain_reference):
-    target = tiny_llama(len(smol_tokenizer), seed=3, hidden=64, init=0.2)
-    assistant = int4_copy(target)
-    options = dict(tokenizer=smol_tokenizer, prompt="Once upon", max_new_tokens=24, coalesce=False)
-    ref = plain_reference(target, **options)
-    out = generate(target, assistant, schedule="constant", num_assistant_tokens=4, **options)
-    assert out.token_ids == ref.token_ids
-    assert out.stats.accepted > 0 and out.stats.accepted < out.stats.drafted  # drafts taken, and some rejected
+# ------------------------------------------------------------------------------------------------ fallback, refusals
 
 
-def test_int8_copy_drafts_losslessly(smol_tokenizer):
-    model, tok = tiny_llama(len(smol_tokenizer), seed=0), smol_tokenizer  # (moved from tests/experiments)
-    set_eos(tok, model)
-    helper = int8_copy(model)
-    assert helper is not model and isinstance(model.model.layers[0].mlp.up_proj, torch.nn.Linear)  # target untouched
-    assert not isinstance(helper.model.layers[0].mlp.up_proj, torch.nn.Linear)  # int8 weights
-    kw = dict(tokenizer=tok, prompt="The cat", max_new_tokens=12)
-    with threads(1):
-        out, ref = generate(model, helper, **kw), generate(model, **kw)
-    assert out.token_ids == ref.token_ids and out.stats.drafted > 0
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """The int4 library as on a machine where it cannot build."""
+    monkeypatch.setattr(int4, "built", lambda: Built("int4", False, "this CPU lacks avx512_vnni"))
+
+
+def test_without_the_kernel_the_target_runs_int8_and_says_so(no_kernel, smol_tokenizer):
+    with pytest.warns(UserWarning, match=r"^int4 kernel unavailable \(this CPU lacks avx512_vnni\); the target runs "
+                                         r"the int8 kernel instead$"):
+        model = int4_llama(len(smol_tokenizer), seed=0, hidden=64)
+    assert linear_kernels(model) == "int8 (fbgemm) x8" and model.config._attn_implementation == ATTENTION
+    out = generate(model, tokenizer=smol_tokenizer, prompt="Once", max_new_tokens=2)
+    assert out.stats.target_kernels == "int8 (fbgemm) x8"  # the result says which kernel ran
+    with pytest.warns(UserWarning, match="the assistant copy runs the int8 kernel"):
+        helper = int4_copy(tiny_llama(300, seed=1, hidden=64))
+    assert linear_kernels(helper) == "int8 (fbgemm) x8"
+    with pytest.raises(RuntimeError, match="lacks avx512_vnni"):
+        int4.linear(torch.randn(1, 64), int4.pack(int4.quantize(torch.randn(16, 64), 1)))
+
+
+def test_with_the_kernel_nothing_is_said():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "int4" in linear_kernels(int4_llama(300, seed=0, hidden=64))
+    assert int4_models.unavailable() is None
+
+
+def test_an_int4_target_from_a_float_folder(tmp_path, plain_reference):
+    from tests.helpers_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=64, intermediate_size=256,
+                             eos_token_id=1)
+    model, tokenizer, assistant = load_pair(str(folder), str(folder), quantize_target="int4")
+    assert assistant is model and linear_kernels(model) == "int4 (AVX-512 VNNI) x7, int8 (fbgemm) x1"
+    ref = plain_reference(model, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
+    assert generate(model, assistant, tokenizer=tokenizer, prompt="a", max_new_tokens=6).token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"quantize_target": "int3"}, "one of \\['int4', 'int8'\\]"),
+    ({"quantize_target": "int4", "pack": True}, "pack"),
+    ({"quantize_target": "int4", "dtype": "bfloat16"}, "float32"),
+    ({"quantize_target": "int4", "device": "meta"}, "CPU"),
+])
+def test_load_pair_refuses_an_int4_target_it_cannot_honour_before_loading(options, message):
+    with pytest.raises(ValueError, match=message):
+        load_pair("no/such-model", **options)  # refused before the (missing) model is looked up
+
+
+def test_a_target_without_the_attention_interface_is_refused_before_its_weights_load(tmp_path):
+    from transformers import BloomConfig
+
+    from tests.helpers_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "tiny", ["a", "b"], hidden_size=32, intermediate_size=64, eos_token_id=1)
+    BloomConfig(vocab_size=8, hidden_size=32, n_layer=1, n_head=4).save_pretrained(folder)  # llama weights stay
+    with pytest.raises(ValueError, match="attention interface"):
+        load_pair(str(folder), quantize_target="int4")
+
+
+def test_threads_do_not_change_a_forward():
+    model = int4_llama(300, seed=2, layers=2, hidden=256)
+    ids = torch.arange(3, 40)[None]
+    with torch.inference_mode():
+        with threads(1):
+            one = model(ids).logits
+        with threads(2):
+            two = model(ids).logits
+    assert torch.equal(one, two)
+
+
+def test_the_command_takes_an_int4_target_and_reports_its_kernels(tmp_path, capsys):
+    import json
+
+    from assisted.cli import main
+    from tests.helpers_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=64, intermediate_size=256,
+                             eos_token_id=1)
+    assert main(["generate", "--model", str(folder), "--quantize-target", "int4", "--prompt", "a b",
+                 "--max-new-tokens", "4", "--stats"]) == 0
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["target_kernels"] == "int4 (AVX-512 VNNI) x7, int8 (fbgemm) x1"
+
+
+def test_a_library_that_cannot_build_says_why():
+    from kernels.build import load
+
+    assert load("int4_probe", ("int4_linear.cpp",), needs=("no_such_flag",)) == Built(
+        "int4_probe", False, "this CPU lacks no_such_flag")
+    broken = load("int4_missing", ("no_such_file.cpp",))
+    assert not broken.ok and broken.reason.startswith("the C++ op library 'int4_missing' did not build")

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.models.int8 import ATTENTION, Int8Linear, int8_copy, quantize_int8
+from assisted.models.int8 import Int8Linear, int8_copy, quantize_int8
 from assisted.models.loading import load_pair, set_eos
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import StaticKV
+from kernels.attention import ATTENTION
 from tests.helpers_models import HAS_SMOLLM2, threads, tiny_gpt2, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -78,7 +79,7 @@ def test_output_is_the_row_times_the_int8_weight_to_quantization_error():
 # ------------------------------------------------------------------------------------------------ the forward
 
 
-def _steps_equal_one_forward(model, ids: list[int], start: int, cache_kind: str) -> None:
+def steps_equal_one_forward(model, ids: list[int], start: int, cache_kind: str) -> None:
     """Feed ids[start:] in one forward and one token at a time after the same prefix; bitwise equal logits."""
     n = len(ids) - start
     if cache_kind == "dynamic":
@@ -106,7 +107,7 @@ def test_one_forward_over_n_positions_is_bitwise_n_single_steps(make, cache_kind
     ids = torch.randint(0, 300, (40,)).tolist()
     with torch.inference_mode():
         for n in range(1, 17):
-            _steps_equal_one_forward(model, ids[: 20 + n], 20, cache_kind)
+            steps_equal_one_forward(model, ids[: 20 + n], 20, cache_kind)
 
 
 def test_the_stock_attention_over_int8_linears_is_not_row_invariant():
@@ -117,7 +118,7 @@ def test_the_stock_attention_over_int8_linears_is_not_row_invariant():
     ids = torch.randint(0, 300, (40,)).tolist()
     with torch.inference_mode(), pytest.raises(AssertionError, match="max"):
         for n in range(2, 17):
-            _steps_equal_one_forward(model, ids[: 20 + n], 20, "dynamic")
+            steps_equal_one_forward(model, ids[: 20 + n], 20, "dynamic")
 
 
 def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
@@ -147,7 +148,7 @@ def test_smollm2_int8_forward_is_bitwise_single_steps():
     ids = list(range(1000, 1060))
     with torch.inference_mode(), threads(1):
         for n in (1, 2, 5, 9, 16):
-            _steps_equal_one_forward(model, ids[: 40 + n], 40, "dynamic")
+            steps_equal_one_forward(model, ids[: 40 + n], 40, "dynamic")
 
 
 # ------------------------------------------------------------------------------------------------ generate
@@ -230,7 +231,7 @@ def test_models_whose_attention_cannot_be_replaced_are_refused():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"quantize_target": "int4"}, "one of \\['int8'\\]"),
+    ({"quantize_target": "int3"}, "one of \\['int4', 'int8'\\]"),
     ({"quantize_target": "int8", "pack": True}, "pack"),
     ({"quantize_target": "int8", "dtype": "bfloat16"}, "float32"),
     ({"quantize_target": "int8", "device": "meta"}, "CPU"),

@@ -206,7 +206,8 @@ def test_the_cut_is_asked_after_eos_too(tok):
 def test_rows_drafted_together_draft_what_each_row_drafts_alone(tok):
     """One proposal rule for one row or many: the rows' assistant (one forward per drafting step for every asking
     row) gives each row the draft `CombinedSource.propose` gives it alone."""
-    from drafting.batch_draft import BatchAssistant
+    from drafting.assistant import Assistant
+    from drafting.batch_kv import BatchKV
     from drafting.proposal import Proposal
 
     model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)
@@ -215,7 +216,7 @@ def test_rows_drafted_together_draft_what_each_row_drafts_alone(tok):
                             lookup=PromptLookup(tok, seq)).propose(seq, cursor(tok, regex), k=k, limit=6, lookup_k=2)
              for seq, regex, k in rows]
     assert {s for d in alone for s in d.sources} == {"forced", "lookup", "assistant"}
-    batch = BatchAssistant(model, GREEDY)
+    batch = Assistant(BatchKV(model), GREEDY)
     for slot, (seq, _, _) in enumerate(rows):
         batch.kv.place(slot, seq[:-1])
     proposals = [Proposal(seq, cursor(tok, regex), k=k, lookup_k=2, limit=6, lookup=PromptLookup(tok, seq))

@@ -72,7 +72,7 @@ def test_validate_and_extract():
 def test_speedup_cell_end_to_end(tiny, tmp_path):
     model, tok = tiny
     args = argparse.Namespace(temperatures=[0.0, 1.0], repeats=1, max_new_tokens=4, num_assistant_tokens=3, seed=1000,
-                              target="tiny", assistant="tiny", device="cpu", dtype="float32", warmup=True,
+                              target="tiny", assistant="tiny", quantize_target=None, device="cpu", dtype="float32", warmup=True,
                               systems=list(speedup.SYSTEMS))
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     helper = copy.deepcopy(model)  # a separate module, so the forward hooks count each model alone
@@ -187,7 +187,7 @@ def test_assistant_copies_judges_each_copy_on_the_target_s_own_text(tiny):
     from experiments import assistant_copies
 
     model, tok = tiny  # hidden size 32: int4 groups of 32 fit
-    copies = assistant_copies.make_copies(model, ("float32", "int8", "int4-g32"))
+    copies = assistant_copies.make_copies(model, ("float32", "int8", "int4"))
     assert copies["float32"] is model
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     with threads(1):

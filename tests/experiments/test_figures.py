@@ -42,7 +42,7 @@ def test_figures_command_end_to_end_on_a_tiny_pair(tiny, tmp_path):
     for name in ("greedy.png", "sampling.png", "structured.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     readme = (out / "README.md").read_text()
-    assert "- command: `python -m experiments.figures" in readme and "llama.cpp: not installed" in readme
+    assert "- command: `python -m experiments.figures" in readme and figures.llama_cpp_note() in readme
     assert "- code: commit" in readme and "torch threads 1" in readme and "| 1.5 | 5 |" in readme
     with threads(1):
         assert figures.main(argv, pair=tiny) == 0  # a rerun skips every cell already written

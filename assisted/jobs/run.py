@@ -1,11 +1,11 @@
 """Generate over a JSONL file of documents, one output line per input, resumable.
 
 Input lines are ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}`` (read by
-`assisted.jobs.batch_input`, one line at a time). Output lines are ``{"id", "text", "value", "stop_reason", "stats"}``
+`assisted.jobs.input`, one line at a time). Output lines are ``{"id", "text", "value", "stop_reason", "stats"}``
 for a document done, and ``{"id", "line", "error"}`` for a line that could not be used (not UTF-8, not JSON, no
 id, a duplicate id, ...) or whose generation failed. Each line is flushed as it is written, and the output file
 is only ever appended to: a rerun skips every id already done and every bad line already reported, so a crash,
-a SIGKILL or Ctrl-C loses nothing that was written. One run at a time holds the output (`assisted.jobs.batch_lock`).
+a SIGKILL or Ctrl-C loses nothing that was written. One run at a time holds the output (`assisted.jobs.lock`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Callable
 
 import pydantic
 
-from assisted.jobs.batch_input import BadLine, BatchError, Document, Inputs, id_key, read_input
+from assisted.jobs.input import BadLine, BatchError, Document, Inputs, id_key, read_input
 
 __all__ = ["BadLine", "BatchError", "Document", "Done", "Inputs", "Summary", "id_key", "read_input", "read_output",
            "run_batch", "run_batch_rows"]
@@ -106,6 +106,7 @@ def stats_record(stats) -> dict:
         "drafted": stats.drafted,
         "accepted": stats.accepted,
         "forced_tokens_appended": stats.forced_tokens_appended,
+        "target_kernels": stats.target_kernels,
         "seconds": {"total": round(s.total, 4), "target": round(s.target, 4), "assistant": round(s.assistant, 4),
                     "fsm": round(s.fsm, 4)},
     }
@@ -164,7 +165,7 @@ def run_batch(inputs: Inputs, output: Path, generate_one: Callable, report: Call
     inputs : Inputs
         The first pass over the input (`read_input`); documents are read again one at a time as they are done.
     output : Path
-        The output file, appended to (the caller holds its lock, `assisted.jobs.batch_lock.output_lock`).
+        The output file, appended to (the caller holds its lock, `assisted.jobs.lock.output_lock`).
     generate_one : callable
         ``generate_one(document)`` returns a GenerationResult; a ValueError/TypeError it raises becomes an error
         line for that document and the batch goes on.

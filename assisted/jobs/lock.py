@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from assisted.jobs.batch_input import BatchError
+from assisted.jobs.input import BatchError
 
 ATTEMPTS = 5  # lock files replaced under us before we give up (each replacement is a run ending meanwhile)
 

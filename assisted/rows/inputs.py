@@ -1,5 +1,7 @@
-"""The user boundary of generate_batch(): batch-level arguments checked before any model call, and each row's
-own inputs (prompt, budget, constraint) checked when the row is admitted, so that a bad row gets its own error.
+"""Each row's inputs, set up one way for `generate` (one row) and `generate_batch` (each row at its admission): the
+prompt's ids, the options (with the row's own seed), the budget cut to the models' positions and the constraint's
+cursor, closed within the budget where asked. A bad row raises here, before any model call: `generate` passes the
+error on, a batch gives that row its own error and goes on.
 
 Guides are compiled once per distinct schema (or regex) and copied per row; a schema that fails to compile
 fails every row that names it, with the same message, and is not compiled again.
@@ -9,22 +11,15 @@ from __future__ import annotations
 
 import json
 import numbers
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import fsm
-from assisted.config import Settings, options
-from assisted.eos import eos_ids
 from assisted.closing import within_budget
+from assisted.config import Settings, options
 from assisted.inputs import Options, fit_positions, make_cursor, prompt_ids
 from drafting.base import Cursor
-
-UNSUPPORTED = {  # generate() arguments a batch cannot honour, and why
-    "streamer": "one streamer cannot follow several rows; use generate_batch_iter to get rows as they finish",
-    "prefix_cache": "rows are prefilled on the batch's own caches",
-    "stopping_criteria": "criteria see one sequence; pass stop_strings",
-    "prompt": "pass prompts= (a list)",
-}
 
 
 @dataclass(frozen=True)
@@ -37,6 +32,7 @@ class Item:
     schema: Any
     regex: str | None
     seed: int | None
+    streamer: Any = None  # gets this row's prompt, its committed tokens, then end() (transformers' streamer API)
 
 
 @dataclass(frozen=True)
@@ -47,37 +43,43 @@ class RowInput:
     ids: list[int]
     opts: Options
     cursor: Cursor
+    began: float  # perf_counter when it was set up: its stats' wall time starts there
+    foreign: Any = None  # an assistant with another tokenizer: its prompt and guide (`assisted.foreign.ForeignRow`)
 
 
-def refuse_unsupported(kwargs: dict) -> None:
-    """ValueError for options generate() takes but a batch cannot honour (before `resolve` reads the rest)."""
-    for name, why in UNSUPPORTED.items():
-        if name in kwargs:
-            raise ValueError(f"generate_batch() does not take {name}=: {why}")
-    if kwargs.get("tree"):
-        raise ValueError("generate_batch() does not draft trees: tree=True is single-row only")
-    if kwargs.get("cuda_graphs"):
-        raise ValueError("generate_batch() runs dynamic batch caches: cuda_graphs=True is single-row only")
-    for name in ("tree", "cuda_graphs"):
-        kwargs.pop(name, None)
+@dataclass(frozen=True)
+class RowError:
+    """A row that could not be set up, and why (one line)."""
+
+    index: int
+    message: str
 
 
-def check_settings(settings: Settings) -> str:
-    """The batch's schedule (default "heuristic"); ValueError for options the batched loop cannot honour."""
-    if settings.cache_implementation not in (None, "dynamic"):
-        raise ValueError(f"generate_batch() runs on its own dynamic batch caches, not cache_implementation="
-                         f"{settings.cache_implementation!r}")
-    if not isinstance(settings.close_within_budget, bool):
-        raise TypeError(f"close_within_budget must be a bool, got {settings.close_within_budget!r}")
-    schedule = settings.num_assistant_tokens_schedule
-    if schedule == "auto":
-        raise ValueError("generate_batch() does not run the 'auto' schedule (its cost model prices one row per "
-                         "forward); pass num_assistant_tokens_schedule='heuristic' or 'constant'")
-    return schedule or "heuristic"
+def prepare_row(item: Item, model, assistant_model, tokenizer, vocab_size: int, settings: Settings,
+                logits_processor, guides: Guides, foreign=None) -> RowInput:
+    """The row's ids, options and cursor (and with `foreign`, an `assisted.foreign.Foreign`, the assistant's prompt and
+    guide); ValueError/TypeError (this row's error) when it cannot be generated."""
+    began = time.perf_counter()
+    kwargs = {item.form: item.value}
+    ids = prompt_ids(tokenizer, kwargs.get("prompt"), kwargs.get("messages"), kwargs.get("input_ids"), vocab_size)
+    opts = options(Settings(settings.values | {"seed": item.seed}, settings.max_length), len(ids), logits_processor)
+    opts = fit_positions(opts, len(ids), model, assistant_model)
+    cursor = within_budget(guides.cursor(item.schema, item.regex), opts.max_new_tokens, opts.close_within_budget)
+    return RowInput(item, ids, opts, cursor, began, None if foreign is None else foreign.row(item, ids, tokenizer))
 
 
-def items_of(prompts, messages, input_ids, schema, regex, seed) -> list[Item]:
-    """The rows as given, with one schema / regex / seed each; ValueError/TypeError for batch-level mistakes."""
+def prepared(items, prepare) -> Any:
+    """`prepare(item)` for each item, as the engine admits it (lazily): a `RowInput`, or a `RowError` for a bad row."""
+    for item in items:
+        try:
+            yield prepare(item)
+        except (ValueError, TypeError) as error:
+            yield RowError(item.index, " ".join(str(error).split("\n")))
+
+
+def items_of(prompts, messages, input_ids, schema, regex, seed, streamer=None) -> list[Item]:
+    """The rows as given, with one schema / regex / seed / streamer each; ValueError/TypeError for batch-level
+    mistakes."""
     forms = [(name, value) for name, value in (("prompt", prompts), ("messages", messages),
                                                 ("input_ids", input_ids)) if value is not None]
     if len(forms) != 1:
@@ -93,7 +95,11 @@ def items_of(prompts, messages, input_ids, schema, regex, seed) -> list[Item]:
     schemas = _per_row("schema", schema, len(values))
     regexes = _per_row("regex", regex, len(values))
     seeds = _per_row("seed", seed, len(values))
-    return [Item(i, form, v, s, r, d) for i, (v, s, r, d) in enumerate(zip(values, schemas, regexes, seeds))]
+    if streamer is not None and not isinstance(streamer, (list, tuple)):
+        raise ValueError("streamer= in a batch is a list with one streamer (or None) per row: one streamer cannot "
+                         "follow several rows (generate_batch_iter yields rows as they finish)")
+    streamers = _per_row("streamer", streamer, len(values))
+    return [Item(i, form, *row) for i, row in enumerate(zip(values, schemas, regexes, seeds, streamers))]
 
 
 def _per_row(name: str, value, rows: int) -> list:
@@ -141,21 +147,6 @@ def _key(schema, regex):
     except TypeError:
         return "id", id(schema)
     return ("schema", schema) if schema is not None else ("regex", regex)
-
-
-def prepare_row(item: Item, model, assistant_model, tokenizer, vocab_size: int, settings: Settings,
-                logits_processor, guides: Guides) -> RowInput:
-    """The row's ids, options and cursor; ValueError/TypeError (this row's error) when it cannot be generated."""
-    kwargs = {item.form: item.value}
-    ids = prompt_ids(tokenizer, kwargs.get("prompt"), kwargs.get("messages"), kwargs.get("input_ids"), vocab_size)
-    opts = replace(options(settings, len(ids), logits_processor), seed=item.seed)
-    opts = fit_positions(opts, len(ids), model, assistant_model)
-    cursor = within_budget(guides.cursor(item.schema, item.regex), opts.max_new_tokens, opts.close_within_budget)
-    return RowInput(item, ids, opts, cursor)
-
-
-def batch_eos(model, tokenizer, settings: Settings) -> frozenset[int]:
-    return eos_ids(model, tokenizer, settings.eos_token_id)
 
 
 def token_bytes(tokenizer, vocab_size: int) -> tuple[bytes, ...]:

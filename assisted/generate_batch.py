@@ -1,0 +1,172 @@
+"""generate_batch(): the decode engine (`assisted.rows.engine`) with B rows and refill, each row decoded exactly as
+generate() decodes it alone.
+
+The arguments of the whole batch are checked here, before any model call; each row's own inputs (prompt, budget,
+constraint) when it is admitted, so that a bad row gets its own error (`assisted.rows.inputs`). The caches are
+`drafting.batch_kv.BatchKV`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from assisted.config import Settings, options, resolve
+from assisted.eos import eos_ids
+from assisted.foreign import foreign_setup, is_foreign
+from assisted.generate import check_tree, check_tree_processors
+from assisted.inputs import MAX_SEED, check_guide_options, check_int, check_models
+from kernels.attention import ATTENTION
+from assisted.policy.auto import AutoConfig
+from assisted.policy.costs import recall, recall_calibration
+from assisted.policy.draft_policy import make_policy
+from assisted.policy.prices import SharedPrices
+from assisted.prefix import PrefixCache
+from assisted.result import GenerationResult
+from assisted.rows.engine import Engine
+from assisted.rows.row import Setup
+from assisted.rows.inputs import Guides, check_batch_size, items_of, prepare_row, prepared, token_bytes
+from assisted.stopping import Stops, check_streamer
+from drafting.batch_kv import BatchKV, check_batch_model
+from drafting.kv_cache import input_device
+
+ENGINE = "batch"  # the name costs learned on batch caches are kept under (`assisted.policy.costs.memorize`)
+
+
+def generate_batch(model, assistant_model=None, *, tokenizer, prompts=None, messages=None, input_ids=None,
+                   schema=None, regex=None, batch_size: int = 8, generation_config=None, logits_processor=None,
+                   stopping_criteria=None, streamer=None, prefix_cache: PrefixCache | None = None,
+                   share_prefix: bool | None = None, guide_options: dict | None = None,
+                   **kwargs) -> list[GenerationResult]:
+    """Generate for every row of a batch; one GenerationResult per row, in input order.
+
+    Each row's output is what `assisted.generate` gives for that row alone with the same options: greedy
+    token-identical to plain (constrained) decoding of `model`, sampled with exactly its distribution, whatever
+    the other rows in the batch draft, accept, or when they finish. Rows are decoded `batch_size` at a time; a
+    row that stops leaves the batch and the next waiting row takes its slot.
+
+    Parameters
+    ----------
+    model, assistant_model, tokenizer
+        As for `assisted.generate`. Both models need an attention that applies a custom 4D mask ("sdpa", "eager" or
+        the int8 target's "row_invariant") and no sliding-window layers; ``assistant_tokenizer=`` as there (an
+        assistant with another vocabulary drafts for each row on its own cache, one row after another).
+    prompts, messages, input_ids : list, exactly one
+        One entry per row: texts, chat-message lists, or token-id lists (or 1-D tensors).
+    schema, regex : one, or a list with one per row (None: unconstrained), at most one of the two
+        Rows with the same constraint share one compiled guide.
+    batch_size : int
+        The most rows decoded at once (the rows of KV cache held); default 8.
+    streamer : list, optional
+        One streamer (or None) per row: each gets its row's prompt, committed tokens and ``end()``.
+    stopping_criteria : list of transformers.StoppingCriteria, optional
+        Asked after every committed token of every row with that row's ids (1, L) and ``scores=None``.
+    prefix_cache : assisted.PrefixCache, optional
+        A newcomer reuses the longest prompt prefix a kept generation holds, and each finished row's caches are kept
+        (as for `generate`; equal to a fresh prefill up to float rounding, bitwise on the int8 target).
+    share_prefix : bool, optional
+        A newcomer copies the KV entries of the longest prompt prefix a row in the batch caches (a shared system
+        prompt or few-shot block is prefilled once) and prefills only the rest. Those entries come from another
+        chunking of the same forward: equal up to float rounding on a float target, bitwise on a row-invariant one
+        (the int8 target). Default: on where that is exact (a row-invariant target), else off.
+    generation_config, logits_processor, guide_options, **kwargs
+        As for `assisted.generate`, for every row: the schedule ("auto" by default, priced for the batch: drafts are
+        worth their positions in the shared forward, `assisted.policy.prices`), prompt lookup, coalescing, `tree`,
+        `close_within_budget`, processors and penalties, stop strings. ``seed`` may also be a list (one per row); a
+        row seeded with s samples as ``generate(..., seed=s)`` draws (target s, assistant s + 1), alone or in any
+        batch (a seeded sampling row takes the "heuristic" schedule by default, as alone). Static caches and CUDA
+        graphs serve one row: ``cache_implementation="static"`` and ``cuda_graphs=True`` raise ValueError.
+
+    Returns
+    -------
+    list of GenerationResult
+        In input order. A row that could not be generated (empty prompt, too long for the models' positions,
+        a schema that does not compile, ...) has ``error`` set and ``stop_reason == "error"``; the others go on.
+        ``result.stats`` is the row's own (``target_forward_passes`` counts the batched forwards it took part
+        in; ``stats.latency_seconds`` is the wall time from its admission to its finish); ``result.batch`` is the
+        run's `BatchStats`, shared by all rows.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For a bad batch-level argument, before any model call.
+    """
+    found = dict(generate_batch_iter(model, assistant_model, tokenizer=tokenizer, prompts=prompts, messages=messages,
+                                     input_ids=input_ids, schema=schema, regex=regex, batch_size=batch_size,
+                                     generation_config=generation_config, logits_processor=logits_processor,
+                                     stopping_criteria=stopping_criteria, streamer=streamer, prefix_cache=prefix_cache,
+                                     share_prefix=share_prefix, guide_options=guide_options, **kwargs))
+    return [found[i] for i in range(len(found))]
+
+
+def generate_batch_iter(model, assistant_model=None, *, tokenizer, prompts=None, messages=None, input_ids=None,
+                        schema=None, regex=None, batch_size: int = 8, streamer=None, **kwargs
+                        ) -> Iterator[tuple[int, GenerationResult]]:
+    """`generate_batch` as an iterator of ``(index, result)`` in the order rows finish (every index once).
+
+    The arguments are checked when this is called, before any model call; decoding starts at the first `next`.
+    """
+    seed = kwargs.pop("seed", None)
+    items = items_of(prompts, messages, input_ids, schema, regex, seed, streamer)
+    for item in items:
+        if item.seed is not None:
+            check_int("seed", item.seed, low=0, high=MAX_SEED)
+        check_streamer(item.streamer)
+    constrained = any(i.schema is not None or i.regex is not None for i in items)
+    engine = make_engine(model, assistant_model, tokenizer=tokenizer, batch_size=batch_size, constrained=constrained,
+                         **kwargs)
+    return engine.run(prepared(items, engine.prepare))
+
+
+def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, generation_config=None,
+                logits_processor=None, stopping_criteria=None, prefix_cache: PrefixCache | None = None,
+                share_prefix: bool | None = None, guide_options: dict | None = None, constrained: bool = True,
+                assistant_tokenizer=None, **kwargs) -> Engine:
+    """The batch engine after every batch-level check; `engine.run(prepared(items, engine.prepare))` decodes
+    `assisted.rows.inputs.Item`s (the CLI feeds them as it reads documents). An assistant with another tokenizer
+    (`assistant_tokenizer`) drafts for each row on its own cache, one row after another."""
+    kwargs.pop("seed", None)  # per row, on the items
+    batch_size = check_batch_size(batch_size)
+    if "prompt" in kwargs:
+        raise ValueError("generate_batch() does not take prompt=: pass prompts= (a list)")
+    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
+    same = None if foreign else assistant_model  # an assistant that drafts target tokens, for all rows at once
+    vocab_size = check_models(model, same, tokenizer)
+    settings = resolve(model, generation_config, kwargs)
+    check_tree(settings.tree, model, assistant_model, foreign)
+    if settings.cache_implementation not in (None, "dynamic") or settings.cuda_graphs:
+        raise ValueError("generate_batch() decodes on dynamic batch caches (rows of different lengths): static caches "
+                         f"and captured steps serve one row (cache_implementation={settings.cache_implementation!r}, "
+                         f"cuda_graphs={settings.cuda_graphs!r}); call generate() per row for them")
+    settings = Settings(settings.values | {"seed": None}, settings.max_length)
+    opts = options(settings, 0, logits_processor)  # every option checked once, before any model call
+    check_tree_processors(settings.tree, opts)
+    for name, m in (("model", model), ("assistant_model", same)):
+        if m is not None:
+            check_batch_model(m, name)
+    if guide_options is not None:
+        if not constrained:
+            raise ValueError("guide_options need a schema or a regex")
+        check_guide_options(guide_options, True)
+    if prefix_cache is not None and not isinstance(prefix_cache, PrefixCache):
+        raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
+    if share_prefix is not None and not isinstance(share_prefix, bool):
+        raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
+    stops = Stops(settings.stop_strings, stopping_criteria, token_bytes(tokenizer, vocab_size), input_device(model))
+    guides = Guides(tokenizer, vocab_size, eos_ids(model, tokenizer, settings.eos_token_id), guide_options)
+    prices = SharedPrices(AutoConfig(), recall(model, assistant_model, ENGINE), prefilled=True)
+
+    def policy_for(o):
+        return make_policy(o.schedule, o.num_assistant_tokens, None, recall_calibration(model, assistant_model, o.warp),
+                           prices)
+
+    drafts = foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size, guide_options) if foreign \
+        else None  # each row's own foreign drafter is set up from this
+
+    def prepare(item):
+        return prepare_row(item, model, same, tokenizer, vocab_size, settings, logits_processor, guides, drafts)
+
+    setup = Setup(model, assistant_model, tokenizer, vocab_size, opts.warp, stops, settings.tree, memory=ENGINE)
+    helper = None if same is None else BatchKV(same)
+    exact = getattr(model.config, "_attn_implementation", None) == ATTENTION  # row-invariant: a shared prefix is exact
+    return Engine(setup, BatchKV(model), helper, batch_size, policy_for, prices, prefix_cache,
+                  exact if share_prefix is None else share_prefix, prepare=prepare)

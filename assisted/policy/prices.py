@@ -1,0 +1,78 @@
+"""Drafts priced by position, per forward: the costs and rates the `auto` rows of one engine share.
+
+B rows decoded together share one target forward per step over B x n positions (each row fed n, padding included)
+and one assistant forward per drafting round. What such a forward costs at each width (positions in it) is measured
+once per step into one `CostTable`; whether a step drafts at all, and the price of a second, are the batch's: plain
+decoding commits B tokens per T(B) seconds, drafting steps commit the rows' expected tokens in theirs. Each row keeps
+its own beliefs (acceptance, calibration, window: `assisted.policy.auto.Auto`) and drafts up to its own cap; after
+each of its drafts it asks `SharedPrices.cut`, which chooses the width the whole batch verifies at
+(`assisted.policy.estimates.cut_width`): a row's drafts past the others' widen every row, so a row drafts on only
+where the batch's expected tokens per second gain by it, and may draft nothing. With one row this is the single-row
+`auto` exactly: the same functions at width 1.
+"""
+
+from __future__ import annotations
+
+from assisted.policy.auto import Auto, AutoConfig, AutoState, mode, time_step
+from assisted.policy.costs import CostTable, StepCost
+from assisted.policy.estimates import shared_cut
+
+
+class SharedPrices:
+    """The prices of one engine's forwards, shared by its `Auto` rows (each built with ``prices=`` this).
+
+    Parameters
+    ----------
+    config : AutoConfig
+        The rows' knobs (one config for the engine).
+    costs : CostTable, optional
+        Costs earlier runs measured on the same pair, device and engine (`assisted.policy.costs.recall`).
+    prefilled : bool
+        The engine prefills prompts when it admits rows (no decoding step holds a prefill).
+    """
+
+    def __init__(self, config: AutoConfig, costs: CostTable | None = None, prefilled: bool = False):
+        self.config = config
+        self.state = AutoState(k0=0, costs=costs or CostTable(), prefilled=prefilled, drafted_before=prefilled)
+        self.width = 1  # rows in this step's forwards
+        self.mode = mode(self.state, config, self.width)  # "warm-up", "plain" or "draft", for every row
+        self.members: list[Auto | None] = []  # per slot: the row's policy if it prices here, else None
+        self.proposals: list = []  # per slot: the row's `drafting.proposal.Proposal` this step
+        self.feeds: list[int] = []  # per slot: tokens fed to this step's target forward
+
+    def begin(self, policies: list) -> None:
+        """A step over rows with these policies (slot order) begins: decide its mode for that many rows."""
+        self.members = [p if isinstance(p, Auto) and p.prices is self else None for p in policies]
+        if len(policies) != self.width:
+            self.width = len(policies)
+            self._decide()
+
+    def cut(self, row: Auto, confidence: tuple[float, ...]) -> int | None:
+        """`row`'s cut after drafts of these confidences, decided for the batch: None to draft on, else how many of
+        them to verify (`shared_cut` over every row's drafts so far; rows of other schedules only widen)."""
+        estimates, confidences, asking, fixed = [row.estimates()], [confidence], [True], 0
+        for policy, proposal in zip(self.members, self.proposals):
+            if policy is None:
+                fixed = max(fixed, 1 + proposal.model_drafts)
+            elif policy is not row:
+                estimates.append(policy.estimates())
+                confidences.append(proposal.model_confidence)
+                asking.append(proposal.may_draft)
+        width = shared_cut(estimates, confidences, asking, self.config.k_max, fixed if fixed > 1 else 0)
+        return None if width is None else min(width - 1, len(confidence))
+
+    def beside(self, row: Auto) -> int:
+        """The widest feed of the other rows in this step's forward."""
+        return max((n for p, n in zip(self.members, self.feeds) if p is not row), default=0)
+
+    def observe(self, cost: StepCost, rows: list[tuple[Auto, tuple[float, ...]]]) -> None:
+        """Book one step: its forward's costs (`cost`, over every row) and, per `auto` row that took part, the
+        assistant's confidence in each draft it verified; then decide the next step."""
+        self.state = time_step(self.state, cost, self.config, [(p.state, c) for p, c in rows], self.width)
+        self._decide()
+
+    def _decide(self) -> None:
+        self.mode = mode(self.state, self.config, self.width)
+        for policy in self.members:
+            if policy is not None:
+                policy.refresh()

@@ -1,0 +1,103 @@
+"""One row being decoded, set up once for one row (`assisted.generate`) or many (`assisted.generate_batch`): its
+sequence, cursor, policy, generators, prompt lookup, stops and streamer, counters; what it drafted this step; and
+what the rows of one engine share (`Setup`).
+
+`draft_sources` is where a row's draft sources are built (one place: a new source joins here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from assisted.result import Recorder
+from assisted.rows.inputs import RowInput
+from assisted.stopping import Sink, Stops
+from drafting.base import Draft
+from drafting.foreign import ForeignDrafter, draft_foreign
+from drafting.lookup import PromptLookup
+from drafting.proposal import Proposal
+from drafting.sampling import Warp, make_generator
+from drafting.tree import Branch
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the rows of one engine share."""
+
+    model: Any
+    assistant_model: Any
+    tokenizer: Any
+    vocab_size: int
+    warp: Warp  # greedy or sampling, the same for every row (seeds may differ)
+    stops: Stops  # stop strings and criteria, checked; each row gets its own copy (`Stops.fresh`)
+    tree: bool = False  # draft the assistant's runner-up where it is unsure
+    caches: tuple[str, str | None, float] = ("dynamic", None, 0.0)  # engine, note, capture seconds (`Recorder.caches`)
+    memory: str = "dynamic"  # the engine name learned costs are kept under (`assisted.policy.costs.memorize`)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """A row's draft sources besides the guide's forced runs and the engine's assistant."""
+
+    lookup: PromptLookup | None  # copies of the prompt
+    foreign: ForeignDrafter | None = None  # an assistant with another tokenizer, drafting for this row alone
+
+
+def draft_sources(inp: RowInput, tokenizer) -> Sources:
+    """The row's own draft sources."""
+    return Sources(PromptLookup(tokenizer, inp.ids) if inp.opts.prompt_lookup else None,
+                   None if inp.foreign is None else inp.foreign.drafter())
+
+
+def draft_alone(rows: list[Row], proposals: list[Proposal]) -> tuple[int, float]:
+    """Complete every proposal without the engine's assistant: forced runs and copies, and where a row has a foreign
+    drafter, every token it asks for (`drafting.foreign.draft_foreign`), its forwards and seconds booked on the row.
+    Returns the step's assistant (forwards, seconds)."""
+    spent = draft_foreign(proposals, [row.sources.foreign for row in rows])
+    for row, (forwards, seconds, respelling) in zip(rows, spent):
+        row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
+        row.rec.assistant_tokenizer += respelling
+    return sum(s[0] for s in spent), sum(s[1] for s in spent)
+
+
+class Row:
+    """One row being decoded: the committed sequence (`seq`), its cursor and policy, its generators (seeded s: target
+    s, assistant s + 1, as `generate(seed=s)`), its stops and streamer, and its counters."""
+
+    def __init__(self, inp: RowInput, policy, sources: Sources, stops: Stops, target_device, helper_device):
+        self.inp, self.opts, self.cursor, self.prompt, self.policy = inp, inp.opts, inp.cursor, inp.ids, policy
+        self.start = inp.cursor.copy()  # the guide before the first token (`assisted.closing.outcome` walks it)
+        self.seq, self.end = list(inp.ids), len(inp.ids) + inp.opts.max_new_tokens
+        self.cached = 0  # target tokens cached (always seq[:cached])
+        self.rec = Recorder(inp.began)  # stats.seconds.total: from the row's setup to its result
+        self.sink = Sink(stops, inp.item.streamer, inp.ids)
+        seed = self.opts.seed
+        self.generator = make_generator(target_device, seed)
+        self.helper_generator = None if helper_device is None else make_generator(
+            helper_device, None if seed is None else seed + 1)
+        self.sources = sources
+        self.helper_passes, self.helper_seconds = 0, 0.0  # assistant forwards it took part in, its share of their time
+        self.stop = None  # why it stopped, once it has
+        self.prefilled = len(inp.ids)  # prompt tokens run by the target (the rest reused)
+
+    def proposal(self, k: int, assisted: bool, sampling: bool) -> Proposal:
+        """This step's proposal from the committed state: up to `k` assistant tokens, prompt-lookup copies, forced
+        runs, the policy's cut (`drafting.proposal.Proposal`)."""
+        assisted = assisted or self.sources.foreign is not None
+        return Proposal(self.seq, self.cursor.copy(), k=k if assisted else 0,
+                        lookup_k=min(self.policy.lookup_k, self.opts.lookup_tokens), limit=self.end - len(self.seq) - 1,
+                        lookup=self.sources.lookup, use_forced=assisted or self.opts.coalesce,
+                        coalesced=self.opts.coalesce, sampling=sampling, cut=self.policy.cut)
+
+
+@dataclass
+class RowStep:
+    """What a row drafted in one step, and its counters before it (the step's costs are their differences)."""
+
+    k: int  # assistant tokens its policy allowed
+    draft: Draft
+    spent: tuple[float, int, float]  # its target seconds, assistant forwards and their seconds before the step
+    branch: Branch | None = None  # the runner-up where the assistant was unsure (tree=True)
+    leaf: Branch | None = None  # ... if its row pays: verified with the chain
+    feed: list[int] = field(default_factory=list)  # what the target forward runs for it ([] : nothing)

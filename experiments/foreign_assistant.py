@@ -1,0 +1,291 @@
+"""An assistant of another family: the Qwen2.5-Coder 1.5B target drafted by SmolLM2-135M (issue 56).
+
+    python -m experiments.foreign_assistant --threads 1 --out experiments/results/foreign-assistant-qwen-smollm2-...
+
+(XGrammar: the `compare` extra, or the CPU install in `experiments.vs_xgrammar`; without it the structured part runs
+without the xgrammar systems.)
+Two parts; the system order rotates per unit; greedy outputs are checked against the target's own (free text:
+transformers' plain greedy; structured: ours without an assistant), every object is validated:
+
+  free text   validation-half prompts (experiments/prompts/split.json), greedy and T = 0.7, no top-k/top-p:
+    target            model.generate, no assistant
+    hf-uag            model.generate(assistant_model=A, tokenizer=, assistant_tokenizer=): transformers' universal
+                      assisted generation (greedy: re-tokenized candidates; sampling: USD over the vocabularies'
+                      intersection), the library's defaults (a copy of A: USD prunes the assistant's head in place)
+    hf-uag-heuristic  the same with num_assistant_tokens=5, schedule "heuristic"
+    ours-foreign      assisted.generate(A, assistant_tokenizer=A's), defaults (`auto`, prompt lookup)
+    ours-same         assisted.generate with the same-vocabulary assistant (Qwen 0.5B), defaults
+  structured  experiments.vs_xgrammar's four extraction tasks, greedy, compact JSON:
+    xgrammar          model.generate + XGrammar's logits processor, no assistant
+    xgrammar+uag      the same with A through UAG: recorded as it happens (it fails: transformers also hands the
+                      target's processors to the assistant's own generate, over A's vocabulary, and XGrammar's
+                      processor follows the order of calls)
+    processor+uag     model.generate + assisted.logits_processor (each row's state from its own prefix) with A through
+                      UAG, applied to the target's logits only (A drafts unconstrained): the working transformers
+                      baseline with that assistant
+    ours-plain        assisted.generate, no assistant (forced tokens coalesced)
+    ours-same, ours-foreign  as above, with the schema
+
+Writes results.csv and README.md (paired ratios per unit: seconds per token in free text, per object structured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from assisted import generate, logits_processor
+from assisted.models.loading import load_model, load_pair, load_tokenizer, set_eos
+from experiments.lib.intervals import paired_ratio
+from experiments.lib.machine import run_lines
+from experiments.lib.prompt_split import load_prompts
+from experiments.lib.tasks import validate, write_rows
+from experiments.vs_xgrammar import TASKS
+
+FREE = ("target", "hf-uag", "hf-uag-heuristic", "ours-foreign", "ours-same")
+STRUCTURED = ("xgrammar", "xgrammar+uag", "processor+uag", "ours-plain", "ours-same", "ours-foreign")
+FIELDS = ("part", "unit", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "same_tokens",
+          "acceptance", "assistant_tokenizer_s", "error", "tokens", "text")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.foreign_assistant", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--assistant", default="smollm2-135m", help="the assistant of another family (A)")
+    p.add_argument("--same-assistant", default="qwen2.5-coder-0.5b", help="a same-vocabulary assistant, or 'none'")
+    p.add_argument("--parts", nargs="+", choices=("free", "structured"), default=["free", "structured"])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    p.add_argument("--per-class", type=int, default=2, help="free text: the first N validation prompts per class")
+    p.add_argument("--tasks", type=int, default=len(TASKS), help="structured: the first N tasks")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="free text")
+    p.add_argument("--structured-max-new-tokens", type=int, default=160)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1000, help="repeat r samples with seed + r, the same for every system")
+    p.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+class Models:
+    """The target, A (ours, and two copies with their own tokenizer objects for transformers: greedy, sampling) and
+    the same-vocabulary assistant."""
+
+    def __init__(self, args):
+        self.model, self.tokenizer, self.foreign = load_pair(args.target, args.assistant, pack=args.pack)
+        self.foreign_tokenizer = load_tokenizer(args.assistant)
+        self.hf = {sample: (copy.deepcopy(self.foreign), load_tokenizer(args.assistant)) for sample in (False, True)}
+        self.defaults = {k: getattr(self.foreign.generation_config, k) for k in
+                         ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+        self.same = None if args.same_assistant == "none" else load_model(args.same_assistant)
+        set_eos(self.tokenizer, self.model, self.same)
+        self.eos = list(self.model.generation_config.eos_token_id)
+
+    def ids(self, messages: list[dict]) -> list[int]:
+        """The target's prompt ids, as `generate(messages=...)` makes them."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def ours(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
+    helper = {"ours-foreign": m.foreign, "ours-same": m.same}.get(system)
+    extra = {"assistant_tokenizer": m.foreign_tokenizer} if system == "ours-foreign" else {}
+    sample, schema = temperature > 0, None if task is None else task.schema
+    out = generate(m.model, helper, tokenizer=m.tokenizer, messages=messages, schema=schema, max_new_tokens=max_new,
+                   do_sample=sample, temperature=temperature if sample else 1.0, seed=seed, **extra)
+    drafted, accepted = out.stats.drafted_by_source["assistant"], out.stats.accepted_by_source["assistant"]
+    return {"tokens": out.token_ids, "text": out.text, "acceptance": accepted / drafted if drafted else float("nan"),
+            "assistant_tokenizer_s": out.stats.seconds.assistant_tokenizer}
+
+
+def transformers_run(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
+    ids, sample = m.ids(messages), temperature > 0
+    kwargs = dict(do_sample=sample, max_new_tokens=max_new, top_k=0, top_p=1.0, repetition_penalty=1.0,
+                  eos_token_id=m.eos, pad_token_id=m.model.generation_config.pad_token_id)
+    if sample:
+        kwargs["temperature"] = temperature
+    if "uag" in system:
+        helper, helper_tok = m.hf[sample]
+        config = helper.generation_config
+        for key, value in m.defaults.items():
+            setattr(config, key, value)
+        if system == "hf-uag-heuristic":
+            config.num_assistant_tokens, config.num_assistant_tokens_schedule = 5, "heuristic"
+        kwargs |= dict(assistant_model=helper, tokenizer=m.tokenizer, assistant_tokenizer=helper_tok)
+    if task is not None:
+        kwargs["logits_processor"] = [_processor(m, system, task)]
+    torch.manual_seed(seed)
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        emitted = m.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[0, len(ids):].tolist()
+    stop = next((i for i, t in enumerate(emitted) if t in m.eos), None)  # EOS, then padding
+    emitted = emitted if stop is None else emitted[: stop + 1]
+    return {"tokens": emitted, "text": m.tokenizer.decode(emitted, skip_special_tokens=True)}
+
+
+def _processor(m: Models, system: str, task):
+    if system.startswith("xgrammar"):
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(m.tokenizer, vocab_size=m.model.config.vocab_size,
+                                                       stop_token_ids=m.eos)
+        grammar = xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(task.json_schema()),
+                                                                     any_whitespace=False, separators=(",", ":"))
+        return xgrammar.contrib.hf.LogitsProcessor(grammar)
+    return TargetOnly(logits_processor(m.tokenizer, schema=task.schema), m.model.config.vocab_size)
+
+
+class TargetOnly:
+    """A logits processor applied to the target's logits only: under UAG transformers also calls the target's
+    processors on the assistant's logits, in the assistant's vocabulary, where a grammar over the target's ids has no
+    meaning (those calls pass through unchanged)."""
+
+    def __init__(self, processor, vocab_size: int):
+        self.processor, self.vocab_size = processor, vocab_size
+
+    def __call__(self, input_ids, scores):
+        return self.processor(input_ids, scores) if scores.shape[-1] == self.vocab_size else scores
+
+
+def timed(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
+    start = time.perf_counter()
+    try:
+        run = ours if system.startswith("ours") else transformers_run
+        found, error = run(m, system, messages, task, max_new, temperature, seed), ""
+    except Exception as exc:  # noqa: BLE001  a system failing is a result to record, not a crash
+        found = {"tokens": [], "text": ""}
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "new_tokens": len(found["tokens"]), "error": error[:120],
+            "tokens": hashlib.sha1(json.dumps(found["tokens"]).encode()).hexdigest()[:12], "text": found["text"],
+            "acceptance": found.get("acceptance", float("nan")),
+            "assistant_tokenizer_s": found.get("assistant_tokenizer_s", 0.0)}
+
+
+def units(args) -> list[tuple]:
+    """(part, unit name, messages, task or None, temperature, repeat) for every timed run, in order."""
+    found = []
+    for repeat in range(args.repeats):
+        if "free" in args.parts:
+            for prompt in load_prompts(half="validation", per_class=args.per_class):
+                messages = [{"role": "user", "content": prompt["prompt"]}]
+                found += [("free", prompt["name"], messages, None, t, repeat) for t in args.temperatures]
+        if "structured" in args.parts:
+            found += [("structured", task.name, task.messages(), task, 0.0, repeat) for task in TASKS[: args.tasks]]
+    return found
+
+
+def systems_of(part: str, m: Models, has_xgrammar: bool) -> tuple[str, ...]:
+    names = FREE if part == "free" else STRUCTURED
+    return tuple(s for s in names if (m.same is not None or s != "ours-same")
+                 and (has_xgrammar or not s.startswith("xgrammar")))
+
+
+def warm_up(args, m: Models, has_xgrammar: bool) -> None:
+    """Every system once per structured task and once on the first free prompt per temperature, 8 tokens, untimed:
+    guides and grammars compiled, allocators warm, `auto`'s costs for each pair measured (as in any process that
+    generates more than once)."""
+    seen = set()
+    for part, name, messages, task, temperature, _ in units(args):
+        if (part, name if task is not None else "", temperature) in seen:
+            continue
+        seen.add((part, name if task is not None else "", temperature))
+        for system in systems_of(part, m, has_xgrammar):
+            timed(m, system, messages, task, 8, temperature, args.seed)
+
+
+def measure(args, m: Models, has_xgrammar: bool) -> list[dict]:
+    warm_up(args, m, has_xgrammar)
+    rows = []
+    for i, (part, name, messages, task, temperature, repeat) in enumerate(units(args)):
+        names = systems_of(part, m, has_xgrammar)
+        max_new = args.max_new_tokens if part == "free" else args.structured_max_new_tokens
+        for system in names[i % len(names):] + names[: i % len(names)]:
+            row = {"part": part, "unit": name, "temperature": temperature, "repeat": repeat, "system": system,
+                   **timed(m, system, messages, task, max_new, temperature, args.seed + repeat)}
+            row["valid"] = "" if task is None else (not row["error"] and validate(task, row["text"]))
+            rows.append(row)
+            print(f"{part:10} {name:24} T={temperature} {system:17} {row['seconds']:7.2f} s {row['new_tokens']:4d} "
+                  f"tok valid={row['valid']} {row['error']}", file=sys.stderr)
+    for row in rows:  # greedy: the same tokens as the target's own decoding
+        reference = "target" if row["part"] == "free" else "ours-plain"
+        same = [r for r in rows if (r["part"], r["unit"], r["temperature"], r["repeat"], r["system"]) ==
+                (row["part"], row["unit"], row["temperature"], row["repeat"], reference)]
+        row["same_tokens"] = "" if row["temperature"] > 0 or not same else row["tokens"] == same[0]["tokens"]
+    return rows
+
+
+def report(rows: list[dict], part: str, judged: str = "ours-foreign") -> list[str]:
+    """Per temperature (free) or overall (structured): each system's median, validity and greedy identity, and
+    `judged`'s paired speedup over it (> 1: `judged` is faster)."""
+    per_token = part == "free"
+    lines = ["| T | system | units | median tok/s | median s/object | valid | same tokens (greedy) | acceptance | "
+             f"{judged} is faster by |", "|---" * 9 + "|"]
+    for t in sorted({r["temperature"] for r in rows if r["part"] == part}):
+        mine = [r for r in rows if r["part"] == part and r["temperature"] == t]
+        cost = {(r["unit"], r["repeat"], r["system"]): r["seconds"] / max(r["new_tokens"], 1) if per_token
+                else r["seconds"] for r in mine if not r["error"]}
+        order = FREE if per_token else STRUCTURED
+        for system in sorted({r["system"] for r in mine}, key=order.index):
+            runs = [r for r in mine if r["system"] == system]
+            pairs = [(cost[(u, k, system)], cost[(u, k, judged)]) for (u, k, s) in cost
+                     if s == system and (u, k, judged) in cost]
+            ratio = "{:.2f}x [{:.2f}, {:.2f}]".format(*paired_ratio(pairs)) if pairs and system != judged else ""
+            ok = [r for r in runs if not r["error"]]
+            rate = statistics.median(r["new_tokens"] / r["seconds"] for r in ok) if ok else float("nan")
+            seconds = statistics.median(r["seconds"] for r in ok) if ok else float("nan")
+            same = [r["same_tokens"] for r in runs if r["same_tokens"] != ""]
+            acc = [r["acceptance"] for r in runs if r["acceptance"] == r["acceptance"]]
+            lines.append(f"| {t} | {system} | {len(runs)} | {rate:.2f} | {seconds:.2f} | "
+                         f"{sum(r['valid'] is True for r in runs) if not per_token else '-'}/{len(runs)} | "
+                         f"{f'{sum(same)}/{len(same)}' if same else '-'} | "
+                         f"{f'{statistics.fmean(acc):.2f}' if acc else '-'} | {ratio} |")
+    errors = sorted({f"{r['system']}: {r['error']}" for r in rows if r["part"] == part and r["error"]})
+    return lines + [f"- error, {e}" for e in errors]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        import xgrammar  # noqa: F401
+        has_xgrammar = True
+    except ImportError:
+        has_xgrammar = False
+    m = Models(args)
+    rows = measure(args, m, has_xgrammar)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_rows(args.out / "results.csv", rows, FIELDS)
+    tokens = sum(r["new_tokens"] for r in rows if r["system"] == "ours-foreign")
+    spent = sum(r["assistant_tokenizer_s"] for r in rows if r["system"] == "ours-foreign")
+    readme = [f"# An assistant of another family: {args.out.name}", "",
+              *run_lines("experiments.foreign_assistant", argv, f"xgrammar {'yes' if has_xgrammar else 'absent'}"),
+              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant of another family "
+              f"{args.assistant}, same-vocabulary assistant {args.same_assistant}; free text: {args.per_class} "
+              f"validation prompt(s) per class, {args.max_new_tokens} new tokens; structured: {args.tasks} task(s), "
+              f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)", "",
+              "## Free text (seconds per token, paired per prompt and repeat)", "", *report(rows, "free"), "",
+              "## Structured extraction (seconds per object, paired per task and repeat)", "",
+              *report(rows, "structured"), "",
+              f"ours-foreign's tokenizer calls: {spent:.2f} s over {tokens} tokens "
+              f"({1000 * spent / max(tokens, 1):.2f} ms per token).",
+              "\"is faster by\": geometric mean over units of the system's cost / ours-foreign's, 90% t-interval. "
+              "\"same tokens\": greedy outputs equal to the target's own (free: transformers' greedy; structured: "
+              "ours without an assistant); float32 verification can differ from one-token steps at near-ties."]
+    (args.out / "README.md").write_text("\n".join(readme) + "\n")
+    print("\n".join(readme[-8:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+// Row-invariant attention: every query row of every batch row against its own keys, in one call.
+//
+// structspec::row_invariant_attention(query (B, H, n, D), key (B, H_kv, L, D), value (B, H_kv, L, D),
+//                                     mask (B or 1, n, L) bool or None, scale) -> (B, n, H, D), float32.
+//
+// Each (batch row b, head h, query row i) is one task: the scores of its attended keys in ascending key order,
+// their max, exp(score - max), the sum and the weighted values, each reduced in one fixed order (keys ascending;
+// the dot product over D in 16 lanes and a fixed tree). Nothing depends on n, B, the other rows or the number of
+// threads (tasks are split over threads whole), so a row gives bitwise what it gives alone, in a prefill, a batch
+// or a one-position step. A task whose row attends to no key (a padded query) gives zeros, as torch's sdpa does.
+//
+// Vectorised over D with GCC / Clang vector types (element-wise, so no sum is reassociated). On x86-64 Linux it is
+// compiled for AVX-512, AVX2 and baseline x86-64 (target_clones, chosen at load time by the CPU; the helpers are
+// inlined into each clone); -ffp-contract=off keeps every clone's arithmetic the same (no fused multiply-add), so
+// the ISA changes the speed only. Threads: at::parallel_for (OpenMP, hence -fopenmp) over whole tasks.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define STRUCTSPEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef STRUCTSPEC_CLONES
+#define STRUCTSPEC_CLONES
+#endif
+// Helpers are inlined into each clone, so that they are compiled for its ISA too.
+#define INLINE inline __attribute__((always_inline))
+
+namespace {
+
+// GCC / Clang vector types: element-wise arithmetic, lowered to whatever registers the clone's ISA has.
+typedef float F16 __attribute__((vector_size(64)));
+typedef float F8 __attribute__((vector_size(32)));
+typedef float F4 __attribute__((vector_size(16)));
+constexpr int64_t kLanes = 16;  // a dot product's partial sums: lane l sums d = l, l + 16, ...
+constexpr int64_t kKeys = 4;    // keys scored at once (independent sums: the same order as one at a time)
+constexpr int64_t kBlock = 4;   // F16 columns of the output summed in registers while the keys stream past
+
+INLINE F16 load(const float* p) {
+  F16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+INLINE F16 load_tail(const float* p, int64_t count) {  // p[0 .. count), zeros after
+  float padded[kLanes] = {};
+  std::memcpy(padded, p, count * sizeof(float));
+  return load(padded);
+}
+
+// The lanes' sum in a fixed tree: 16 -> 8 -> 4 -> 2 -> 1 (lane l plus lane l + half).
+INLINE float lane_sum(F16 x) {
+  F8 low, high;
+  std::memcpy(&low, &x, sizeof low);
+  std::memcpy(&high, reinterpret_cast<const char*>(&x) + sizeof low, sizeof high);
+  const F8 eight = low + high;
+  F4 a, b;
+  std::memcpy(&a, &eight, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&eight) + sizeof a, sizeof b);
+  const F4 four = a + b;
+  return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
+// out[r] = q . k[r] for R keys: per key 16 lane sums in d order (a zero-padded last block), then `lane_sum`.
+// Each key's sum is the same whatever R (the keys' sums never mix).
+template <int64_t R>
+INLINE void dots(const float* q, const float* const* k, int64_t dim, float* out) {
+  F16 acc[R] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= dim; d += kLanes) {
+    const F16 x = load(q + d);
+    for (int64_t r = 0; r < R; ++r) acc[r] += x * load(k[r] + d);
+  }
+  if (d < dim) {
+    const F16 x = load_tail(q + d, dim - d);
+    for (int64_t r = 0; r < R; ++r) acc[r] += x * load_tail(k[r] + d, dim - d);
+  }
+  for (int64_t r = 0; r < R; ++r) out[r] = lane_sum(acc[r]);
+}
+
+// out[c .. c + 16 C) = (sum over t, ascending, of p[t] * v[t][c ..]) / total: C vectors of columns in registers.
+template <int64_t C>
+INLINE void weighted(const float* p, const float* const* v, int64_t m, int64_t c, float total, float* out) {
+  F16 acc[C] = {};
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t j = 0; j < C; ++j) acc[j] += p[t] * load(v[t] + c + j * kLanes);
+  for (int64_t j = 0; j < C; ++j) {
+    const F16 result = acc[j] / total;
+    std::memcpy(out + c + j * kLanes, &result, sizeof result);
+  }
+}
+
+// The same sums for the last dim % 16 columns, one column at a time (the same arithmetic per column).
+INLINE void weighted_tail(const float* p, const float* const* v, int64_t m, int64_t c, int64_t dim, float total,
+                          float* out) {
+  for (; c < dim; ++c) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < m; ++t) acc += p[t] * v[t][c];
+    out[c] = acc / total;
+  }
+}
+
+struct Rows {  // strides in elements; the last dim of query, key and value is contiguous
+  const float *query, *key, *value;
+  const bool* mask;  // nullptr: causal, query row i attends keys 0 .. L - n + i
+  int64_t q_b, q_h, q_i, k_b, k_h, k_j, v_b, v_h, v_j, m_b, m_i, m_j;
+  int64_t n, length, dim, groups;
+  float scale;
+};
+
+struct Scratch {  // per thread: L entries each
+  std::vector<float> scores;
+  std::vector<const float*> keys, values;
+  explicit Scratch(int64_t length) : scores(length), keys(length), values(length) {}
+};
+
+// The rows of key and value that (b, h, i) attends to, ascending; returns how many.
+INLINE int64_t attended(const Rows& r, int64_t b, int64_t h, int64_t i, Scratch& s) {
+  const float* k = r.key + b * r.k_b + (h / r.groups) * r.k_h;
+  const float* v = r.value + b * r.v_b + (h / r.groups) * r.v_h;
+  const bool* row = r.mask == nullptr ? nullptr : r.mask + b * r.m_b + i * r.m_i;
+  const int64_t end = row == nullptr ? r.length - r.n + i + 1 : r.length;
+  int64_t m = 0;
+  for (int64_t j = 0; j < end; ++j) {
+    if (row != nullptr && !row[j * r.m_j]) continue;
+    s.keys[m] = k + j * r.k_j;
+    s.values[m++] = v + j * r.v_j;
+  }
+  return m;
+}
+
+// One (b, h, i): out (D,) = softmax(scale * q . k_t over its attended keys t) . v_t; zeros if it attends none.
+STRUCTSPEC_CLONES
+void attend_one(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s) {
+  const int64_t m = attended(r, b, h, i, s);
+  if (m == 0) {
+    for (int64_t d = 0; d < r.dim; ++d) out[d] = 0.0f;
+    return;
+  }
+  const float* q = r.query + b * r.q_b + h * r.q_h + i * r.q_i;
+  float* scores = s.scores.data();
+  int64_t t = 0;
+  for (; t + kKeys <= m; t += kKeys) dots<kKeys>(q, &s.keys[t], r.dim, scores + t);
+  for (; t < m; ++t) dots<1>(q, &s.keys[t], r.dim, scores + t);
+  float top = -std::numeric_limits<float>::infinity();
+  for (t = 0; t < m; ++t) {
+    scores[t] *= r.scale;
+    top = scores[t] > top ? scores[t] : top;
+  }
+  float total = 0.0f;
+  for (t = 0; t < m; ++t) {
+    scores[t] = std::exp(scores[t] - top);
+    total += scores[t];
+  }
+  const float* const* values = s.values.data();
+  int64_t c = 0;
+  for (; c + kBlock * kLanes <= r.dim; c += kBlock * kLanes) weighted<kBlock>(scores, values, m, c, total, out);
+  for (; c + kLanes <= r.dim; c += kLanes) weighted<1>(scores, values, m, c, total, out);
+  weighted_tail(scores, values, m, c, r.dim, total, out);
+}
+
+at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                   const std::optional<at::Tensor>& mask, double scale) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "query, key, value must be 4D");
+  TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
+              value.scalar_type() == at::kFloat, "query, key, value must be float32");
+  TORCH_CHECK(query.device().is_cpu() && key.device().is_cpu() && value.device().is_cpu(), "CPU tensors only");
+  const int64_t batch = query.size(0), heads = query.size(1), n = query.size(2), dim = query.size(3);
+  const int64_t kv_heads = key.size(1), length = key.size(2);
+  TORCH_CHECK(key.sizes() == value.sizes(), "key and value differ in shape");
+  TORCH_CHECK(key.size(0) == batch && key.size(3) == dim, "key is not (B, H_kv, L, D) for query (B, H, n, D)");
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "query heads must be a multiple of key/value heads");
+  const at::Tensor q = query.stride(3) == 1 ? query : query.contiguous();
+  const at::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
+  const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
+  Rows rows{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), nullptr,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), 0, 0, 0, n, length, dim, heads / kv_heads,
+            static_cast<float>(scale)};
+  if (mask.has_value()) {
+    const at::Tensor& m = *mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 3, "mask must be bool (B, n, L)");
+    TORCH_CHECK((m.size(0) == batch || m.size(0) == 1) && m.size(1) == n && m.size(2) == length,
+                "mask is not (B or 1, n, L) for these query and key shapes");
+    rows.mask = m.data_ptr<bool>();
+    rows.m_b = m.size(0) == 1 ? 0 : m.stride(0);
+    rows.m_i = m.stride(1);
+    rows.m_j = m.stride(2);
+  } else {
+    TORCH_CHECK(length >= n, "without a mask the keys must include the n query positions (L >= n)");
+  }
+  at::Tensor out = at::empty({batch, n, heads, dim}, query.options().memory_format(at::MemoryFormat::Contiguous));
+  float* base = out.data_ptr<float>();
+  const int64_t tasks = batch * heads * n;  // task t: (b, h, i), i fastest (a head's tasks share its keys)
+  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, length * dim));
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    Scratch scratch(length);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t i = t % n, h = (t / n) % heads, b = t / (n * heads);
+      attend_one(rows, b, h, i, base + ((b * n + i) * heads + h) * dim, scratch);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(structspec, m) {
+  m.def("row_invariant_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(structspec, CPU, m) {
+  m.impl("row_invariant_attention", &row_invariant_attention);
+}

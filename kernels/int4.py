@@ -1,0 +1,163 @@
+"""4-bit weights in groups of 32 times per-row int8 activations: a row-invariant CPU linear (AVX-512 VNNI).
+
+A weight matrix (out, in) is held as `Groups`: for each output column, groups of 32 inputs, each ``scale * q +
+offset`` with codes q in 0..15, ``scale = d * sc`` and ``offset = -(dmin * m)``; d and dmin are float32 per
+super-block of `groups_per_block` groups, sc and m are bytes per group. That is Q4_K's own form (8 groups a block,
+6-bit sc and m), and Q4_0's and Q4_1's with one group a block and sc = m = 1, so a GGUF's 4-bit weights are kept
+exactly. `linear` quantizes each row of x with its own max-abs scale inside the op, sums each group in int32 and
+adds the groups in float in one fixed order (kernels/csrc/int4_linear.cpp): a row's output is bitwise the same
+whatever other rows, threads or output columns share the call.
+
+    from kernels import int4
+    if int4.built().ok:
+        packed = int4.pack(int4.quantize(weight))   # weight (out, in) float32, in % 256 == 0
+        y = int4.linear(x, packed, bias)             # (n, in) -> (n, out)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from kernels.build import Built, load
+
+GROUP = 32  # inputs per group
+LANES = 16  # output columns per block of the packed layout (one AVX-512 register)
+CODE_BYTES = GROUP * LANES // 2  # code bytes per (block, group)
+CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-ffp-contract=off")
+NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma")  # as /proc/cpuinfo names them
+
+
+@functools.cache
+def built() -> Built:
+    """Whether the op library is loaded on this machine (built once; else ``reason`` says why in one line)."""
+    return load("int4", ("int4_linear.cpp",), CFLAGS, NEEDS)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """An (out, in) weight as 4-bit groups: w[o, 32 j + t] = (d * sc)[o, j] * codes[o, 32 j + t] - (dmin * m)[o, j],
+    with d and dmin repeated over the `groups_per_block` groups of a super-block."""
+
+    codes: torch.Tensor  # (out, in) uint8 in 0..15
+    d: torch.Tensor  # (out, in / (32 G)) float32
+    dmin: torch.Tensor  # (out, in / (32 G)) float32
+    sc: torch.Tensor  # (out, in / 32) uint8
+    m: torch.Tensor  # (out, in / 32) uint8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    @property
+    def groups_per_block(self) -> int:
+        return self.sc.shape[1] // self.d.shape[1]
+
+    def scale_offset(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, in / 32) float32 each: every group's scale d * sc and offset -(dmin * m)."""
+        g = self.groups_per_block
+        return self.d.repeat_interleave(g, 1) * self.sc.float(), -(self.dmin.repeat_interleave(g, 1) * self.m.float())
+
+    def dequantize(self) -> torch.Tensor:
+        """(out, in) float32: scale * q + offset per weight, as gguf and transformers de-quantize Q4_K (for a GGUF's
+        groups every product is exact and the sum rounds once)."""
+        scale, offset = (t.repeat_interleave(GROUP, 1) for t in self.scale_offset())
+        return scale * self.codes.float() + offset
+
+    def rows(self, index: torch.Tensor) -> Groups:
+        """The groups of output rows `index`, in that order (a row permutation such as llama's q/k one)."""
+        return Groups(*(t[index] for t in (self.codes, self.d, self.dmin, self.sc, self.m)))
+
+
+@dataclass(frozen=True)
+class Packed:
+    """`Groups` in the kernel's layout: per block of 16 output columns one byte stream of super-blocks."""
+
+    data: torch.Tensor  # (blocks * supers * bytes per super-block,) uint8
+    out_features: int
+    in_features: int
+    groups_per_block: int
+
+
+def quantize(weight: torch.Tensor, groups_per_block: int = 8) -> Groups:
+    """Float weights (out, in) to `Groups` the way Q4_K's simple quantizer does: per group its min-max range (the
+    minimum clipped to <= 0), then d, dmin per super-block with 6-bit sc, m, then the codes for those scales.
+
+    ``in`` must be a multiple of 32 * `groups_per_block`. Not exact: a lossy 4.75-bit copy of a float weight.
+    """
+    out_features, in_features = weight.shape
+    if in_features % (GROUP * groups_per_block):
+        raise ValueError(f"in_features {in_features} is not a multiple of {GROUP * groups_per_block} "
+                         f"({groups_per_block} groups of {GROUP})")
+    w = weight.detach().float().reshape(out_features, -1, GROUP)  # (out, groups, 32)
+    low = w.amin(-1).clamp(max=0.0)  # (out, groups): offset = low <= 0
+    step = (w.amax(-1) - low) / 15  # (out, groups)
+    blocks = (out_features, -1, groups_per_block)
+    d = step.reshape(blocks).amax(-1) / 63  # (out, supers)
+    dmin = (-low).reshape(blocks).amax(-1) / 63
+    sc = _codes(step.reshape(blocks), d, 63).reshape(out_features, -1)
+    m = _codes((-low).reshape(blocks), dmin, 63).reshape(out_features, -1)
+    groups = Groups(torch.zeros(out_features, in_features, dtype=torch.uint8), d, dmin, sc, m)
+    scale, offset = groups.scale_offset()  # (out, groups)
+    codes = ((w - offset[..., None]) / scale.clamp_min(1e-30)[..., None]).round().clamp(0, 15)
+    return Groups(codes.to(torch.uint8).reshape(out_features, in_features), d, dmin, sc, m)
+
+
+def _codes(values: torch.Tensor, unit: torch.Tensor, top: int) -> torch.Tensor:
+    """round(values / unit) in 0..top as uint8; values (out, supers, G), unit (out, supers); 0 where unit is 0."""
+    ratio = values / unit.clamp_min(1e-30)[..., None]
+    return ratio.round().clamp(0, top).to(torch.uint8)
+
+
+def pack(groups: Groups) -> Packed:
+    """The kernel's layout of `groups` (columns padded with zero weights to a multiple of 16)."""
+    (out_features, in_features), g = groups.shape, groups.groups_per_block
+    blocks, supers = -(-out_features // LANES), groups.d.shape[1]
+    pad = blocks * LANES - out_features
+
+    def lanes(t: torch.Tensor) -> torch.Tensor:  # (out, ...) -> (blocks, 16, ...), zero rows appended
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
+        return t.reshape(blocks, LANES, *t.shape[1:])
+
+    floats = torch.stack([lanes(groups.d), lanes(groups.dmin)], 2)  # (blocks, 16, 2, supers)
+    floats = floats.permute(0, 3, 2, 1).contiguous().view(torch.uint8).reshape(blocks, supers, 128)
+    sc_m = torch.stack([lanes(groups.sc), lanes(groups.m)], 2).reshape(blocks, LANES, 2, supers, g)
+    sc_m = sc_m.permute(0, 3, 2, 4, 1).reshape(blocks, supers, 2 * g * LANES)  # [sc: G x 16][m: G x 16]
+    # codes: input 32 j + 16 h + 4 i + b of lane l -> byte 4 l + b of vector i of group j, nibble h
+    codes = lanes(groups.codes).reshape(blocks, LANES, -1, 2, 4, 4)  # (blocks, lane, group, h, i, b)
+    codes = codes.permute(0, 2, 3, 4, 1, 5)  # (blocks, group, h, i, lane, b)
+    codes = (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(blocks, supers, g * CODE_BYTES)
+    data = torch.cat([floats, sc_m, codes], 2).reshape(-1)
+    return Packed(data.contiguous(), out_features, in_features, g)
+
+
+def unpack(packed: Packed) -> Groups:
+    """The `Groups` that `packed` holds (the inverse of `pack`)."""
+    out_features, in_features, g = packed.out_features, packed.in_features, packed.groups_per_block
+    blocks, supers = -(-out_features // LANES), in_features // (GROUP * g)
+    data = packed.data.reshape(blocks, supers, -1)
+    floats = data[..., :128].contiguous().view(torch.float32).reshape(blocks, supers, 2, LANES)
+    d, dmin = (floats[:, :, i].permute(0, 2, 1).reshape(-1, supers)[:out_features] for i in (0, 1))
+    sc_m = data[..., 128 : 128 + 2 * g * LANES].reshape(blocks, supers, 2, g, LANES).permute(0, 4, 2, 1, 3)
+    sc, m = (sc_m[:, :, i].reshape(-1, supers * g)[:out_features] for i in (0, 1))
+    nibbles = data[..., 128 + 2 * g * LANES :].reshape(blocks, supers * g, 4, LANES, 4)  # (blocks, group, i, lane, b)
+    codes = torch.stack([nibbles & 15, nibbles >> 4], 2)  # (blocks, group, h, i, lane, b)
+    codes = codes.permute(0, 4, 1, 2, 3, 5).reshape(-1, in_features)[:out_features]
+    return Groups(codes.contiguous(), d.contiguous(), dmin.contiguous(), sc.contiguous(), m.contiguous())
+
+
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None,
+           blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, in) float32 -> (n, out): x times the packed 4-bit weight, plus `bias`; row-invariant.
+
+    With `blocks` (int64 indices of 16-column blocks), only those blocks are computed: (n, 16 * len(blocks)), block
+    j's columns at 16 j..16 j + 15, each bitwise the full call's. Raises RuntimeError unless `built().ok`.
+    """
+    if x.shape[-1] != packed.in_features:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight takes {packed.in_features}")
+    if not built().ok:
+        raise RuntimeError(f"the int4 kernel is not available: {built().reason}")
+    return torch.ops.structspec.int4_linear(x.contiguous(), packed.data, bias, packed.out_features,
+                                            packed.groups_per_block, blocks)

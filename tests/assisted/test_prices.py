@@ -1,0 +1,156 @@
+"""`auto` for B rows: drafts priced by the positions they add to the shared forward (`assisted.policy.prices`).
+
+With one row the shared prices are the single-row `auto` exactly (same k, cuts and beliefs on any trace). For B rows,
+a replay with injected costs (no timing: a cost table measured once and held) drives the engine's drafting rounds
+through real `Proposal`s: the batch never drafts past the measured break-even, where the batch's expected tokens per
+second would fall below what plain decoding of every row commits; on the same costs one row drafts, and on flat
+(GPU-like) costs the batch drafts too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from assisted.policy.auto import Auto, AutoConfig
+from assisted.policy.costs import CostTable, StepCost
+from assisted.policy.estimates import RowDrafts, cut_width
+from assisted.policy.prices import SharedPrices
+from drafting.base import Cursor, Drafted
+from drafting.proposal import Proposal
+
+EOS = frozenset([0])
+
+
+def replayed(policies: list[Auto], steps: int, target, draft: float, confidence, seed: int = 0, prices=None):
+    """Drive rows in lock-step as the engine does (one cut per drafted token, rows drafting in rounds); returns the
+    per-step (k, verified drafts) of every row."""
+    rng, trace = random.Random(seed), []
+    for step in range(steps):
+        if prices is not None:
+            prices.begin(policies)
+        ks = [p.k for p in policies]
+        proposals = [Proposal([1], Cursor(None, EOS), k=k, lookup_k=0, limit=64, cut=p.cut)
+                     for p, k in zip(policies, ks)]
+        if prices is not None:
+            prices.proposals = proposals
+        asking, rounds = [r for r, p in enumerate(proposals) if p.fill()], 0
+        while asking:
+            rounds += 1
+            for r in asking:
+                proposals[r].give(Drafted(2, None, confidence(step, r), None))
+            asking = [r for r in asking if proposals[r].fill()]
+        verified = [p.model_confidence for p in proposals]
+        width = len(policies) * (1 + max(map(len, verified)))
+        for policy, conf in zip(policies, verified):
+            judged = accepted = 0
+            while judged < len(conf):
+                judged += 1
+                if rng.random() >= conf[judged - 1]:
+                    break
+                accepted += 1
+            policy.update(judged, accepted, StepCost(len(conf) + 1, target(width), rounds, draft * rounds), conf)
+        if prices is not None:
+            prices.observe(StepCost(width, target(width), rounds, draft * rounds), list(zip(policies, verified)))
+        trace.append([(k, len(c)) for k, c in zip(ks, verified)])
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_row_priced_by_shared_prices_is_auto_alone(seed):
+    """The engine prices every `auto` row through `SharedPrices`; with one row that is today's `auto`: the same draft
+    caps, the same cuts and the same beliefs, step by step, on random costs and confidences."""
+    rng = random.Random(seed)
+    slope, draft = rng.uniform(0.0, 0.1), rng.uniform(0.001, 0.05)
+    level = rng.uniform(0.3, 0.99)
+
+    def confidence(step, row):
+        return min(0.999, level + 0.2 * math.sin(step + 3 * row))
+
+    alone = Auto(5)
+    prices = SharedPrices(AutoConfig())
+    shared = Auto(5, prices=prices)
+    target = lambda n: 0.1 + slope * n  # noqa: E731
+    assert replayed([alone], 60, target, draft, confidence, seed) == \
+        replayed([shared], 60, target, draft, confidence, seed, prices)
+    assert alone.estimates() == shared.estimates() and alone.k == shared.k
+
+
+# --- the batch: a replay with injected costs ----------------------------------------------------------------
+# The int8 Qwen2.5-Coder-1.5B target measured on a 2-core CPU (stop 51: 211/228/280/359/434 ms at 1/2/4/8/16
+# positions), continued linearly past 16; an int4 assistant round costs 71 ms at one row, 191 ms at eight.
+
+
+def int8_cpu(w: float) -> float:
+    xs, ys = [1, 2, 4, 8, 16], [0.211, 0.228, 0.280, 0.359, 0.434]
+    return float(np.interp(w, xs, ys)) + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * max(w - xs[-1], 0)
+
+
+def flat(w: float) -> float:
+    return 0.020 + 0.00001 * w  # a GPU: 16-64 positions cost about one step
+
+
+def held(target, rows: int) -> CostTable:
+    """Costs already measured (at every width the replay can meet) and held: the calls' own timings cannot move them."""
+    return CostTable(tuple((w, target(w), 1e12) for w in range(1, 64 * rows + 1)), draft_per_token=None)
+
+
+def batch(rows: int, target, draft: float):
+    prices = SharedPrices(AutoConfig(), held(target, rows), prefilled=True)
+    prices.state = replace(prices.state, costs=prices.state.costs.with_draft(draft, 0))
+    return [Auto(4, prices=prices) for _ in range(rows)], prices
+
+
+def break_even(rows: int, target, draft: float, acceptance: float) -> int:
+    """The widest per-row width n at which the batch, every row drafting n - 1 tokens of this acceptance, still
+    commits at least plain decoding's tokens per second (the measured costs decide it, not the policy)."""
+    def rate(n):
+        tokens = rows * sum(acceptance**i for i in range(n))
+        return tokens / (target(rows * n) + (n - 1) * draft)
+    return max(n for n in range(1, 22) if rate(n) >= rate(1))
+
+
+@pytest.mark.parametrize("rows, target, draft, drafts", [
+    (16, int8_cpu, 0.300, False),  # 16 positions cost about 2x one: drafts lose to 16 plain rows
+    (1, int8_cpu, 0.071, True),  # the same CPU, one row: a draft costs a few % of a step, and pays
+    (16, flat, 0.010, True),  # flat costs: every row drafts
+])
+def test_the_batch_never_drafts_past_the_measured_break_even(rows, target, draft, drafts):
+    acceptance = 0.8
+    policies, prices = batch(rows, target, draft)
+    trace = replayed(policies, 30, target, draft, lambda step, row: acceptance, prices=prices)
+    widest = max(1 + verified for step in trace[2:] for _, verified in step)  # after a two-step warm-up
+    assert widest <= break_even(rows, target, draft, acceptance)
+    assert (widest > 1) == drafts
+
+
+def test_a_batch_priced_as_one_row_would_draft_past_it(monkeypatch):
+    """Negative control: the same replay with the batch's forward priced as one row's (its positions as cheap as a
+    single row's) drafts where the batch's break-even says not to."""
+    rows, draft, acceptance = 16, 0.300, 0.8
+    fair = SharedPrices.begin
+
+    def one_row(self, policies):
+        fair(self, policies[:1])
+        self.members = [p if p.prices is self else None for p in policies]
+
+    monkeypatch.setattr(SharedPrices, "begin", one_row)
+    policies, prices = batch(rows, int8_cpu, draft)
+    trace = replayed(policies, 30, int8_cpu, draft, lambda step, row: acceptance, prices=prices)
+    widest = max(1 + verified for step in trace[2:] for _, verified in step)
+    assert widest > break_even(rows, int8_cpu, draft, acceptance) == 1
+
+
+def test_the_cut_chooses_one_width_for_the_batch_and_a_row_may_draft_nothing():
+    """Two rows sharing a forward whose positions are dear: the sure row's drafts pay for the width, the unsure row
+    rides along up to it (its drafts there are free); at a width only the unsure row would fill, nothing pays."""
+    seconds = np.array([0.0, 1.0, 1.9, 2.8, 3.7, 4.6])  # every position of both rows costs 0.45 s ...
+    sure = RowDrafts(np.array([0.99, 0.99, 0.99]), 0.9, 3, asking=False)
+    unsure = RowDrafts(np.array([0.2, 0.2, 0.2, 0.2]), 0.2, 4, asking=False)
+    assert cut_width([sure, unsure], seconds, 1.0, 0.0) == 4  # ... at a token a second: the sure row's 3 drafts
+    assert cut_width([unsure], seconds, 1.0, 0.0) == 1  # alone, the unsure row drafts nothing
+    assert cut_width([sure, RowDrafts(np.array([0.99]), 0.9, 8)], seconds, 1.0, 0.0) is None  # a sure row may go on

@@ -1,0 +1,137 @@
+"""kernels.int4: 4-bit groups times per-row int8 activations, row-invariant by construction.
+
+Invariance is tested bitwise (torch.equal): a row alone against the same row among 2..16 rows, on one and two
+threads, and a subset of output columns against the full call. The arithmetic is tested against a float64
+evaluation of the same math (codes times the row's int8 codes, per group, scaled), and against x @ W^T within the
+error of 8-bit activations. The layout round trip (pack, unpack) and the quantizer are tested exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import int4
+from tests.helpers_models import threads
+
+pytestmark = pytest.mark.skipif(not int4.built().ok, reason=f"int4 kernel unavailable: {int4.built().reason}")
+
+
+def _groups(out_features: int, in_features: int, per_block: int, seed: int = 0) -> int4.Groups:
+    torch.manual_seed(seed)
+    weight = torch.randn(out_features, in_features) * torch.linspace(0.1, 2.0, in_features)  # groups of unlike ranges
+    return int4.quantize(weight, per_block)
+
+
+def _rows(n: int, in_features: int, seed: int = 1) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(n, in_features) * torch.logspace(-3, 3, n)[:, None]  # rows of very different ranges
+
+
+def _reference(x: torch.Tensor, groups: int4.Groups, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op's math in float64: each row's codes round(x * 127 / max|x|), each group's exact int sum times the
+    group's scale, plus its offset times the row's code sum, scaled back by max|x| / 127."""
+    top = x.abs().amax(1, keepdim=True)
+    codes = torch.round(x * (127 / top)).double()  # (n, in)
+    scale, offset = (t.double() for t in groups.scale_offset())  # (out, in / 32)
+    n, k = x.shape
+    dots = torch.einsum("ngt,ogt->nog", codes.reshape(n, -1, 32), groups.codes.double().reshape(-1, k // 32, 32))
+    sums = codes.reshape(n, -1, 32).sum(-1)  # (n, groups)
+    y = (dots * scale + sums[:, None] * offset).sum(-1) * (top.double() / 127)
+    return y if bias is None else y + bias.double()
+
+
+@pytest.mark.parametrize("shape, per_block", [((48, 256), 8), ((37, 512), 8), ((20, 96), 1), ((5, 32), 1)])
+def test_pack_and_unpack_are_inverse(shape, per_block):
+    groups = _groups(*shape, per_block)
+    back = int4.unpack(int4.pack(groups))
+    for name in ("codes", "d", "dmin", "sc", "m"):
+        assert torch.equal(getattr(back, name), getattr(groups, name)), name
+
+
+@pytest.mark.parametrize("shape, per_block", [((48, 256), 8), ((37, 512), 8), ((20, 96), 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_op_computes_its_math(shape, per_block, bias):
+    groups = _groups(*shape, per_block)
+    b = torch.randn(shape[0]) if bias else None
+    x = _rows(9, shape[1])
+    y = int4.linear(x, int4.pack(groups), b)
+    expected = _reference(x, groups, b)
+    assert y.shape == (9, shape[0]) and y.dtype == torch.float32
+    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
+    assert torch.equal(int4.linear(torch.zeros(2, shape[1]), int4.pack(groups), b),
+                       (b if bias else torch.zeros(shape[0])).expand(2, -1))  # an all-zero row: the bias
+
+
+def test_the_op_is_x_times_the_dequantized_weight_to_the_activations_step():
+    groups = _groups(40, 256, 8)
+    x = _rows(6, 256)
+    weight = groups.dequantize()
+    step = x.abs().amax(1, keepdim=True) / 127 / 2  # half an activation code
+    error = (int4.linear(x, int4.pack(groups)) - x @ weight.T).abs()
+    assert (error <= step * weight.abs().sum(1) * 1.001 + 1e-6).all()
+
+
+@pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1)])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_a_row_alone_is_bitwise_the_same_row_among_others(shape, per_block, n_threads):
+    packed, bias = int4.pack(_groups(*shape, per_block)), torch.randn(shape[0])
+    x = _rows(16, shape[1])
+    with threads(n_threads):
+        together = int4.linear(x, packed, bias)
+        for count in range(2, 17):  # every row tile and remainder: 4 + ... + 1..3
+            assert torch.equal(int4.linear(x[:count], packed, bias), together[:count]), count
+        for i in range(16):
+            assert torch.equal(int4.linear(x[i : i + 1], packed, bias), together[i : i + 1]), i
+        assert torch.equal(int4.linear(x[5:12], packed, bias), together[5:12])
+    with threads(3 - n_threads):  # the other thread count splits the columns otherwise
+        assert torch.equal(int4.linear(x, packed, bias), together)
+
+
+def test_a_subset_of_columns_is_bitwise_those_of_the_full_call():
+    out_features = 100  # 7 blocks of 16, the last one of 4 columns
+    packed, bias = int4.pack(_groups(out_features, 256, 8)), torch.randn(out_features)
+    x = _rows(5, 256)
+    full = int4.linear(x, packed, bias)
+    for blocks in ([6], [0], [3, 1], [6, 2, 0], list(range(7))):
+        part = int4.linear(x, packed, bias, torch.tensor(blocks))  # (5, 16 * len(blocks))
+        for j, block in enumerate(blocks):
+            columns = range(16 * block, min(16 * block + 16, out_features))
+            assert torch.equal(part[:, 16 * j : 16 * j + len(columns)], full[:, columns.start : columns.stop])
+            assert (part[:, 16 * j + len(columns) : 16 * j + 16] == 0).all()  # lanes past the last column
+
+
+def test_row_invariance_has_a_control_that_fails():
+    """The same groups through a float matmul of per-call quantized activations (one scale for the whole call, as
+    torch.ao's dynamic kernels do) do change a row with its neighbours: the bitwise checks above can fail."""
+    groups = _groups(32, 256, 8)
+    weight, x = groups.dequantize(), _rows(8, 256)
+
+    def per_call(rows):
+        scale = rows.abs().max() / 127
+        return torch.round(rows / scale) * scale @ weight.T
+
+    assert not torch.equal(per_call(x[:1]), per_call(x)[:1])
+
+
+def test_quantize_keeps_each_weight_within_half_a_step_of_its_group():
+    torch.manual_seed(0)
+    weight = torch.randn(32, 512)
+    weight[3, :5] = 20.0  # an outlier: a coarse step in its group, coarse 6-bit scales in its super-block
+    groups = int4.quantize(weight, 8)
+    scale, offset = groups.scale_offset()  # (out, groups)
+    error = (groups.dequantize() - weight).abs().reshape(32, -1, 32)
+    slack = scale[..., None] / 2 + weight.abs().reshape(32, -1, 32).amax(-1, keepdim=True) / 63  # 6-bit sc and m
+    assert (error <= slack).all()
+    assert error[3, 0].max() > 2 * error[3, 8:].max()  # the row's other super-blocks keep their fine steps
+    assert int(groups.codes.max()) <= 15 and int(groups.sc.max()) <= 63 and int(groups.m.max()) <= 63
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        int4.quantize(torch.randn(4, 96), 8)
+    packed = int4.pack(_groups(16, 64, 1))
+    with pytest.raises(ValueError, match="64"):
+        int4.linear(torch.randn(2, 32), packed)
+    with pytest.raises(RuntimeError, match="out of range"):
+        int4.linear(torch.randn(2, 64), packed, None, torch.tensor([1]))
