@@ -127,7 +127,7 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
 
     `within`: the schema the cases will be merged with; cases it contradicts for sure are left out (a key it requires
     absent, a value of a key under the very subschemas of S that it also applies)."""
-    branches = _branches(schema)
+    branches = _branches(_objects_spelled_out(schema))
     if branches is not None:  # not (A or B) = not A and not B (and a subset of not oneOf [A, B])
         return _every_negated(branches, resolve, extra, within)
     found, own = facts(schema, resolve), facts(within, resolve) if within is not None else Facts()
@@ -172,6 +172,18 @@ def _branches(schema) -> list | None:
     for option in options:
         out += _branches(option) or [option]
     return out
+
+
+def _objects_spelled_out(schema):
+    """An `enum` / `const` of objects only as the same set of object schemas: {"a": 1} is exactly the objects with
+    the keys {a} whose value at "a" equals 1 (`enum`, which every draft reads), so its negation gets cases."""
+    if not isinstance(schema, dict) or len(set(schema) & VALIDATION) != 1:
+        return schema
+    values = schema.get("enum") if "enum" in schema else [schema["const"]] if "const" in schema else None
+    if not isinstance(values, list) or not values or not all(isinstance(v, dict) for v in values):
+        return schema
+    return {"anyOf": [{"type": "object", "required": list(v), "properties": {k: {"enum": [x]} for k, x in v.items()},
+                       "additionalProperties": False} for v in values]}
 
 
 def _every_negated(branches: list, resolve, extra: int, within) -> list | None:

@@ -29,6 +29,7 @@ OBJECT_SCHEMAS = [
     {"type": ["object", "null"], "required": ["a", "b"], "properties": {"a": {"type": "array"}}},
     {"allOf": [{"$ref": "#/$defs/t"}, {"required": ["c"]}], "$defs": {"t": {"type": "object", "required": ["type"]}}},
     {"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["b"]}},
+    {"enum": [{"a": 1}, {"type": "Point"}]},
 ]
 
 
@@ -158,3 +159,13 @@ def test_what_a_schema_negates_is_a_case_of_its_negation():
     term = _compiler(schema).compile({"not": schema}, "#")
     assert {"required": ["b"]} in negated_cases(schema, _compiler(schema).resolve)
     assert rx.matches(term, '{"a":1,"b":2}') and not rx.matches(term, '{"a":1}')
+
+
+def test_an_enum_of_objects_is_negated_key_by_key():
+    """not {enum: [{"a": true}]} holds every other object, {"a": 1} among them (the complement of U held none)."""
+    schema = {"allOf": [{"enum": [{"a": 1}]}, {"not": {"enum": [{"a": True}]}}]}
+    term = _compiler(schema).compile(schema, "#")
+    assert rx.matches(term, '{"a":1}') and not rx.matches(term, '{"a":true}')
+    negated = _compiler({}).compile({"not": {"const": {"a": True}}}, "#")
+    assert all(rx.matches(negated, t) for t in ('{"a":1}', '{}', '1'))  # an extra key only where declared: narrower
+    assert not rx.matches(negated, '{"a":true}')
