@@ -1,8 +1,11 @@
-"""Budgets: every compile and every first visit of a guide state runs under limits of work and time.
+"""Budgets: every compile and every first visit of a guide state runs under limits of work; a compile also
+under a limit of time.
 
 Work is counted in new `rx` terms (each DFA state, derivative and search step makes some), a
-deterministic proxy for memory; time is checked every few hundred terms. Past a limit the build
-stops with `GuideBudgetError` instead of running on. Building (term creation, DFA growth, index
+deterministic proxy for memory; a compile's time is checked every few hundred terms. Past a limit the
+build stops with `GuideBudgetError` instead of running on. A first visit of a state (during generation,
+after model calls began) is never timed: what it allows must not depend on the machine's load, so only
+work counts there (`metered(..., timed=False)`). Building (term creation, DFA growth, index
 entries) happens under one process-wide re-entrant lock, `BUILD_LOCK`, so shared lazy structures
 are never grown by two threads at once; reading what is built takes no lock.
 """
@@ -44,7 +47,7 @@ class Budget:
     max_states : int
         DFA states one automaton may grow to over its life (its table costs ~1 KiB per state).
     max_seconds : float
-        Wall-clock seconds one compile or one first visit may take.
+        Wall-clock seconds one compile may take (first visits are bounded by work alone).
     clock : callable
         Seconds as a float (injectable for tests).
     """
@@ -59,13 +62,13 @@ DEFAULT_BUDGET = Budget()
 
 
 class Meter:
-    """Counts the terms created under one budgeted task and checks its clock."""
+    """Counts the terms created under one budgeted task and, when `timed`, checks its clock."""
 
     __slots__ = ("budget", "what", "terms", "deadline")
 
-    def __init__(self, budget: Budget, what: str):
+    def __init__(self, budget: Budget, what: str, timed: bool = True):
         self.budget, self.what, self.terms = budget, what, 0
-        self.deadline = budget.clock() + budget.max_seconds
+        self.deadline = budget.clock() + budget.max_seconds if timed else None
 
     def tick(self) -> None:
         self.terms += 1
@@ -75,8 +78,8 @@ class Meter:
             self.check_clock()
 
     def check_clock(self) -> None:
-        """Raise when past the deadline (long loops that create no terms call this themselves)."""
-        if self.budget.clock() > self.deadline:
+        """Raise when past the deadline (long loops that create no terms call this themselves); never untimed."""
+        if self.deadline is not None and self.budget.clock() > self.deadline:
             raise GuideBudgetError(f"{self.what} takes longer than {self.budget.max_seconds} s (Budget.max_seconds)")
 
 
@@ -88,13 +91,14 @@ def current_meter() -> Meter | None:
 
 
 @contextmanager
-def metered(budget: Budget | None, what: str):
-    """Run a build under BUILD_LOCK and `budget` (an inner task keeps the outer task's meter)."""
+def metered(budget: Budget | None, what: str, timed: bool = True):
+    """Run a build under BUILD_LOCK and `budget` (an inner task keeps the outer task's meter). `timed=False`: work
+    alone bounds it (a first visit: its answer must not depend on the clock)."""
     with BUILD_LOCK:
         if _active:
             yield _active[-1]
             return
-        meter = Meter(budget or DEFAULT_BUDGET, what)
+        meter = Meter(budget or DEFAULT_BUDGET, what, timed)
         _active.append(meter)
         try:
             yield meter

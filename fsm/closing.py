@@ -77,7 +77,8 @@ class Closing:
         if found is None:
             if len(self._distances) > MAX_KEPT:
                 self._distances, self._bytes, self._steps = {FINISHED: 0}, {}, {}
-            with metered(self.index.budget, f"the shortest completion of state {state} of {self.dfa.name()}"):
+            what = f"the shortest completion of state {state} of {self.dfa.name()}"
+            with metered(self.index.budget, what, timed=False):  # during generation: work alone bounds it
                 self._follow(state)
             found = self._distances[state]
         return found

@@ -4,8 +4,8 @@ States are indexed lazily, on their first visit, by walking every token's bytes 
 once (numpy over all tokens, one column of bytes per step, dropping tokens as they die); the DFA
 itself grows lazily under that walk. Results are cached, so a revisit costs a dictionary lookup.
 The index is logically immutable: the caches only memoize pure functions of (DFA, vocabulary).
-First visits run under the index's `Budget` and `BUILD_LOCK`; a revisit takes no lock. At most
-MAX_CACHED_STATES states and about MAX_CACHED_BYTES of them are kept (the oldest go first and are
+First visits run under the index's `Budget` (work only, never the clock) and `BUILD_LOCK`; a revisit
+takes no lock. At most MAX_CACHED_STATES states and about MAX_CACHED_BYTES of them are kept (the oldest go first and are
 rebuilt if visited again).
 """
 
@@ -215,7 +215,7 @@ class TokenIndex:
         return self.dfa.nbytes + self._info_bytes[0] + self._head_bytes[0] + (head_dfa.nbytes if head_dfa else 0)
 
     def _first_visit(self, state: int, cache: dict, build):
-        with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}"):
+        with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}", timed=False):
             found = cache.get(state)  # another thread may have built it while this one waited
             if found is None:
                 found = build(state)

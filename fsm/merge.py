@@ -61,7 +61,9 @@ def _flatten(schema, pointer: str, resolve, depth: int) -> list[dict]:
         raise SchemaError("allOf/$ref chain is too deep to merge", keyword="allOf", pointer=pointer)
     if schema is True:
         return []
-    if schema is False or not isinstance(schema, dict):
+    if schema is False:  # a part no value satisfies: nor does the whole
+        raise Unsatisfiable("an allOf part is false", keyword="allOf", pointer=pointer)
+    if not isinstance(schema, dict):
         raise SchemaError("allOf parts must be schemas that accept something", keyword="allOf", pointer=pointer)
     parts, rest = [], {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k in VALIDATION}
     if "$ref" in schema:

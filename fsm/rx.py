@@ -36,7 +36,7 @@ class Rx:
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
-                 "_witness", "_holes", "_gave_up", "__weakref__")
+                 "_witness", "_holes", "_gave_up", "_pending", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
@@ -47,6 +47,7 @@ class Rx:
         self._holes = None  # items whose hole ends a branch of this term (see `_holes_in`)
         self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
         self._gave_up = 0  # the largest limit an emptiness search of this term went past (see `_decide`)
+        self._pending = None  # a string of it whose derivatives are marked live as they are built (`_mark_live`)
 
     def __repr__(self) -> str:
         return f"Rx#{self.id}({self.kind})"
@@ -455,6 +456,8 @@ def derivative(term: Rx, byte: int) -> Rx:
     found = term._derivatives.get(block)
     if found is None:
         found = term._derivatives[block] = _derive(term, byte)
+    if term._pending is not None:
+        _pass_on(term, byte, found)
     return found
 
 
@@ -463,6 +466,8 @@ def derivative_of_block(term: Rx, block: int) -> Rx:
     found = term._derivatives.get(block)
     if found is None:
         found = term._derivatives[block] = _derive(term, lowest_byte(term.classes[block]))
+    if term._pending is not None and term.classes[block] >> term._pending[0] & 1:
+        _pass_on(term, term._pending[0], found)
     return found
 
 
@@ -555,6 +560,7 @@ def lowest_byte(mask: int) -> int:
 # terms an emptiness search may explore on a guide's first visit of a state before it forbids the derivative (about 25 s
 # of CPU at worst; a lower bound leaves more searches undecided, and an undecided search memoizes nothing it explored)
 WALK_LIMIT = 100_000
+CHEAP_SEARCH = 16  # terms a union's alternatives are each searched first: one easy live alternative settles it
 
 
 class UndecidedError(ValueError):
@@ -628,8 +634,11 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     decide = functools.partial(_decide, limit=limit)
     if kind == "seq":  # heads are never sequences: walk the chain instead of recursing on tails
         return _some(map(decide, _chain(term)))
-    if kind == "alt":
-        return _every(map(decide, args))
+    if kind == "alt":  # the easy alternatives first: one live without a search settles it
+        cheap = [_decide(t, CHEAP_SEARCH) for t in args]
+        if False in cheap:
+            return False
+        return _every(decide(t) if found is None else found for t, found in zip(args, cheap))
     if kind == "repeat":
         return args[1] > 0 and decide(args[0])
     if kind == "anyorder":
@@ -640,20 +649,26 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     if kind == "pick":
         return _every(f for f in (_pick_branch(b, args[1], decide, _some) for b in _branches(args[0]))
                       if f is not _UNFILLED)
-    found = witness(term)
-    if found is not None:  # proved non-empty without a search
-        _mark_live(term, found)
+    if _witnessed(term):  # proved non-empty without a search
         return False
     return _search_empty(term, limit)
 
 
 def _mark_live(term: Rx, found: bytes) -> None:
-    """Memoize every derivative along `term`'s string `found` as non-empty: a state proved live by a witness
-    keeps a successor known live, so forbidding what a walk cannot decide never strands it."""
-    for byte in found:
-        term = derivative(term, byte)
-        if term._empty is None:
-            term._empty = False
+    """Memoize `term`, and every derivative along its string `found` as it is built (`derivative` passes the rest of
+    the string on), as non-empty: a state proved live by a witness keeps a successor known live, so forbidding what a
+    walk cannot decide never strands it. Nothing is derived here: a walk builds only the derivatives it takes."""
+    if term._empty is None:
+        term._empty = False
+    if found and term._pending is None and not term.plain:  # plain terms are live unless NOTHING
+        term._pending = found
+
+
+def _pass_on(term: Rx, byte: int, found: Rx) -> None:
+    """`found` = d(term, byte): live when `byte` starts `term`'s pending string, which then continues from it."""
+    pending = term._pending
+    if pending[0] == byte:
+        _mark_live(found, pending[1:])
 
 
 def _search_empty(term: Rx, limit: int) -> bool | None:
@@ -670,7 +685,7 @@ def _search_empty(term: Rx, limit: int) -> bool | None:
         d = derivative(t, lowest_byte(mask))
         if d.id in seen or d._empty is True:
             continue
-        if d.nullable or d._empty is False or (d.plain and d is not NOTHING):
+        if d.nullable or d._empty is False or (d.plain and d is not NOTHING) or _witnessed(d):
             for on_path, _ in path:
                 on_path._empty = False
             return False
@@ -682,6 +697,14 @@ def _search_empty(term: Rx, limit: int) -> bool | None:
     for t in explored:
         t._empty = True
     return True
+
+
+def _witnessed(term: Rx) -> bool:
+    """Whether `term` has a witness found by structure (marked live along it): the search stops there."""
+    found = witness(term)
+    if found is not None:
+        _mark_live(term, found)
+    return found is not None
 
 
 _UNFILLED = object()  # a branch of a pick whose item its owner no longer allows

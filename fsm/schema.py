@@ -20,6 +20,7 @@ The dialect `$schema` names (draft-04 to 2020-12; none: 2020-12) decides what ea
 
 from __future__ import annotations
 
+import json
 
 from fsm import json_terms as jt
 from fsm import rx
@@ -29,13 +30,12 @@ from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 from fsm.object_policy import object_policy
 from fsm.refs import absolute_refs
-from fsm.rewrites import exclusive_required_cases
+from fsm.schema_logic import logic, union
 from fsm.schema_types import proved_empty
 from fsm.unevaluated import close_unevaluated
 
 UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
-DISJOINT_SEARCH = 40  # states explored to prove a oneOf option disjoint from another (else: exclude it lazily)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 
 
@@ -165,8 +165,11 @@ class Compiler:
         self.property_order = property_order  # "schema" | "any" (see compile_schema)
         self.depth = 0  # recursive $refs (those on a cycle) entered on the way here
         self.memo: dict[tuple, rx.Rx] = {}
+        self.texts: dict[tuple, rx.Rx] = {}  # (subschema as JSON, depth, negations) -> its term (cases repeat them)
         self.reach: dict[str, frozenset[str]] = {}
-        self.disjoint: dict[tuple[int, int], bool] = {}
+        self.disjoint: dict[tuple[int, int], bool] = {}  # (term id, U id) -> proved disjoint (schema_logic.exclude)
+        self.disjoint_options: dict[tuple[int, int], tuple] = {}  # (id, id) -> (a, b, disjoint) of oneOf options
+        self.negations = 0  # `not`s around the subschema being compiled (schema_logic.logic)
         self.notes: list[str] = []
         self.cut = False  # a $ref went deeper than max_depth somewhere
         self.upper = Upper(self)
@@ -174,11 +177,17 @@ class Compiler:
         self.skeleton = jt.any_value(ws, max_depth + SKELETON_EXTRA_DEPTH)
 
     def compile(self, schema, pointer: str) -> rx.Rx:
-        """L: a term whose every string is valid under `schema`."""
-        try:
-            return self._compile(schema, pointer)
-        except GuideBudgetError as error:
-            raise error.at(pointer) from None
+        """L: a term whose every string is valid under `schema` (the same subschema in the same context: one term)."""
+        key = (_text(schema), self.depth, self.negations)
+        found = self.texts.get(key)
+        if found is None:
+            try:
+                found = self._compile(schema, pointer)
+            except GuideBudgetError as error:
+                raise error.at(pointer) from None
+            if key[0] is not None:
+                self.texts[key] = found
+        return found
 
     def _compile(self, schema, pointer: str) -> rx.Rx:
         if schema is True:
@@ -286,48 +295,18 @@ class Compiler:
         return rx.inter(self.compile(rest, pointer) if rest else self.any, *parts)
 
     def logic(self, schema: dict, pointer: str) -> rx.Rx:
-        """`not S` -> L(rest) ∩ ¬U(S); `if`: (rest ∧ if ∧ then) ∪ ((rest ∧ else) ∩ ¬U(if))."""
-        if "not" in schema:
-            rest = {k: v for k, v in schema.items() if k != "not"}
-            excluded = self.upper(schema["not"], f"{pointer}/not")
-            return rx.inter(self.compile(rest, pointer), rx.complement(excluded))
-        rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-        condition, then, otherwise = schema["if"], schema.get("then", True), schema.get("else", True)
-        if condition is True or (then is True and otherwise is True):
-            return self.compile({"allOf": [rest, then]}, pointer)
-        yes = self.compile({"allOf": [rest, condition, then]}, pointer)
-        no = rx.inter(
-            self.compile({"allOf": [rest, otherwise]}, pointer), rx.complement(self.upper(condition, f"{pointer}/if"))
-        )
-        return rx.alt(yes, no)
+        return logic(self, schema, pointer)
 
     def union(self, schema: dict, pointer: str) -> rx.Rx:
-        """anyOf: the union. oneOf: option i minus U(option j) for every j != i (exactly one holds)."""
-        keyword = "anyOf" if "anyOf" in schema else "oneOf"
-        options = schema[keyword]
-        if not isinstance(options, list) or not options:
-            raise SchemaError("must be a non-empty array of schemas", keyword=keyword, pointer=pointer)
-        base = {k: v for k, v in schema.items() if k != keyword}
-        cases = exclusive_required_cases(options) if keyword == "oneOf" else None
-        if cases is not None:  # exact without complements (which make liveness and masks slow)
-            return self.union({**base, "anyOf": cases}, pointer)
-        terms = [
-            self.compile({"allOf": [base, o]} if base else o, f"{pointer}/{keyword}/{i}") for i, o in enumerate(options)
-        ]
-        if keyword == "oneOf":
-            uppers = [self.upper(o, f"{pointer}/oneOf/{i}") for i, o in enumerate(options)]
-            terms = [self.exclude(t, [u for j, u in enumerate(uppers) if j != i]) for i, t in enumerate(terms)]
-        return rx.alt(*terms)
+        return union(self, schema, pointer)
 
-    def exclude(self, term: rx.Rx, uppers: list[rx.Rx]) -> rx.Rx:
-        """`term` minus every upper bound it may overlap (skipping the ones quickly proved disjoint)."""
-        for u in uppers:
-            key = (term.id, u.id)
-            if key not in self.disjoint:
-                self.disjoint[key] = _surely_empty(rx.inter(term, u), limit=DISJOINT_SEARCH)
-            if not self.disjoint[key]:
-                term = rx.inter(term, rx.complement(u))
-        return term
+
+def _text(schema) -> str | None:
+    """The subschema as canonical JSON (None where Python will not write it: integers over 4,300 digits)."""
+    try:
+        return json.dumps(schema, sort_keys=True, default=repr)
+    except ValueError:
+        return None
 
 
 def validation_keywords(schema: dict, pointer: str) -> dict:

@@ -14,9 +14,11 @@ from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.keywords import exact_decimal, number_bound, numeric_bounds
 from fsm.patterns import pattern_upper
+from fsm.upper_objects import object_upper
 from fsm.utf8 import ANY_CHAR
 
 ANY = rx.ANYTHING
+MAX_OPTIONAL = 8  # properties not required whose values U checks where present (each costs an intersection)
 OBJECT = rx.seq(rx.literal("{"), ANY)
 ARRAY = rx.seq(rx.literal("["), ANY)
 ESCAPED_STRING = rx.inter(jt.LOOSE_STRING, rx.seq(ANY, jt.BACKSLASH, ANY))
@@ -101,15 +103,22 @@ class Upper:
         return rx.alt(plain, ESCAPED_STRING)  # lengths and patterns are not checked through escapes
 
     def _object(self, schema: dict) -> rx.Rx:
-        """Objects in which each required key occurs somewhere followed by a value in its U."""
+        """Objects with each required key at the top level followed by a value in its U, and each other declared
+        key (up to MAX_OPTIONAL whose U says something) absent there or followed by a value in its U."""
         properties = schema.get("properties", {}) if isinstance(schema.get("properties"), dict) else {}
-        parts = [OBJECT]
-        for name in _list(schema.get("required")):
-            if isinstance(name, str):
-                value = self(properties.get(name, True), "#")
-                key = rx.seq(jt.QUOTE, jt.spellings(name), jt.QUOTE)
-                parts.append(rx.seq(ANY, jt.member(key, value, self.c.ws), ANY))
-        return rx.inter(*parts)
+        names = [n for n in _list(schema.get("required")) if isinstance(n, str)]
+        required = [(_key(n), self(properties.get(n, True), "#")) for n in dict.fromkeys(names)]
+        optional = []
+        for name, sub in properties.items():
+            value = self(sub, "#") if name not in names and len(optional) < MAX_OPTIONAL else ANY
+            if value is not ANY:
+                optional.append((_key(name), value))
+        return object_upper(required, optional, self.c.ws)
+
+
+def _key(name: str) -> rx.Rx:
+    """Every spelling of the key `name`, quoted."""
+    return rx.seq(jt.QUOTE, jt.spellings(name), jt.QUOTE)
 
 
 def _number(schema: dict) -> rx.Rx:

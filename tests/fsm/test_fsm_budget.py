@@ -103,3 +103,49 @@ def test_an_index_keeps_its_visited_states_within_its_byte_bound(smol_tokenizer,
     assert len(guide.index._states) < 25
     for state, allowed in path:  # evicted states are rebuilt, with the same answers
         assert fsm.Guide(guide.index, state).allowed() == allowed
+
+
+class _Clock:
+    """A clock that runs `rate` seconds per look once `rate` is set: a loaded machine at its worst."""
+
+    def __init__(self):
+        self.now, self.rate = 0.0, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.rate
+        return self.now
+
+
+def _searched(longest: int, excluded: str) -> dict:
+    """Option 0 minus U(option 1): first visits decide intersections with a complement (hundreds of new terms)."""
+    return {"oneOf": [{"type": "string", "pattern": "^[ab]*$", "minLength": 2, "maxLength": longest},
+                      {"type": "string", "pattern": excluded}]}
+
+
+def _masks_along(guide, text: str) -> list:
+    out = []
+    for token in guide.index.vocabulary.encode(text):
+        out.append(guide.mask().clone())
+        guide.advance(token)
+    return out + [guide.mask().clone()]
+
+
+def test_a_loaded_machine_never_changes_a_mask(smol_tokenizer):
+    """First visits (during generation) are bounded by work alone: a clock that jumps an hour at every look changes
+    no mask. Control: the same walk under a timed meter stops with GuideBudgetError."""
+    from fsm.budget import metered
+
+    term = fsm.compile_schema(_searched(30, "(ab){2}b"))
+    text = '"abbabbabbaab"'
+    clock = _Clock()
+    slow = fsm.Guide.from_rx(term, smol_tokenizer, budget=Budget(max_seconds=60.0, clock=clock))
+    clock.rate = 3600.0  # from here on: every look at the clock is an hour later
+    loaded = _masks_along(slow, text)
+    assert slow.is_final()
+    fresh = _masks_along(fsm.Guide.from_rx(term, smol_tokenizer, budget=Budget(max_seconds=61.0)), text)
+    assert len(loaded) == len(fresh) and all(a.equal(b) for a, b in zip(loaded, fresh))
+    control = fsm.Guide.from_rx(fsm.compile_schema(_searched(31, "(ba){2}a")), smol_tokenizer,
+                                budget=Budget(max_seconds=60.0, clock=clock))
+    with pytest.raises(GuideBudgetError, match="Budget.max_seconds"):
+        with metered(Budget(max_seconds=60.0, clock=clock), "a timed walk"):
+            _masks_along(control, text)
