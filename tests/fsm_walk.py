@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from fsm import Guide
+from fsm import Guide, InvalidTokenError
 from fsm.regex import DEAD
 
 
@@ -62,3 +62,13 @@ def text_of(guide: Guide, tokens: list[int]) -> str:
     token_bytes = guide.index.vocabulary.token_bytes
     eos = set(guide.eos_token_ids)
     return b"".join(token_bytes[t] for t in tokens if t not in eos).decode("utf-8")
+
+
+def accepts_text(guide: Guide, text: str, tokenizer) -> bool:
+    """Whether `guide` walks the tokenizer's own tokens of `text` to a final state (advancing `guide`)."""
+    try:
+        for token in tokenizer.encode(text, add_special_tokens=False):
+            guide.advance(token)
+    except InvalidTokenError:
+        return False
+    return guide.is_final()

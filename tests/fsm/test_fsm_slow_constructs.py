@@ -15,6 +15,7 @@ import pytest
 import fsm
 from fsm import rx
 from fsm.budget import Budget, GuideBudgetError, metered
+from tests.fsm_walk import accepts_text
 
 pytestmark = pytest.mark.usefixtures("fresh_fsm_caches")  # term counts must not depend on what ran before
 
@@ -152,15 +153,6 @@ CONSTRUCTS = {  # name: (schema, values, new terms allowed for both policies' co
 }
 
 
-def _walk(guide: fsm.Guide, text: str, tokenizer) -> bool:
-    try:
-        for token in tokenizer.encode(text, add_special_tokens=False):
-            guide.advance(token)
-    except fsm.InvalidTokenError:
-        return False
-    return guide.is_final()
-
-
 def _verdicts(schema, values) -> list[bool]:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     return [cls(schema).is_valid(v) for v in values]
@@ -183,7 +175,7 @@ def test_slow_constructs_are_decided_within_a_work_budget(name, smol_tokenizer):
                 assert policy == "compact", name
                 continue
             for text, valid in zip(texts, verdicts):
-                accepted = _walk(guide.copy(), text, smol_tokenizer)
+                accepted = accepts_text(guide.copy(), text, smol_tokenizer)
                 assert valid or not accepted, f"{policy}: false accept of {text}"
                 assert accepted or not valid or policy == "compact", f"spec: valid {text} rejected"
 
@@ -210,10 +202,10 @@ def test_a_state_undecided_within_the_bound_is_forbidden_not_accepted(smol_token
     assert verdicts == [True, True, False, False, False, False]
     monkeypatch.setattr(rx, "WALK_LIMIT", 3)
     guide = fsm.Guide.from_schema(SEARCHED, smol_tokenizer)
-    accepted = [_walk(guide.copy(), text, smol_tokenizer) for text in texts]
+    accepted = [accepts_text(guide.copy(), text, smol_tokenizer) for text in texts]
     assert not any(a and not v for a, v in zip(accepted, verdicts))
     assert accepted[0] is False  # undecided: forbidden
     monkeypatch.undo()
     fsm.guide.INDEXES.clear()
     fresh = fsm.Guide.from_rx(fsm.compile_schema({**SEARCHED, "maxLength": 12}), smol_tokenizer)
-    assert _walk(fresh, texts[0], smol_tokenizer)
+    assert accepts_text(fresh, texts[0], smol_tokenizer)

@@ -17,6 +17,7 @@ import pytest
 
 import fsm
 from fsm.lazy_dfa import LazyDFA
+from tests.fsm_walk import accepts_text
 
 D7 = "http://json-schema.org/draft-07/schema#"
 UNEVALUATED = {  # 2020-12 core 11.3: annotations come from the schema itself and its successful in-place applicators
@@ -250,15 +251,6 @@ def _validator(schema):
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def _walk(guide: fsm.Guide, text: str, tokenizer) -> bool:
-    try:
-        for token in tokenizer.encode(text, add_special_tokens=False):
-            guide.advance(token)
-    except fsm.InvalidTokenError:
-        return False
-    return guide.is_final()
-
-
 def _judge(schema: dict, texts: list[str], tokenizer, refused: frozenset[str] = frozenset()) -> None:
     """No false accept under either policy; under "spec" every valid text accepted; a SchemaError only where
     `refused` names the policy."""
@@ -273,7 +265,7 @@ def _judge(schema: dict, texts: list[str], tokenizer, refused: frozenset[str] = 
             continue
         guide = fsm.Guide.from_schema(schema, tokenizer, policy=policy)
         for text, valid in zip(texts, verdicts):
-            accepted = _walk(guide.copy(), text, tokenizer)
+            accepted = accepts_text(guide.copy(), text, tokenizer)
             assert valid or not accepted, f"{policy}: false accept of {text}"
             if policy == "spec":
                 assert accepted or not valid, f"spec: valid {text} rejected"
