@@ -26,7 +26,8 @@ from kernels.build import Built, load
 GROUP = 32  # inputs per group
 LANES = 16  # output columns per block of the packed layout (one AVX-512 register)
 CODE_BYTES = GROUP * LANES // 2  # code bytes per (block, group)
-CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-ffp-contract=off")
+# -fopenmp: without it at::parallel_for compiles to a serial loop (the op ran on one core at any thread count)
+CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-ffp-contract=off", "-fopenmp")
 NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma")  # as /proc/cpuinfo names them
 
 
