@@ -62,12 +62,12 @@ def generate_batch(model, assistant_model=None, *, tokenizer, prompts=None, mess
         Asked after every committed token of every row with that row's ids (1, L) and ``scores=None``.
     prefix_cache : assisted.PrefixCache, optional
         A newcomer reuses the longest prompt prefix a kept generation holds, and each finished row's caches are kept
-        (as for `generate`; equal to a fresh prefill up to float rounding, bitwise on the int8 target).
+        (as for `generate`; equal to a fresh prefill up to float rounding, bitwise on the int4 and int8 targets).
     share_prefix : bool, optional
         A newcomer copies the KV entries of the longest prompt prefix a row in the batch caches (a shared system
         prompt or few-shot block is prefilled once) and prefills only the rest. Those entries come from another
         chunking of the same forward: equal up to float rounding on a float target, bitwise on a row-invariant one
-        (the int8 target). Default: on where that is exact (a row-invariant target), else off.
+        (the int4 and int8 targets). Default: on where that is exact (a row-invariant target), else off.
     generation_config, logits_processor, guide_options, **kwargs
         As for `assisted.generate`, for every row: the schedule ("auto" by default, priced for the batch: drafts are
         worth their positions in the shared forward, `assisted.policy.prices`), prompt lookup, coalescing, `tree`,
