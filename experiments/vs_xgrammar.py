@@ -105,8 +105,8 @@ SYSTEMS = (
     "full-no-lookup",
     "full",
 )
-OURS = {"constrained": (False, False, False), "constrained+forced": (False, True, False),  # system -> (assistant,
-        "full-no-lookup": (True, True, False), "full": (True, True, None)}                 # coalesce, prompt lookup)
+OURS = {"constrained": (False, False, 0), "constrained+forced": (False, True, 0),  # system -> (assistant, coalesce,
+        "full-no-lookup": (True, True, 0), "full": (True, True, None)}        # prompt_lookup_num_tokens: 0 off)
 FIELDS = ("task", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
 
 
@@ -149,8 +149,9 @@ class Systems:
         if system in OURS:
             helper, coalesce, lookup = OURS[system]
             out = generate(self.model, self.assistant if helper else None, tokenizer=self.tokenizer, input_ids=ids,
-                           schema=task.schema, max_new_tokens=self.max_new, coalesce=coalesce, prompt_lookup=lookup,
-                           do_sample=sample, temperature=temperature if sample else 1.0, seed=seed)
+                           schema=task.schema, max_new_tokens=self.max_new, coalesce=coalesce,
+                           prompt_lookup_num_tokens=lookup, do_sample=sample,
+                           temperature=temperature if sample else 1.0, seed=seed)
             return out.text, out.stats.new_tokens
         if system.startswith("xgrammar"):
             compact = {"any_whitespace": False, "separators": (",", ":")} if system == "xgrammar-compact" else {}
