@@ -72,8 +72,8 @@ def test_validate_and_extract():
 def test_speedup_cell_end_to_end(tiny, tmp_path):
     model, tok = tiny
     args = argparse.Namespace(temperatures=[0.0, 1.0], repeats=1, max_new_tokens=4, num_assistant_tokens=3, seed=1000,
-                              target="tiny", assistant="tiny", quantize_target=None, device="cpu", dtype="float32", warmup=True,
-                              systems=list(speedup.SYSTEMS))
+                              target="tiny", assistant="tiny", quantize_target=None, device="cpu", dtype="float32",
+                              warmup=True, systems=list(speedup.SYSTEMS))
     prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
     helper = copy.deepcopy(model)  # a separate module, so the forward hooks count each model alone
     with threads(1):
