@@ -1,4 +1,4 @@
-"""4-bit weights in groups of 32 times per-row int8 activations: a row-invariant CPU linear (AVX-512 VNNI).
+"""4-bit weights in groups of 32 times per-row int8 activations: a row-invariant CPU linear on any x86 CPU.
 
 A weight matrix (out, in) is held as `Groups`: for each output column, groups of 32 inputs, each ``scale * q +
 offset`` with codes q in 0..15, ``scale = d * sc`` and ``offset = -(dmin * m)``; d and dmin are float32 per
@@ -6,7 +6,9 @@ super-block of `groups_per_block` groups, sc and m are bytes per group. That is 
 6-bit sc and m), and Q4_0's and Q4_1's with one group a block and sc = m = 1, so a GGUF's 4-bit weights are kept
 exactly. `linear` quantizes each row of x with its own max-abs scale inside the op, sums each group in int32 and
 adds the groups in float in one fixed order (kernels/csrc/int4_linear.cpp): a row's output is bitwise the same
-whatever other rows, threads or output columns share the call.
+whatever other rows, threads or output columns share the call. Three paths run it, the best the CPU has: "vnni"
+(AVX-512 VNNI), "avx2" (AVX2 + FMA) and "portable" (plain C++); their int32 sums are exact and their float steps
+the same IEEE operations in the same order, so all three give bitwise the same output: one model on every x86 CPU.
 
     from kernels import int4
     if int4.built().ok:
@@ -16,7 +18,10 @@ whatever other rows, threads or output columns share the call.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -26,15 +31,57 @@ from kernels.build import Built, load
 GROUP = 32  # inputs per group
 LANES = 16  # output columns per block of the packed layout (one AVX-512 register)
 CODE_BYTES = GROUP * LANES // 2  # code bytes per (block, group)
-# -fopenmp: without it at::parallel_for compiles to a serial loop (the op ran on one core at any thread count)
-CFLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma", "-ffp-contract=off", "-fopenmp")
-NEEDS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma")  # as /proc/cpuinfo names them
+# No -m flags: each path's code carries its own target (#pragma GCC target), chosen at run time by the CPU's cpuid.
+# -fopenmp: without it at::parallel_for compiles to a serial loop (the op ran on one core at any thread count).
+CFLAGS = ("-ffp-contract=off", "-fopenmp")
+PATHS = {"vnni": "AVX-512 VNNI", "avx2": "AVX2", "portable": "portable C++"}  # best first
+PATH_VARIABLE = "STRUCTSPEC_INT4_PATH"  # names a path to run instead of the best one (tests, comparisons)
+_forced: list[str] = []
 
 
 @functools.cache
 def built() -> Built:
     """Whether the op library is loaded on this machine (built once; else ``reason`` says why in one line)."""
-    return load("int4", ("int4_linear.cpp",), CFLAGS, NEEDS)
+    return load("int4", ("int4_linear.cpp",), CFLAGS)
+
+
+@functools.cache
+def paths() -> tuple[str, ...]:
+    """The paths this CPU runs, best first ("portable" always; empty where the library did not build)."""
+    return tuple(torch.ops.structspec.int4_paths()) if built().ok else ()
+
+
+def path() -> str:
+    """The path `linear` runs: `forced_path`'s, else ``$STRUCTSPEC_INT4_PATH``, else the best in `paths()`."""
+    return _forced[-1] if _forced else _default_path()
+
+
+@functools.cache
+def _default_path() -> str:
+    return _checked(os.environ.get(PATH_VARIABLE) or (paths() or ("portable",))[0])
+
+
+def _checked(name: str) -> str:
+    if name not in PATHS:
+        raise ValueError(f"unknown int4 path {name!r}: one of {', '.join(PATHS)}")
+    if built().ok and name not in paths():
+        raise ValueError(f"this CPU cannot run the int4 path {name!r} (it runs {', '.join(paths())})")
+    return name
+
+
+def kernel_name() -> str:
+    """What runs the 4-bit Linears here, for stats: e.g. "int4 (AVX-512 VNNI)", "int4 (AVX2)"."""
+    return f"int4 ({PATHS[path()]})"
+
+
+@contextlib.contextmanager
+def forced_path(name: str) -> Iterator[None]:
+    """Run `linear` on the path `name` inside the block (all paths give bitwise the same output; only speed)."""
+    _forced.append(_checked(name))  # refuses an unknown path, or one this CPU cannot run
+    try:
+        yield
+    finally:
+        _forced.pop()
 
 
 @dataclass(frozen=True)
@@ -154,11 +201,12 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None,
     """(n, in) float32 -> (n, out): x times the packed 4-bit weight, plus `bias`; row-invariant.
 
     With `blocks` (int64 indices of 16-column blocks), only those blocks are computed: (n, 16 * len(blocks)), block
-    j's columns at 16 j..16 j + 15, each bitwise the full call's. Raises RuntimeError unless `built().ok`.
+    j's columns at 16 j..16 j + 15, each bitwise the full call's. Runs `path()`. Raises RuntimeError unless
+    `built().ok`.
     """
     if x.shape[-1] != packed.in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes {packed.in_features}")
     if not built().ok:
         raise RuntimeError(f"the int4 kernel is not available: {built().reason}")
     return torch.ops.structspec.int4_linear(x.contiguous(), packed.data, bias, packed.out_features,
-                                            packed.groups_per_block, blocks)
+                                            packed.groups_per_block, blocks, path())

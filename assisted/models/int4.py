@@ -1,10 +1,10 @@
 """Row-invariant 4-bit models for the CPU: a GGUF's own 4-bit groups times per-row int8 activations.
 
-`Int4Linear` runs `kernels.int4` (AVX-512 VNNI): groups of 32 weights ``scale * q + offset`` (q in 0..15), each
-input row quantized to int8 with its own scale inside the op, each group summed in int32, the groups added in float
-in one fixed order. A row's output is bitwise the same whatever else the call holds, as with `Int8Linear`, so a
-target built of both, with the row-invariant attention, verifies drafts exactly losslessly (docs/design.md,
-"Row invariance").
+`Int4Linear` runs `kernels.int4` (AVX-512 VNNI, AVX2 or plain C++: bitwise the same on every x86 CPU): groups of
+32 weights ``scale * q + offset`` (q in 0..15), each input row quantized to int8 with its own scale inside the op,
+each group summed in int32, the groups added in float in one fixed order. A row's output is bitwise the same
+whatever else the call holds, as with `Int8Linear`, so a target built of both, with the row-invariant attention,
+verifies drafts exactly losslessly (docs/design.md, "Row invariance").
 
 - `quantize_int4(model, gguf=path)`: the target. Every Linear that the GGUF stores as Q4_K, Q4_1 or Q4_0 keeps
   those groups exactly (`assisted.models.gguf_groups`, checked bitwise against the weights transformers loaded);
@@ -12,8 +12,8 @@ target built of both, with the row-invariant attention, verifies drafts exactly 
   to Q4_K's form (the head int8, as Q4_K_M keeps it in Q6_K).
 - `int4_copy(model)`: an assistant's 4-bit copy (every Linear that fits, the head included; attention untouched).
 
-Where the kernel cannot build or the CPU has no AVX-512 VNNI, both say why in one warning line and fall back to
-the int8 path; `linear_kernels(model)` reports what runs.
+Only where the kernel cannot build (no C++ compiler or ninja) do both fall back to the int8 path, with a warning that
+says why and that it is another model (other outputs); `linear_kernels(model)` reports what runs.
 
     from assisted.models.int4 import quantize_int4
     quantize_int4(model, gguf="model.gguf")  # in place; attention "row_invariant"
@@ -30,10 +30,8 @@ import torch
 
 from assisted.models.gguf_groups import module_groups
 from assisted.models.int8 import Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
-from kernels import int4
+from kernels import attention, int4
 from kernels.attention import ATTENTION
-
-KERNEL = "int4 (AVX-512 VNNI)"
 
 
 class Int4Linear(torch.nn.Module):
@@ -90,7 +88,8 @@ def unavailable() -> str | None:
 
 
 def _fall_back(to: str) -> None:
-    warnings.warn(f"int4 kernel unavailable ({unavailable()}); {to} runs the int8 kernel instead", stacklevel=3)
+    warnings.warn(f"int4 kernel unavailable ({unavailable()}); {to} runs the int8 kernel instead: another model, "
+                  "whose outputs differ from the int4 model's", stacklevel=3)
 
 
 def quantize_int4(model: torch.nn.Module, gguf: str | Path | None = None) -> torch.nn.Module:
@@ -129,6 +128,7 @@ def quantize_int4(model: torch.nn.Module, gguf: str | Path | None = None) -> tor
             new = Int8Linear(linear)
         setattr(parent, child_name, new)
     model.set_attn_implementation(ATTENTION)
+    attention.built()  # the attention op is built (once per machine) now, not inside a timed forward
     return model.eval()
 
 
@@ -170,6 +170,6 @@ def int4_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def linear_kernels(model: torch.nn.Module) -> str:
     """Which kernels run `model`'s Linear layers, e.g. "int4 (AVX-512 VNNI) x196, int8 (fbgemm) x57"."""
-    names = {Int4Linear: KERNEL, Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
+    names = {Int4Linear: int4.kernel_name(), Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
     counts = Counter(names.get(type(m), type(m).__name__) for m in model.modules() if type(m) in names)
     return ", ".join(f"{kind} x{count}" for kind, count in counts.most_common()) or "none"

@@ -1,15 +1,21 @@
-// y = x W^T + b with 4-bit weights in groups of 32 and per-row int8 activations (AVX-512 VNNI), row-invariant.
+// y = x W^T + b with 4-bit weights in groups of 32 and per-row int8 activations, row-invariant, on any x86 CPU.
 //
 // Weights: each group of 32 inputs of one output column is  scale * q + offset,  q in 0..15, with
-//   scale = d * sc   and   offset = -(dmin * m)
+//   scale = d * sc   and   offset = (0 - dmin) * m
 // where d, dmin are float32 per super-block of G groups (Q4_K: G = 8) and sc, m are bytes per group (Q4_K's 6-bit
 // ones; Q4_0, Q4_1 and float scales: G = 1, sc = m = 1).
-// Activations: each row is quantized inside the op with its own max-abs scale to codes a in -127..127.
-// Per (row, column, group): dot = sum q * a (int32, vpdpbusd: the weights are the u8 operand) and the row's
-// int32 sum of its codes; the groups are added in float in K order:
-//   acc = fma(scale, dot, acc); acc = fma(offset, sum, acc)      y = fma(acc, row scale, bias)
+// Activations: each row is quantized inside the op with its own max-abs scale to codes a = nearest(x * 127 / max)
+// in -127..127 (ties to even).
+// Per (row, column, group): dot = sum q * a (int32, exact) and the row's int32 sum of its codes; the groups are added
+// in float in K order:
+//   acc = fma(scale, dot, acc); acc = fma(offset, sum, acc)      y = fma(acc, row scale, bias)  (or acc * row scale)
 // Every output lane runs that sequence whatever the number of rows, the row tile, the column tile, the thread
 // split (by output columns) or the columns asked for: a row's result cannot depend on anything else in the call.
+//
+// Three paths compute it, chosen per call (`path`): "vnni" (AVX-512 VNNI: vpdpbusd), "avx2" (AVX2 + FMA:
+// vpmaddubsw then vpmaddwd; a pair of products is at most 2 * 15 * 128 < 2^15, so nothing saturates) and
+// "portable" (plain C++, std::fma). The int32 sums are exact on every path and every float step is the same IEEE
+// operation in the same order, so the three give bitwise the same y: the same model on every x86 CPU.
 //
 // Packed layout (kernels/int4.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
 //   [d: 16 f32][dmin: 16 f32][sc: G x 16 u8][m: G x 16 u8][codes: G x 256 u8]
@@ -22,15 +28,20 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 16;       // output columns per block: one zmm of int32 or float
+constexpr int64_t kLanes = 16;       // output columns per block
 constexpr int64_t kGroup = 32;       // inputs per group
 constexpr int64_t kCodeBytes = 256;  // code bytes per (block, group): 16 lanes x 32 inputs x 4 bits
 constexpr int kMaxRows = 4;          // rows per register tile
-constexpr int kMaxBlocks = 2;        // column blocks per register tile
+constexpr int kMaxBlocks = 2;        // column blocks per tile
 
 int64_t superblock_bytes(int64_t groups) { return 2 * 64 + groups * (2 * kLanes + kCodeBytes); }
 
@@ -41,6 +52,217 @@ struct Activations {
   const float* scales;   // (n,): max-abs / 127
   int64_t k;
 };
+
+// Where a tile writes: per column block, its output column, bias and the number of lanes that exist.
+struct Outputs {
+  float* y;  // (n, ldy)
+  int64_t ldy;
+  const float* bias[kMaxBlocks];  // per block: `lanes` values, or nullptr
+  int64_t column[kMaxBlocks];     // per block: its first column in y
+  int lanes[kMaxBlocks];          // per block: 1..16
+};
+
+// One call's work for a column tile: `width` blocks whose streams start at `w`.
+struct Tile {
+  const Activations* a;
+  int64_t n, supers, groups;
+  const uint8_t* w[kMaxBlocks];
+  int width;
+  Outputs out;
+};
+
+// Rows in tiles of 4; 4 + 1 rows as one tile of 5 (a verify of 4 drafts has 5 rows) where the path has one; the last
+// rows in a smaller tile. Which tile a row lands in never changes its lanes' sequence of operations.
+template <typename Run>
+void for_row_tiles(int64_t n, bool five, Run run) {
+  const int64_t fours = five && n % kMaxRows == 1 && n > kMaxRows ? n - kMaxRows - 1 : n;
+  int64_t r0 = 0;
+  for (; r0 + kMaxRows <= fours; r0 += kMaxRows) run(r0, kMaxRows);
+  if (n > r0) run(r0, static_cast<int>(n - r0));
+}
+
+// ------------------------------------------------------------------------------------------------ portable
+
+namespace portable {
+
+void quantize_row(const float* x, int64_t k, int8_t* codes, float* sums, float* scale) {
+  float maxabs = 0.f;
+  for (int64_t i = 0; i < k; ++i) maxabs = std::max(maxabs, std::fabs(x[i]));
+  const float inv = maxabs > 0.f ? 127.f / maxabs : 0.f;
+  *scale = maxabs / 127.f;
+  for (int64_t g = 0; g < k; g += kGroup) {
+    int32_t sum = 0;
+    for (int64_t t = 0; t < kGroup; ++t) {
+      const float v = x[g + t] * inv;
+      const int32_t a = static_cast<int32_t>(std::nearbyint(v));  // nearest, ties to even
+      sum += a;
+      codes[g + t] = static_cast<int8_t>(std::clamp<int32_t>(a, -128, 127));
+    }
+    sums[g / kGroup] = static_cast<float>(sum);
+  }
+}
+
+inline int code(const uint8_t* group_codes, int lane, int t) {  // input t (0..31) of `lane` in a group
+  const int h = t / 16, i = (t % 16) / 4, b = t % 4;
+  const uint8_t byte = group_codes[64 * i + 4 * lane + b];
+  return h == 0 ? byte & 15 : byte >> 4;
+}
+
+void tile(const Tile& job, int64_t r0, int rows, int c) {
+  const Activations& a = *job.a;
+  const int64_t stride = superblock_bytes(job.groups), sums_per_row = a.k / kGroup;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t row = r0 + r;
+    for (int lane = 0; lane < job.out.lanes[c]; ++lane) {
+      float acc = 0.f;
+      for (int64_t s = 0; s < job.supers; ++s) {
+        const uint8_t* base = job.w[c] + s * stride;
+        float d, dmin;
+        std::memcpy(&d, base + 4 * lane, 4);
+        std::memcpy(&dmin, base + 64 + 4 * lane, 4);
+        const float neg_dmin = 0.f - dmin;
+        for (int64_t g = 0; g < job.groups; ++g) {
+          const int64_t group = s * job.groups + g;
+          const int8_t* act = a.codes + row * a.k + group * kGroup;
+          const uint8_t* codes = base + 128 + 32 * job.groups + g * kCodeBytes;
+          int32_t dot = 0;
+          for (int t = 0; t < kGroup; ++t) dot += code(codes, lane, t) * act[t];
+          const float scale = d * static_cast<float>(base[128 + kLanes * g + lane]);
+          const float offset = neg_dmin * static_cast<float>(base[128 + kLanes * (job.groups + g) + lane]);
+          acc = std::fma(scale, static_cast<float>(dot), acc);
+          acc = std::fma(offset, a.sums[row * sums_per_row + group], acc);
+        }
+      }
+      const float* bias = job.out.bias[c];
+      job.out.y[row * job.out.ldy + job.out.column[c] + lane] =
+          bias == nullptr ? acc * a.scales[row] : std::fma(acc, a.scales[row], bias[lane]);
+    }
+  }
+}
+
+void run(const Tile& job) {
+  for (int c = 0; c < job.width; ++c)
+    for_row_tiles(job.n, false, [&](int64_t r0, int rows) { tile(job, r0, rows, c); });
+}
+
+}  // namespace portable
+
+// ------------------------------------------------------------------------------------------------ AVX2 + FMA
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+void quantize_row(const float* x, int64_t k, int8_t* codes, float* sums, float* scale) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 top = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; i += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  float maxabs = 0.f;
+  for (float v : lanes) maxabs = std::max(maxabs, v);  // exact, whatever the order
+  const __m256 inv = _mm256_set1_ps(maxabs > 0.f ? 127.f / maxabs : 0.f);
+  *scale = maxabs / 127.f;
+  const __m256i lo = _mm256_set1_epi32(-128), hi = _mm256_set1_epi32(127);
+  alignas(32) int32_t ints[kGroup];
+  for (int64_t g = 0; g < k; g += kGroup) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int q = 0; q < 4; ++q) {
+      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + g + 8 * q), inv));  // nearest, even
+      sum = _mm256_add_epi32(sum, a);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ints + 8 * q), _mm256_min_epi32(_mm256_max_epi32(a, lo), hi));
+    }
+    for (int t = 0; t < kGroup; ++t) codes[g + t] = static_cast<int8_t>(ints[t]);
+    alignas(32) int32_t parts[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(parts), sum);
+    int32_t total = 0;
+    for (int32_t p : parts) total += p;
+    sums[g / kGroup] = static_cast<float>(total);
+  }
+}
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm256_set1_epi32(word);
+}
+
+inline __m256 widen8(const uint8_t* p) {  // 8 bytes -> 8 floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// R rows (from r0) times the 8 lanes `half` of column block c, over the whole K.
+template <int R>
+void tile(const Tile& job, int64_t r0, int c, int half) {
+  const Activations& a = *job.a;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const int64_t groups = job.groups, stride = superblock_bytes(groups), sums_per_row = a.k / kGroup;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base = job.w[c] + s * stride;
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * half);
+    const __m256 neg_dmin =
+        _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(reinterpret_cast<const float*>(base + 64) + 8 * half));
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t group = s * groups + g, k0 = group * kGroup;
+      __m256i dot[R];
+      for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {
+        const __m256i raw = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(base + 128 + 32 * groups + g * kCodeBytes + 64 * i + 32 * half));
+        const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* row = a.codes + (r0 + r) * a.k + k0 + 4 * i;
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(row)),
+                                                 _mm256_maddubs_epi16(hi, broadcast4(row + 16)));  // |.| <= 7620
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+      const __m256 scale = _mm256_mul_ps(d, widen8(base + 128 + kLanes * g + 8 * half));
+      const __m256 offset = _mm256_mul_ps(neg_dmin, widen8(base + 128 + kLanes * (groups + g) + 8 * half));
+      for (int r = 0; r < R; ++r) {
+        const __m256 sum = _mm256_set1_ps(a.sums[(r0 + r) * sums_per_row + group]);
+        acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(offset, sum, acc[r]);
+      }
+    }
+  }
+  const int lanes = std::min(8, job.out.lanes[c] - 8 * half);
+  const float* bias = job.out.bias[c];
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float values[8];
+    alignas(32) float biases[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const __m256 row_scale = _mm256_set1_ps(a.scales[r0 + r]);
+    if (bias != nullptr) std::memcpy(biases, bias + 8 * half, sizeof(float) * lanes);
+    const __m256 v = bias == nullptr ? _mm256_mul_ps(acc[r], row_scale)
+                                     : _mm256_fmadd_ps(acc[r], row_scale, _mm256_load_ps(biases));
+    _mm256_store_ps(values, v);
+    std::memcpy(job.out.y + (r0 + r) * job.out.ldy + job.out.column[c] + 8 * half, values, sizeof(float) * lanes);
+  }
+}
+
+void run(const Tile& job) {
+  for (int c = 0; c < job.width; ++c)
+    for (int half = 0; half < 2 && 8 * half < job.out.lanes[c]; ++half)
+      for_row_tiles(job.n, false, [&](int64_t r0, int rows) {
+        switch (rows) {
+          case 4: tile<4>(job, r0, c, half); break;
+          case 3: tile<3>(job, r0, c, half); break;
+          case 2: tile<2>(job, r0, c, half); break;
+          default: tile<1>(job, r0, c, half); break;
+        }
+      });
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------------------------ AVX-512 VNNI
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
+namespace vnni {
 
 void quantize_row(const float* x, int64_t k, int8_t* codes, float* sums, float* scale) {
   __m512 top = _mm512_setzero_ps();
@@ -59,7 +281,7 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, float* sums, float* 
 
 inline __m512i broadcast4(const int8_t* p) {
   int32_t word;
-  __builtin_memcpy(&word, p, 4);
+  std::memcpy(&word, p, 4);
   return _mm512_set1_epi32(word);
 }
 
@@ -67,36 +289,25 @@ inline __m512 widen(const uint8_t* p) {  // 16 bytes -> 16 floats
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// Where a tile writes: per column block, its output column, bias and the lanes that exist.
-struct Outputs {
-  float* y;         // (n, ldy)
-  int64_t ldy;
-  const float* bias[kMaxBlocks];  // per block: 16 values, or nullptr
-  int64_t column[kMaxBlocks];     // per block: its first column in y
-  __mmask16 lanes[kMaxBlocks];
-};
-
 // R rows (from r0) times C column blocks, over the whole K.
 template <int R, int C>
-void tile(const Activations& a, int64_t r0, const uint8_t* const* w, int64_t supers, int64_t groups,
-          const Outputs& out) {
+void tile(const Tile& job, int64_t r0) {
+  const Activations& a = *job.a;
   const __m512i low = _mm512_set1_epi8(0x0F);
-  const int64_t stride = superblock_bytes(groups);
-  const int64_t sums_per_row = a.k / kGroup;
+  const int64_t groups = job.groups, stride = superblock_bytes(groups), sums_per_row = a.k / kGroup;
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < supers; ++s) {
+  for (int64_t s = 0; s < job.supers; ++s) {
     const uint8_t* base[C];
     __m512 d[C], neg_dmin[C];
     for (int c = 0; c < C; ++c) {
-      base[c] = w[c] + s * stride;
+      base[c] = job.w[c] + s * stride;
       d[c] = _mm512_loadu_ps(reinterpret_cast<const float*>(base[c]));
       neg_dmin[c] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(reinterpret_cast<const float*>(base[c] + 64)));
     }
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t group = s * groups + g;  // in K order
-      const int64_t k0 = group * kGroup;
+      const int64_t group = s * groups + g, k0 = group * kGroup;  // in K order
       __m512i dot[R][C];
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
@@ -118,7 +329,7 @@ void tile(const Activations& a, int64_t r0, const uint8_t* const* w, int64_t sup
       }
       __m512 scale[C], offset[C];
       for (int c = 0; c < C; ++c) {
-        scale[c] = _mm512_mul_ps(d[c], widen(base[c] + 128 + kLanes * g));  // d * sc (exact for fp16 d)
+        scale[c] = _mm512_mul_ps(d[c], widen(base[c] + 128 + kLanes * g));  // d * sc
         offset[c] = _mm512_mul_ps(neg_dmin[c], widen(base[c] + 128 + kLanes * (groups + g)));  // -dmin * m
       }
       for (int r = 0; r < R; ++r) {
@@ -133,30 +344,74 @@ void tile(const Activations& a, int64_t r0, const uint8_t* const* w, int64_t sup
   for (int r = 0; r < R; ++r) {
     const __m512 row_scale = _mm512_set1_ps(a.scales[r0 + r]);
     for (int c = 0; c < C; ++c) {
-      float* y = out.y + (r0 + r) * out.ldy + out.column[c];
-      const __m512 v = out.bias[c] == nullptr
+      const __mmask16 lanes = static_cast<__mmask16>((1u << job.out.lanes[c]) - 1u);
+      float* y = job.out.y + (r0 + r) * job.out.ldy + job.out.column[c];
+      const __m512 v = job.out.bias[c] == nullptr
                            ? _mm512_mul_ps(acc[r][c], row_scale)
-                           : _mm512_fmadd_ps(acc[r][c], row_scale, _mm512_maskz_loadu_ps(out.lanes[c], out.bias[c]));
-      _mm512_mask_storeu_ps(y, out.lanes[c], v);
+                           : _mm512_fmadd_ps(acc[r][c], row_scale, _mm512_maskz_loadu_ps(lanes, job.out.bias[c]));
+      _mm512_mask_storeu_ps(y, lanes, v);
     }
   }
 }
 
 template <int C>
-void rows_of(const Activations& a, int64_t n, const uint8_t* const* w, int64_t supers, int64_t groups,
-             const Outputs& out) {
-  // Tiles of 4 rows; 4 + 1 rows as one tile of 5 (a single row would unpack the weights again for itself alone:
-  // a verify of 4 drafts has 5 rows); the last rows in a smaller tile. Every tile: the same per-lane sequence.
-  const int64_t fours = n % kMaxRows == 1 && n > kMaxRows ? n - kMaxRows - 1 : n;
-  int64_t r0 = 0;
-  for (; r0 + kMaxRows <= fours; r0 += kMaxRows) tile<kMaxRows, C>(a, r0, w, supers, groups, out);
-  switch (n - r0) {
-    case 5: tile<kMaxRows + 1, C>(a, r0, w, supers, groups, out); break;
-    case 3: tile<3, C>(a, r0, w, supers, groups, out); break;
-    case 2: tile<2, C>(a, r0, w, supers, groups, out); break;
-    case 1: tile<1, C>(a, r0, w, supers, groups, out); break;
-    default: break;
-  }
+void rows_of(const Tile& job) {
+  for_row_tiles(job.n, true, [&](int64_t r0, int rows) {
+    switch (rows) {
+      case 5: tile<kMaxRows + 1, C>(job, r0); break;
+      case 4: tile<4, C>(job, r0); break;
+      case 3: tile<3, C>(job, r0); break;
+      case 2: tile<2, C>(job, r0); break;
+      default: tile<1, C>(job, r0); break;
+    }
+  });
+}
+
+void run(const Tile& job) {
+  if (job.width == 2) rows_of<2>(job);
+  else rows_of<1>(job);
+}
+
+}  // namespace vnni
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------------------------ dispatch
+
+struct Path {
+  const char* name;
+  bool (*supported)();
+  void (*quantize_row)(const float*, int64_t, int8_t*, float*, float*);
+  void (*run)(const Tile&);
+};
+
+bool has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+}
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool always() { return true; }
+
+// In order of preference.
+const Path kPaths[] = {
+    {"vnni", has_vnni, vnni::quantize_row, vnni::run},
+    {"avx2", has_avx2, avx2::quantize_row, avx2::run},
+    {"portable", always, portable::quantize_row, portable::run},
+};
+
+const Path& choose(const std::string& name) {
+  for (const Path& path : kPaths)
+    if (name == "auto" ? path.supported() : name == path.name) {
+      TORCH_CHECK(path.supported(), "int4_linear: this CPU cannot run the '", name, "' path");
+      return path;
+    }
+  TORCH_CHECK(false, "int4_linear: unknown path '", name, "' (auto, vnni, avx2 or portable)");
+  return kPaths[2];  // not reached
 }
 
 void check(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, int64_t groups) {
@@ -172,11 +427,21 @@ void check(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, 
 
 }  // namespace
 
+// The paths this CPU can run, best first (the last is always "portable").
+std::vector<std::string> int4_paths() {
+  std::vector<std::string> names;
+  for (const Path& path : kPaths)
+    if (path.supported()) names.emplace_back(path.name);
+  return names;
+}
+
 // x (n, in) float32; packed uint8 (`pack`); bias (out,) float32 or None; blocks: int64 column blocks to compute
-// (output (n, 16 * len(blocks)), block j at columns 16 j..), or None: all (output (n, out)).
+// (output (n, 16 * len(blocks)), block j at columns 16 j..), or None: all (output (n, out)); path: "auto" or a name.
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                       int64_t out_features, int64_t groups, const c10::optional<at::Tensor>& blocks) {
+                       int64_t out_features, int64_t groups, const c10::optional<at::Tensor>& blocks,
+                       c10::string_view path_name) {
   check(x, packed, out_features, groups);
+  const Path& path = choose(std::string(path_name));
   const int64_t n = x.size(0), k = x.size(1), supers = k / (kGroup * groups);
   const int64_t block_bytes = supers * superblock_bytes(groups);
   const float* bias_data = nullptr;
@@ -185,12 +450,11 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
                 "int4_linear: bias must be (out,) float32");
     bias_data = bias->data_ptr<float>();
   }
-  at::Tensor chosen = blocks.has_value() && blocks->defined()
-                          ? blocks->to(at::kLong).contiguous()
-                          : at::arange((out_features + kLanes - 1) / kLanes, at::kLong);
+  const bool subset = blocks.has_value() && blocks->defined();
+  at::Tensor chosen = subset ? blocks->to(at::kLong).contiguous()
+                             : at::arange((out_features + kLanes - 1) / kLanes, at::kLong);
   const int64_t* block_ids = chosen.data_ptr<int64_t>();
   const int64_t count = chosen.numel();
-  const bool subset = blocks.has_value() && blocks->defined();
   for (int64_t j = 0; j < count; ++j)
     TORCH_CHECK(block_ids[j] >= 0 && block_ids[j] * kLanes < out_features, "int4_linear: column block ",
                 block_ids[j], " out of range");
@@ -204,7 +468,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
   float *sum_data = sums.data_ptr<float>(), *scale_data = scales.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      quantize_row(xs + r * k, k, code_data + r * k, sum_data + r * (k / kGroup), scale_data + r);
+      path.quantize_row(xs + r * k, k, code_data + r * k, sum_data + r * (k / kGroup), scale_data + r);
   });
   const Activations a{code_data, sum_data, scale_data, k};
 
@@ -214,19 +478,16 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
   const int64_t tiles = (count + kMaxBlocks - 1) / kMaxBlocks;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int width = static_cast<int>(std::min<int64_t>(kMaxBlocks, count - t * kMaxBlocks));
-      const uint8_t* streams[kMaxBlocks];
-      Outputs out{y_data, ldy, {nullptr, nullptr}, {0, 0}, {0, 0}};
-      for (int c = 0; c < width; ++c) {
+      Tile job{&a, n, supers, groups, {nullptr, nullptr}, 0, {y_data, ldy, {nullptr, nullptr}, {0, 0}, {0, 0}}};
+      job.width = static_cast<int>(std::min<int64_t>(kMaxBlocks, count - t * kMaxBlocks));
+      for (int c = 0; c < job.width; ++c) {
         const int64_t j = t * kMaxBlocks + c, block = block_ids[j];
-        const int64_t valid = std::min<int64_t>(kLanes, out_features - block * kLanes);
-        streams[c] = w + block * block_bytes;
-        out.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
-        out.column[c] = subset ? j * kLanes : block * kLanes;
-        out.lanes[c] = static_cast<__mmask16>((1u << valid) - 1u);
+        job.w[c] = w + block * block_bytes;
+        job.out.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
+        job.out.column[c] = subset ? j * kLanes : block * kLanes;
+        job.out.lanes[c] = static_cast<int>(std::min<int64_t>(kLanes, out_features - block * kLanes));
       }
-      if (width == 2) rows_of<2>(a, n, streams, supers, groups, out);
-      else rows_of<1>(a, n, streams, supers, groups, out);
+      path.run(job);
     }
   });
   return y;
@@ -234,7 +495,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
 
 TORCH_LIBRARY_FRAGMENT(structspec, m) {
   m.def("int4_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, int groups_per_block, "
-        "Tensor? blocks) -> Tensor");
+        "Tensor? blocks, str path='auto') -> Tensor");
+  m.def("int4_paths() -> str[]", &int4_paths);
 }
 
 TORCH_LIBRARY_IMPL(structspec, CPU, m) { m.impl("int4_linear", &int4_linear); }

@@ -1,9 +1,11 @@
 """kernels.int4: 4-bit groups times per-row int8 activations, row-invariant by construction.
 
 Invariance is tested bitwise (torch.equal): a row alone against the same row among 2..16 rows, on one and two
-threads, and a subset of output columns against the full call. The arithmetic is tested against a float64
-evaluation of the same math (codes times the row's int8 codes, per group, scaled), and against x @ W^T within the
-error of 8-bit activations. The layout round trip (pack, unpack) and the quantizer are tested exactly.
+threads, and a subset of output columns against the full call. Every path this CPU runs (vnni, avx2, portable) gives
+bitwise the same output as every other, and a pinned checksum of one call's output bytes holds on every x86 CPU. The
+arithmetic is tested against a float64 evaluation of the same math (codes times the row's int8 codes, per group,
+scaled) within float32's rounding bound, and against x @ W^T within the error of 8-bit activations. The layout round
+trip (pack, unpack) and the quantizer are tested exactly.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from kernels import int4
 from tests.helpers_models import threads
+from tests.helpers_rounding import U, assert_within, gamma
 
 pytestmark = pytest.mark.skipif(not int4.built().ok, reason=f"int4 kernel unavailable: {int4.built().reason}")
 
@@ -28,17 +31,24 @@ def _rows(n: int, in_features: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, in_features) * torch.logspace(-3, 3, n)[:, None]  # rows of very different ranges
 
 
-def _reference(x: torch.Tensor, groups: int4.Groups, bias: torch.Tensor | None) -> torch.Tensor:
-    """The op's math in float64: each row's codes round(x * 127 / max|x|), each group's exact int sum times the
-    group's scale, plus its offset times the row's code sum, scaled back by max|x| / 127."""
+def _reference(x: torch.Tensor, groups: int4.Groups, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's math in float64 and its float32 rounding bound, (n, out) each: each row's codes
+    round(x * 127 / max|x|) (as the op rounds them, in float32), each group's exact int sum times the group's scale,
+    plus its offset times the row's code sum, scaled back by max|x| / 127. The op adds 2 terms a group in float32 and
+    then scales and adds the bias: gamma(2 groups + 3) times the magnitudes summed (`tests.helpers_rounding`)."""
     top = x.abs().amax(1, keepdim=True)
     codes = torch.round(x * (127 / top)).double()  # (n, in)
-    scale, offset = (t.double() for t in groups.scale_offset())  # (out, in / 32)
+    scale, offset = (t.double() for t in groups.scale_offset())  # (out, in / 32), rounded in float32 as in the op
     n, k = x.shape
     dots = torch.einsum("ngt,ogt->nog", codes.reshape(n, -1, 32), groups.codes.double().reshape(-1, k // 32, 32))
     sums = codes.reshape(n, -1, 32).sum(-1)  # (n, groups)
-    y = (dots * scale + sums[:, None] * offset).sum(-1) * (top.double() / 127)
-    return y if bias is None else y + bias.double()
+    row_scale = (top / 127).double()  # float32 max|x| / 127, as the op computes it
+    terms = dots * scale + sums[:, None] * offset  # (n, out, groups)
+    magnitude = (dots * scale).abs().sum(-1) + (sums[:, None] * offset).abs().sum(-1)
+    y, bound = terms.sum(-1) * row_scale, gamma(2 * (k // 32) + 3) * magnitude * row_scale
+    if bias is not None:
+        y, bound = y + bias.double(), bound + U * bias.double().abs()
+    return y, bound
 
 
 @pytest.mark.parametrize("shape, per_block", [((48, 256), 8), ((37, 512), 8), ((20, 96), 1), ((5, 32), 1)])
@@ -56,9 +66,9 @@ def test_the_op_computes_its_math(shape, per_block, bias):
     b = torch.randn(shape[0]) if bias else None
     x = _rows(9, shape[1])
     y = int4.linear(x, int4.pack(groups), b)
-    expected = _reference(x, groups, b)
+    expected, bound = _reference(x, groups, b)
     assert y.shape == (9, shape[0]) and y.dtype == torch.float32
-    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max()))
+    assert_within(y, expected, bound, "int4_linear")
     assert torch.equal(int4.linear(torch.zeros(2, shape[1]), int4.pack(groups), b),
                        (b if bias else torch.zeros(shape[0])).expand(2, -1))  # an all-zero row: the bias
 
@@ -67,9 +77,10 @@ def test_the_op_is_x_times_the_dequantized_weight_to_the_activations_step():
     groups = _groups(40, 256, 8)
     x = _rows(6, 256)
     weight = groups.dequantize()
-    step = x.abs().amax(1, keepdim=True) / 127 / 2  # half an activation code
-    error = (int4.linear(x, int4.pack(groups)) - x @ weight.T).abs()
-    assert (error <= step * weight.abs().sum(1) * 1.001 + 1e-6).all()
+    step = x.abs().amax(1, keepdim=True).double() / 127 / 2  # half an activation code
+    exact = x.double() @ weight.double().T
+    _, rounding = _reference(x, groups, None)
+    assert_within(int4.linear(x, int4.pack(groups)), exact, step * weight.double().abs().sum(1) + rounding, "step")
 
 
 @pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1)])
@@ -135,3 +146,77 @@ def test_bad_shapes_are_refused():
         int4.linear(torch.randn(2, 32), packed)
     with pytest.raises(RuntimeError, match="out of range"):
         int4.linear(torch.randn(2, 64), packed, None, torch.tensor([1]))
+
+
+# ----------------------------------------------------------------------------------------------- one model, any CPU
+
+
+def _exact_inputs(n: int, in_features: int, out_features: int) -> tuple[torch.Tensor, int4.Groups, torch.Tensor]:
+    """Inputs built from integers only (no random generator, whose vectorised paths differ by CPU): x, the groups of
+    a weight and a bias, every value exactly representable."""
+    i = torch.arange(n * in_features, dtype=torch.float64).reshape(n, in_features)
+    x = (((i * 37) % 101 - 50) / 16 * (1 + (i % 7))).float()  # (n, in)
+    o = torch.arange(out_features * in_features).reshape(out_features, in_features)
+    blocks = in_features // 256
+    j = torch.arange(out_features * blocks, dtype=torch.float64).reshape(out_features, blocks)
+    g = torch.arange(out_features * in_features // 32).reshape(out_features, -1)  # (out, groups)
+    groups = int4.Groups(codes=((o * 13 + o // 7) % 16).to(torch.uint8), d=((j % 5 + 1) / 640).float(),
+                         dmin=((j % 3) / 1280).float(), sc=((g * 11 + g // 5) % 63 + 1).to(torch.uint8),
+                         m=((g * 5 + g // 3) % 64).to(torch.uint8))
+    bias = ((torch.arange(out_features) % 9 - 4) / 8).float()
+    return x, groups, bias
+
+
+# sha256 of the float32 output bytes of int4.linear on `_exact_inputs(7, 512, 40)`, with and without the bias: the
+# same on every path and every x86 CPU (computed on the avx2 and portable paths of an AMD EPYC, 2026-11-29).
+PINNED = {True: "77d24a297392fd65d7a9be4baccf6a23e87985496854a6fb0dc43a07048c9396",
+          False: "001fc99b6b1fc519b34a9f5b02d12e81b177b62617292afb309e7bd5cbc192a7"}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_path_gives_the_pinned_output(bias):
+    import hashlib
+
+    x, groups, b = _exact_inputs(7, 512, 40)
+    packed = int4.pack(groups)
+    for name in int4.paths():
+        with int4.forced_path(name):
+            y = int4.linear(x, packed, b if bias else None)
+        assert hashlib.sha256(y.numpy().tobytes()).hexdigest() == PINNED[bias], name
+
+
+@pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1), ((7, 256), 8)])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_every_path_is_bitwise_the_best_path(shape, per_block, n_threads):
+    """Each path this CPU runs against the best one, bitwise: every row count 1..17 (every row tile), with and without
+    bias, a subset of columns, 1 and 2 threads. On a CPU with AVX-512 VNNI this compares vnni, avx2 and portable."""
+    packed, bias = int4.pack(_groups(*shape, per_block)), torch.randn(shape[0])
+    x = _rows(17, shape[1])
+    blocks = torch.tensor([(shape[0] - 1) // 16, 0])
+    with threads(n_threads):
+        best = [int4.linear(x[:n], packed, b) for n in range(1, 18) for b in (bias, None)]
+        best_subset = int4.linear(x, packed, bias, blocks)
+        for name in int4.paths()[1:]:
+            with int4.forced_path(name):
+                other = [int4.linear(x[:n], packed, b) for n in range(1, 18) for b in (bias, None)]
+                assert all(torch.equal(a, c) for a, c in zip(best, other, strict=True)), name
+                assert torch.equal(int4.linear(x, packed, bias, blocks), best_subset), name
+    assert int4.paths()[-1] == "portable"
+
+
+def test_a_path_is_chosen_by_name_or_refused():
+    assert int4.path() == int4.paths()[0]
+    with int4.forced_path("portable"):
+        assert int4.path() == "portable" and int4.kernel_name() == "int4 (portable C++)"
+    assert int4.path() == int4.paths()[0]
+    with pytest.raises(ValueError, match="unknown int4 path 'sse'"):
+        with int4.forced_path("sse"):
+            pass
+    missing = [name for name in int4.PATHS if name not in int4.paths()]
+    for name in missing:
+        with pytest.raises(ValueError, match=f"cannot run the int4 path '{name}'"):
+            with int4.forced_path(name):
+                pass
+    with pytest.raises(RuntimeError, match="unknown path"):
+        torch.ops.structspec.int4_linear(torch.zeros(1, 32), int4.pack(_groups(16, 32, 1)).data, None, 16, 1, None,
+                                         "sse")
