@@ -15,6 +15,8 @@ choice of kernels changes, while a wrong mask, position or cache row changes res
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 U = 2.0**-24  # float32 unit roundoff
@@ -88,3 +90,8 @@ def assert_same_function(sides: dict[str, torch.Tensor], reference: torch.Tensor
     bound = factor * noise + ulps * U * 2 * scale
     for name, side in sides.items():
         assert_within(side, reference, bound, f"{name} against the float64 model (noise {noise:.3g})")
+
+
+def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of a (tiny) model: the reference its float32 results are held to."""
+    return copy.deepcopy(model).double()

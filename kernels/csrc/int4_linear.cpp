@@ -102,41 +102,53 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, float* sums, float* 
   }
 }
 
-inline int code(const uint8_t* group_codes, int lane, int t) {  // input t (0..31) of `lane` in a group
-  const int h = t / 16, i = (t % 16) / 4, b = t % 4;
-  const uint8_t byte = group_codes[64 * i + 4 * lane + b];
-  return h == 0 ? byte & 15 : byte >> 4;
-}
-
+// Up to 4 rows (from r0) times the 16 lanes of column block c: a group's codes unpacked once for all rows, the int
+// sums over lanes innermost (which the compiler vectorises), the float steps lane by lane with std::fma.
 void tile(const Tile& job, int64_t r0, int rows, int c) {
   const Activations& a = *job.a;
-  const int64_t stride = superblock_bytes(job.groups), sums_per_row = a.k / kGroup;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t row = r0 + r;
-    for (int lane = 0; lane < job.out.lanes[c]; ++lane) {
-      float acc = 0.f;
-      for (int64_t s = 0; s < job.supers; ++s) {
-        const uint8_t* base = job.w[c] + s * stride;
-        float d, dmin;
-        std::memcpy(&d, base + 4 * lane, 4);
-        std::memcpy(&dmin, base + 64 + 4 * lane, 4);
-        const float neg_dmin = 0.f - dmin;
-        for (int64_t g = 0; g < job.groups; ++g) {
-          const int64_t group = s * job.groups + g;
-          const int8_t* act = a.codes + row * a.k + group * kGroup;
-          const uint8_t* codes = base + 128 + 32 * job.groups + g * kCodeBytes;
-          int32_t dot = 0;
-          for (int t = 0; t < kGroup; ++t) dot += code(codes, lane, t) * act[t];
-          const float scale = d * static_cast<float>(base[128 + kLanes * g + lane]);
-          const float offset = neg_dmin * static_cast<float>(base[128 + kLanes * (job.groups + g) + lane]);
-          acc = std::fma(scale, static_cast<float>(dot), acc);
-          acc = std::fma(offset, a.sums[row * sums_per_row + group], acc);
+  const int64_t groups = job.groups, stride = superblock_bytes(groups), sums_per_row = a.k / kGroup;
+  float acc[kMaxRows][kLanes] = {};
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base = job.w[c] + s * stride;
+    float d[kLanes], neg_dmin[kLanes];
+    std::memcpy(d, base, sizeof d);
+    std::memcpy(neg_dmin, base + 64, sizeof neg_dmin);
+    for (int lane = 0; lane < kLanes; ++lane) neg_dmin[lane] = 0.f - neg_dmin[lane];
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t group = s * groups + g;
+      const uint8_t* codes = base + 128 + 32 * groups + g * kCodeBytes;
+      int32_t q[kGroup][kLanes];  // q[t][lane]: the code of input t of the group in lane's column
+      for (int i = 0; i < 4; ++i)
+        for (int lane = 0; lane < kLanes; ++lane)
+          for (int b = 0; b < 4; ++b) {
+            const uint8_t byte = codes[64 * i + 4 * lane + b];
+            q[4 * i + b][lane] = byte & 15;
+            q[16 + 4 * i + b][lane] = byte >> 4;
+          }
+      float scale[kLanes], offset[kLanes];
+      for (int lane = 0; lane < kLanes; ++lane) {
+        scale[lane] = d[lane] * static_cast<float>(base[128 + kLanes * g + lane]);
+        offset[lane] = neg_dmin[lane] * static_cast<float>(base[128 + kLanes * (groups + g) + lane]);
+      }
+      for (int r = 0; r < rows; ++r) {
+        const int8_t* act = a.codes + (r0 + r) * a.k + group * kGroup;
+        int32_t dot[kLanes] = {};
+        for (int t = 0; t < kGroup; ++t)
+          for (int lane = 0; lane < kLanes; ++lane) dot[lane] += q[t][lane] * act[t];
+        const float sum = a.sums[(r0 + r) * sums_per_row + group];
+        for (int lane = 0; lane < kLanes; ++lane) {
+          acc[r][lane] = std::fma(scale[lane], static_cast<float>(dot[lane]), acc[r][lane]);
+          acc[r][lane] = std::fma(offset[lane], sum, acc[r][lane]);
         }
       }
-      const float* bias = job.out.bias[c];
-      job.out.y[row * job.out.ldy + job.out.column[c] + lane] =
-          bias == nullptr ? acc * a.scales[row] : std::fma(acc, a.scales[row], bias[lane]);
     }
+  }
+  const float* bias = job.out.bias[c];
+  for (int r = 0; r < rows; ++r) {
+    const float row_scale = a.scales[r0 + r];
+    float* y = job.out.y + (r0 + r) * job.out.ldy + job.out.column[c];
+    for (int lane = 0; lane < job.out.lanes[c]; ++lane)
+      y[lane] = bias == nullptr ? acc[r][lane] * row_scale : std::fma(acc[r][lane], row_scale, bias[lane]);
   }
 }
 

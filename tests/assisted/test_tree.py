@@ -25,6 +25,7 @@ from tests.assisted.test_generate import CONSTRAINTS, V
 from tests.assisted.test_generate_sampling import reference_two_tokens
 from tests.helpers_clock import pin_clock
 from tests.helpers_models import boost, smollm2_tokenizer, tiny_gpt2, tiny_llama, tiny_tokenizer
+from tests.helpers_rounding import assert_same_function, float64_copy
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
@@ -55,8 +56,12 @@ def test_each_tree_row_equals_the_chain_forward_of_its_path(small, attn, at, unc
         forward(small, cache, seq[:-uncached], 1)
         rows = tree_forward(small, cache, len(seq), seq[-uncached:] + chain + [alt], Branch(at, alt, None, True, 0.5))
     assert rows.shape == (len(chain) + 2, 16)
-    torch.testing.assert_close(rows[:-1], full_logits(small, seq + chain)[len(seq) - 1 :], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(rows[-1], full_logits(small, seq + chain[:at] + [alt])[-1], atol=1e-5, rtol=1e-4)
+    exact = float64_copy(small)
+    chain_rows = slice(len(seq) - 1, None)
+    assert_same_function({"chain": rows[:-1]}, full_logits(exact, seq + chain)[chain_rows],
+                         full_logits(small, seq + chain)[chain_rows])
+    leaf = seq + chain[:at] + [alt]
+    assert_same_function({"leaf": rows[-1]}, full_logits(exact, leaf)[-1], full_logits(small, leaf)[-1])
     small.config._attn_implementation = "sdpa"
 
 
@@ -71,7 +76,8 @@ def test_after_taking_the_leaf_the_cache_continues_like_a_fresh_forward(small, a
         committed = seq + chain[:at] + [alt]
         crop_to(cache, len(committed))
         rows = forward(small, cache, then, 2)
-    torch.testing.assert_close(rows, full_logits(small, committed + then)[-2:], atol=1e-5, rtol=1e-4)
+    assert_same_function({"after the leaf": rows}, full_logits(float64_copy(small), committed + then)[-2:],
+                         full_logits(small, committed + then)[-2:])
 
 
 # ----------------------------------------------------------------------------- acceptance rules

@@ -1,8 +1,9 @@
 """BatchKV: rows of different lengths on one physical cache hold what each row's own cache would hold.
 
-After any sequence of padded forwards, crops, refills and drops, row r's valid prefix equals (to float rounding)
-the keys and values, in every layer, of a single-row DynamicCache fed the same tokens, its logits at every fed
-position equal that row's, and every stored value, holes included, is finite.
+After any sequence of padded forwards, crops, refills and drops, row r's valid prefix equals the keys and values, in
+every layer, of a single-row DynamicCache fed the same tokens, and its logits at every fed position equal that row's
+(to float32 rounding: each held to a float64 copy of the model, `tests.helpers_rounding.assert_same_function`);
+every stored value, holes included, is finite.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from transformers import DynamicCache
 
 from drafting.batch_kv import BatchKV, check_batch_model
 from tests.helpers_models import tiny_gpt2, tiny_llama
+from tests.helpers_rounding import assert_same_function, float64_copy
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
@@ -26,15 +28,19 @@ def alone(model, ids: list[int]):
 
 
 def assert_rows_match(model, kv: BatchKV, logits: torch.Tensor, cached: list[list[int]], feeds: list[list[int]]):
-    """Row r's keys and values in every layer and its logits at every fed position equal the row run alone."""
+    """Row r's keys and values in every layer and its logits at every fed position equal the row run alone, each
+    within float32 rounding of the float64 model's (the row alone in float32 sets the rounding scale)."""
+    model64 = float64_copy(model)
     for r, (tokens, feed) in enumerate(zip(cached, feeds)):
         cache, expected = alone(model, tokens + feed)
+        cache64, expected64 = alone(model64, tokens + feed)
         n = len(tokens + feed)
         assert kv.lengths[r] == n
-        for mine, theirs in zip(kv.cache.layers, cache.layers, strict=True):
-            assert torch.allclose(mine.keys[r, :, :n], theirs.keys[0], atol=1e-5)
-            assert torch.allclose(mine.values[r, :, :n], theirs.values[0], atol=1e-5)
-        assert torch.allclose(logits[r, : len(feed)], expected[len(tokens):], atol=1e-5)
+        for mine, theirs, exact in zip(kv.cache.layers, cache.layers, cache64.layers, strict=True):
+            assert_same_function({"keys": mine.keys[r, :, :n]}, exact.keys[0], theirs.keys[0])
+            assert_same_function({"values": mine.values[r, :, :n]}, exact.values[0], theirs.values[0])
+        fed = slice(len(tokens), None)
+        assert_same_function({"logits": logits[r, : len(feed)]}, expected64[fed], expected[fed])
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

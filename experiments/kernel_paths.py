@@ -1,0 +1,92 @@
+"""The int4 kernel's paths against the machine's read bandwidth: one-row (decode) and 5-row (verify) calls.
+
+    python -m experiments.kernel_paths --threads 1 2 --repeats 20 --out DIR
+
+For each thread count: a read loop's bandwidth over 1 GiB (`read_bandwidth`), then each path this CPU runs
+(`kernels.int4.paths()`) on the Qwen2.5-1.5B MLP's shapes, interleaved call by call; per path the median seconds per
+call, the weight bytes read per second and that as a fraction of the read loop's (1.0 = at the memory limit). Each
+call reads another copy of the weight, from a working set of `WORKING_SET` bytes (far past the last-level cache), as
+a decode step reads every layer's weights once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from kernels import int4
+
+SHAPES = {"gate/up (8960 x 1536)": (8960, 1536), "down (1536 x 8960)": (1536, 8960)}
+WORKING_SET = 512e6  # bytes of weight copies cycled through
+
+
+def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of the best of `repeats` full reads (a sum) of a `gib` GiB float32 buffer."""
+    torch.set_num_threads(threads)
+    buffer = torch.ones(int(gib * 2**30) // 4)  # float32
+    buffer.sum()  # touch every page
+    best = min(_seconds(buffer.sum) for _ in range(repeats))
+    return buffer.numel() * 4 / best
+
+
+def _seconds(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def measure(threads: int, repeats: int, rows: int) -> dict:
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    results = {}
+    for name, (out_features, in_features) in SHAPES.items():
+        packed = int4.pack(int4.quantize(torch.randn(out_features, in_features) * 0.02))
+        copies = [int4.Packed(packed.data.clone(), out_features, in_features, packed.groups_per_block)
+                  for _ in range(max(1, int(WORKING_SET // packed.data.numel())))]
+        x = torch.randn(rows, in_features)
+        times: dict[str, list[float]] = {path: [] for path in int4.paths()}
+        weights = itertools.cycle(copies)  # every call reads a copy not in any cache
+        for _ in range(repeats):
+            for path in times:  # interleaved: every path sees the same machine state
+                with int4.forced_path(path):
+                    weight = next(weights)
+                    times[path].append(_seconds(lambda: int4.linear(x, weight)))
+        results[name] = {path: {"seconds": statistics.median(t), "bytes": packed.data.numel(),
+                                "bytes_per_second": packed.data.numel() / statistics.median(t)}
+                         for path, t in times.items()}
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    report = {"machine": platform.processor() or platform.machine(), "paths": list(int4.paths()), "runs": []}
+    for threads in args.threads:
+        bandwidth = read_bandwidth(threads)
+        for rows in args.rows:
+            run = {"threads": threads, "rows": rows, "read_bandwidth": bandwidth,
+                   "shapes": measure(threads, args.repeats, rows)}
+            report["runs"].append(run)
+            for shape, paths in run["shapes"].items():
+                for path, m in paths.items():
+                    print(f"{threads} thr, {rows} rows, {shape}, {path:8s}: {m['seconds'] * 1e3:7.2f} ms, "
+                          f"{m['bytes_per_second'] / 1e9:5.1f} GB/s = {m['bytes_per_second'] / bandwidth:.2f} "
+                          f"of the read loop ({bandwidth / 1e9:.1f} GB/s)")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "kernel_paths.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
