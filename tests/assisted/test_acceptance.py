@@ -184,6 +184,16 @@ def sampling_noise_tv(expected: dict[tuple, float], n: int) -> float:
     return 0.5 * sum(np.sqrt(2 * p * (1 - p) / (np.pi * n)) for p in expected.values())
 
 
+def tv_bound(expected: dict[tuple, float], n: int, false_failure: float = 1e-4) -> float:
+    """A total-variation bound that n exact draws exceed with probability at most `false_failure`: the expected TV
+    plus McDiarmid's deviation (one draw moves the TV by at most 1/n): sqrt(ln(1 / false_failure) / (2 n)).
+
+    For models whose exact distribution depends on the CPU (int8 activations through fbgemm, whose AVX2 kernels
+    saturate where VNNI's do not): a fixed seed then draws a fresh sample on each CPU, so the verdict must hold for
+    every draw but a negligible fraction, not for the one a machine happened to give."""
+    return sampling_noise_tv(expected, n) + float(np.sqrt(np.log(1 / false_failure) / (2 * n)))
+
+
 CASES = {
     # name: (warp kwargs, masked, forced tokens, coalesce, k)
     "bad-assistant": (dict(), False, False, False, 2),

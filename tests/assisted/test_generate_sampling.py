@@ -14,7 +14,7 @@ import torch
 
 import fsm
 from assisted import generate
-from tests.assisted.test_acceptance import compare, sampling_noise_tv
+from tests.assisted.test_acceptance import compare, sampling_noise_tv, tv_bound
 from tests.assisted.test_generate import Scripted
 from tests.drafting.test_sampling import hf_probs
 from tests.helpers_clock import pin_clock
@@ -137,12 +137,16 @@ def whole_outputs(tok, target, assistant, draws: int, schedule: str | None) -> C
     return Counter(tuple(generate(target, assistant, seed=seed, **kw).token_ids) for seed in range(draws))
 
 
-def matches(counts: Counter, expected: dict[tuple, float], draws: int) -> tuple[bool, str]:
-    """(the draws fit `expected`: chi-square p > 1e-3 and TV within 1.5 times its sampling noise, the numbers)."""
+def matches(counts: Counter, expected: dict[tuple, float], draws: int, any_cpu: bool = False) -> tuple[bool, str]:
+    """(the draws fit `expected`: chi-square p > 1e-3 and TV within 1.5 times its sampling noise, the numbers).
+
+    `any_cpu`: `expected` depends on the CPU (int8 targets), so the TV is held to `tv_bound` (false failures <= 1e-4
+    on any CPU) instead of 1.5 times the noise (a few percent of draws exceed it)."""
     if not set(counts) <= {s for s, p in expected.items() if p > 0}:
         return False, f"outputs outside the reference: {sorted(set(counts) - set(expected))[:3]}"
     p_value, tv = compare(counts, expected, draws)
-    return p_value > 1e-3 and tv < 1.5 * sampling_noise_tv(expected, draws), f"chi-square p={p_value:.2g}, TV={tv:.3f}"
+    limit = tv_bound(expected, draws) if any_cpu else 1.5 * sampling_noise_tv(expected, draws)
+    return p_value > 1e-3 and tv < limit, f"chi-square p={p_value:.2g}, TV={tv:.3f} (limit {limit:.3f})"
 
 
 @pytest.fixture(scope="module")

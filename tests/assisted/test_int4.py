@@ -140,7 +140,7 @@ def test_sampling_over_an_int4_target_keeps_the_plain_distribution(monkeypatch):
     expected = plain_distribution(target, tok, PROMPT, 12, lambda lg, m: hf_probs(lg, m, temperature=1.0),
                                   regex=COALESCED, coalesce=True)
     counts = whole_outputs(tok, target, assistant, COALESCED_DRAWS, None)
-    ok, numbers = matches(counts, expected, COALESCED_DRAWS)
+    ok, numbers = matches(counts, expected, COALESCED_DRAWS, any_cpu=True)
     assert ok, numbers
 
 

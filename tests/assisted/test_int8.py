@@ -16,6 +16,7 @@ from assisted.models.int8 import Int8Linear, int8_copy, quantize_int8
 from assisted.models.loading import load_pair, set_eos
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import StaticKV
+from kernels import int4
 from kernels.attention import ATTENTION
 from tests.helpers_models import HAS_SMOLLM2, threads, tiny_gpt2, tiny_llama
 from tests.helpers_rounding import U, assert_within, linear_bound
@@ -62,6 +63,12 @@ def _qconfigured(linear):
     return linear
 
 
+SATURATES = "vnni" not in int4.paths()  # the CPU's cpuid, as the int4 op reads it (unknown: assume it saturates)
+# fbgemm's int8 kernels without VNNI add pairs of u8 x s8 products in int16 (vpmaddubsw), which saturates with full
+# 8-bit activations: deterministic and row by row (row invariance holds, tested on every CPU), but not x W^T.
+
+
+@pytest.mark.skipif(SATURATES, reason="fbgemm's AVX2 int8 kernels saturate int16 pair sums (no VNNI on this CPU)")
 def test_output_is_the_row_times_the_int8_weight_to_quantization_error():
     linear = _linear(64, 128)
     layer = Int8Linear(linear)
@@ -213,7 +220,7 @@ def test_sampling_over_an_int8_target_keeps_the_plain_distribution(monkeypatch):
                                   regex=COALESCED, coalesce=True)
     with threads(1):
         counts = whole_outputs(tok, target, assistant, COALESCED_DRAWS, None)
-    ok, numbers = matches(counts, expected, COALESCED_DRAWS)
+    ok, numbers = matches(counts, expected, COALESCED_DRAWS, any_cpu=True)
     assert ok, numbers
 
 
