@@ -45,10 +45,9 @@ import torch
 from assisted import generate, logits_processor
 from assisted.models.loading import load_model, load_pair, load_tokenizer, set_eos
 from experiments.lib.intervals import paired_ratio
-from experiments.lib.machine import run_lines
+from experiments.lib.report import run_lines, write_rows
 from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import validate, write_rows
-from experiments.vs_xgrammar import TASKS
+from experiments.lib.tasks import HELD_OUT as TASKS, validate
 
 FREE = ("target", "hf-uag", "hf-uag-heuristic", "ours-foreign", "ours-same")
 STRUCTURED = ("xgrammar", "xgrammar+uag", "processor+uag", "ours-plain", "ours-same", "ours-foreign")

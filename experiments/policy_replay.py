@@ -59,7 +59,7 @@ from assisted.policy.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_b
 from assisted.policy.costs import CostTable, StepCost  # noqa: E402
 from assisted.policy.draft_policy import Constant, Heuristic, Policy  # noqa: E402
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
-from experiments.lib.tasks import add_assistant_quantization  # noqa: E402
+from experiments.lib import cli  # noqa: E402
 
 CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
 
@@ -325,9 +325,7 @@ def collect(args) -> int:
     from drafting.kv_cache import forward, new_cache
     from experiments.lib.prompt_split import load_prompts
     from experiments.lib.tasks import chat_ids
-    from experiments.lib.tasks import assistant_quantization, load_pair_or_none
-    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
-                               pack=args.packed_target)
+    loaded = cli.load(args)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
@@ -352,7 +350,7 @@ def collect(args) -> int:
                     print(f"{p['name']} T{t} path {path}: {len(acceptance)} tokens, "
                           f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    from experiments.lib.machine import machine_lines
+    from experiments.lib.report import machine_lines
 
     (args.out / "traces.json").write_text(
         json.dumps(
@@ -423,10 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.policy_replay", description=__doc__.split("\n")[0])
     p.add_argument("mode", choices=("collect", "replay"))
     p.add_argument("--out", type=Path, required=True, help="folder of traces.json (collect writes it, replay reads it)")
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    add_assistant_quantization(p)
-    p.add_argument("--packed-target", action="store_true")
+    cli.add_models(p)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="tuning",

@@ -6,7 +6,7 @@ target of --quantize-target (T: int4 keeps the GGUF's own 4-bit groups, the rest
     llama.cpp                  llama-cpp-python's plain greedy decoding of the target GGUF
     ours-plain-T               `assisted.generate` over the T target, no assistant (plain decoding)
     ours-spec-T                the same with the assistant's drafts (plain speculative decoding, `auto`)
-  extraction tasks (`experiments.vs_xgrammar.TASKS`, held out), s per object, every object validated
+  extraction tasks (`experiments.lib.tasks.HELD_OUT`, held out), s per object, every object validated
     llama.cpp-grammar          llama.cpp with its JSON-schema grammar (`json_schema_to_gbnf`: whitespace allowed)
     llama.cpp-grammar-compact  the same grammar with its whitespace rule emptied (compact JSON, as ours writes)
     ours-full-T                `assisted.generate`: T target, assistant, schema, defaults (forced tokens, lookup)
@@ -41,10 +41,9 @@ from assisted.models.sources import gguf_file
 from drafting.kv_cache import crop_to, forward, new_cache
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
-from experiments.lib.machine import run_lines
+from experiments.lib.report import run_lines, write_rows
 from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import chat_ids, validate, write_rows
-from experiments.vs_xgrammar import TASKS
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
 
 TARGETS = ("int4", "int8")  # --quantize-target's choices
 FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens", "valid", "text")
