@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 from assisted import generate, generate_batch, logits_processor
-from experiments.lib.intervals import paired_ratio
-from experiments.lib.report import cpu_name, run_lines
 from experiments.lib import cli
+from experiments.lib.report import cpu_name, read_rows, run_lines
+from experiments.lib.runner import interleaved, paired, timed
 from experiments.lib.systems import xgrammar_compiler, xgrammar_processor
 from experiments.lib.tasks import TICKET
 
@@ -194,26 +194,20 @@ def measure(
     runner.max_new = budget
     chunks = [docs[i : i + chunk] for i in range(0, len(docs), chunk)]
     rows = []
-    units = [(r, c) for r in range(repeats) for c in range(len(chunks))]
-    for i, (repeat, unit) in enumerate(units):
-        order = systems[i % len(systems):] + systems[: i % len(systems)]
-        for system in order:
-            start = time.perf_counter()
-            try:
-                result = runner.run(system, chunks[unit])
-            except Exception as exc:  # noqa: BLE001  a system failing is a result, not a crash
-                print(f"unit {unit} {system}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            seconds = time.perf_counter() - start
-            row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
-            rows.append(row)
-            append(out / "units.csv", [row], UNIT_FIELDS)
-            append(out / "documents.csv", [
-                {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
-                 "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
-                for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS)
-            print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
-                  f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
+    for repeat, unit, system in interleaved(range(len(chunks)), systems, repeats):
+        seconds, result, error = timed(lambda: runner.run(system, chunks[unit]))
+        if error:  # a system failing is a result, not a crash
+            print(f"unit {unit} {system}: {error}", file=sys.stderr)
+            continue
+        row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
+        rows.append(row)
+        append(out / "units.csv", [row], UNIT_FIELDS)
+        append(out / "documents.csv", [
+            {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
+             "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
+            for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS)
+        print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
+              f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -236,10 +230,7 @@ def append(path: Path, rows: list[dict], fields) -> None:
 
 
 def read_units(path: Path) -> list[dict]:
-    numeric = {"unit", "repeat", "documents", "new_tokens", "valid", "errors", "target_forwards"}
-    with open(path) as f:
-        return [{k: (int(v) if k in numeric else v if k == "system" else float(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
+    return read_rows(path, text=("system",))
 
 
 def summary(rows: list[dict]) -> dict[str, dict]:
@@ -263,10 +254,7 @@ def summary(rows: list[dict]) -> dict[str, dict]:
 
 def ratio(rows: list[dict], faster: str, slower: str) -> tuple[float, float, float] | None:
     """Documents per minute of `faster` over `slower`, paired per unit."""
-    seconds = {(r["unit"], r["repeat"], r["system"]): r["seconds"] for r in rows}
-    pairs = [(seconds[(u, rep, slower)], seconds[(u, rep, faster)]) for (u, rep, s) in seconds
-             if s == faster and (u, rep, slower) in seconds]
-    return paired_ratio(pairs) if pairs else None
+    return paired([r for r in rows if r["system"] in (faster, slower)], faster, ("unit", "repeat")).get(slower)
 
 
 def best(stats: dict[str, dict], kind: str) -> str | None:
@@ -328,10 +316,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", type=int, default=0, help="leave out the first N documents")
     p.add_argument("--limit", type=int, default=None, help="then take at most N documents")
     p.add_argument("--chunk", type=int, default=24, help="documents per unit")
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, required=True)
+    cli.add_run(p)
     p.add_argument("--report-only", action="store_true", help="rebuild README.md and the plot from units.csv")
     args = p.parse_args(argv)
     for system in args.systems:
@@ -342,7 +327,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    cli.set_threads(args)
     args.out.mkdir(parents=True, exist_ok=True)
     quantized = f" ({args.quantize_target})" if args.quantize_target else ""
     title = (f"{args.target}{quantized} + {cli.assistant_label(args)}{', packed' if args.pack else ''}, greedy, "
