@@ -39,6 +39,7 @@ from assisted.models.int4 import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
 from drafting.kv_cache import crop_to, forward, new_cache
+from experiments.lib import runner
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
 from experiments.lib.report import run_lines, write_rows
@@ -120,17 +121,13 @@ def measure(ours: Ours, llama: LlamaCpp, all_units, threads, repeats: int) -> li
     for kind, name, ids, task in all_units[:1] + all_units[-1:]:  # untimed: grammars, indexes, allocators warm
         for system in systems(kind, ours.models):
             run_system(system, threads[0], ours, llama, ids, task)
-    rows = []
-    for i, (repeat, t, (kind, name, ids, task)) in enumerate(
-            (r, t, u) for r in range(repeats) for t in threads for u in all_units):
-        names = systems(kind, ours.models)
-        for system in names[i % len(names):] + names[: i % len(names)]:
-            row = {"threads": t, "kind": kind, "unit": name, "repeat": repeat, "system": system,
-                   **run_system(system, t, ours, llama, ids, task)}
-            rows.append(row)
-            print(f"t={t} {name:34} {system:26} {row['seconds']:7.2f} s {row['new_tokens']:4d} tok "
-                  f"valid={row['valid']}", file=sys.stderr, flush=True)
-    return rows
+    def call(unit, system, repeat):
+        t, (kind, name, ids, task) = unit
+        return {"threads": t, "kind": kind, "unit": name, **run_system(system, t, ours, llama, ids, task)}
+    rows = runner.run([(t, u) for t in threads for u in all_units], lambda unit: systems(unit[1][0], ours.models),
+                      call, repeats, log=lambda r: f"t={r['threads']} {r['unit']:34} {r['system']:26} "
+                                                   f"{r['seconds']:7.2f} s {r['new_tokens']:4d} tok valid={r['valid']}")
+    return [{k: r[k] for k in FIELDS if k in r} for r in rows]
 
 
 # ---------------------------------------------------------------- tables

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from experiments.lib.intervals import paired_ratio
 
+SystemsOf = Sequence[str] | Callable[[object], Sequence[str]]  # the systems of every unit, or unit -> its systems
+
 
 def rotated(systems: Sequence[str], i: int) -> tuple[str, ...]:
     """`systems` starting at position i (mod their number)."""
@@ -17,12 +19,12 @@ def rotated(systems: Sequence[str], i: int) -> tuple[str, ...]:
     return (*systems[i:], *systems[:i])
 
 
-def interleaved(units: Sequence, systems: Sequence[str], repeats: int = 1) -> Iterator[tuple[int, object, str]]:
+def interleaved(units: Sequence, systems: SystemsOf, repeats: int = 1) -> Iterator[tuple[int, object, str]]:
     """(repeat, unit, system) in run order: repeats outermost, every unit once per repeat, and at the i-th
-    (repeat, unit) every system, in the order `rotated(systems, i)`."""
+    (repeat, unit) every system, in the order `rotated(systems, i)` (`systems`: a list, or unit -> its list)."""
     pairs = [(r, u) for r in range(repeats) for u in units]
     for i, (repeat, unit) in enumerate(pairs):
-        for system in rotated(systems, i):
+        for system in rotated(systems(unit) if callable(systems) else systems, i):
             yield repeat, unit, system
 
 
@@ -36,7 +38,7 @@ def timed(call: Callable[[], object]) -> tuple[float, object, str]:
     return time.perf_counter() - start, result, error
 
 
-def run(units: Sequence, systems: Sequence[str], call: Callable[[object, str, int], dict], repeats: int = 1,
+def run(units: Sequence, systems: SystemsOf, call: Callable[[object, str, int], dict], repeats: int = 1,
         log: Callable[[dict], str] | None = None) -> list[dict]:
     """One row per (repeat, unit, system) in `interleaved` order: {"repeat": r, "system": s, **call(unit, s, r)}.
     `log(row)`: a line printed to stderr after each row."""

@@ -37,6 +37,8 @@ def test_runner_interleaves_repeats_outermost_and_rotates_the_systems_per_unit()
     order = list(runner.interleaved(["u", "v"], ["a", "b", "c"], repeats=2))
     assert [(r, u) for r, u, _ in order[::3]] == [(0, "u"), (0, "v"), (1, "u"), (1, "v")]
     assert ["".join(s for _, _, s in order[i : i + 3]) for i in range(0, 12, 3)] == ["abc", "bca", "cab", "abc"]
+    by_unit = list(runner.interleaved(["u", "v"], lambda unit: ["a", "b"] if unit == "u" else ["c", "d", "e"]))
+    assert [s for _, _, s in by_unit] == ["a", "b", "d", "e", "c"]  # each unit's own systems, rotated at its place
     calls = []
     rows = runner.run(["u"], ["a", "b"], lambda unit, s, r: calls.append((unit, s, r)) or {"unit": unit}, repeats=2)
     assert calls == [("u", "a", 0), ("u", "b", 0), ("u", "b", 1), ("u", "a", 1)]
