@@ -45,7 +45,6 @@ import os
 import random
 import statistics
 import sys
-import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,6 +59,7 @@ from assisted.policy.costs import CostTable, StepCost  # noqa: E402
 from assisted.policy.draft_policy import Constant, Heuristic, Policy  # noqa: E402
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
 from experiments.lib import cli  # noqa: E402
+from experiments.lib.timing import forward_costs  # noqa: E402
 
 CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
 
@@ -302,22 +302,9 @@ def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[
 
 def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -> Costs:
     """Median seconds of target forwards over n = 1..n_max tokens after the prompt, and of one assistant token."""
-    from drafting.kv_cache import crop_to, forward, new_cache
-
-    def timed(m, cache, tokens):
-        start = time.perf_counter()
-        forward(m, cache, tokens, len(tokens))
-        seconds = time.perf_counter() - start
-        crop_to(cache, len(ids))
-        return seconds
-
-    target_cache, assistant_cache = new_cache(), new_cache()
-    forward(model, target_cache, ids, 1)
-    forward(assistant, assistant_cache, ids, 1)
-    target = [0.0] + [statistics.median(timed(model, target_cache, ids[:n]) for _ in range(repeats))
-                      for n in range(1, n_max + 1)]
-    draft = statistics.median(timed(assistant, assistant_cache, ids[:1]) for _ in range(5 * repeats))
-    return Costs(tuple(target), draft)
+    target = forward_costs(model, ids, range(1, n_max + 1), repeats, warmup=False)
+    draft = forward_costs(assistant, ids, [1], 5 * repeats, warmup=False)[1]
+    return Costs((0.0, *(target[n] for n in range(1, n_max + 1))), draft)
 
 
 def collect(args) -> int:

@@ -38,13 +38,13 @@ from assisted import generate
 from assisted.models.int4 import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
-from drafting.kv_cache import crop_to, forward, new_cache
 from experiments.lib import runner
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
 from experiments.lib.report import run_lines, write_rows
 from experiments.lib.prompt_split import load_prompts
 from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
+from experiments.lib.timing import Prefixed
 
 TARGETS = ("int4", "int8")  # --quantize-target's choices
 FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens", "valid", "text")
@@ -158,23 +158,16 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
 def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]:
     """ms of one forward over k new tokens after 200 cached ones: our targets, the assistant copies, llama.cpp."""
     ids = list(range(1000, 1300))
-    caches = {name: new_cache() for name in models}
-    times = {}
-    with torch.inference_mode():
-        for name, m in models.items():
-            forward(m, caches[name], ids[:200], 1)
-        for repeat in range(repeats + 1):  # repeat 0 warms up
-            for t in threads:
-                torch.set_num_threads(t)
-                for k in COST_KS:
-                    for name, m in models.items():
-                        start = time.perf_counter()
-                        forward(m, caches[name], ids[200 : 200 + k], k)
-                        spent = time.perf_counter() - start
-                        crop_to(caches[name], 200)
-                        times.setdefault((t, name, k), []).append(spent) if repeat else None
-                    spent = llama.forward_cost(t, ids, k)
-                    times.setdefault((t, "llama.cpp target (its GGUF)", k), []).append(spent) if repeat else None
+    timers = {name: Prefixed(m, ids[:200]) for name, m in models.items()}
+    times: dict = {}
+    for repeat in range(repeats + 1):  # repeat 0 warms up
+        for t in threads:
+            torch.set_num_threads(t)
+            for k in COST_KS:
+                spent = {name: timer.seconds(ids[200 : 200 + k]) for name, timer in timers.items()}
+                spent["llama.cpp target (its GGUF)"] = llama.forward_cost(t, ids, k)
+                for name, seconds in spent.items():
+                    times.setdefault((t, name, k), []).append(seconds) if repeat else None
     names = [*models, "llama.cpp target (its GGUF)"]
     lines = ["| threads | model | " + " | ".join(f"k={k}" for k in COST_KS) + " |", "|---" * (len(COST_KS) + 2) + "|"]
     for t in threads:

@@ -159,3 +159,14 @@ def test_fixed_schedules_draft_k_tokens_every_step():
                                     [0.0] * 12, sampling=False)
     assert (tokens, forwards) == (12, 3)  # 4 tokens a step; the last step drafts only what is left (3)
 
+
+
+def test_collected_costs_come_from_the_one_forward_cost_timer(smol_tokenizer):
+    from tests.helpers_models import threads, tiny_llama
+
+    model = tiny_llama(len(smol_tokenizer), seed=0)
+    ids = smol_tokenizer("def fibonacci(n): return n").input_ids
+    with threads(1):
+        costs = pr.time_costs(model, tiny_llama(len(smol_tokenizer), seed=1), ids, n_max=4, repeats=1)
+    assert len(costs.target) == 5 and costs.target[0] == 0.0 and all(s > 0 for s in costs.target[1:])
+    assert costs.draft > 0

@@ -28,3 +28,16 @@ def test_every_unit_runs_its_kind_s_systems_and_the_tables_pair_them(smol_tokeni
     assert list(rows[0]) == list(vs_llamacpp.FIELDS) and all(r["threads"] == 1 for r in rows)
     assert vs_llamacpp.table(rows, "free", "ours-spec-int8")[0].startswith("|")
     assert any("ours-full-int8" in line for line in vs_llamacpp.table(rows, "structured", "ours-full-int8"))
+
+
+def test_forward_costs_table_names_our_models_and_llama_cpp(smol_tokenizer):
+    class Timed(FakeLlama):
+        def forward_cost(self, threads: int, ids: list[int], k: int) -> float:
+            return 0.001 * k
+
+    model = tiny_llama(len(smol_tokenizer), seed=0)
+    with threads(1):
+        lines = vs_llamacpp.costs({"ours int8 target": model}, Timed(), [1], repeats=1)
+    assert lines[0] == "| threads | model | k=1 | k=2 | k=4 | k=8 | k=16 |"
+    assert lines[2].startswith("| 1 | ours int8 target |") and lines[3] == "| 1 | llama.cpp target (its GGUF) | " \
+        "1.0 | 2.0 | 4.0 | 8.0 | 16.0 |"
