@@ -23,9 +23,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-import torch
 from pydantic import BaseModel
 
 import fsm
@@ -46,12 +44,10 @@ def parse_args(argv: list[str]):
     parser.add_argument("--tasks", nargs="+", choices=[t.name for t in TASKS], default=[t.name for t in TASKS])
     parser.add_argument("--budgets", nargs="+", default=["tight", "64", "96", "128"],
                         help="max_new_tokens values; 'tight' is the task's shortest completion + 4")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7, 1.5])
     parser.add_argument("--seeds", type=int, default=2, help="seeds per sampled temperature (greedy: one)")
     parser.add_argument("--room", type=int, default=192, help="max_new_tokens of the run with room")
     parser.add_argument("--cost", action="store_true", help="time the runs (warm-up first)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, required=True)
+    cli.add_run(parser, repeats=None, max_new_tokens=None, seed=False, temperatures=[0.0, 0.7, 1.5])
     return parser.parse_args(argv)
 
 
@@ -236,7 +232,7 @@ def readme(args, argv: list[str], rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    cli.set_threads(args)
     loaded = cli.load(args)
     if loaded is None:
         return 2

@@ -67,7 +67,7 @@ def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__.split("\n")[0])
+    parser = cli.parser("demo", __doc__)
     parser.add_argument("--assistant", action="store_true",
                         help=f"use the Qwen pair ({PAIR[0]} + {PAIR[1]}) and add the assistant modes")
     parser.add_argument("--max-new-tokens", type=int, default=80, help="token budget per generation")

@@ -36,7 +36,6 @@ temperature, which a causal policy learns only by drafting.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
 import json
@@ -405,7 +404,7 @@ def load_traces(path: Path) -> tuple[Costs, list[Trace], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.policy_replay", description=__doc__.split("\n")[0])
+    p = cli.parser("policy_replay", __doc__)
     p.add_argument("mode", choices=("collect", "replay"))
     p.add_argument("--out", type=Path, required=True, help="folder of traces.json (collect writes it, replay reads it)")
     cli.add_models(p)

@@ -38,7 +38,7 @@ from assisted import generate
 from assisted.models.int4 import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
-from experiments.lib import runner
+from experiments.lib import cli, runner
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
 from experiments.lib.report import run_lines, write_rows
@@ -52,7 +52,7 @@ COST_KS = (1, 2, 4, 8, 16)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments.vs_llamacpp", description=__doc__.split("\n")[0])
+    parser = cli.parser("vs_llamacpp", __doc__)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--assistant", default="qwen2.5-coder-0.5b")
     parser.add_argument("--quantize-target", nargs="+", choices=TARGETS, default=list(TARGETS),

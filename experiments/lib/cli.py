@@ -37,15 +37,19 @@ def add_models(p: argparse.ArgumentParser, *, target: str = "qwen2.5-coder-1.5b"
                    help="a row-invariant quantized target (`assisted.models.int4` / `int8`; CPU), for every system")
 
 
-def add_run(p: argparse.ArgumentParser, *, threads: int | None = 1, repeats: int = 1, out_required: bool = True,
-            max_new_tokens: int = 160, temperatures: list[float] | None = None) -> None:
-    """--threads, --repeats, --out, --max-new-tokens, --seed and (when given a default) --temperatures."""
+def add_run(p: argparse.ArgumentParser, *, threads: int | None = 1, repeats: int | None = 1, out_required: bool = True,
+            max_new_tokens: int | None = 160, seed: bool = True, temperatures: list[float] | None = None) -> None:
+    """--threads and --out, and each of --repeats, --max-new-tokens, --seed and --temperatures unless its default
+    is None (or `seed` False)."""
     p.add_argument("--threads", type=int, default=threads, help="torch CPU threads (None: torch's)")
-    p.add_argument("--repeats", type=int, default=repeats, help="interleaved runs of every unit and system")
     p.add_argument("--out", type=Path, required=out_required, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    p.add_argument("--seed", type=int, default=1000,
-                   help="repeat r samples with seed + r, the same for every system")
+    if repeats is not None:
+        p.add_argument("--repeats", type=int, default=repeats, help="interleaved runs of every unit and system")
+    if max_new_tokens is not None:
+        p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    if seed:
+        p.add_argument("--seed", type=int, default=1000,
+                       help="repeat r samples with seed + r, the same for every system")
     if temperatures is not None:
         p.add_argument("--temperatures", type=float, nargs="+", default=temperatures)
 
