@@ -8,8 +8,9 @@ and of SmolLM2-135M with random weights (`experiments.lib.gpu_models`): weights 
 Sections, each written to --out as soon as it ends (a section that fails is reported and the next one runs;
 one that would start past --budget-s is skipped):
   costs     seconds of a target forward over n = 1..32 new tokens after 200 and 1,000 cached ones (bf16 and
-            fp16), of one assistant token, and of SmolLM2's; `costs.csv` is an `experiments.forward_cost`
-            table (plus model, dtype, context columns) that `experiments.policy_replay --timings` replays.
+            fp16), of one assistant token, and of SmolLM2's; `costs.csv` is a forward-cost
+            table (model, dtype, context, layout, n, repeat, seconds) that `experiments.policy_replay --timings`
+            replays.
   generate  per-token latency of the target alone (transformers), our loop without an assistant, and with three
             assistants (the target itself: every draft accepted; its first 4 layers; the random 0.5B: none
             accepted) against transformers' assisted generation with the same models; our loop's own

@@ -23,9 +23,10 @@ rejection, and the step costs target(verified + 1) + drafted * assistant + `--ov
 noise of `--noise`. Greedy replays are exact up to the drafts after a rejection (they follow the text
 here, the assistant's own continuation in a real run; they are never judged either way). Sampled replays
 draw acceptance independently per position: a draft's acceptance and the text after it are not coupled.
-`--timings` replays at the costs of an `experiments.forward_cost` table instead (another machine, or the
-same one in another state). `auto` starts each call from the costs of a warmed process and the calibration
-of the latest call at the same temperature on another prompt, as `generate` would in one process.
+`--timings` replays at the costs of a forward-cost table instead (layout, n, repeat, seconds:
+`experiments.gpu_check`'s costs.csv; another machine, or the same one in another state). `auto` starts each call
+from the costs of a warmed process and the calibration of the latest call at the same temperature on another
+prompt, as `generate` would in one process.
 Besides our policies, two stand-ins for transformers' schedules run in the same model of time (they are
 not transformers' code, whose per-step overhead is larger): "constant-20" and "heuristic-5", each
 stopping a draft after a token the assistant is less than 0.4 sure of (transformers' defaults). Two references
@@ -355,7 +356,7 @@ def collect(args) -> int:
 
 def costs_from_timings(path: Path, layout: str, draft: float, n_max: int, where: dict | None = None,
                        draft_where: dict | None = None) -> Costs:
-    """Target costs from an `experiments.forward_cost` timings.csv (median per n of `layout`, interpolated,
+    """Target costs from a forward-cost timings.csv, e.g. gpu_check's costs.csv (median per n of `layout`, interpolated,
     past the largest n extended at the last slope) and the assistant's seconds per token: `draft`, or the
     median n = 1 timing of the rows matching `draft_where`. `where` keeps only the target's rows in a table of
     several (`experiments.gpu_check`'s costs.csv has model, dtype and context columns)."""
@@ -420,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead", type=float, default=0.002, help="seconds of loop overhead per step")
     p.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of each step's timing")
     p.add_argument("--timings", type=Path, default=None,
-                   help="replay at the target costs of this experiments.forward_cost timings.csv instead of the "
+                   help="replay at the target costs of this forward-cost timings.csv (gpu_check's costs.csv) instead "
+                        "of the "
                         "costs timed when the traces were collected")
     p.add_argument("--layout", default="prepacked", help="the timings' layout to replay (dense or prepacked)")
     p.add_argument("--traces", type=Path, default=None, help="replay: traces.json to read (default: --out's)")
