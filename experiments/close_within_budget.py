@@ -20,100 +20,34 @@ paired per unit, alternating which runs first); use it on the Qwen pair with the
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 import fsm
 from assisted import generate
+from experiments.lib import cli
 from experiments.lib.intervals import paired_ratio
-from experiments.lib.machine import run_lines
-from experiments.lib.tasks import (Task, add_assistant_quantization, assistant_label, assistant_quantization,
-                               load_pair_or_none, write_rows)
-from experiments.vs_xgrammar import TASKS as HELD_OUT
+from experiments.lib.report import run_lines, write_rows
+from experiments.lib.tasks import BUDGET as TASKS, Task
 
-
-class Package(BaseModel):
-    weight_kg: float
-    fragile: bool
-
-
-class Address(BaseModel):
-    city: str = Field(max_length=30)
-    country: str = Field(max_length=30)
-
-
-class Shipment(BaseModel):
-    tracking_number: str = Field(pattern=r"^[A-Z]{2}[0-9]{6,9}$")
-    carrier: str = Field(max_length=20)
-    sender: Address
-    recipient: Address
-    packages: list[Package] = Field(min_length=1, max_length=4)
-
-
-class Ingredient(BaseModel):
-    name: str = Field(max_length=30)
-    amount: str = Field(max_length=16)
-
-
-class Recipe(BaseModel):
-    title: str = Field(max_length=40)
-    servings: int = Field(ge=1, le=20)
-    minutes: int
-    ingredients: list[Ingredient] = Field(min_length=1, max_length=8)
-    vegetarian: bool
-
-
-class Meeting(BaseModel):
-    title: str = Field(max_length=40)
-    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
-    start: str = Field(pattern=r"^\d{2}:\d{2}$")
-    attendees: list[str] = Field(min_length=1, max_length=6)
-    room: str = Field(max_length=20)
-    decisions: list[str] = Field(max_length=4)
-
-
-OWN_TASKS = (
-    Task("shipment", "extraction", Shipment,
-         "Extract the shipment below as JSON with tracking_number, carrier, sender and recipient (city, country) "
-         "and packages (weight_kg, fragile).\n\nParcel DE48213377 went out with DHL from Hamburg, Germany to Porto, "
-         "Portugal: a 2.4 kg box of glassware (fragile) and a 7.9 kg box of books."),
-    Task("recipe", "extraction", Recipe,
-         "Extract the recipe below as JSON with title, servings, minutes, ingredients (name, amount) and "
-         "vegetarian.\n\nLentil soup for four, ready in 45 minutes: 250 g red lentils, 1 onion, 2 carrots, "
-         "1 litre vegetable stock, 1 tsp cumin and a squeeze of lemon. No meat at all."),
-    Task("meeting", "extraction", Meeting,
-         "Extract the meeting notes below as JSON with title, date, start (HH:MM), attendees, room and "
-         "decisions.\n\nBudget review, 2026-04-09 at 14:30 in room B12. Present: Ana Silva, Ken Ito and Lea "
-         "Brandt. Decided: freeze travel spending until June; move the offsite to September."),
-)
-INVOICE = next(t for t in HELD_OUT if t.name == "invoice")
-TASKS = (*OWN_TASKS, INVOICE)
 FIELDS = ("task", "budget", "temperature", "seed", "shortest", "valid_room", "valid_off", "valid_on", "stop_on",
           "tightened", "tokens_room", "tokens_off", "tokens_on", "leaves_room", "leaves_on", "kept", "cut_strings",
           "cut_lists", "seconds_off", "seconds_on", "fsm_off", "fsm_on", "text_on")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--assistant", default=None)
-    add_assistant_quantization(parser)
-    parser.add_argument("--pack", action="store_true", help="oneDNN-packed target weights (CPU)")
+def parse_args(argv: list[str]):
+    parser = cli.parser("close_within_budget", __doc__)
+    cli.add_models(parser, target="smollm2-135m", assistant=None)
     parser.add_argument("--tasks", nargs="+", choices=[t.name for t in TASKS], default=[t.name for t in TASKS])
     parser.add_argument("--budgets", nargs="+", default=["tight", "64", "96", "128"],
                         help="max_new_tokens values; 'tight' is the task's shortest completion + 4")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7, 1.5])
     parser.add_argument("--seeds", type=int, default=2, help="seeds per sampled temperature (greedy: one)")
     parser.add_argument("--room", type=int, default=192, help="max_new_tokens of the run with room")
     parser.add_argument("--cost", action="store_true", help="time the runs (warm-up first)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, required=True)
+    cli.add_run(parser, repeats=None, max_new_tokens=None, seed=False, temperatures=[0.0, 0.7, 1.5])
     return parser.parse_args(argv)
 
 
@@ -276,7 +210,7 @@ def cost_lines(rows: list[dict]) -> list[str]:
 
 
 def readme(args, argv: list[str], rows: list[dict]) -> str:
-    helper = assistant_label(args) if args.assistant else "none"
+    helper = cli.assistant_label(args) if args.assistant else "none"
     lines = [f"# Valid within the token budget: {args.out.name}", "",
              *run_lines("experiments.close_within_budget", argv),
              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {helper}, heuristic schedule, "
@@ -298,9 +232,8 @@ def readme(args, argv: list[str], rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    loaded = load_pair_or_none(args.target, args.assistant, pack=args.pack,
-                               quantize_assistant=assistant_quantization(args))
+    cli.set_threads(args)
+    loaded = cli.load(args)
     if loaded is None:
         return 2
     model, tokenizer, assistant = loaded

@@ -12,22 +12,62 @@ forced tokens, prompt lookup and the assistant). All greedy; speedup is against 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+from dataclasses import dataclass
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from experiments.lib.tasks import DEMO_TASKS, Run, Task, extract_json, load_pair_or_none, run_mode, validate  # noqa: E402
+from assisted import generate
+from experiments.lib import cli
+from experiments.lib.tasks import DEMO, Task, extract_json, validate
 
 SMALL = "smollm2-135m"
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 BASE_MODES = ("unconstrained", "constrained", "constrained+forced", "constrained+forced+lookup")
 ASSISTANT_MODES = ("constrained+assistant", "full")
+# mode -> (needs assistant, schema?, coalesce forced tokens, prompt lookup); "full" is everything we have
+MODES = {
+    "unconstrained": (False, False, False, False),
+    "constrained": (False, True, False, False),
+    "constrained+forced": (False, True, True, False),
+    "constrained+forced+lookup": (False, True, True, True),
+    "constrained+assistant": (True, True, False, False),
+    "full": (True, True, True, True),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One generation: output and cost."""
+
+    mode: str
+    text: str
+    new_tokens: int
+    seconds: float
+    target_passes: int
+    forced_appended: int
+    value: object = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new_tokens: int = 96) -> Run:
+    """Greedy generation of `task` in `mode` (heuristic schedule, 5 tokens) with `assisted.generate`."""
+    needs_assistant, constrained, coalesce, lookup = MODES[mode]
+    if needs_assistant and assistant is None:
+        raise ValueError(f"mode {mode!r} needs an assistant model")
+    start = time.perf_counter()
+    out = generate(model, assistant if needs_assistant else None, tokenizer=tokenizer,
+                   messages=task.messages(constrained), schema=task.schema if constrained else None,
+                   max_new_tokens=max_new_tokens, coalesce=coalesce, num_assistant_tokens=5,
+                   num_assistant_tokens_schedule="heuristic", prompt_lookup=lookup)
+    seconds, s = time.perf_counter() - start, out.stats
+    return Run(mode, out.text, s.new_tokens, seconds, s.target_forward_passes, s.forced_tokens_appended, out.value)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments.demo", description=__doc__.split("\n")[0])
+    parser = cli.parser("demo", __doc__)
     parser.add_argument("--assistant", action="store_true",
                         help=f"use the Qwen pair ({PAIR[0]} + {PAIR[1]}) and add the assistant modes")
     parser.add_argument("--max-new-tokens", type=int, default=80, help="token budget per generation")
@@ -59,11 +99,10 @@ def run_task(task: Task, model, tokenizer, helper, modes, max_new_tokens: int) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args)
     start = time.perf_counter()
-    loaded = load_pair_or_none(*PAIR) if args.assistant else load_pair_or_none(SMALL)
+    loaded = cli.load(argparse.Namespace(target=PAIR[0] if args.assistant else SMALL,
+                                         assistant=PAIR[1] if args.assistant else None))
     if loaded is None:
         return 1
     model, tokenizer, helper = loaded
@@ -73,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     modes = BASE_MODES + (ASSISTANT_MODES if args.assistant else ())
     start = time.perf_counter()
-    for task in DEMO_TASKS:
+    for task in DEMO:
         runs = run_task(task, model, tokenizer, helper, modes, args.max_new_tokens)
         best = next(r for r in runs if r.mode == ("full" if args.assistant else "constrained+forced"))
         print(f"\n== {task.name} ({task.kind}) ==\nprompt: {task.user}\n")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import fsm
 from assisted.inputs import validator_class
+from experiments.lib.report import write_rows
 from experiments.lib.differential_cases import combination_schema, compact, mutants, valid_instances, value_pool
 
 POLICIES = ("compact", "spec")
@@ -184,79 +185,41 @@ def subset_of(task: str) -> str:
     return "Combination" if task.startswith("combo:") else Path(task).name.split("_")[0].split("---")[0]
 
 
+SUBSET_COUNTS = ("timeouts_or_crashes", "oracle_errors", "texts", "valid_texts")  # per subset, the same per policy
+POLICY_COUNTS = ("compiled", "schema_error", "false_accepts", "valid_rejected", "valid_rejected_shallow")
+
+
 def write_subset_csv(rows: list[dict], path: Path) -> None:
     """One line per subset and policy: the summary's counts."""
-    import csv
-
-    groups = {}
+    groups: dict = {}
     for row in rows:
         groups.setdefault(subset_of(row["task"]), []).append(row)
-    with open(path, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(
-            [
-                "subset",
-                "policy",
-                "schemas",
-                "timeouts_or_crashes",
-                "oracle_errors",
-                "compiled",
-                "schema_error",
-                "texts",
-                "valid_texts",
-                "false_accepts",
-                "valid_rejected",
-                "valid_rejected_shallow",
-            ]
-        )
-        for subset, group in sorted(groups.items()):
-            summary = summarize(group)
-            for policy in POLICIES:
-                p = summary[policy]
-                out.writerow(
-                    [
-                        subset,
-                        policy,
-                        summary["schemas"],
-                        summary["timeouts_or_crashes"],
-                        summary["oracle_errors"],
-                        p["compiled"],
-                        p["schema_error"],
-                        summary["texts"],
-                        summary["valid_texts"],
-                        p["false_accepts"],
-                        p["valid_rejected"],
-                        p["valid_rejected_shallow"],
-                    ]
-                )
+    lines = []
+    for subset, group in sorted(groups.items()):
+        summary = summarize(group)
+        lines += [{"subset": subset, "policy": policy, "schemas": summary["schemas"],
+                   **{k: summary[k] for k in SUBSET_COUNTS}, **{k: summary[policy][k] for k in POLICY_COUNTS}}
+                  for policy in POLICIES]
+    write_rows(path, lines, ("subset", "policy", "schemas", "timeouts_or_crashes", "oracle_errors", "compiled",
+                             "schema_error", "texts", "valid_texts", "false_accepts", "valid_rejected",
+                             "valid_rejected_shallow"))
 
 
 def write_rows_csv(rows: list[dict], path: Path) -> None:
     """One line per schema: texts and, per policy, the compile error or the counts (rows.jsonl has the texts)."""
-    import csv
-
-    with open(path, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(
-            ["task", "status", "n_valid", "n_invalid"]
-            + [f"{p}_{c}" for p in POLICIES for c in ("schema_error", "false_accepts", "valid_rejected", "cpu_s")]
-        )
-        for row in rows:
-            cells = [
-                row["task"].split("/")[-1],
-                row.get("status", row.get("oracle_error", "")),
-                row.get("n_valid", ""),
-                row.get("n_invalid", ""),
-            ]
-            for policy in POLICIES:
-                r = row.get(policy, {})
-                cells += [
-                    r.get("schema_error", ""),
-                    len(r.get("false_accepts", [])),
-                    len(r.get("valid_rejected", [])),
-                    r.get("cpu_s", ""),
-                ]
-            out.writerow(cells)
+    columns = ("schema_error", "false_accepts", "valid_rejected", "cpu_s")
+    lines = []
+    for row in rows:
+        line = {"task": row["task"].split("/")[-1], "status": row.get("status", row.get("oracle_error", "")),
+                "n_valid": row.get("n_valid", ""), "n_invalid": row.get("n_invalid", "")}
+        for policy in POLICIES:
+            r = row.get(policy, {})
+            line |= {f"{policy}_schema_error": r.get("schema_error", ""), f"{policy}_cpu_s": r.get("cpu_s", ""),
+                     f"{policy}_false_accepts": len(r.get("false_accepts", [])),
+                     f"{policy}_valid_rejected": len(r.get("valid_rejected", []))}
+        lines.append(line)
+    per_policy = [f"{p}_{c}" for p in POLICIES for c in columns]
+    write_rows(path, lines, ["task", "status", "n_valid", "n_invalid", *per_policy])
 
 
 def _brief(row: dict) -> dict:

@@ -20,48 +20,37 @@ cells already there; --report-only redraws greedy.png, sampling.png, structured.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
 import json
-import os
 import platform
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from experiments import speedup, vs_xgrammar  # noqa: E402
-from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report  # noqa: E402
-from experiments.lib.machine import STARTED_AT, machine_lines  # noqa: E402
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.lib.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
-                                   chat_ids, load_pair_or_none, validate)
+from experiments import speedup, vs_xgrammar
+from experiments.lib import cli, runner
+from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
+from experiments.lib.report import STARTED_AT, machine_lines
+from experiments.lib.systems import Systems, xgrammar_version
+from experiments.lib.tasks import HELD_OUT, chat_ids
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.figures", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    add_assistant_quantization(p)
-    p.add_argument("--packed-target", action="store_true", help="pack the target's Linear weights (every system)")
-    p.add_argument("--temperatures", type=float, nargs="+", default=TEMPERATURES)
-    p.add_argument("--max-new-tokens", type=int, default=32, help="plain view")
+def parse_args(argv: list[str] | None = None):
+    p = cli.parser("figures", __doc__)
+    cli.add_models(p)
+    cli.add_run(p, threads=None, out_required=False, max_new_tokens=32, temperatures=TEMPERATURES)
     p.add_argument("--structured-max-new-tokens", type=int, default=96)
     p.add_argument("--half", choices=[*HALVES, "all"], default="validation")
     p.add_argument("--per-class", type=int, default=2, help="prompts of each class (plain view)")
     p.add_argument("--tasks", nargs="+", default=["patient", "flight", "review"],
-                   choices=[t.name for t in vs_xgrammar.TASKS], help="extraction tasks (structured view)")
-    p.add_argument("--repeats", type=int, default=1)
+                   help="held-out extraction tasks (structured view)")
     p.add_argument("--no-structured", dest="structured", action="store_false", help="plain view only")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=1000, help="repeat r samples with seed + r, the same for every system")
-    p.add_argument("--out", type=Path, default=None)
     p.add_argument("--report-only", action="store_true", help="redraw the figures and README.md from --out's CSVs")
     return p.parse_args(argv)
 
@@ -77,8 +66,8 @@ def llama_cpp_note() -> str:
 
 def setup_label(args) -> str:
     """The model pair and setup, as every figure names them."""
-    packed = ", packed" if args.packed_target else ""
-    return f"target {args.target} (float32{packed}), assistant {assistant_label(args)}"
+    packed = ", packed" if args.pack else ""
+    return f"target {args.target} (float32{packed}), assistant {cli.assistant_label(args)}"
 
 
 def schedule(args, prompts: list[dict], tasks: list) -> list[tuple[str, object, int]]:
@@ -119,69 +108,54 @@ class Appender:
         self.done.add(self.key(row))
 
 
-def _rotate(systems, i: int) -> tuple:
-    return systems[i % len(systems):] + systems[: i % len(systems)]
+def plain_cell(args, systems: Systems, prompt: dict, t: float, r: int, i: int, sink: Appender) -> None:
+    ids = chat_ids(systems.tokenizer, prompt)
+    for system in runner.rotated(PLAIN, i):
+        if (prompt["name"], t, r, system) not in sink.done:
+            sink.add({"class": prompt["class"], "prompt": prompt["name"], "temperature": t, "repeat": r,
+                      "system": system, **speedup.run_one(systems, system, ids, t, args.seed + r)})
 
 
-def plain_cell(args, pair, defaults, prompt: dict, t: float, r: int, i: int, sink: Appender) -> None:
-    model, tokenizer, assistant = pair
-    ids = chat_ids(tokenizer, prompt)
-    for system in _rotate(PLAIN, i):
-        if (prompt["name"], t, r, system) in sink.done:
-            continue
-        res = speedup.run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
-                              5, defaults)
-        sink.add({"class": prompt["class"], "prompt": prompt["name"], "temperature": t, "repeat": r,
-                  "system": system, **res})
+def structured_cell(args, systems: Systems, task, t: float, r: int, i: int, sink: Appender) -> None:
+    for system in runner.rotated(STRUCTURED, i):
+        if (task.name, t, r, system) not in sink.done:
+            sink.add({"temperature": t, "repeat": r, "system": system,
+                      **vs_xgrammar.timed(systems, system, task, t, args.seed + r)})
 
 
-def structured_cell(args, runner, task, t: float, r: int, i: int, sink: Appender) -> None:
-    for system in _rotate(STRUCTURED, i):
-        if (task.name, t, r, system) in sink.done:
-            continue
-        row = {"task": task.name, "temperature": t, "repeat": r, "system": system,
-               **vs_xgrammar._timed(runner, system, task, t, args.seed + r)}
-        row["valid"] = row["error"] == "" and validate(task, row["text"])
-        sink.add(row)
-
-
-def warm_up(args, pair, defaults, prompt: dict, runner, tasks) -> None:
+def warm_up(plain: Systems, prompt: dict, structured: Systems | None, tasks) -> None:
     """Untimed: every plain system once on the first prompt (ours-auto learns the pair's costs, as in any
     process that generates twice), every structured system briefly on every task (grammars compiled)."""
-    model, tokenizer, assistant = pair
     for system in PLAIN:
-        speedup.run_one(system, model, assistant, tokenizer, chat_ids(tokenizer, prompt), 0.0, 0,
-                        args.max_new_tokens, 5, defaults)
-    if runner is not None:
-        budget, runner.max_new = runner.max_new, 8
+        speedup.run_one(plain, system, chat_ids(plain.tokenizer, prompt), 0.0, 0)
+    if structured is not None:
+        budget, structured.max_new = structured.max_new, 8
         for task in tasks:
             for system in STRUCTURED:
-                vs_xgrammar._timed(runner, system, task)
-        runner.max_new = budget
+                vs_xgrammar.timed(structured, system, task)
+        structured.max_new = budget
 
 
 def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[dict]]:
     """Every unit at every temperature, rows appended to out/plain.csv and out/structured.csv."""
     from tqdm.auto import tqdm
-    model, tokenizer, assistant = pair
     half = None if args.half == "all" else args.half
     prompts = load_prompts(SPLIT_PROMPTS, half, args.per_class)
-    tasks = [t for t in vs_xgrammar.TASKS if t.name in args.tasks] if args.structured else []
-    runner = vs_xgrammar.Systems(model, tokenizer, assistant, args.structured_max_new_tokens) if tasks else None
-    defaults = speedup.assistant_defaults(assistant)
+    tasks = [t for t in HELD_OUT if t.name in args.tasks] if args.structured else []
+    plain_systems = Systems(*pair, max_new_tokens=args.max_new_tokens)
+    structured_systems = Systems(*pair, max_new_tokens=args.structured_max_new_tokens) if tasks else None
     plain = Appender(out / "plain.csv", speedup.FIELDS,
                      lambda r: (r["prompt"], r["temperature"], r["repeat"], r["system"]))
     structured = Appender(out / "structured.csv", STRUCTURED_FIELDS,
                           lambda r: (r["task"], r["temperature"], r["repeat"], r["system"]))
     cells = [(u, t) for u in schedule(args, prompts, tasks) for t in args.temperatures]
     if not all(_done(plain if v == "plain" else structured, v, item, t, r) for (v, item, r), t in cells):
-        warm_up(args, pair, defaults, prompts[0], runner, tasks)
+        warm_up(plain_systems, prompts[0], structured_systems, tasks)
     for i, ((view, item, r), t) in enumerate(tqdm(cells, disable=not progress, desc="figures")):
         if view == "plain":
-            plain_cell(args, pair, defaults, item, t, r, i, plain)
+            plain_cell(args, plain_systems, item, t, r, i, plain)
         else:
-            structured_cell(args, runner, item, t, r, i, structured)
-    speedup.restore_assistant(assistant, defaults)
+            structured_cell(args, structured_systems, item, t, r, i, structured)
     return plain.rows, structured.rows
 
 
@@ -197,7 +171,7 @@ def describe(args, argv: list[str]) -> dict:
     return {"command": "python -m experiments.figures " + " ".join(argv), "date": datetime.date.today().isoformat(),
             "machine": machine_lines(), "setup": setup_label(args), "threads": torch.get_num_threads(),
             "versions": f"python {platform.python_version()}, torch {torch.__version__}, "
-                        f"transformers {transformers.__version__}, xgrammar {vs_xgrammar._dist_version('xgrammar')}",
+                        f"transformers {transformers.__version__}, xgrammar {xgrammar_version()}",
             "llama_cpp": llama_cpp_note(), "max_new_tokens": args.max_new_tokens,
             "structured_max_new_tokens": args.structured_max_new_tokens, "half": args.half,
             "per_class": args.per_class, "repeats": args.repeats}
@@ -207,13 +181,11 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     """Command line; `pair` = (model, tokenizer, assistant) already loaded (tests) instead of --target/--assistant."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args)
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
         if pair is None:
-            pair = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
-                                     pack=args.packed_target)
+            pair = cli.load(args)
             if pair is None:
                 return 1
         out.mkdir(parents=True, exist_ok=True)

@@ -31,24 +31,21 @@ Writes results.csv and README.md (paired ratios per unit: seconds per token in f
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
 import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
 
 from assisted import generate, logits_processor
 from assisted.models.loading import load_model, load_pair, load_tokenizer, set_eos
+from experiments.lib import cli, report, runner
 from experiments.lib.intervals import paired_ratio
-from experiments.lib.machine import run_lines
 from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import validate, write_rows
-from experiments.vs_xgrammar import TASKS
+from experiments.lib.systems import xgrammar_compiler, xgrammar_processor, xgrammar_version
+from experiments.lib.tasks import HELD_OUT as TASKS, validate
 
 FREE = ("target", "hf-uag", "hf-uag-heuristic", "ours-foreign", "ours-same")
 STRUCTURED = ("xgrammar", "xgrammar+uag", "processor+uag", "ours-plain", "ours-same", "ours-foreign")
@@ -56,22 +53,15 @@ FIELDS = ("part", "unit", "temperature", "repeat", "system", "seconds", "new_tok
           "acceptance", "assistant_tokenizer_s", "error", "tokens", "text")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.foreign_assistant", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="smollm2-135m", help="the assistant of another family (A)")
+def parse_args(argv: list[str] | None):
+    p = cli.parser("foreign_assistant", __doc__)
+    cli.add_models(p, assistant="smollm2-135m")
+    cli.add_run(p, threads=None, max_new_tokens=48, temperatures=[0.0, 0.7])
     p.add_argument("--same-assistant", default="qwen2.5-coder-0.5b", help="a same-vocabulary assistant, or 'none'")
     p.add_argument("--parts", nargs="+", choices=("free", "structured"), default=["free", "structured"])
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     p.add_argument("--per-class", type=int, default=2, help="free text: the first N validation prompts per class")
     p.add_argument("--tasks", type=int, default=len(TASKS), help="structured: the first N tasks")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="free text")
     p.add_argument("--structured-max-new-tokens", type=int, default=160)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1000, help="repeat r samples with seed + r, the same for every system")
-    p.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
 
@@ -133,13 +123,7 @@ def transformers_run(m: Models, system: str, messages, task, max_new: int, tempe
 
 def _processor(m: Models, system: str, task):
     if system.startswith("xgrammar"):
-        import xgrammar
-
-        info = xgrammar.TokenizerInfo.from_huggingface(m.tokenizer, vocab_size=m.model.config.vocab_size,
-                                                       stop_token_ids=m.eos)
-        grammar = xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(task.json_schema()),
-                                                                     any_whitespace=False, separators=(",", ":"))
-        return xgrammar.contrib.hf.LogitsProcessor(grammar)
+        return xgrammar_processor(xgrammar_compiler(m.model, m.tokenizer, m.eos), task.json_schema(), compact=True)
     return TargetOnly(logits_processor(m.tokenizer, schema=task.schema), m.model.config.vocab_size)
 
 
@@ -156,15 +140,10 @@ class TargetOnly:
 
 
 def timed(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
-    start = time.perf_counter()
-    try:
-        run = ours if system.startswith("ours") else transformers_run
-        found, error = run(m, system, messages, task, max_new, temperature, seed), ""
-    except Exception as exc:  # noqa: BLE001  a system failing is a result to record, not a crash
-        found = {"tokens": [], "text": ""}
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "new_tokens": len(found["tokens"]), "error": error[:120],
+    run = ours if system.startswith("ours") else transformers_run
+    seconds, found, error = runner.timed(lambda: run(m, system, messages, task, max_new, temperature, seed))
+    found = found or {"tokens": [], "text": ""}
+    return {"seconds": seconds, "new_tokens": len(found["tokens"]), "error": error,
             "tokens": hashlib.sha1(json.dumps(found["tokens"]).encode()).hexdigest()[:12], "text": found["text"],
             "acceptance": found.get("acceptance", float("nan")),
             "assistant_tokenizer_s": found.get("assistant_tokenizer_s", 0.0)}
@@ -208,7 +187,7 @@ def measure(args, m: Models, has_xgrammar: bool) -> list[dict]:
     for i, (part, name, messages, task, temperature, repeat) in enumerate(units(args)):
         names = systems_of(part, m, has_xgrammar)
         max_new = args.max_new_tokens if part == "free" else args.structured_max_new_tokens
-        for system in names[i % len(names):] + names[: i % len(names)]:
+        for system in runner.rotated(names, i):
             row = {"part": part, "unit": name, "temperature": temperature, "repeat": repeat, "system": system,
                    **timed(m, system, messages, task, max_new, temperature, args.seed + repeat)}
             row["valid"] = "" if task is None else (not row["error"] and validate(task, row["text"]))
@@ -223,7 +202,7 @@ def measure(args, m: Models, has_xgrammar: bool) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], part: str, judged: str = "ours-foreign") -> list[str]:
+def part_table(rows: list[dict], part: str, judged: str = "ours-foreign") -> list[str]:
     """Per temperature (free) or overall (structured): each system's median, validity and greedy identity, and
     `judged`'s paired speedup over it (> 1: `judged` is faster)."""
     per_token = part == "free"
@@ -255,35 +234,27 @@ def report(rows: list[dict], part: str, judged: str = "ours-foreign") -> list[st
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        import xgrammar  # noqa: F401
-        has_xgrammar = True
-    except ImportError:
-        has_xgrammar = False
+    cli.set_threads(args)
+    has_xgrammar = xgrammar_version() is not None
     m = Models(args)
     rows = measure(args, m, has_xgrammar)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_rows(args.out / "results.csv", rows, FIELDS)
     tokens = sum(r["new_tokens"] for r in rows if r["system"] == "ours-foreign")
     spent = sum(r["assistant_tokenizer_s"] for r in rows if r["system"] == "ours-foreign")
-    readme = [f"# An assistant of another family: {args.out.name}", "",
-              *run_lines("experiments.foreign_assistant", argv, f"xgrammar {'yes' if has_xgrammar else 'absent'}"),
+    head = [*report.run_lines("experiments.foreign_assistant", argv, f"xgrammar {'yes' if has_xgrammar else 'absent'}"),
               f"- target {args.target}{' (packed)' if args.pack else ''}, assistant of another family "
               f"{args.assistant}, same-vocabulary assistant {args.same_assistant}; free text: {args.per_class} "
               f"validation prompt(s) per class, {args.max_new_tokens} new tokens; structured: {args.tasks} task(s), "
-              f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)", "",
-              "## Free text (seconds per token, paired per prompt and repeat)", "", *report(rows, "free"), "",
+              f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)"]
+    body = ["## Free text (seconds per token, paired per prompt and repeat)", "", *part_table(rows, "free"), "",
               "## Structured extraction (seconds per object, paired per task and repeat)", "",
-              *report(rows, "structured"), "",
+              *part_table(rows, "structured"), "",
               f"ours-foreign's tokenizer calls: {spent:.2f} s over {tokens} tokens "
               f"({1000 * spent / max(tokens, 1):.2f} ms per token).",
               "\"is faster by\": geometric mean over units of the system's cost / ours-foreign's, 90% t-interval. "
               "\"same tokens\": greedy outputs equal to the target's own (free: transformers' greedy; structured: "
               "ours without an assistant); float32 verification can differ from one-token steps at near-ties."]
-    (args.out / "README.md").write_text("\n".join(readme) + "\n")
-    print("\n".join(readme[-8:]))
+    report.write_run(args.out, f"An assistant of another family: {args.out.name}", head, body, rows, FIELDS)
+    print("\n".join(body[-8:]))
     return 0
 
 

@@ -8,8 +8,9 @@ and of SmolLM2-135M with random weights (`experiments.lib.gpu_models`): weights 
 Sections, each written to --out as soon as it ends (a section that fails is reported and the next one runs;
 one that would start past --budget-s is skipped):
   costs     seconds of a target forward over n = 1..32 new tokens after 200 and 1,000 cached ones (bf16 and
-            fp16), of one assistant token, and of SmolLM2's; `costs.csv` is an `experiments.forward_cost`
-            table (plus model, dtype, context columns) that `experiments.policy_replay --timings` replays.
+            fp16), of one assistant token, and of SmolLM2's; `costs.csv` is a forward-cost
+            table (model, dtype, context, layout, n, repeat, seconds) that `experiments.policy_replay --timings`
+            replays.
   generate  per-token latency of the target alone (transformers), our loop without an assistant, and with three
             assistants (the target itself: every draft accepted; its first 4 layers; the random 0.5B: none
             accepted) against transformers' assisted generation with the same models; our loop's own
@@ -47,11 +48,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from drafting.kv_cache import cache_argument, crop_to, forward, new_cache  # noqa: E402
+from drafting.kv_cache import cache_argument, forward, new_cache  # noqa: E402
 from drafting.static_cache import cuda_capture  # noqa: E402
 from experiments.lib.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
                                     section_extraction, section_steps)
 from experiments.lib.gpu_models import build, random_prompt  # noqa: E402
+from experiments.lib.timing import Prefixed  # noqa: E402
 from experiments.models import truncated  # noqa: E402
 
 TARGET, ASSISTANT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"
@@ -108,16 +110,13 @@ def cost_rows(check: Check, model, label: str, dtype: str, context: int, ns: lis
     """Seconds of a forward over n new tokens after `context` cached ones, n interleaved, repeats after a warm-up."""
     tokenizer = check.tokenizers["qwen2" if label.startswith("qwen") else "smollm2"]
     ids = random_prompt(tokenizer, context + max(ns), seed=context)
-    cache, rows = new_cache(), []
-    with torch.inference_mode():
-        forward(model, cache, ids[:context], 1)
-        for repeat in range(check.args.repeats + 1):
-            for n in ns:
-                seconds, _ = check.timed(lambda: forward(model, cache, ids[context : context + n], n))
-                crop_to(cache, context)
-                if repeat:
-                    rows.append({"model": label, "dtype": dtype, "context": context, "layout": "dense", "n": n,
-                                 "repeat": repeat, "seconds": seconds})
+    timer, rows = Prefixed(model, ids[:context], synchronize=check.sync), []
+    for repeat in range(check.args.repeats + 1):
+        for n in ns:
+            seconds = timer.seconds(ids[context : context + n])
+            if repeat:
+                rows.append({"model": label, "dtype": dtype, "context": context, "layout": "dense", "n": n,
+                             "repeat": repeat, "seconds": seconds})
     return rows
 
 

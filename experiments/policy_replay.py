@@ -23,9 +23,10 @@ rejection, and the step costs target(verified + 1) + drafted * assistant + `--ov
 noise of `--noise`. Greedy replays are exact up to the drafts after a rejection (they follow the text
 here, the assistant's own continuation in a real run; they are never judged either way). Sampled replays
 draw acceptance independently per position: a draft's acceptance and the text after it are not coupled.
-`--timings` replays at the costs of an `experiments.forward_cost` table instead (another machine, or the
-same one in another state). `auto` starts each call from the costs of a warmed process and the calibration
-of the latest call at the same temperature on another prompt, as `generate` would in one process.
+`--timings` replays at the costs of a forward-cost table instead (layout, n, repeat, seconds:
+`experiments.gpu_check`'s costs.csv; another machine, or the same one in another state). `auto` starts each call
+from the costs of a warmed process and the calibration of the latest call at the same temperature on another
+prompt, as `generate` would in one process.
 Besides our policies, two stand-ins for transformers' schedules run in the same model of time (they are
 not transformers' code, whose per-step overhead is larger): "constant-20" and "heuristic-5", each
 stopping a draft after a token the assistant is less than 0.4 sure of (transformers' defaults). Two references
@@ -36,7 +37,6 @@ temperature, which a causal policy learns only by drafting.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime
 import json
@@ -45,7 +45,6 @@ import os
 import random
 import statistics
 import sys
-import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,7 +58,8 @@ from assisted.policy.auto import CONFIDENCE_BINS, Auto, AutoConfig, confidence_b
 from assisted.policy.costs import CostTable, StepCost  # noqa: E402
 from assisted.policy.draft_policy import Constant, Heuristic, Policy  # noqa: E402
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS  # noqa: E402
-from experiments.lib.tasks import add_assistant_quantization  # noqa: E402
+from experiments.lib import cli  # noqa: E402
+from experiments.lib.timing import forward_costs  # noqa: E402
 
 CONFIDENCE_STOP = 0.4  # transformers' assistant_confidence_threshold default
 
@@ -302,22 +302,9 @@ def trace_of(model, assistant, prompt_caches: tuple, ids: list[int], text: list[
 
 def time_costs(model, assistant, ids: list[int], n_max: int, repeats: int = 3) -> Costs:
     """Median seconds of target forwards over n = 1..n_max tokens after the prompt, and of one assistant token."""
-    from drafting.kv_cache import crop_to, forward, new_cache
-
-    def timed(m, cache, tokens):
-        start = time.perf_counter()
-        forward(m, cache, tokens, len(tokens))
-        seconds = time.perf_counter() - start
-        crop_to(cache, len(ids))
-        return seconds
-
-    target_cache, assistant_cache = new_cache(), new_cache()
-    forward(model, target_cache, ids, 1)
-    forward(assistant, assistant_cache, ids, 1)
-    target = [0.0] + [statistics.median(timed(model, target_cache, ids[:n]) for _ in range(repeats))
-                      for n in range(1, n_max + 1)]
-    draft = statistics.median(timed(assistant, assistant_cache, ids[:1]) for _ in range(5 * repeats))
-    return Costs(tuple(target), draft)
+    target = forward_costs(model, ids, range(1, n_max + 1), repeats, warmup=False)
+    draft = forward_costs(assistant, ids, [1], 5 * repeats, warmup=False)[1]
+    return Costs((0.0, *(target[n] for n in range(1, n_max + 1))), draft)
 
 
 def collect(args) -> int:
@@ -325,9 +312,7 @@ def collect(args) -> int:
     from drafting.kv_cache import forward, new_cache
     from experiments.lib.prompt_split import load_prompts
     from experiments.lib.tasks import chat_ids
-    from experiments.lib.tasks import assistant_quantization, load_pair_or_none
-    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
-                               pack=args.packed_target)
+    loaded = cli.load(args)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
@@ -352,7 +337,7 @@ def collect(args) -> int:
                     print(f"{p['name']} T{t} path {path}: {len(acceptance)} tokens, "
                           f"mean acceptance {statistics.fmean(acceptance):.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    from experiments.lib.machine import machine_lines
+    from experiments.lib.report import machine_lines
 
     (args.out / "traces.json").write_text(
         json.dumps(
@@ -371,7 +356,7 @@ def collect(args) -> int:
 
 def costs_from_timings(path: Path, layout: str, draft: float, n_max: int, where: dict | None = None,
                        draft_where: dict | None = None) -> Costs:
-    """Target costs from an `experiments.forward_cost` timings.csv (median per n of `layout`, interpolated,
+    """Target costs from a forward-cost timings.csv, e.g. gpu_check's costs.csv (median per n of `layout`, interpolated,
     past the largest n extended at the last slope) and the assistant's seconds per token: `draft`, or the
     median n = 1 timing of the rows matching `draft_where`. `where` keeps only the target's rows in a table of
     several (`experiments.gpu_check`'s costs.csv has model, dtype and context columns)."""
@@ -420,13 +405,10 @@ def load_traces(path: Path) -> tuple[Costs, list[Trace], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.policy_replay", description=__doc__.split("\n")[0])
+    p = cli.parser("policy_replay", __doc__)
     p.add_argument("mode", choices=("collect", "replay"))
     p.add_argument("--out", type=Path, required=True, help="folder of traces.json (collect writes it, replay reads it)")
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    add_assistant_quantization(p)
-    p.add_argument("--packed-target", action="store_true")
+    cli.add_models(p)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="tuning",
@@ -439,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead", type=float, default=0.002, help="seconds of loop overhead per step")
     p.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of each step's timing")
     p.add_argument("--timings", type=Path, default=None,
-                   help="replay at the target costs of this experiments.forward_cost timings.csv instead of the "
+                   help="replay at the target costs of this forward-cost timings.csv (gpu_check's costs.csv) instead "
+                        "of the "
                         "costs timed when the traces were collected")
     p.add_argument("--layout", default="prepacked", help="the timings' layout to replay (dense or prepacked)")
     p.add_argument("--traces", type=Path, default=None, help="replay: traces.json to read (default: --out's)")

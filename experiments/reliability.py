@@ -11,7 +11,6 @@ seconds and megabytes. Writes results.csv to --out when given.
 from __future__ import annotations
 
 import argparse
-import csv
 import multiprocessing as mp
 import random
 import resource
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import fsm
+from experiments.lib.report import write_rows
 from experiments.models import load_tokenizer
 
 
@@ -244,22 +244,13 @@ def run_case(case: Case, tokenizer, timeout: float) -> dict:
     start = time.perf_counter()
     process.start()
     process.join(timeout)
-    if process.is_alive():
+    alive = process.is_alive()
+    if alive:
         process.kill()
         process.join()
-        outcome, detail, seconds, megabytes = (
-            "timeout",
-            f"killed after {timeout} s",
-            time.perf_counter() - start,
-            float("nan"),
-        )
-    elif queue.empty():
-        outcome, detail, seconds, megabytes = (
-            "error",
-            f"crashed (exit code {process.exitcode})",
-            time.perf_counter() - start,
-            float("nan"),
-        )
+    if alive or queue.empty():
+        detail = f"killed after {timeout} s" if alive else f"crashed (exit code {process.exitcode})"
+        outcome, seconds, megabytes = "timeout" if alive else "error", time.perf_counter() - start, float("nan")
     else:
         outcome, detail, seconds, megabytes = queue.get()
     within = outcome == case.expect and seconds <= case.seconds and megabytes <= case.megabytes
@@ -286,10 +277,7 @@ def main(argv=None) -> int:
               f"{'PASS' if row['passed'] else 'FAIL'}  {row['detail'][:110]}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "results.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows(args.out / "results.csv", rows, list(rows[0]))
     print(f"{sum(r['passed'] for r in rows)}/{len(rows)} cases within budget")
     return 0 if all(r["passed"] for r in rows) else 1
 

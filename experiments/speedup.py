@@ -21,67 +21,43 @@ intervals (`experiments.stats`; `python -m experiments.stats RUN...` pools the u
 
 from __future__ import annotations
 
-import argparse
-import csv
 import datetime
-import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from assisted import generate  # noqa: E402
-from experiments.lib import shards  # noqa: E402
-from experiments.lib.machine import machine_lines  # noqa: E402
-from experiments.lib.intervals import grouped, paired_ratio, table  # noqa: E402
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts  # noqa: E402
-from experiments.lib.tasks import (add_assistant_quantization, assistant_label, assistant_quantization,  # noqa: E402
-                                   chat_ids, count_forwards, load_pair_or_none, write_rows)
+from experiments.lib import cli, report, runner, shards
+from experiments.lib.intervals import grouped, paired_ratio, table
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
+from experiments.lib.systems import Systems
+from experiments.lib.tasks import chat_ids
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
-OURS = {"ours": "heuristic", "ours-auto": "auto"}  # system -> schedule
+OURS = ("ours", "ours-auto")
 RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")] + [("ours-auto", "target")]  # y per token / x
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
           "tokens_per_forward", "acceptance_rate", "mean_k")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.speedup", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument(
-        "--assistant",
-        default="qwen2.5-coder-0.5b",
-        help='a model source, or "random": a tiny random model with the target\'s vocabulary (a bad assistant)',
-    )
-    add_assistant_quantization(p)
-    p.add_argument("--packed-target", action="store_true",
-                   help="pre-pack the target's Linear weights for multi-token forwards (assisted.models.packing; CPU): "
-                        "every system, the target alone included, runs on the same packed model")
-    p.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
-                   help="a row-invariant quantized target (`assisted.models.int4` / `int8`; CPU), for every system")
+def parse_args(argv: list[str] | None = None):
+    p = cli.parser("speedup", __doc__)
+    cli.add_models(p)
+    cli.add_run(p, threads=None, repeats=2, out_required=False, max_new_tokens=48,
+                temperatures=[0.0, 0.3, 0.6, 0.9, 1.2])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.3, 0.6, 0.9, 1.2])
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="validation",
                    help="which half of the prompt set (experiments.lib.prompt_split; 'all': every prompt of --prompts)")
     p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                    help="systems to run (the target alone and ours-auto always run: every ratio is paired with them)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--num-assistant-tokens", type=int, default=5, help="ours: starting k")
-    p.add_argument("--seed", type=int, default=1000,
-                   help="repeat r samples with seed + r, the same for every system (another seed: other texts)")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed first generation of each system (ours-auto then warms up in the first cell)")
-    p.add_argument("--out", type=Path, default=None)
     p.add_argument("--shard", type=int, nargs=2, metavar=("I", "N"), default=None,
                    help="run only prompts I, I+N, I+2N, ... (0 <= I < N), e.g. one shard per core, each into "
                         "--out/shard-I; --report-only then reports all shards together")
@@ -95,95 +71,32 @@ def default_out() -> Path:
     return Path("experiments/results") / f"speedup-{platform.node() or 'machine'}-{datetime.date.today()}"
 
 
-def _hf_assistant_config(assistant, system: str, defaults: dict) -> None:
-    """Put the assistant's generation config in the state of `system` (transformers reads it from there)."""
-    cfg = assistant.generation_config
-    for key, value in defaults.items():
-        setattr(cfg, key, value)
-    if system == "hf-heuristic":
-        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = 5, "heuristic"
-
-
-def run_one(system: str, model, assistant, tokenizer, ids: list[int], temperature: float, seed: int,
-            max_new_tokens: int, k: int = 5, defaults: dict | None = None) -> dict:
-    """One generation of `system`; returns seconds, new tokens, target forwards, acceptance and (ours) mean k."""
-    sample = temperature > 0
-    counter = count_forwards(model)
-    helper_counter = count_forwards(assistant) if assistant is not None else None
-    try:
-        start = time.perf_counter()
-        mean_k = float("nan")
-        if system in OURS:
-            out = generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=max_new_tokens,
-                           do_sample=sample, temperature=temperature if sample else 1.0, seed=seed,
-                           num_assistant_tokens=k, num_assistant_tokens_schedule=OURS[system])
-            new = out.stats.new_tokens
-            d, a = out.stats.drafted_by_source["assistant"], out.stats.accepted_by_source["assistant"]
-            acceptance = a / d if d else float("nan")
-            mean_k = statistics.fmean(out.stats.k_trace) if out.stats.k_trace else float("nan")
-        else:
-            if system != "target":
-                _hf_assistant_config(assistant, system, defaults or {})
-            torch.manual_seed(seed)
-            kwargs = dict(do_sample=sample, max_new_tokens=max_new_tokens, top_k=0, top_p=1.0,
-                          repetition_penalty=1.0, eos_token_id=model.generation_config.eos_token_id,
-                          pad_token_id=model.generation_config.pad_token_id)
-            if sample:
-                kwargs["temperature"] = temperature
-            if system != "target":
-                kwargs["assistant_model"] = assistant
-            x = torch.tensor([ids], device=model.device)
-            with torch.inference_mode():
-                seq = model.generate(x, attention_mask=torch.ones_like(x), **kwargs)
-            new = seq.shape[1] - len(ids)
-            # every target forward commits one token of its own; the rest were accepted drafts.
-            drafted = helper_counter.n if system != "target" else 0
-            acceptance = (new - counter.n) / drafted if drafted else float("nan")
-        seconds = time.perf_counter() - start
-    finally:
-        counter.remove()
-        if helper_counter is not None:
-            helper_counter.remove()
-    return {"seconds": seconds, "new_tokens": new, "target_forwards": counter.n,
-            "tokens_per_forward": new / max(counter.n, 1), "acceptance_rate": acceptance, "mean_k": mean_k}
+def run_one(systems: Systems, system: str, ids: list[int], temperature: float, seed: int) -> dict:
+    """One timed generation of `system`: seconds, new tokens, target forwards, acceptance and (ours) mean k."""
+    seconds, out, error = runner.timed(lambda: systems.run(system, ids, None, temperature, seed))
+    if error:
+        raise RuntimeError(f"{system}: {error}")
+    return {"seconds": seconds, "new_tokens": out.new_tokens, "target_forwards": out.target_forwards,
+            "tokens_per_forward": out.new_tokens / max(out.target_forwards, 1), "acceptance_rate": out.acceptance,
+            "mean_k": out.mean_k}
 
 
 def run(args, model, assistant, tokenizer, prompts: list[dict], progress=True) -> list[dict]:
     """All cells, systems interleaved with a rotating order; one row per generation."""
-    from tqdm.auto import tqdm
-    defaults = assistant_defaults(assistant)
-    systems = chosen_systems(args.systems)
-    cells = [(p, t, r) for r in range(args.repeats) for t in args.temperatures for p in prompts]
-    rows, bar = [], tqdm(total=len(cells) * len(systems), disable=not progress, desc="speedup")
+    systems = Systems(model, tokenizer, assistant, max_new_tokens=args.max_new_tokens,
+                      num_assistant_tokens=args.num_assistant_tokens)
+    names = chosen_systems(args.systems)
     if args.warmup:
-        ids = chat_ids(tokenizer, prompts[0])
-        for system in systems:
-            run_one(system, model, assistant, tokenizer, ids, 0.0, 0, args.max_new_tokens, args.num_assistant_tokens,
-                    defaults)
-    for i, (p, t, r) in enumerate(cells):
-        ids = chat_ids(tokenizer, p)
-        order = systems[i % len(systems):] + systems[: i % len(systems)]
-        for system in order:
-            res = run_one(system, model, assistant, tokenizer, ids, t, args.seed + r, args.max_new_tokens,
-                          args.num_assistant_tokens, defaults)
-            rows.append(
-                {"class": p["class"], "prompt": p["name"], "temperature": t, "repeat": r, "system": system, **res}
-            )
-            bar.update(1)
-    bar.close()
-    restore_assistant(assistant, defaults)
-    return rows
+        for system in names:
+            run_one(systems, system, chat_ids(tokenizer, prompts[0]), 0.0, 0)
 
-
-def assistant_defaults(assistant) -> dict:
-    """The assistant's drafting settings as loaded (transformers' defaults), which hf-default runs with."""
-    return {k: getattr(assistant.generation_config, k) for k in
-            ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
-
-
-def restore_assistant(assistant, defaults: dict) -> None:
-    """Put the assistant's drafting settings back as `assistant_defaults` found them."""
-    _hf_assistant_config(assistant, "hf-default", defaults)
+    def cell(unit, system, repeat):
+        prompt, t = unit
+        return {"class": prompt["class"], "prompt": prompt["name"], "temperature": t,
+                **run_one(systems, system, chat_ids(tokenizer, prompt), t, args.seed + repeat)}
+    units = [(p, t) for t in args.temperatures for p in prompts]
+    rows = runner.run(units, names, cell, args.repeats)
+    return [{k: r[k] for k in FIELDS} for r in rows]
 
 
 def chosen_systems(names) -> tuple[str, ...]:
@@ -260,15 +173,15 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: 
     versions when a report is rebuilt (else this process's)."""
     import transformers
     out.mkdir(parents=True, exist_ok=True)
-    write_rows(out / "results.csv", rows, FIELDS)
+    report.write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
     run = [
         f"- date: {datetime.date.today()}",
-        *machine_lines(),
+        *report.machine_lines(),
         f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
         f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
         f"- target {args.target}{f' ({args.quantize_target})' if args.quantize_target else ''}, "
-        f"assistant {assistant_label(args)}, max_new_tokens {args.max_new_tokens}, "
+        f"assistant {cli.assistant_label(args)}, max_new_tokens {args.max_new_tokens}, "
         f"repeats {args.repeats}",
     ]
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", *(kept or run),
@@ -374,18 +287,12 @@ def _command_of(readme: Path) -> str:
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of a results.csv written by `write`, with their types back."""
-    def typed(key: str, value: str):
-        if key in ("class", "prompt", "system"):
-            return value
-        return int(value) if key in ("repeat", "new_tokens", "target_forwards") else float(value)
-    with open(path, newline="") as f:
-        return [{k: typed(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return report.read_rows(path, text=("class", "prompt", "system"))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args)
     argv = list(argv if argv is not None else sys.argv[1:])
     out = args.out or default_out()
     if args.report_only:
@@ -400,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shards.check(args.shard)
     out = shards.folder(out, args.shard)
-    loaded = load_pair_or_none(args.target, args.assistant, quantize_assistant=assistant_quantization(args),
-                               pack=args.packed_target, dtype=args.dtype, device=args.device,
-                               quantize_target=args.quantize_target)
+    loaded = cli.load(args)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded

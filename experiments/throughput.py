@@ -36,21 +36,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
 
 from assisted import generate, generate_batch, logits_processor
-from drafting.kv_cache import logits_size
-from experiments.lib.intervals import paired_ratio
-from experiments.lib.machine import cpu_name, run_lines
-from experiments.lib.tasks import add_assistant_quantization, assistant_label, assistant_quantization
+from experiments.lib import cli
+from experiments.lib.report import cpu_name, read_rows, run_lines
+from experiments.lib.runner import interleaved, paired, timed
+from experiments.lib.systems import xgrammar_compiler, xgrammar_processor
+from experiments.lib.tasks import TICKET
 
 DOCUMENTS = Path(__file__).parent / "prompts" / "support_tickets.jsonl"
-INSTRUCTION = ("Extract the support ticket below as JSON: the customer (name, and account_tier: free, pro or "
-               "enterprise; free when not said), category, priority, the products it mentions with quantities "
-               "(an empty list if none), the customer's sentiment and a one-line summary.\n\n")
 OURS = {"ours": (True, False), "shared": (True, True), "forced": (False, False), "forced-shared": (False, True)}
 RERUN = ["single", "ours:1", *(f"{kind}:{b}" for b in (4, 8, 16) for kind in OURS),
          *(f"hf-xgrammar:{b}" for b in (1, 4, 8, 16))]  # issue 54's rerun: B in 1/4/8/16
@@ -59,32 +55,13 @@ UNIT_FIELDS = ("unit", "repeat", "system", "documents", "seconds", "new_tokens",
 DOC_FIELDS = ("unit", "repeat", "system", "id", "latency", "new_tokens", "valid", "error", "text")
 
 
-class Customer(BaseModel):
-    name: str = Field(max_length=40)
-    account_tier: Literal["free", "pro", "enterprise"]
-
-
-class Product(BaseModel):
-    product: str = Field(max_length=32)
-    quantity: int = Field(ge=1, le=500)
-
-
-class Ticket(BaseModel):
-    customer: Customer
-    category: Literal["billing", "shipping", "technical", "account", "feedback", "other"]
-    priority: Literal["low", "medium", "high", "urgent"]
-    products: list[Product] = Field(max_length=4)
-    sentiment: Literal["negative", "neutral", "positive"]
-    summary: str = Field(max_length=80)
-
-
 @dataclass(frozen=True)
 class Document:
     id: str
     text: str
 
     def messages(self) -> list[dict]:
-        return [{"role": "user", "content": INSTRUCTION + self.text}]
+        return [{"role": "user", "content": TICKET.user + self.text}]
 
 
 @dataclass(frozen=True)
@@ -150,14 +127,14 @@ class Runner:
         for doc in docs:
             start = time.perf_counter()
             out = generate(self.model, self.assistant, tokenizer=self.tokenizer, input_ids=self.ids(doc),
-                           schema=Ticket, max_new_tokens=self.max_new)
+                           schema=TICKET.schema, max_new_tokens=self.max_new)
             outputs.append(Output(out.text, out.stats.new_tokens, time.perf_counter() - start))
             forwards += out.stats.target_forward_passes
         return Pass(outputs, 0.0, forwards)
 
     def _ours(self, docs: list[Document], size: int, drafts: bool, share_prefix: bool) -> Pass:
         results = generate_batch(self.model, self.assistant if drafts else None, tokenizer=self.tokenizer,
-                                 input_ids=[self.ids(d) for d in docs], schema=Ticket, batch_size=size,
+                                 input_ids=[self.ids(d) for d in docs], schema=TICKET.schema, batch_size=size,
                                  max_new_tokens=self.max_new, share_prefix=share_prefix)
         outputs = [Output(r.text, r.stats.new_tokens, r.stats.latency_seconds, r.error or "") for r in results]
         batch = results[0].batch
@@ -187,21 +164,15 @@ class Runner:
 
     def _processor(self, kind: str):
         if kind == "hf-ours":
-            return logits_processor(self.tokenizer, schema=Ticket)
+            return logits_processor(self.tokenizer, schema=TICKET.schema)
         if self._xgrammar is None:
-            import xgrammar
-            vocab = logits_size(self.model)  # an int8 head keeps no float weight
-            info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab, stop_token_ids=self.eos)
-            grammar = xgrammar.GrammarCompiler(info).compile_json_schema(
-                json.dumps(Ticket.model_json_schema()), any_whitespace=False, separators=(",", ":"))
-            self._xgrammar = (xgrammar, grammar)
-        xgrammar, grammar = self._xgrammar
-        return xgrammar.contrib.hf.LogitsProcessor(grammar)
+            self._xgrammar = xgrammar_compiler(self.model, self.tokenizer, self.eos)
+        return xgrammar_processor(self._xgrammar, TICKET.json_schema(), compact=True)
 
 
 def valid(text: str) -> bool:
     try:
-        Ticket.model_validate_json(text)
+        TICKET.schema.model_validate_json(text)
     except ValueError:
         return False
     return True
@@ -223,26 +194,20 @@ def measure(
     runner.max_new = budget
     chunks = [docs[i : i + chunk] for i in range(0, len(docs), chunk)]
     rows = []
-    units = [(r, c) for r in range(repeats) for c in range(len(chunks))]
-    for i, (repeat, unit) in enumerate(units):
-        order = systems[i % len(systems):] + systems[: i % len(systems)]
-        for system in order:
-            start = time.perf_counter()
-            try:
-                result = runner.run(system, chunks[unit])
-            except Exception as exc:  # noqa: BLE001  a system failing is a result, not a crash
-                print(f"unit {unit} {system}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                continue
-            seconds = time.perf_counter() - start
-            row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
-            rows.append(row)
-            append(out / "units.csv", [row], UNIT_FIELDS)
-            append(out / "documents.csv", [
-                {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
-                 "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
-                for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS)
-            print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
-                  f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
+    for repeat, unit, system in interleaved(range(len(chunks)), systems, repeats):
+        seconds, result, error = timed(lambda: runner.run(system, chunks[unit]))
+        if error:  # a system failing is a result, not a crash
+            print(f"unit {unit} {system}: {error}", file=sys.stderr)
+            continue
+        row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
+        rows.append(row)
+        append(out / "units.csv", [row], UNIT_FIELDS)
+        append(out / "documents.csv", [
+            {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
+             "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
+            for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS)
+        print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
+              f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -265,10 +230,7 @@ def append(path: Path, rows: list[dict], fields) -> None:
 
 
 def read_units(path: Path) -> list[dict]:
-    numeric = {"unit", "repeat", "documents", "new_tokens", "valid", "errors", "target_forwards"}
-    with open(path) as f:
-        return [{k: (int(v) if k in numeric else v if k == "system" else float(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
+    return read_rows(path, text=("system",))
 
 
 def summary(rows: list[dict]) -> dict[str, dict]:
@@ -292,10 +254,7 @@ def summary(rows: list[dict]) -> dict[str, dict]:
 
 def ratio(rows: list[dict], faster: str, slower: str) -> tuple[float, float, float] | None:
     """Documents per minute of `faster` over `slower`, paired per unit."""
-    seconds = {(r["unit"], r["repeat"], r["system"]): r["seconds"] for r in rows}
-    pairs = [(seconds[(u, rep, slower)], seconds[(u, rep, faster)]) for (u, rep, s) in seconds
-             if s == faster and (u, rep, slower) in seconds]
-    return paired_ratio(pairs) if pairs else None
+    return paired([r for r in rows if r["system"] in (faster, slower)], faster, ("unit", "repeat")).get(slower)
 
 
 def best(stats: dict[str, dict], kind: str) -> str | None:
@@ -350,22 +309,14 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.throughput", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    add_assistant_quantization(p, ("--int4-assistant", "--int8-assistant"))
-    p.add_argument("--pack", action="store_true", help="pack the target's Linear weights (every system)")
-    p.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
-                   help="a row-invariant quantized target (`assisted.models.int4` / `int8`), for every system")
+    p = cli.parser("throughput", __doc__)
+    cli.add_models(p)
     p.add_argument("--systems", nargs="+", type=str, default=RERUN)
     p.add_argument("--documents", type=Path, default=DOCUMENTS)
     p.add_argument("--skip", type=int, default=0, help="leave out the first N documents")
     p.add_argument("--limit", type=int, default=None, help="then take at most N documents")
     p.add_argument("--chunk", type=int, default=24, help="documents per unit")
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, required=True)
+    cli.add_run(p)
     p.add_argument("--report-only", action="store_true", help="rebuild README.md and the plot from units.csv")
     args = p.parse_args(argv)
     for system in args.systems:
@@ -376,19 +327,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    cli.set_threads(args)
     args.out.mkdir(parents=True, exist_ok=True)
     quantized = f" ({args.quantize_target})" if args.quantize_target else ""
-    title = (f"{args.target}{quantized} + {assistant_label(args)}{', packed' if args.pack else ''}, greedy, "
+    title = (f"{args.target}{quantized} + {cli.assistant_label(args)}{', packed' if args.pack else ''}, greedy, "
              f"{args.threads} thread(s)")
     if not args.report_only:
         if (args.out / "units.csv").exists():
             print(f"error: {args.out / 'units.csv'} exists: use another --out or --report-only", file=sys.stderr)
             return 2
-        from assisted.models.loading import load_pair
-        model, tokenizer, assistant = load_pair(args.target, args.assistant, pack=args.pack,
-                                                quantize_assistant=assistant_quantization(args),
-                                                quantize_target=args.quantize_target)
+        loaded = cli.load(args)
+        if loaded is None:
+            return 1
+        model, tokenizer, assistant = loaded
         docs = load_documents(args.documents)[args.skip :][: args.limit]
         header = [f"# Throughput over many documents: {args.out.name}", "", *run_lines("experiments.throughput", argv),
                   f"- {title}; {len(docs)} documents (`{args.documents.name}`), units of {args.chunk}, "

@@ -6,7 +6,7 @@ target of --quantize-target (T: int4 keeps the GGUF's own 4-bit groups, the rest
     llama.cpp                  llama-cpp-python's plain greedy decoding of the target GGUF
     ours-plain-T               `assisted.generate` over the T target, no assistant (plain decoding)
     ours-spec-T                the same with the assistant's drafts (plain speculative decoding, `auto`)
-  extraction tasks (`experiments.vs_xgrammar.TASKS`, held out), s per object, every object validated
+  extraction tasks (`experiments.lib.tasks.HELD_OUT`, held out), s per object, every object validated
     llama.cpp-grammar          llama.cpp with its JSON-schema grammar (`json_schema_to_gbnf`: whitespace allowed)
     llama.cpp-grammar-compact  the same grammar with its whitespace rule emptied (compact JSON, as ours writes)
     ours-full-T                `assisted.generate`: T target, assistant, schema, defaults (forced tokens, lookup)
@@ -38,13 +38,13 @@ from assisted import generate
 from assisted.models.int4 import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
-from drafting.kv_cache import crop_to, forward, new_cache
+from experiments.lib import cli, runner
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
-from experiments.lib.machine import run_lines
+from experiments.lib.report import run_lines, write_rows
 from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import chat_ids, validate, write_rows
-from experiments.vs_xgrammar import TASKS
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
+from experiments.lib.timing import Prefixed
 
 TARGETS = ("int4", "int8")  # --quantize-target's choices
 FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens", "valid", "text")
@@ -52,7 +52,7 @@ COST_KS = (1, 2, 4, 8, 16)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments.vs_llamacpp", description=__doc__.split("\n")[0])
+    parser = cli.parser("vs_llamacpp", __doc__)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--assistant", default="qwen2.5-coder-0.5b")
     parser.add_argument("--quantize-target", nargs="+", choices=TARGETS, default=list(TARGETS),
@@ -121,17 +121,13 @@ def measure(ours: Ours, llama: LlamaCpp, all_units, threads, repeats: int) -> li
     for kind, name, ids, task in all_units[:1] + all_units[-1:]:  # untimed: grammars, indexes, allocators warm
         for system in systems(kind, ours.models):
             run_system(system, threads[0], ours, llama, ids, task)
-    rows = []
-    for i, (repeat, t, (kind, name, ids, task)) in enumerate(
-            (r, t, u) for r in range(repeats) for t in threads for u in all_units):
-        names = systems(kind, ours.models)
-        for system in names[i % len(names):] + names[: i % len(names)]:
-            row = {"threads": t, "kind": kind, "unit": name, "repeat": repeat, "system": system,
-                   **run_system(system, t, ours, llama, ids, task)}
-            rows.append(row)
-            print(f"t={t} {name:34} {system:26} {row['seconds']:7.2f} s {row['new_tokens']:4d} tok "
-                  f"valid={row['valid']}", file=sys.stderr, flush=True)
-    return rows
+    def call(unit, system, repeat):
+        t, (kind, name, ids, task) = unit
+        return {"threads": t, "kind": kind, "unit": name, **run_system(system, t, ours, llama, ids, task)}
+    rows = runner.run([(t, u) for t in threads for u in all_units], lambda unit: systems(unit[1][0], ours.models),
+                      call, repeats, log=lambda r: f"t={r['threads']} {r['unit']:34} {r['system']:26} "
+                                                   f"{r['seconds']:7.2f} s {r['new_tokens']:4d} tok valid={r['valid']}")
+    return [{k: r[k] for k in FIELDS if k in r} for r in rows]
 
 
 # ---------------------------------------------------------------- tables
@@ -162,23 +158,16 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
 def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]:
     """ms of one forward over k new tokens after 200 cached ones: our targets, the assistant copies, llama.cpp."""
     ids = list(range(1000, 1300))
-    caches = {name: new_cache() for name in models}
-    times = {}
-    with torch.inference_mode():
-        for name, m in models.items():
-            forward(m, caches[name], ids[:200], 1)
-        for repeat in range(repeats + 1):  # repeat 0 warms up
-            for t in threads:
-                torch.set_num_threads(t)
-                for k in COST_KS:
-                    for name, m in models.items():
-                        start = time.perf_counter()
-                        forward(m, caches[name], ids[200 : 200 + k], k)
-                        spent = time.perf_counter() - start
-                        crop_to(caches[name], 200)
-                        times.setdefault((t, name, k), []).append(spent) if repeat else None
-                    spent = llama.forward_cost(t, ids, k)
-                    times.setdefault((t, "llama.cpp target (its GGUF)", k), []).append(spent) if repeat else None
+    timers = {name: Prefixed(m, ids[:200]) for name, m in models.items()}
+    times: dict = {}
+    for repeat in range(repeats + 1):  # repeat 0 warms up
+        for t in threads:
+            torch.set_num_threads(t)
+            for k in COST_KS:
+                spent = {name: timer.seconds(ids[200 : 200 + k]) for name, timer in timers.items()}
+                spent["llama.cpp target (its GGUF)"] = llama.forward_cost(t, ids, k)
+                for name, seconds in spent.items():
+                    times.setdefault((t, name, k), []).append(seconds) if repeat else None
     names = [*models, "llama.cpp target (its GGUF)"]
     lines = ["| threads | model | " + " | ".join(f"k={k}" for k in COST_KS) + " |", "|---" * (len(COST_KS) + 2) + "|"]
     for t in threads:

@@ -1,2 +1,3 @@
-"""Helpers the experiments share (tasks, prompt halves, intervals, machine lines, ...); none is run by itself.
-The runnable modules are one level up (`python -m experiments.<module>`; `experiments/README.md` indexes them)."""
+"""The benchmark harness (arguments, task registry, systems, interleaved runner, paired intervals, report writer,
+forward-cost timer) and the helpers of single studies; none is run by itself. The runnable modules are one level up
+(`python -m experiments.<module>`; `experiments/README.md` indexes them)."""

@@ -150,7 +150,7 @@ def environment() -> dict:
     import torch
     import transformers
 
-    from experiments.lib.machine import cpu_name, git
+    from experiments.lib.report import cpu_name, git
 
     return {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,

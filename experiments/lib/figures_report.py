@@ -8,13 +8,13 @@ model pair, setup, machine, date, commit and the number of units, so the picture
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
 from pathlib import Path
 
 from experiments.lib.intervals import paired_ratio
+from experiments.lib.report import read_rows
 
 PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")  # speedup.SYSTEMS' names; "target" is the reference
 STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # vs_xgrammar.SYSTEMS' names; first: the reference
@@ -27,12 +27,7 @@ LABELS = {"target": "target alone", "hf-default": "transformers assisted (defaul
 
 def read_csv(path: Path) -> list[dict]:
     """Rows of plain.csv or structured.csv with their types back."""
-    ints, strs = {"repeat", "new_tokens", "target_forwards"}, {"class", "prompt", "system", "task", "error", "text"}
-
-    def typed(k, v):
-        return v if k in strs else (v == "True") if k == "valid" else int(v) if k in ints else float(v)
-    with open(path, newline="") as f:
-        return [{k: typed(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return read_rows(path, text=("class", "prompt", "system", "task", "error", "text"))
 
 
 def units(rows: list[dict], item: str) -> dict:

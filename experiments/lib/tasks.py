@@ -1,215 +1,170 @@
-"""Shared tasks for the demo and the benchmarks: schemas, prompts, EOS handling and timed runs.
+"""The benchmarks' one task registry: every structured task (schema and the message that asks for it), the free
+prompts of the speedup set, and the checks of an output.
 
-Every mode is one call that returns a `Run` (text, new tokens, wall seconds, target forward passes,
-forced tokens appended), so the demo and the structured benchmark print the same numbers.
+Groups: `DEMO` (the demo), `STRUCTURED` (the seed tasks), `HELD_OUT` (four extractions written for the comparison
+with XGrammar: invoice, patient, flight, review), `BUDGET` (the tight-budget tasks), `TICKET` (the throughput
+documents' instruction and schema). `task(name)` finds any of them.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import sys
-import time
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, Field
 
-from assisted import generate
-from assisted.models.loading import load_pair, set_eos  # noqa: F401  (every system compared stops on one set)
-
-
-# ---------------------------------------------------------------- schemas (pydantic at the boundary)
-class Character(BaseModel):  # the seed's Character example (.txt "Coalescence" post)
-    name: str = Field(max_length=10)
-    age: int
-    armor: Literal["leather", "chainmail", "plate"]
-    strength: int
-
-
-class Office(BaseModel):
-    city: str = Field(max_length=24)
-    country: str = Field(max_length=24)
-
-
-class Employee(BaseModel):
-    name: str = Field(max_length=32)
-    age: int
-    role: str = Field(max_length=32)
-    remote: bool
-    office: Office
-
-
-class Item(BaseModel):
-    product: str = Field(max_length=24)
-    quantity: int
-    unit_price: float
-
-
-class Order(BaseModel):
-    order_id: str = Field(max_length=12)
-    customer: str = Field(max_length=32)
-    items: list[Item] = Field(min_length=1, max_length=3)
-    express: bool
-
-
-class Venue(BaseModel):
-    name: str = Field(max_length=32)
-    city: str = Field(max_length=24)
-
-
-class Event(BaseModel):
-    title: str = Field(max_length=40)
-    date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
-    venue: Venue
-    attendees: int
-    speakers: list[str] = Field(min_length=1, max_length=3)
+from assisted.models.loading import set_eos  # noqa: F401  (every system compared stops on one set)
+from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, half_of, load_prompts  # noqa: F401  (free prompts)
 
 
 @dataclass(frozen=True)
 class Task:
-    """One structured task: a schema and the chat messages that ask for it."""
+    """One structured task: a schema and the chat message that asks for it."""
 
     name: str
-    kind: str  # "seed" | "extraction" | "jsonschemabench"
+    kind: str  # "seed" | "extraction"
     schema: object  # pydantic class or JSON Schema dict
     user: str
 
     def messages(self, constrained: bool = True) -> list[dict]:
         """Chat messages; unconstrained runs are also told to answer with JSON only."""
-        text = self.user
-        if not constrained:
-            text += "\nAnswer with only the JSON object, on one line, nothing else."
+        text = self.user + ("" if constrained else "\nAnswer with only the JSON object, on one line, nothing else.")
         return [{"role": "user", "content": text}]
 
     def json_schema(self) -> dict:
         return self.schema.model_json_schema() if isinstance(self.schema, type) else self.schema
 
 
+def _model(model_name: str, /, **fields) -> type[BaseModel]:
+    """A pydantic model from {field: annotation or (annotation, Field(...))}."""
+    from pydantic import create_model
+    return create_model(model_name, **{k: v if isinstance(v, tuple) else (v, ...) for k, v in fields.items()})
+
+
+def _short(n: int):
+    return str, Field(max_length=n)
+
+
+def _pattern(regex: str):
+    return str, Field(pattern=regex)
+
+
+DATE = _pattern(r"^\d{4}-\d{2}-\d{2}$")
+IATA = _pattern(r"^[A-Z]{3}$")
+
+# ---------------------------------------------------------------- seed tasks (the demo, the first benchmarks)
+Character = _model("Character", name=_short(10), age=int, armor=Literal["leather", "chainmail", "plate"],
+                   strength=int)  # the seed's Character example (.txt "Coalescence" post)
+Office = _model("Office", city=_short(24), country=_short(24))
+Employee = _model("Employee", name=_short(32), age=int, role=_short(32), remote=bool, office=Office)
+Item = _model("Item", product=_short(24), quantity=int, unit_price=float)
+Order = _model("Order", order_id=_short(12), customer=_short(32),
+               items=(list[Item], Field(min_length=1, max_length=3)), express=bool)
+Venue = _model("Venue", name=_short(32), city=_short(24))
+Event = _model("Event", title=_short(40), date=DATE, venue=Venue, attendees=int,
+               speakers=(list[str], Field(min_length=1, max_length=3)))
+
 CHARACTER = Task("character", "seed", Character,
                  "Create a fantasy character as JSON with the fields name, age, armor (leather, chainmail "
                  "or plate) and strength.")
-
 EMPLOYEE = Task("employee", "extraction", Employee,
                 "Extract the employee described below as JSON with name, age, role, remote (true/false) and "
                 "office (city, country).\n\n"
                 "Maria Lopez, 34, joined Northwind last spring as a senior data engineer. She works from the "
                 "company's office in Lisbon, Portugal, three days a week and is not a remote employee.")
-
 ORDER = Task("order", "extraction", Order,
              "Extract the order below as JSON with order_id, customer, items (product, quantity, unit_price) "
              "and express (true/false).\n\n"
              "Order A-1042 was placed by Tom Becker: 2 USB-C cables at 9.5 each and 1 laptop stand at 39.0. "
              "He paid for express shipping.")
-
 EVENT = Task("event", "extraction", Event,
              "Extract the event below as JSON with title, date (YYYY-MM-DD), venue (name, city), attendees "
              "and speakers.\n\n"
              "The Open Data Summit takes place on 2026-05-14 at the Palais des Congres in Paris. About 800 "
              "people are expected, and the keynotes are given by Ada Chen and Omar Haddad.")
 
-DEMO_TASKS = (CHARACTER, EMPLOYEE)
-STRUCTURED_TASKS = (CHARACTER, EMPLOYEE, ORDER, EVENT)
+# ---------------------------------------------------------------- held-out extractions (vs XGrammar, figures)
+LineItem = _model("LineItem", description=_short(40), quantity=(int, Field(ge=1)), unit_price=float)
+Invoice = _model("Invoice", invoice_number=_short(20), vendor=_short(40), date=DATE,
+                 items=(list[LineItem], Field(min_length=1, max_length=4)), currency=IATA)
+Patient = _model("Patient", name=_short(40), age=(int, Field(ge=0, le=130)), allergies=(list[str], Field(max_length=4)),
+                 blood_type=_pattern(r"^(A|B|AB|O)[+-]$"))
+Flight = _model("Flight", passenger=_short(40), flight_number=_pattern(r"^[A-Z]{2}[0-9]{2,4}$"), origin=IATA,
+                destination=IATA, seat=_short(4), checked_bags=(int, Field(ge=0, le=5)))
+Review = _model("Review", product=_short(40), rating=(int, Field(ge=1, le=5)), pros=(list[str], Field(max_length=3)),
+                cons=(list[str], Field(max_length=3)), would_recommend=bool)
+
+HELD_OUT = (
+    Task("invoice", "extraction", Invoice,
+         "Extract the invoice below as JSON with invoice_number, vendor, date (YYYY-MM-DD), items (description, "
+         "quantity, unit_price) and currency.\n\nInvoice INV-2291 from Baltic Office Supply, dated 2026-03-02: "
+         "3 desk lamps at 24.90 EUR each, 10 packs of printer paper at 4.50 EUR and one 27-inch monitor at "
+         "219.00 EUR. All prices in EUR."),
+    Task("patient", "extraction", Patient,
+         "Extract the patient record below as JSON with name, age, allergies and blood_type.\n\nJonas Weber, "
+         "58 years old, was admitted on Tuesday. He is allergic to penicillin and peanuts. Blood type: A negative."),
+    Task("flight", "extraction", Flight,
+         "Extract the booking below as JSON with passenger, flight_number, origin and destination (IATA codes), "
+         "seat and checked_bags.\n\nBooking confirmed for Aiko Yamamoto on LH1234 from Frankfurt (FRA) to "
+         "Lisbon (LIS), seat 14C, with two checked bags."),
+    Task("review", "extraction", Review,
+         "Extract the product review below as JSON with product, rating (1-5), pros, cons and would_recommend."
+         "\n\nI have used the Trailblazer 2 hiking boots for a month. Very comfortable and fully waterproof, "
+         "but they are heavy and the laces keep coming loose. Four stars; I would still buy them again."),
+)
+
+# ---------------------------------------------------------------- tight budgets (close_within_budget)
+Package = _model("Package", weight_kg=float, fragile=bool)
+Address = _model("Address", city=_short(30), country=_short(30))
+Shipment = _model("Shipment", tracking_number=_pattern(r"^[A-Z]{2}[0-9]{6,9}$"), carrier=_short(20), sender=Address,
+                  recipient=Address, packages=(list[Package], Field(min_length=1, max_length=4)))
+Ingredient = _model("Ingredient", name=_short(30), amount=_short(16))
+Recipe = _model("Recipe", title=_short(40), servings=(int, Field(ge=1, le=20)), minutes=int,
+                ingredients=(list[Ingredient], Field(min_length=1, max_length=8)), vegetarian=bool)
+Meeting = _model("Meeting", title=_short(40), date=DATE, start=_pattern(r"^\d{2}:\d{2}$"),
+                 attendees=(list[str], Field(min_length=1, max_length=6)), room=_short(20),
+                 decisions=(list[str], Field(max_length=4)))
+
+BUDGET = (
+    Task("shipment", "extraction", Shipment,
+         "Extract the shipment below as JSON with tracking_number, carrier, sender and recipient (city, country) "
+         "and packages (weight_kg, fragile).\n\nParcel DE48213377 went out with DHL from Hamburg, Germany to Porto, "
+         "Portugal: a 2.4 kg box of glassware (fragile) and a 7.9 kg box of books."),
+    Task("recipe", "extraction", Recipe,
+         "Extract the recipe below as JSON with title, servings, minutes, ingredients (name, amount) and "
+         "vegetarian.\n\nLentil soup for four, ready in 45 minutes: 250 g red lentils, 1 onion, 2 carrots, "
+         "1 litre vegetable stock, 1 tsp cumin and a squeeze of lemon. No meat at all."),
+    Task("meeting", "extraction", Meeting,
+         "Extract the meeting notes below as JSON with title, date, start (HH:MM), attendees, room and "
+         "decisions.\n\nBudget review, 2026-04-09 at 14:30 in room B12. Present: Ana Silva, Ken Ito and Lea "
+         "Brandt. Decided: freeze travel spending until June; move the offsite to September."),
+    HELD_OUT[0],
+)
+
+# ---------------------------------------------------------------- support tickets (throughput; documents in prompts/)
+Customer = _model("Customer", name=_short(40), account_tier=Literal["free", "pro", "enterprise"])
+Product = _model("Product", product=_short(32), quantity=(int, Field(ge=1, le=500)))
+Ticket = _model("Ticket", customer=Customer,
+                category=Literal["billing", "shipping", "technical", "account", "feedback", "other"],
+                priority=Literal["low", "medium", "high", "urgent"], products=(list[Product], Field(max_length=4)),
+                sentiment=Literal["negative", "neutral", "positive"], summary=_short(80))
+TICKET = Task("ticket", "extraction", Ticket,
+              "Extract the support ticket below as JSON: the customer (name, and account_tier: free, pro or "
+              "enterprise; free when not said), category, priority, the products it mentions with quantities "
+              "(an empty list if none), the customer's sentiment and a one-line summary.\n\n")
+
+DEMO = (CHARACTER, EMPLOYEE)
+STRUCTURED = (CHARACTER, EMPLOYEE, ORDER, EVENT)
+DEMO_TASKS, STRUCTURED_TASKS = DEMO, STRUCTURED  # the names older callers used
+TASKS = {t.name: t for t in (*STRUCTURED, *HELD_OUT, *BUDGET, TICKET)}
 
 
-# ---------------------------------------------------------------- loading
-def load_pair_or_none(target: str, assistant: str | None = None, **options) -> tuple | None:
-    """`assisted.models.loading.load_pair(target, assistant, **options)` as the experiments run it: None, after printing
-    why to stderr, when a model is not prepared or cannot be loaded or packed. `assistant="random"`: a tiny random
-    model with the target's vocabulary (`experiments.models.random_like`; a bad drafter), quantized as
-    ``quantize_assistant`` asks."""
-    from experiments.models import QUANTIZED_COPIES, NotPreparedError, random_like
-    quantize = options.pop("quantize_assistant", None) if assistant == "random" else None
-    try:
-        loaded = load_pair(target, None if assistant == "random" else assistant, **options)
-    except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return None
-    if assistant != "random":
-        return loaded
-    model, tokenizer, _ = loaded
-    helper = random_like(model)
-    helper = QUANTIZED_COPIES[quantize](helper) if quantize else helper
-    set_eos(tokenizer, model, helper)
-    return model, tokenizer, helper
-
-
-# ---------------------------------------------------------------- timed runs
-@dataclass(frozen=True)
-class Run:
-    """One generation: output and cost."""
-
-    mode: str
-    text: str
-    new_tokens: int
-    seconds: float
-    target_passes: int
-    forced_appended: int
-    value: object = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else 0.0
-
-
-# mode -> (needs assistant, schema?, coalesce forced tokens, prompt lookup); "full" is everything we have
-MODES = {
-    "unconstrained": (False, False, False, False),
-    "constrained": (False, True, False, False),
-    "constrained+forced": (False, True, True, False),
-    "constrained+forced+lookup": (False, True, True, True),
-    "constrained+assistant": (True, True, False, False),
-    "full": (True, True, True, True),
-}
-
-
-def run_mode(mode: str, task: Task, model, tokenizer, assistant=None, *, max_new_tokens: int = 96,
-             num_assistant_tokens: int = 5, schedule: str = "heuristic") -> Run:
-    """Greedy generation of `task` in `mode` with `assisted.generate`; the constraint is compiled once
-    per (schema, tokenizer) inside fsm, so warm up once before timing."""
-    needs_assistant, constrained, coalesce, lookup = MODES[mode]
-    if needs_assistant and assistant is None:
-        raise ValueError(f"mode {mode!r} needs an assistant model")
-    start = time.perf_counter()
-    out = generate(model, assistant if needs_assistant else None, tokenizer=tokenizer,
-                   messages=task.messages(constrained), schema=task.schema if constrained else None,
-                   max_new_tokens=max_new_tokens, coalesce=coalesce, num_assistant_tokens=num_assistant_tokens,
-                   num_assistant_tokens_schedule=schedule, prompt_lookup=lookup)
-    seconds = time.perf_counter() - start
-    s = out.stats
-    return Run(mode, out.text, s.new_tokens, seconds, s.target_forward_passes, s.forced_tokens_appended, out.value)
-
-
-def plain_hf(task: Task, model, tokenizer, *, max_new_tokens: int = 96) -> Run:
-    """transformers' own greedy generate, unconstrained (prompt asks for JSON): a sanity baseline."""
-    ids = tokenizer.apply_chat_template(task.messages(False), add_generation_prompt=True, return_tensors="pt",
-                                        return_dict=True)["input_ids"].to(model.device)
-    passes = count_forwards(model)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-    seconds = time.perf_counter() - start
-    new = out[0, ids.shape[1]:].tolist()
-    passes.remove()
-    return Run("hf-unconstrained", tokenizer.decode(new, skip_special_tokens=True), len(new), seconds, passes.n, 0)
-
-
-class count_forwards:  # noqa: N801 (used like a function)
-    """Count forward calls of a module with a forward hook; `.remove()` detaches it."""
-
-    def __init__(self, module):
-        self.n = 0
-        self._handle = module.register_forward_hook(self._hook)
-
-    def _hook(self, *_):
-        self.n += 1
-
-    def reset(self) -> None:
-        self.n = 0
-
-    def remove(self) -> None:
-        self._handle.remove()
+def task(name: str) -> Task:
+    """The registered task called `name`."""
+    if name not in TASKS:
+        raise KeyError(f"no task {name!r}; known: {', '.join(TASKS)}")
+    return TASKS[name]
 
 
 def validate(task: Task, text: str) -> bool:
@@ -228,37 +183,9 @@ def extract_json(text: str) -> str:
     return text[start : end + 1] if 0 <= start < end else text
 
 
-def write_rows(path, rows: list[dict], fields) -> None:
-    """One CSV row per generation, floats rounded to 4 digits (the benchmarks' results.csv)."""
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fields)
-        w.writeheader()
-        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
-
-
-def add_assistant_quantization(parser, names: tuple[str, str] = ("--assistant-int4", "--assistant-int8")) -> None:
-    """Flags for a quantized copy of the assistant (results cite both spellings of the int8 one)."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(names[0], dest="assistant_int4", action="store_true",
-                       help="draft with a group-wise int4 copy of the assistant (CPU; `assisted.models.int4`)")
-    group.add_argument(names[1], dest="assistant_int8", action="store_true",
-                       help="draft with a dynamically quantized int8 copy of the assistant (CPU)")
-
-
-def assistant_quantization(args) -> str | None:
-    """"int4", "int8" or None, from the flags of `add_assistant_quantization`."""
-    if getattr(args, "assistant_int4", False):
-        return "int4"
-    return "int8" if getattr(args, "assistant_int8", False) else None
-
-
-def assistant_label(args) -> str:
-    """The assistant as a results README names it."""
-    quantize = assistant_quantization(args)
-    return f"{args.assistant}{f' ({quantize} copy)' if quantize else ''}"
-
-
-def chat_ids(tokenizer, prompt: dict) -> list[int]:
-    """The ids of a one-message chat holding `prompt["prompt"]`, ready for the assistant's reply."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt["prompt"]}],
-                                              add_generation_prompt=True, return_dict=True)["input_ids"])
+def chat_ids(tokenizer, prompt: dict | list[dict]) -> list[int]:
+    """The ids of a chat ready for the assistant's reply: `messages`, or one user message of `prompt["prompt"]`,
+    as `generate(messages=...)` makes them."""
+    messages = [{"role": "user", "content": prompt["prompt"]}] if isinstance(prompt, dict) else prompt
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

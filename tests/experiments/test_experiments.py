@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import math
 import shutil
 
 import pytest
 
-from experiments import demo, forward_cost, speedup, stats
-from experiments.lib.intervals import paired_ratio
+from experiments import demo, speedup, stats
 from experiments.lib.prompt_split import half_of, load_prompts
-from experiments.lib.tasks import CHARACTER, extract_json, set_eos, validate
+from experiments.lib.tasks import set_eos
 from tests.helpers_models import threads, tiny_llama
 
 
@@ -30,7 +28,7 @@ def test_parsers():
     assert a.temperatures == [0.0, 0.6] and a.max_new_tokens == 8 and a.repeats == 1 and str(a.out) == "x"
     assert speedup.parse_args([]).temperatures == [0.0, 0.3, 0.6, 0.9, 1.2]
     assert demo.parse_args(["--assistant"]).assistant and not demo.parse_args([]).assistant
-    from experiments.lib.tasks import assistant_label, assistant_quantization
+    from experiments.lib.cli import assistant_label, assistant_quantization
     for flags, quantize in (([], None), (["--assistant-int4"], "int4"), (["--assistant-int8"], "int8")):
         parsed = speedup.parse_args(flags)
         assert assistant_quantization(parsed) == quantize
@@ -61,12 +59,6 @@ def test_speedup_runs_the_validation_half_with_chosen_systems():
     args = speedup.parse_args(["--systems", "hf-heuristic"])
     assert args.half == "validation"
     assert speedup.chosen_systems(args.systems) == ("target", "hf-heuristic", "ours-auto")
-
-
-def test_validate_and_extract():
-    text = '{"name":"Aurora","age":23,"armor":"leather","strength":10}'
-    assert validate(CHARACTER, text) and validate(CHARACTER, extract_json("```json\n" + text + "\n```"))
-    assert not validate(CHARACTER, '{"name":"Aurora"}') and not validate(CHARACTER, "not json")
 
 
 def test_speedup_cell_end_to_end(tiny, tmp_path):
@@ -110,37 +102,6 @@ def test_speedup_cell_end_to_end(tiny, tmp_path):
     assert helper.generation_config.num_assistant_tokens_schedule != "heuristic"  # restored afterwards
 
 
-def test_paired_ratio_is_a_geometric_mean_with_a_student_t_interval():
-    assert paired_ratio([(2.0, 1.0), (4.0, 2.0), (1.0, 0.5)]) == pytest.approx((2.0, 2.0, 2.0))  # no spread
-    ratio, low, high = paired_ratio([(2.0, 1.0), (1.0, 1.0)])  # log ratios 0 and log 2: t with 1 dof, 6.314
-    half = 6.3138 * math.log(2) / 2  # t * sd / sqrt(n), sd = log 2 / sqrt(2)
-    assert (ratio, low, high) == pytest.approx(
-        (math.sqrt(2), math.sqrt(2) * math.exp(-half), math.sqrt(2) * math.exp(half)), rel=1e-4
-    )
-    ratio, low, high = paired_ratio([(1.1, 1.0), (0.9, 1.0), (1.0, 1.0), (1.05, 1.0)])
-    assert low < 1.0 < high  # a difference within the spread is not called
-    assert math.isnan(paired_ratio([(3.0, 1.0)])[1])
-    with pytest.raises(ValueError, match="at least one pair"):
-        paired_ratio([])
-
-
-def test_forward_cost_times_a_packed_model_and_the_clis_take_the_packing_and_int8_flags(tiny):
-    import torch
-
-    from assisted.models.packing import pack_linear_weights
-
-    model, tok = tiny
-    ids = torch.tensor([tok("The cat sat on the mat and looked around").input_ids])  # (1, n)
-    with torch.inference_mode():
-        packed = pack_linear_weights(model, min_rows=2)
-        try:
-            assert forward_cost.time_forward(model, ids, 3) > 0
-        finally:
-            packed.unpack()
-    assert speedup.parse_args(["--packed-target"]).packed_target
-    assert speedup.parse_args(["--assistant-int8"]).assistant_int8
-
-
 def test_speedup_is_per_new_token():
     cell = {"class": "prose", "prompt": "story", "temperature": 1.2, "repeat": 0, "tokens_per_forward": 1.0,
             "acceptance_rate": float("nan"), "mean_k": float("nan"), "target_forwards": 1}
@@ -160,41 +121,3 @@ def test_vs_xgrammar_table_pairs_full_with_each_system_per_task_and_run():
     lines = vs_xgrammar.table(rows)
     assert lines[2].startswith("| xgrammar | 8.40 (10) | 8.40 (10) | 4/4 | 16.80 | 4.00x [4.00, 4.00]")
     assert lines[3].startswith("| full |")
-
-
-def test_ablation_pairs_each_arm_with_the_defaults_over_shards(tiny, tmp_path):
-    from experiments import ablation
-
-    model, tok = tiny
-    assert set(ablation.parse_args(["--out", "x"]).arms) == set(ablation.DEFAULT_ARMS)
-    args = ablation.parse_args(["--out", str(tmp_path), "--temperatures", "0", "1", "--max-new-tokens", "4",
-                                "--assistant", "random", "--arms", *ablation.ARMS])  # swapped arms: random copies
-    assert args.half == "tuning" and set(args.arms) == set(ablation.ARMS)
-    prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
-    with threads(1):
-        rows = ablation.run(args, model, copy.deepcopy(model), tok, prompts)
-    assert len(rows) == 2 * 2 * len(ablation.ARMS) and {r["system"] for r in rows} == set(ablation.ARMS)
-    for i, shard in enumerate((rows[: len(rows) // 2], rows[len(rows) // 2 :])):
-        (tmp_path / f"shard-{i}").mkdir()
-        speedup.write_rows(tmp_path / f"shard-{i}" / "results.csv", shard, ablation.FIELDS)
-        (tmp_path / f"shard-{i}" / "README.md").write_text(f"# x\n\n- command: `shard {i}`\n")
-    assert ablation.main(["--out", str(tmp_path), "--report-only"]) == 0
-    readme = (tmp_path / "README.md").read_text()
-    assert "- command: `shard 1`" in readme and "| all | 4 | " in readme and "no-lookup" in readme
-
-
-def test_assistant_copies_judges_each_copy_on_the_target_s_own_text(tiny):
-    from experiments import assistant_copies
-
-    model, tok = tiny  # hidden size 32: int4 groups of 32 fit
-    copies = assistant_copies.make_copies(model, ("float32", "int8", "int4"))
-    assert copies["float32"] is model
-    prompts = [{"class": c, "name": c, "prompt": "hi"} for c in ("code", "prose")]
-    with threads(1):
-        rows = assistant_copies.judge(model, copies, tok, prompts, [0.0, 0.7], max_new_tokens=6, repeats=1)
-    assert len(rows) == 2 * 2 * 3
-    itself = [r["acceptance"] for r in rows if r["copy"] == "float32"]
-    assert all(a == pytest.approx(1.0, abs=1e-4) for a in itself)  # the target drafting for itself: always taken
-    assert all(0.0 <= r["acceptance"] <= 1.0 and r["step_seconds"] > 0 for r in rows)
-    lines = assistant_copies.report(rows)
-    assert lines[2].startswith("| float32 |") and lines[2].endswith("| 1.000 | 1.000 | 1.000 | 1.000 |")
