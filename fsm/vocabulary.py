@@ -132,6 +132,13 @@ class WalkLayout:
         return self.order.astype(np.intp)
 
     @cached_property
+    def trie(self):
+        """The tokens as a `fsm.token_trie.TokenTrie` (built on first use)."""
+        from fsm.token_trie import TokenTrie
+
+        return TokenTrie.build(self)
+
+    @cached_property
     def row_of(self) -> np.ndarray:
         """(vocab_size,) int32: the row of each id in `order`, -1 for ids of no bytes."""
         out = np.full(len(self.lengths), -1, dtype=np.int32)
