@@ -104,6 +104,7 @@ class WalkLayout:
     valid_utf8: np.ndarray
     char_counts: np.ndarray
     _tails_within: dict = field(default_factory=dict, repr=False)  # byte mask -> tails_within(mask)
+    prebuilt_trie: object = field(default=None, repr=False)  # the trie, when already built (a TokenTrie)
 
     @property
     def max_length(self) -> int:
@@ -133,10 +134,10 @@ class WalkLayout:
 
     @cached_property
     def trie(self):
-        """The tokens as a `fsm.token_trie.TokenTrie` (built on first use)."""
+        """The tokens as a `fsm.token_trie.TokenTrie` (built on first use unless prebuilt)."""
         from fsm.token_trie import TokenTrie
 
-        return TokenTrie.build(self)
+        return self.prebuilt_trie if self.prebuilt_trie is not None else TokenTrie.build(self)
 
     @cached_property
     def row_of(self) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The vocabulary index (token bytes and their WalkLayout) kept on disk, once per machine and tokenizer.
+"""The vocabulary index (token bytes, their WalkLayout and its TokenTrie) kept on disk, once per machine and tokenizer.
 
 A file is named by a hash of what the index is made of: every token's piece, the special and added tokens, the
 decoder's configuration and the logits width. It is never trusted blindly: it records the key it was built for
@@ -17,14 +17,14 @@ import hashlib
 import json
 import os
 import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
-FORMAT = 1  # bump when the layout or the way token bytes are read changes
+FORMAT = 2  # bump when the layout or the way token bytes are read changes
 MIN_CACHED_TOKENS = 4096  # smaller vocabularies build faster than a file loads
-_ARRAYS = ("blob", "offsets", "order", "counts", "lengths", "tail_bytes", "valid_utf8", "char_counts", "columns")
+_ARRAYS = ("blob", "offsets", "order", "counts", "lengths", "tail_bytes", "valid_utf8", "char_counts", "columns",
+           "trie_nodes", "trie_bytes", "trie_children", "trie_end_start", "trie_ends", "trie_end_rows")
 
 
 def cache_dir() -> Path | None:
@@ -61,14 +61,14 @@ def load(path: Path, key: str):
             arrays = {name: data[name] for name in _ARRAYS}
             if str(data["key"]) != key or str(data["digest"]) != _digest(arrays):
                 return None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+    except Exception:  # noqa: BLE001 - a damaged file fails in many ways (zipfile, numpy): rebuilt, whichever
         return None
     blob, offsets, counts = arrays["blob"].tobytes(), arrays["offsets"].tolist(), arrays["counts"]
     token_bytes = tuple(blob[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
     starts = np.concatenate([[0], np.cumsum(counts)])
     columns = tuple(arrays["columns"][starts[j]:starts[j + 1]] for j in range(len(counts)))
     layout = WalkLayout(arrays["order"], columns, counts, arrays["lengths"], arrays["tail_bytes"],
-                        arrays["valid_utf8"], arrays["char_counts"])
+                        arrays["valid_utf8"], arrays["char_counts"], prebuilt_trie=_trie_of(arrays))
     return token_bytes, layout
 
 
@@ -80,7 +80,8 @@ def store(path: Path, key: str, token_bytes: tuple[bytes, ...], layout) -> None:
     columns = np.concatenate(layout.columns) if layout.columns else np.zeros(0, np.uint8)
     arrays = dict(blob=np.frombuffer(b"".join(token_bytes), dtype=np.uint8), offsets=offsets, order=layout.order,
                   counts=layout.counts, lengths=layout.lengths, tail_bytes=layout.tail_bytes,
-                  valid_utf8=layout.valid_utf8, char_counts=layout.char_counts, columns=columns)
+                  valid_utf8=layout.valid_utf8, char_counts=layout.char_counts, columns=columns,
+                  **_trie_arrays(layout.trie))
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +113,32 @@ def load_or_build(tokenizer, vocab_size: int, build_bytes):
     layout = WalkLayout.build(token_bytes)
     store(path, key, token_bytes, layout)
     return token_bytes, layout
+
+
+def _trie_arrays(trie) -> dict:
+    """A TokenTrie's per-depth arrays, concatenated, with what splits them again."""
+    def joined(parts, dtype):
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+    return dict(trie_nodes=np.asarray([len(b) for b in trie.node_bytes], dtype=np.int64),
+                trie_bytes=joined(trie.node_bytes, np.uint8), trie_children=joined(trie.child_start, np.int64),
+                trie_end_start=joined(trie.end_start, np.int64), trie_ends=np.asarray([len(r) for r in trie.end_rows],
+                                                                                      dtype=np.int64),
+                trie_end_rows=joined(trie.end_rows, np.int64))
+
+
+def _trie_of(arrays: dict):
+    """The TokenTrie of `_trie_arrays`."""
+    from fsm.token_trie import TokenTrie
+
+    nodes, ends = arrays["trie_nodes"], arrays["trie_ends"]
+    node_at = np.concatenate([[0], np.cumsum(nodes)])
+    range_at = np.concatenate([[0], np.cumsum(nodes + 1)])  # child_start and end_start: n_j + 1 entries per depth
+    end_at = np.concatenate([[0], np.cumsum(ends)])
+    depths = range(len(nodes))
+    return TokenTrie(tuple(arrays["trie_bytes"][node_at[j]:node_at[j + 1]] for j in depths),
+                     tuple(arrays["trie_children"][range_at[j]:range_at[j + 1]] for j in depths),
+                     tuple(arrays["trie_end_start"][range_at[j]:range_at[j + 1]] for j in depths),
+                     tuple(arrays["trie_end_rows"][end_at[j]:end_at[j + 1]] for j in depths))
 
 
 def _digest(arrays: dict) -> str:

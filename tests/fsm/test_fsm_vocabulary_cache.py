@@ -1,5 +1,5 @@
-"""The vocabulary index on disk (fsm.vocabulary_cache): a warm load equals a cold build, a damaged or foreign file is
-rebuilt, concurrent writers leave a whole file, and the cache can be turned off."""
+"""The vocabulary index on disk (fsm.vocabulary_cache: token bytes, layout, trie): a warm load equals a cold build, a
+damaged or foreign file is rebuilt, concurrent writers leave a whole file, and the cache can be turned off."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def _same_layout(a: WalkLayout, b: WalkLayout) -> None:
         assert x.dtype == y.dtype and np.array_equal(x, y), name
     assert len(a.columns) == len(b.columns)
     assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(a.columns, b.columns))
+    for name in ("node_bytes", "child_start", "end_start", "end_rows"):
+        x, y = getattr(a.trie, name), getattr(b.trie, name)
+        assert len(x) == len(y) and all(p.dtype == q.dtype and np.array_equal(p, q) for p, q in zip(x, y)), name
 
 
 def _build(tokenizer, calls: list):
