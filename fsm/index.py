@@ -33,6 +33,7 @@ MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
 MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
 EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at its first state
 MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
+SPARSE_SORT = 64  # a state allowing under vocab_size / SPARSE_SORT tokens sorts them rather than scans the mask
 TRIE_WALK = True  # first visits walk the token trie where they can (off: the column walk everywhere, for tests)
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
@@ -249,10 +250,16 @@ class TokenIndex:
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
         mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
         mask[ids] = True
-        by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort
-        by_id[ids] = nexts
-        ids = np.flatnonzero(mask).astype(np.int32)  # int32: half the memory of a cached state
-        nexts = by_id[ids]
+        if len(ids) * SPARSE_SORT < self.vocab_size:  # few tokens: a sort of them beats two passes over the vocabulary
+            order = np.argsort(ids, kind="stable")
+            ids, nexts = ids[order], nexts[order]
+            last = np.append(ids[1:] != ids[:-1], True)  # an id twice (an EOS id listed twice): its last entry
+            ids, nexts = ids[last].astype(np.int32), nexts[last].astype(np.int32)
+        else:
+            by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort
+            by_id[ids] = nexts
+            ids = np.flatnonzero(mask).astype(np.int32)  # int32: half the memory of a cached state
+            nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
 
