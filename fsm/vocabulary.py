@@ -214,7 +214,8 @@ def vocabulary_from_tokenizer(
     if key not in per_tokenizer:
         if vocab_size < len(tokenizer):
             raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
-        token_bytes, layout = load_or_build(tokenizer, vocab_size, partial(_token_bytes, tokenizer, vocab_size))
+        token_bytes, layout = load_or_build(tokenizer, vocab_size, partial(_token_bytes, tokenizer, vocab_size),
+                                           WalkLayout)
         per_tokenizer[key] = Vocabulary(token_bytes, tuple(eos_token_ids), tokenizer, layout)
     return per_tokenizer[key]
 

@@ -52,10 +52,9 @@ def content_key(tokenizer, vocab_size: int) -> str | None:
     return digest.hexdigest()
 
 
-def load(path: Path, key: str):
-    """(token_bytes, layout) from the file at `path` when it is whole and built for `key`, else None."""
-    from fsm.vocabulary import WalkLayout
-
+def load(path: Path, key: str, layout_type):
+    """(token_bytes, layout) from the file at `path` when it is whole and built for `key`, else None. `layout_type`:
+    `fsm.vocabulary.WalkLayout` (passed in: that module imports this one)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in _ARRAYS}
@@ -67,7 +66,7 @@ def load(path: Path, key: str):
     token_bytes = tuple(blob[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
     starts = np.concatenate([[0], np.cumsum(counts)])
     columns = tuple(arrays["columns"][starts[j]:starts[j + 1]] for j in range(len(counts)))
-    layout = WalkLayout(arrays["order"], columns, counts, arrays["lengths"], arrays["tail_bytes"],
+    layout = layout_type(arrays["order"], columns, counts, arrays["lengths"], arrays["tail_bytes"],
                         arrays["valid_utf8"], arrays["char_counts"], prebuilt_trie=_trie_of(arrays))
     return token_bytes, layout
 
@@ -94,9 +93,10 @@ def store(path: Path, key: str, token_bytes: tuple[bytes, ...], layout) -> None:
             Path(temporary).unlink(missing_ok=True)
 
 
-def load_or_build(tokenizer, vocab_size: int, build_bytes):
+def load_or_build(tokenizer, vocab_size: int, build_bytes, layout_type):
     """(token_bytes, layout or None) of `tokenizer`: from the cache when a whole file for its content is there, else
-    `build_bytes()` with its layout, stored for next time. The layout is None when the cache is not used."""
+    `build_bytes()` with its layout (`layout_type.build`), stored for next time. The layout is None when the cache is
+    not used."""
     folder = cache_dir()
     if folder is None or vocab_size < MIN_CACHED_TOKENS:
         return build_bytes(), None
@@ -104,13 +104,11 @@ def load_or_build(tokenizer, vocab_size: int, build_bytes):
     if key is None:
         return build_bytes(), None
     path = folder / f"vocabulary-{key[:32]}.npz"
-    found = load(path, key)
+    found = load(path, key, layout_type)
     if found is not None:
         return found
-    from fsm.vocabulary import WalkLayout
-
     token_bytes = build_bytes()
-    layout = WalkLayout.build(token_bytes)
+    layout = layout_type.build(token_bytes)
     store(path, key, token_bytes, layout)
     return token_bytes, layout
 

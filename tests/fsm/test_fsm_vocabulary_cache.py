@@ -38,6 +38,14 @@ def _build(tokenizer, calls: list):
     return build
 
 
+def _load_or_build(tokenizer, calls: list):
+    return vocabulary_cache.load_or_build(tokenizer, len(tokenizer), _build(tokenizer, calls), WalkLayout)
+
+
+def _load(path, key: str):
+    return vocabulary_cache.load(path, key, WalkLayout)
+
+
 def _one_file(folder):
     files = list(folder.iterdir())
     assert len(files) == 1 and files[0].suffix == ".npz", files  # no temporary file left behind
@@ -51,8 +59,8 @@ def _tokenizers():
 @pytest.mark.parametrize("make", _tokenizers(), ids=lambda f: f.__name__)
 def test_a_warm_load_equals_a_cold_build(make, cache_in):
     tokenizer, calls = make(), []
-    cold_bytes, cold_layout = vocabulary_cache.load_or_build(tokenizer, len(tokenizer), _build(tokenizer, calls))
-    warm_bytes, warm_layout = vocabulary_cache.load_or_build(tokenizer, len(tokenizer), _build(tokenizer, calls))
+    cold_bytes, cold_layout = _load_or_build(tokenizer, calls)
+    warm_bytes, warm_layout = _load_or_build(tokenizer, calls)
     assert calls == [1]  # built once, then read
     assert warm_bytes == cold_bytes == _token_bytes(tokenizer, len(tokenizer))
     _same_layout(warm_layout, cold_layout)
@@ -74,16 +82,16 @@ def test_the_vocabulary_of_a_tokenizer_comes_from_the_cache(cache_in):
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
 def test_a_damaged_file_is_rebuilt(damage, cache_in):
     tokenizer, calls = tiny_tokenizer(), []
-    expected, _ = vocabulary_cache.load_or_build(tokenizer, len(tokenizer), _build(tokenizer, calls))
+    expected, _ = _load_or_build(tokenizer, calls)
     path = _one_file(cache_in)
     data = path.read_bytes()
     damaged = {"truncate": data[: len(data) // 2], "garbage": b"not a cache file", "empty": b"",
                "flip": data[:-200] + bytes([data[-200] ^ 0xFF]) + data[-199:]}[damage]
     path.write_bytes(damaged)
-    token_bytes, layout = vocabulary_cache.load_or_build(tokenizer, len(tokenizer), _build(tokenizer, calls))
+    token_bytes, layout = _load_or_build(tokenizer, calls)
     assert calls == [1, 1] and token_bytes == expected  # rebuilt, not read
     _same_layout(layout, WalkLayout.build(expected))
-    assert vocabulary_cache.load(path, vocabulary_cache.content_key(tokenizer, len(tokenizer))) is not None  # replaced
+    assert _load(path, vocabulary_cache.content_key(tokenizer, len(tokenizer))) is not None  # replaced
 
 
 def test_a_changed_array_fails_the_digest(cache_in):
@@ -98,7 +106,7 @@ def test_a_changed_array_fails_the_digest(cache_in):
     arrays["blob"] = arrays["blob"].copy()
     arrays["blob"][0] ^= 1
     np.savez(path, **arrays)
-    assert vocabulary_cache.load(path, key) is None
+    assert _load(path, key) is None
 
 
 def test_another_tokenizers_file_is_not_read(cache_in):
@@ -108,8 +116,8 @@ def test_another_tokenizers_file_is_not_read(cache_in):
     token_bytes = _token_bytes(tokenizer, len(tokenizer))
     path = cache_in / "x.npz"
     vocabulary_cache.store(path, key, token_bytes, WalkLayout.build(token_bytes))
-    assert vocabulary_cache.load(path, key) is not None
-    assert vocabulary_cache.load(path, "0" * 64) is None
+    assert _load(path, key) is not None
+    assert _load(path, "0" * 64) is None
 
 
 def test_concurrent_writers_leave_a_whole_file(cache_in):
@@ -129,7 +137,7 @@ def test_concurrent_writers_leave_a_whole_file(cache_in):
     def read():
         start.wait()
         for _ in range(80):
-            loads.append(vocabulary_cache.load(path, key))
+            loads.append(_load(path, key))
 
     threads = [threading.Thread(target=write) for _ in range(4)] + [threading.Thread(target=read)]
     for thread in threads:
@@ -137,13 +145,13 @@ def test_concurrent_writers_leave_a_whole_file(cache_in):
     for thread in threads:
         thread.join()
     assert len(loads) == 80 and all(found is not None and found[0] == token_bytes for found in loads)
-    assert vocabulary_cache.load(path, key)[0] == token_bytes
+    assert _load(path, key)[0] == token_bytes
     assert _one_file(cache_in) == path
 
 
 def test_the_cache_can_be_turned_off(cache_in, monkeypatch):
     monkeypatch.setenv("STRUCTSPEC_VOCAB_CACHE", "off")
     tokenizer, calls = tiny_tokenizer(), []
-    token_bytes, layout = vocabulary_cache.load_or_build(tokenizer, len(tokenizer), _build(tokenizer, calls))
+    token_bytes, layout = _load_or_build(tokenizer, calls)
     assert layout is None and token_bytes == _token_bytes(tokenizer, len(tokenizer)) and calls == [1]
     assert not cache_in.exists()
