@@ -33,6 +33,8 @@ MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
 MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
 EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at its first state
 MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
+SPARSE_SORT = 64  # a state allowing under vocab_size / SPARSE_SORT tokens sorts them rather than scans the mask
+TRIE_WALK = True  # first visits walk the token trie where they can (off: the column walk everywhere, for tests)
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -248,10 +250,16 @@ class TokenIndex:
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
         mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
         mask[ids] = True
-        by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort
-        by_id[ids] = nexts
-        ids = np.flatnonzero(mask).astype(np.int32)  # int32: half the memory of a cached state
-        nexts = by_id[ids]
+        if len(ids) * SPARSE_SORT < self.vocab_size:  # few tokens: a sort of them beats two passes over the vocabulary
+            order = np.argsort(ids, kind="stable")
+            ids, nexts = ids[order], nexts[order]
+            last = np.append(ids[1:] != ids[:-1], True)  # an id twice (an EOS id listed twice): its last entry
+            ids, nexts = ids[last].astype(np.int32), nexts[last].astype(np.int32)
+        else:
+            by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort
+            by_id[ids] = nexts
+            ids = np.flatnonzero(mask).astype(np.int32)  # int32: half the memory of a cached state
+            nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
 
@@ -406,20 +414,27 @@ def _size(entry) -> int:
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
-    """Walk every token from `state`; return the (ids, end states) of those that survive."""
+    """Walk every token from `state`; return the (ids, end states) of those that survive (in no particular order).
+    Where no token ends without a walk (`fsm.staying`), by one walk of the token trie (`fsm.token_trie`), else
+    (or with TRIE_WALK off: the reference of the tests) by the column walk."""
     layout = vocabulary.walk_layout
-    end_states = _walk_rows(dfa, layout, state)[0]
+    stays = list(staying(dfa, layout, state)) if layout.max_length else []
+    if TRIE_WALK and not stays:
+        rows, end_states = layout.trie.walk(dfa, state)
+        return layout.order[rows].astype(np.int64), end_states.astype(np.int64)
+    end_states = _walk_rows(dfa, layout, state, stays=stays)[0]
     rows = np.flatnonzero(end_states != DEAD)
     return layout.order[rows].astype(np.int64), end_states[rows].astype(np.int64)
 
 
-def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False):
+def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, stays: list | None = None):
     """(ends, crossing, cross_at, cross_state): ends (n_tokens,) int32 over the rows of layout.order, the state
     after each token's bytes from `state`, DEAD where it dies. A token whose first byte leads to a state that
     loops on its other bytes (free text) ends there without a walk (`fsm.staying`). With `track_crossing`,
     crossing holds the rows (ascending) of the tokens that pass an accepting state strictly inside their bytes,
     whose ends read DEAD, and for each the bytes before the first such state and the state (0 and -1 where not
-    known: tokens set apart without a walk); else all three are empty."""
+    known: tokens set apart without a walk); else all three are empty. `stays`: what `staying` yields from
+    `state`, when already known."""
     ends = np.full(len(layout.order), DEAD, dtype=np.int32)
     first_at = []  # (rows, j, states): where column-walked tokens first pass an accepting state
     if not layout.max_length:
@@ -428,7 +443,7 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False):
     first = row.take(layout.columns[0])  # take: 3x faster than indexing with uint8
     walking = first != DEAD
     crossed = np.zeros(len(layout.order), dtype=bool) if track_crossing else None  # (n_tokens,)
-    for stay in staying(dfa, layout, state):
+    for stay in staying(dfa, layout, state) if stays is None else stays:
         walking &= ~stay.rows
         np.copyto(ends, stay.ends, where=stay.rows)
         if track_crossing and stay.crossing is not None:

@@ -49,11 +49,13 @@ def staying(dfa: LazyDFA, layout, state: int):
     MAX_LOOP_TARGETS of them, those most first bytes lead to first."""
     ends = char_ends(dfa, state)
     targets, counts = np.unique(ends[ends >= 0], return_counts=True)  # (<= 256,) the states a character leads to
-    first_chars = ends.take(layout.columns[0])  # (n_tokens,) the state after each token's first character
+    first_chars = None  # (n_tokens,) the state after each token's first character, taken when first needed
     found = 0
     for target, count in zip(*(a.tolist() for a in _by_count(targets, counts))):
         stay = None
         mask = _loop_mask(dfa, target)
+        if first_chars is None and (int(mask[:0x80].sum()) >= MIN_LOOP_BYTES or count >= MIN_LOOP_BYTES):
+            first_chars = ends.take(layout.columns[0])
         if int(mask[:0x80].sum()) >= MIN_LOOP_BYTES:
             stay = _looping(dfa, layout, target, mask, first_chars)
         elif count >= MIN_LOOP_BYTES:  # counted text: many first characters count alike too

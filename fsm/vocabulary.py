@@ -8,13 +8,14 @@ the index on its own. Ids beyond the tokenizer (the model's logits can be wider)
 
 from __future__ import annotations
 
-import json
 import re
 import weakref
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
+
+from fsm.vocabulary_cache import load_or_build
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -26,6 +27,7 @@ class Vocabulary:
     token_bytes: tuple[bytes, ...]
     eos_token_ids: tuple[int, ...]
     tokenizer: object = None  # used once per state for the canonical tokenization of forced strings
+    prebuilt_layout: "WalkLayout | None" = field(default=None, repr=False)  # the walk_layout, when already built
 
     @property
     def vocab_size(self) -> int:
@@ -33,7 +35,7 @@ class Vocabulary:
 
     @cached_property
     def walk_layout(self) -> "WalkLayout":
-        return WalkLayout.build(self.token_bytes)
+        return self.prebuilt_layout if self.prebuilt_layout is not None else WalkLayout.build(self.token_bytes)
 
     @cached_property
     def single_bytes(self) -> frozenset[int]:
@@ -102,6 +104,7 @@ class WalkLayout:
     valid_utf8: np.ndarray
     char_counts: np.ndarray
     _tails_within: dict = field(default_factory=dict, repr=False)  # byte mask -> tails_within(mask)
+    prebuilt_trie: object = field(default=None, repr=False)  # the trie, when already built (a TokenTrie)
 
     @property
     def max_length(self) -> int:
@@ -128,6 +131,13 @@ class WalkLayout:
     def order_index(self) -> np.ndarray:
         """`order` as intp, to index with (numpy converts an int32 index array on every use)."""
         return self.order.astype(np.intp)
+
+    @cached_property
+    def trie(self):
+        """The tokens as a `fsm.token_trie.TokenTrie` (built on first use unless prebuilt)."""
+        from fsm.token_trie import TokenTrie
+
+        return self.prebuilt_trie if self.prebuilt_trie is not None else TokenTrie.build(self)
 
     @cached_property
     def row_of(self) -> np.ndarray:
@@ -192,6 +202,9 @@ def vocabulary_from_tokenizer(
         The model's logits width; defaults to ``len(tokenizer)``. Ids without a token get no bytes.
     eos_token_ids : tuple of int, optional
         Ids that end generation; defaults to the tokenizer's EOS token.
+
+    The token bytes and their layout come from the disk cache of `fsm.vocabulary_cache` when it holds this
+    tokenizer's content, and are stored there otherwise.
     """
     vocab_size = vocab_size or len(tokenizer)
     if eos_token_ids is None:
@@ -199,8 +212,11 @@ def vocabulary_from_tokenizer(
     key = (vocab_size, tuple(eos_token_ids))
     per_tokenizer = _CACHE.setdefault(tokenizer, {})
     if key not in per_tokenizer:
-        token_bytes = _token_bytes(tokenizer, vocab_size)
-        per_tokenizer[key] = Vocabulary(token_bytes, tuple(eos_token_ids), tokenizer)
+        if vocab_size < len(tokenizer):
+            raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
+        token_bytes, layout = load_or_build(tokenizer, vocab_size, partial(_token_bytes, tokenizer, vocab_size),
+                                           WalkLayout)
+        per_tokenizer[key] = Vocabulary(token_bytes, tuple(eos_token_ids), tokenizer, layout)
     return per_tokenizer[key]
 
 
@@ -232,8 +248,8 @@ def _piece_decoder(tokenizer):
 
 def _decoder_kind(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        decoder = json.dumps(json.loads(backend.to_str()).get("decoder"))
+    if backend is not None:  # the decoder's own JSON: the whole tokenizer's costs a second at 150k tokens
+        decoder = "null" if backend.decoder is None else backend.decoder.__getstate__().decode()
         if '"ByteLevel"' in decoder:
             return "byte_level"
         if "\\u2581" in decoder or "▁" in decoder or '"Metaspace"' in decoder:

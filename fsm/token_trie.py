@@ -1,0 +1,106 @@
+"""The tokens of a vocabulary as a trie, walked through a DFA level by level (numpy over the live nodes of a level).
+
+A node is a distinct byte prefix of some token; the nodes of depth j (prefixes of j + 1 bytes) are numbered in
+byte order, so the children of a node, and the tokens that end at it, are contiguous ranges. A walk from a state
+steps each live node's children once, however many tokens share its prefix, and drops a whole subtree as soon as
+its prefix dies: a state most first bytes leave costs in proportion to what stays alive, not to the vocabulary.
+
+It steps the same (state, byte) cells as a column walk of the same tokens (`fsm.index._walk_rows`), level for
+level, so the lazy DFA grows alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fsm.lazy_dfa import DEAD, LazyDFA
+
+
+@dataclass(frozen=True, eq=False)
+class TokenTrie:
+    """Per depth j (a tuple entry each): the nodes' bytes, the ranges of their children at depth j + 1
+    (child_start, (n_j + 1,)), and the rows of walk_layout.order of the tokens ending at them (end_start,
+    (n_j + 1,), into end_rows)."""
+
+    node_bytes: tuple[np.ndarray, ...]  # (n_j,) uint8
+    child_start: tuple[np.ndarray, ...]  # (n_j + 1,) int64 into the nodes of depth j + 1
+    end_start: tuple[np.ndarray, ...]  # (n_j + 1,) int64 into end_rows[j]
+    end_rows: tuple[np.ndarray, ...]  # (tokens of j + 1 bytes,) int64 rows of walk_layout.order
+
+    @classmethod
+    def build(cls, layout) -> "TokenTrie":
+        """The trie of the tokens of `layout` (a `fsm.vocabulary.WalkLayout`)."""
+        n, width = len(layout.order), layout.max_length
+        if not width:
+            return cls((), (), (), ())
+        padded = np.zeros((n, width), dtype=np.uint8)  # (n_tokens, width) bytes by row, zero past the end
+        for j, column in enumerate(layout.columns):
+            padded[: len(column), j] = column
+        lengths = layout.lengths[layout.order]  # (n_tokens,) by row
+        by_bytes = np.argsort(padded.view(np.dtype((np.void, width))).ravel(), kind="stable")  # void: memcmp order
+        node_bytes, child_start, end_start, end_rows = [], [], [], []
+        previous, alive_rows = None, None  # (tokens alive at depth j - 1,) node index of each and row, byte order
+        for j in range(width):
+            if j:  # tokens longer than j bytes, in byte order, and their nodes at depth j - 1
+                longer = lengths[alive_rows] > j
+                rows, parents = alive_rows[longer], previous[longer]
+            else:
+                rows, parents = by_bytes, np.zeros(n, dtype=np.int64)
+            column = padded[rows, j]
+            new = np.ones(len(rows), dtype=bool)
+            new[1:] = (parents[1:] != parents[:-1]) | (column[1:] != column[:-1])
+            node = np.cumsum(new) - 1  # (tokens,) node at depth j
+            starts = np.flatnonzero(new)
+            node_bytes.append(column[starts])
+            if j:  # children of depth j - 1's nodes: contiguous, since nodes are numbered in byte order
+                child_start.append(np.searchsorted(parents[starts], np.arange(len(node_bytes[j - 1]) + 1)))
+            ending = lengths[rows] == j + 1
+            end_rows.append(rows[ending].astype(np.int64))
+            end_start.append(np.searchsorted(node[ending], np.arange(len(starts) + 1)))
+            previous, alive_rows = node, rows
+        if width:
+            child_start.append(np.zeros(len(node_bytes[-1]) + 1, dtype=np.int64))
+        return cls(tuple(node_bytes), tuple(child_start), tuple(end_start), tuple(end_rows))
+
+    @property
+    def depth(self) -> int:
+        return len(self.node_bytes)
+
+    def walk(self, dfa: LazyDFA, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, ends): the rows of walk_layout.order of the tokens that survive their bytes from `state`, and the
+        state each ends in (int32), in no particular order."""
+        if not self.depth:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        states = dfa.row(state).take(self.node_bytes[0])  # (n_0,) the state after each first byte
+        nodes = np.flatnonzero(states != DEAD)
+        states = states[nodes]
+        out_rows, out_states = [], []
+        for j in range(self.depth):
+            rows, owner = _ranges(self.end_start[j], nodes, self.end_rows[j])
+            if len(rows):
+                out_rows.append(rows)
+                out_states.append(states[owner])
+            children, owner = _ranges(self.child_start[j], nodes)
+            if not len(children):
+                break
+            states = dfa.step(states[owner], self.node_bytes[j + 1][children])
+            alive = states != DEAD
+            nodes, states = children[alive], states[alive]
+        if not out_rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        return np.concatenate(out_rows), np.concatenate(out_states)
+
+
+def _ranges(starts: np.ndarray, nodes: np.ndarray, values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(items, owner): the concatenated ranges starts[i]:starts[i + 1] of `nodes` (values of them when given), and
+    for each item the index into `nodes` of its range."""
+    begin, end = starts[nodes], starts[nodes + 1]
+    counts = end - begin  # (len(nodes),)
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(len(nodes)), counts)
+    items = np.arange(total) + np.repeat(begin - (np.cumsum(counts) - counts), counts)
+    return (items if values is None else values[items]), owner
