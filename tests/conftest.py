@@ -13,6 +13,23 @@ from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+def pytest_configure(config):
+    """Tokenizer vocabulary indexes cached on disk (fsm.vocabulary_cache) go to a folder of this run, not the user's
+    cache, and are removed with it."""
+    if "STRUCTSPEC_VOCAB_CACHE" not in os.environ:
+        import tempfile
+
+        config._vocab_cache = tempfile.mkdtemp(prefix="structspec-test-vocab-")
+        os.environ["STRUCTSPEC_VOCAB_CACHE"] = config._vocab_cache
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_vocab_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("STRUCTSPEC_VOCAB_CACHE", None)
+
 # Property tests draw the same examples on every run and machine: a verdict never depends on a random seed.
 settings.register_profile("derandomized", derandomize=True, database=None, deadline=None)
 settings.load_profile("derandomized")
