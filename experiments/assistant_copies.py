@@ -9,8 +9,10 @@ int4 kernel in groups of 32, 64 and 128, since deleted). Per prompt the target w
 and sampled at each --temperatures; written with the int4 copy's help, which is lossless), and each copy is
 judged on them position by position as `experiments.policy_replay` does (`trace_of`): argmax agreement when
 greedy, sum min(p, q) when sampling. A drafting step (one token through the copy after the prompt, and its
-logits) is timed --repeats times per prompt, the copies' order rotating per prompt. No end-to-end timing here:
-`python -m experiments.ablation --arms int8-assistant` does that, paired.
+logits) is timed --repeats times per prompt, the copies' order rotating per prompt. With --draft-vocab K... each copy
+also runs with a draft vocabulary of K tokens (`assisted.models.draft_vocab.restrict_vocabulary`, ids' order: the
+copy named e.g. "int8/dv32768"); its acceptance is judged unconstrained, so it never uses its full head. No
+end-to-end timing here: `python -m experiments.ablation --arms int8-assistant` does that, paired.
 """
 
 from __future__ import annotations
@@ -34,12 +36,26 @@ COPIES = ("float32", "int8", "int4")
 FIELDS = ("class", "prompt", "temperature", "copy", "positions", "acceptance", "step_seconds")
 
 
-def make_copies(assistant, names: tuple[str, ...]) -> dict:
-    """{name: model} for the copies in `names` (see COPIES) of a float assistant."""
+def make_copies(assistant, names: tuple[str, ...], draft_vocabs: tuple[int, ...] = (), tokenizer=None) -> dict:
+    """{name: model} for the copies in `names` (see COPIES) of a float assistant, and for each size K in
+    `draft_vocabs` each one again with a draft vocabulary of K tokens ("<name>/dv<K>"; float32's shares its weights)."""
+    from assisted.models.draft_vocab import restrict_vocabulary
     from assisted.models.int4 import int4_copy
     from assisted.models.loading import int8_copy
-    makers = {"float32": lambda m: m, "int8": int8_copy, "int4": int4_copy}
-    return {name: makers[name](assistant) for name in names}
+    makers = {"float32": _sharing_copy, "int8": int8_copy, "int4": int4_copy}
+    copies = {name: assistant if name == "float32" else makers[name](assistant) for name in names}
+    for size in draft_vocabs:
+        for name in names:
+            copies[f"{name}/dv{size}"] = restrict_vocabulary(makers[name](assistant), size, tokenizer=tokenizer)
+    return copies
+
+
+def _sharing_copy(model):
+    """A shallow copy of `model` whose own top-level modules can be replaced (its head) without touching `model`."""
+    import copy as copying
+    clone = copying.copy(model)
+    clone._modules = dict(model._modules)
+    return clone
 
 
 @torch.inference_mode()  # as generate() runs its forwards (int8 kernels refuse autograd)
@@ -121,17 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--repeats", type=int, default=5, help="timed drafting steps per prompt and copy")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--draft-vocab", type=int, nargs="*", default=[], help="draft vocabulary sizes")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from experiments.lib.tasks import load_pair_or_none
-    loaded = load_pair_or_none(args.target, args.assistant, pack=args.packed_target)
+    loaded = load_pair_or_none(args.target, args.assistant, pack=args.packed_target, draft_vocab_size=None)
     if loaded is None:
         return 1
     model, tokenizer, assistant = loaded
     prompts = load_prompts(args.prompts, None if args.half == "all" else args.half, args.per_class)
-    copies = make_copies(assistant, tuple(c for c in COPIES if c in args.copies))
+    copies = make_copies(assistant, tuple(c for c in COPIES if c in args.copies), tuple(args.draft_vocab), tokenizer)
     with torch.inference_mode():
         rows = judge(model, copies, tokenizer, prompts, args.temperatures, args.max_new_tokens, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
