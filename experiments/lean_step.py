@@ -30,7 +30,7 @@ FAMILIES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 class LeanDecoder:
     """One-row greedy decoding of a Llama-family model as plain torch calls over its weights."""
 
-    def __init__(self, model, capacity: int):
+    def __init__(self, model, capacity: int, fuse: bool = True):
         if type(model).__name__ not in FAMILIES:
             raise ValueError(f"lean step knows {FAMILIES}, not {type(model).__name__}")
         config, inner = model.config, model.model
@@ -39,13 +39,15 @@ class LeanDecoder:
         self.embed = inner.embed_tokens.weight
         self.norm_w, self.eps = inner.norm.weight, inner.norm.variance_epsilon
         self.head_w = model.get_output_embeddings().weight
-        self.layers = []
+        self.layers, self.fuse = [], fuse
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
-            qkv_w = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]).contiguous()
+            qkv = [att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]
             biases = [att.q_proj.bias, att.k_proj.bias, att.v_proj.bias]
-            qkv_b = None if biases[0] is None else torch.cat(biases)
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
+            qkv_w = torch.cat(qkv).contiguous() if fuse else qkv
+            qkv_b = None if biases[0] is None else (torch.cat(biases) if fuse else biases)
+            gate_up = [mlp.gate_proj.weight, mlp.up_proj.weight]
+            gate_up = torch.cat(gate_up).contiguous() if fuse else gate_up
             self.layers.append((layer.input_layernorm.weight, qkv_w, qkv_b, att.o_proj.weight,
                                 layer.post_attention_layernorm.weight, gate_up, mlp.down_proj.weight))
         shape = (1, self.kv_heads, capacity, self.dim)
@@ -60,6 +62,12 @@ class LeanDecoder:
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
+    def _linears(self, x: torch.Tensor, w, b) -> torch.Tensor:
+        """One matmul over fused weights, or one per weight (as the modules run them), concatenated."""
+        if self.fuse:
+            return F.linear(x, w, b)
+        return torch.cat([F.linear(x, wi, None if b is None else b[i]) for i, wi in enumerate(w)], -1)
+
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
@@ -71,21 +79,22 @@ class LeanDecoder:
         cos, sin = self.cos[pos], self.sin[pos]  # (d,)
         q_end, k_end = h * self.dim, (h + kv) * self.dim
         for (w_in, qkv_w, qkv_b, o_w, w_post, gu_w, down_w), keys, values in zip(self.layers, self.keys, self.values):
-            qkv = F.linear(self._norm(x, w_in), qkv_w, qkv_b)  # (1, (h + 2 kv) d)
+            qkv = self._linears(self._norm(x, w_in), qkv_w, qkv_b)  # (1, (h + 2 kv) d)
             q = self._rotate(qkv[:, :q_end].view(1, h, 1, self.dim), cos, sin)
             keys[:, :, pos] = self._rotate(qkv[:, q_end:k_end].view(1, kv, self.dim), cos, sin)
             values[:, :, pos] = qkv[:, k_end:].view(1, kv, self.dim)
             a = F.scaled_dot_product_attention(q, keys[:, :, : pos + 1], values[:, :, : pos + 1], enable_gqa=True)
             x = x + F.linear(a.reshape(1, h * self.dim), o_w)
-            gate, up = F.linear(self._norm(x, w_post), gu_w).chunk(2, -1)
+            gate, up = self._linears(self._norm(x, w_post), gu_w, None).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, down_w)
         self.length += 1
         return F.linear(self._norm(x, self.norm_w), self.head_w)[0]
 
 
 @torch.inference_mode()
-def run_lean(model, prompt: list[int], steps: int) -> tuple[list[float], list[int], list[torch.Tensor]]:
-    lean = LeanDecoder(model, len(prompt) + steps + 1)
+def run_lean(model, prompt: list[int], steps: int, fuse: bool = True
+             ) -> tuple[list[float], list[int], list[torch.Tensor]]:
+    lean = LeanDecoder(model, len(prompt) + steps + 1, fuse)
     for t in prompt[:-1]:
         lean.step(t)
     token, seconds, out, logits = prompt[-1], [], [], []
@@ -103,7 +112,8 @@ def run_lean(model, prompt: list[int], steps: int) -> tuple[list[float], list[in
 def run_eager(model, prompt: list[int], steps: int) -> tuple[list[float], list[int], list[torch.Tensor]]:
     from drafting.kv_cache import forward, new_cache
     cache = new_cache()
-    forward(model, cache, prompt[:-1], 1)
+    for t in prompt[:-1]:  # one position at a time, as the lean decoder prefills: a float model is not row-invariant
+        forward(model, cache, [t], 1)
     token, seconds, out, logits = prompt[-1], [], [], []
     for _ in range(steps):
         start = time.perf_counter()
@@ -127,23 +137,26 @@ def main(argv: list[str] | None = None) -> int:
     from assisted.models.loading import load_model, load_tokenizer
     model, tok = load_model(args.model), load_tokenizer(args.model)
     prompt = tok(args.prompt)["input_ids"]
-    times = {"eager": [], "lean": []}
+    runs = {"eager": run_eager, "lean-fused": run_lean,
+            "lean-unfused": lambda m, ids, n: run_lean(m, ids, n, fuse=False)}
+    times, outputs = {name: [] for name in runs}, {}
     for r in range(args.rounds):
-        for name in (("eager", "lean") if r % 2 == 0 else ("lean", "eager")):
-            seconds, out, logits = (run_eager if name == "eager" else run_lean)(model, prompt, args.steps)
+        for name in list(runs)[r % len(runs):] + list(runs)[: r % len(runs)]:  # rotated each round
+            seconds, out, logits = runs[name](model, prompt, args.steps)
             times[name] += seconds[2:]  # the first steps warm up
-            if name == "eager":
-                eager_out, eager_logits = out, logits
-            else:
-                lean_out, lean_logits = out, logits
-    same = min(len(eager_out), next((i for i, (a, b) in enumerate(zip(eager_out, lean_out)) if a != b), len(eager_out)))
-    diff = max(float((a - b).abs().max()) for a, b in zip(eager_logits[:same], lean_logits[:same]))
-    bitwise = all(torch.equal(a, b) for a, b in zip(eager_logits[:same], lean_logits[:same]))
+            outputs[name] = (out, logits)
     print(f"{args.model}, {args.threads} thread(s), {args.steps} steps x {args.rounds} rounds, interleaved")
     for name, t in times.items():
-        print(f"{name:6} ms per step: median {1e3 * statistics.median(t):.2f}, "
+        print(f"{name:12} ms per step: median {1e3 * statistics.median(t):.2f}, "
               f"p10 {1e3 * statistics.quantiles(t, n=10)[0]:.2f}, p90 {1e3 * statistics.quantiles(t, n=10)[-1]:.2f}")
-    print(f"greedy tokens equal for {same} of {args.steps} steps; logits max abs diff {diff:.3g}, bitwise {bitwise}")
+    eager_out, eager_logits = outputs["eager"]
+    for name in ("lean-fused", "lean-unfused"):
+        out, logits = outputs[name]
+        same = next((i for i, (a, b) in enumerate(zip(eager_out, out)) if a != b), len(eager_out))
+        diff = max(float((a - b).abs().max()) for a, b in zip(eager_logits[:same], logits[:same]))
+        bitwise = all(torch.equal(a, b) for a, b in zip(eager_logits[:same], logits[:same]))
+        print(f"{name}: greedy tokens equal for {same} of {args.steps} steps; logits max abs diff {diff:.3g} from "
+              f"eager, bitwise {bitwise}")
     return 0
 
 
