@@ -227,9 +227,11 @@ def test_load_pair_restricts_a_copy_of_the_assistant(tiny_folder, plain_referenc
     assert generate(model, assistant, tokenizer=tokenizer, prompt="a", max_new_tokens=6).token_ids == ref.token_ids
 
 
-def test_load_pairs_default_leaves_small_vocabularies_whole(tiny_folder):
+def test_load_pair_leaves_the_head_whole_by_default_and_auto_only_for_large_vocabularies(tiny_folder):
     model, _, assistant = load_pair(str(tiny_folder), str(tiny_folder))
     assert assistant is model and draft_head(assistant) is None
+    model, _, assistant = load_pair(str(tiny_folder), str(tiny_folder), draft_vocab_size="auto")
+    assert assistant is model and draft_head(assistant) is None  # a 6-token vocabulary: nothing to gain
     assert auto_draft_vocab_size(model, on_cpu=True) is None
     assert auto_draft_vocab_size(tiny_llama(2 ** 17, seed=0, hidden=8), on_cpu=True) == 32768
     assert auto_draft_vocab_size(tiny_llama(2 ** 17, seed=0, hidden=8), on_cpu=False) is None
