@@ -73,6 +73,9 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--dtype", default="float32", help="float32, bfloat16, float16 or auto")
     models.add_argument("--quantize-assistant", choices=("int4", "int8"),
                         help="draft with a quantized copy of the assistant (CPU; int4 is faster and closer)")
+    models.add_argument("--draft-vocab-size", type=_draft_vocab_size, default=None,
+                        help="give the assistant a draft vocabulary: a number of tokens, 'auto' (32768 on the CPU for "
+                             "vocabularies of 65536 or more) or 'none' (its full head, the default)")
     models.add_argument("--quantize-target", choices=("int4", "int8"),
                         help="row-invariant quantized target (CPU, float32; speculation over it stays exactly "
                              "lossless): int4 keeps a GGUF's own 4-bit groups (others int8), int8 every Linear")
@@ -169,13 +172,24 @@ def decoding_of(args: argparse.Namespace) -> dict:
     return {name: value for name, value in given.items() if value is not None}
 
 
+def _draft_vocab_size(text: str) -> int | str | None:
+    """--draft-vocab-size: a positive int, "auto" or "none"."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens, 'auto' or 'none', not {text!r}") from None
+
+
 def load_models(args: argparse.Namespace):
     """(model, tokenizer, assistant or None, the assistant's own tokenizer or None) by
     `assisted.models.loading.load_pair`; `generate` drafts across vocabularies with the fourth."""
     from assisted.models.loading import load_pair, load_tokenizer
     model, tokenizer, assistant = load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
                                             quantize_assistant=args.quantize_assistant,
-                                            quantize_target=args.quantize_target, pack=args.pack)
+                                            quantize_target=args.quantize_target, pack=args.pack,
+                                            draft_vocab_size=getattr(args, "draft_vocab_size", None))
     own = None if assistant is None or str(args.assistant) == str(args.model) else load_tokenizer(args.assistant)
     return model, tokenizer, assistant, own
 

@@ -64,6 +64,7 @@ class Stats:
     cache_note: str | None = None  # on a CUDA target, why the default left static caches or graphs off
     budget_tightened: int = 0  # close_within_budget: committed positions whose mask the budget tightened
     target_kernels: str = ""  # what runs the target's Linears, e.g. "int4 (AVX-512 VNNI) x168, int8 (fbgemm) x29"
+    assistant_head: str = ""  # the assistant's draft vocabulary, e.g. "draft vocabulary 32768 of 151936"; "": full
 
     @property
     def latency_seconds(self) -> float:

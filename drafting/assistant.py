@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from drafting.base import DeviceMasks, Drafted
+from drafting.draft_vocab import use_full_head
 from drafting.kv_cache import KV, DynamicKV, input_device
 from drafting.proposal import Proposal
 from drafting.row_kv import RowsKV
@@ -75,6 +76,7 @@ class Assistant:
         while asking:
             start = time.perf_counter()
             feeds = [proposals[r].tail(n) if r in asking else [] for r, n in enumerate(self.kv.lengths)]
+            use_full_head(self.kv.model, [proposals[r].mask for r in asking])  # a draft vocabulary's exceptions
             logits = self.kv.run(feeds, [1] * len(feeds))  # (1, V) per asking row: after its whole context
             picks = [self._pick(logits[r], proposals[r], generators[r], processors[r]) for r in asking]
             for r, drafted in zip(asking, settle(picks)):  # the round's one host sync
@@ -124,6 +126,7 @@ class AssistantDrafter:
         """Draft the token after `seq` under the guide's `mask`, with its distribution, confidence and masked logits
         (`pick`); one forward over what the cache lacks, one host sync."""
         start = time.perf_counter()
+        use_full_head(self.model, [mask])  # a draft vocabulary's exceptions
         logits = self.kv.run(seq[self.cached :], 1)  # (1, V)
         self.cached = len(seq)
         drafted = settle([pick(logits, self.masks(mask), self.warp, self.generator, self.processors, seq)])[0]

@@ -26,6 +26,7 @@ from bisect import bisect_left, bisect_right
 import fsm
 from drafting.assistant import pick, settle
 from drafting.base import Cursor, DeviceMasks, Drafted
+from drafting.draft_vocab import use_full_head
 from drafting.kv_cache import DynamicKV, input_device
 from drafting.respell import Speller, char_start, common_prefix, whole_chars
 from drafting.sampling import Warp
@@ -168,9 +169,11 @@ class ForeignDrafter:
             return False
         if self.max_positions is not None and len(self.prompt) + len(self.out) >= self.max_positions:
             return False
+        mask = cursor.mask()
+        use_full_head(self.model, [mask])  # a draft vocabulary's exceptions
         logits = self.kv.run(self._uncached(), 1)  # (1, V)
         self.cached = len(self.prompt) + len(self.out)
-        drafted = settle([pick(logits, self.masks(cursor.mask()), GREEDY, None)])[0]
+        drafted = settle([pick(logits, self.masks(mask), GREEDY, None)])[0]
         self.calls += 1
         if drafted.token in self.eos or not self.own.token_bytes[drafted.token]:
             self.done = True

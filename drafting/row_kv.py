@@ -26,6 +26,7 @@ class RowsKV(Protocol):
     """One model's cache for the engine's rows."""
 
     prefills: bool  # `place` runs a prompt's prefill (else the row's first forward feeds it)
+    model: object  # the model its forwards run
     lengths: list[int]  # tokens cached per row
 
     def run(self, feeds: list[list[int]], keep: list[int], leaves: list[Leaf | None] | None = None

@@ -32,6 +32,7 @@ from assisted.rows.row import Row, RowStep, Setup, draft_alone, draft_sources
 from assisted.rows.stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward
 from drafting.assistant import Assistant
+from drafting.draft_vocab import describe
 from drafting.base import DeviceMasks
 from drafting.kv_cache import input_device, output_device
 from drafting.row_kv import RowsKV
@@ -76,6 +77,7 @@ class Engine:
         self.prefix_cache, self.share_prefix, self.verify, self.batch = prefix_cache, share_prefix, verify, batch
         self.masks = DeviceMasks(output_device(setup.model))  # guide masks on the target's device
         self.kernels = linear_kernels(setup.model)  # named in every row's stats
+        self.assistant_head = describe(setup.assistant_model)
         self.rows: list[Row] = []
         self.stats = BatchStats(batch_size)
 
@@ -297,7 +299,8 @@ class Engine:
                                row.policy.estimates(), row.prefilled)
         tightened, stop = outcome(row.start, new, row.stop)
         batch = self.stats if self.batch else None
-        stats = replace(stats, budget_tightened=tightened, target_kernels=self.kernels)
+        stats = replace(stats, budget_tightened=tightened, target_kernels=self.kernels,
+                        assistant_head=self.assistant_head)
         return GenerationResult(text, new, value, stop, stats, None, batch)
 
     def _error(self, message: str) -> GenerationResult:
