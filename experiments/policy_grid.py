@@ -196,17 +196,18 @@ def fixed_rate(k: int, rows: list[RowTrace], clk: Clock, cell: Cell, steps: int)
     return tokens / (steps * target)
 
 
-def warmed(clk: Clock, rows: int, k_max: int) -> CostTable:
-    """The cost table a warmed process holds: every width measured once, the assistant's seconds per token."""
+def warmed(clk: Clock, rows: int, k_max: int, assistant: bool = True) -> CostTable:
+    """The cost table a warmed process holds: every width measured once, the assistant's seconds per round (none
+    without an assistant: prompt lookup alone)."""
     table = CostTable()
     for m in range(1, rows * (k_max + 2) + 1):
         table = table.with_target(m, clk.forward(m), 0.9, 64 * rows)
-    return table.with_draft(clk.round(rows), 0.9)
+    return table.with_draft(clk.round(rows), 0.9) if assistant else table
 
 
 def auto_rows(cell: Cell, clk: Clock, config: AutoConfig | None = None) -> tuple[list[Auto], SharedPrices]:
     config = config or AutoConfig()
-    prices = SharedPrices(config, warmed(clk, cell.rows, config.k_max), prefilled=True)
+    prices = SharedPrices(config, warmed(clk, cell.rows, config.k_max, cell.source != "lookup"), prefilled=True)
     return [Auto(5, config, prices=prices) for _ in range(cell.rows)], prices
 
 
