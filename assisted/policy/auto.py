@@ -74,10 +74,15 @@ class AutoConfig:
     calibration_decay: float = 0.95  # per judged step, in the confidence bins it touches
     rate_decay: float = 0.8  # per timed drafting step: the drafting rate follows the text
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
-    min_drafting_steps: int = 2  # timed drafting steps of a call before plain decoding can win
-    probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
+    min_drafting_steps: int = 1  # timed drafting steps of a call before plain decoding can win
+    probe_budget: float = 0.01  # while plain decoding is faster, probes may lose at most this share of the time
     optimism: float = 0.5  # standard deviations above the calibration's mean where a cut would verify nothing
     window_growth: int = 4  # a step drafts at most this many times what the last drafting step committed
+    probe_window: int = 2  # the most drafts of a probe, and of a call's first drafting step
+    worth_decay: float = 0.8  # per judged step: drafts predicted accepted against drafts accepted (`worth`)
+    worth_weight: float = 2.0  # `worth` starts at 1 (the estimates hold), worth this many judged drafts
+    worth_max: float = 1.5  # predicted acceptance is scaled by at most this much (and held at most 1)
+    worth_noise: float = 1.0  # standard deviations of accepted drafts that `worth` reads as luck
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,10 @@ class AutoState:
     probe_loss: float = 0.0  # expected seconds a drafting step as long as the last one loses to plain decoding
     window: int = 0  # the most drafts of the next step: window_growth * (last accepted run + 1) (0: k0)
     leaf_calibration: Calibration = field(default_factory=Calibration)  # the runner-up's, given its confidence
+    committed: int = 0  # tokens the row's last judged step committed from its model drafts (accepted + 1)
+    predicted: float = 0.0  # decayed sum of the acceptance estimated for each judged draft (calibration's mean) ...
+    realized: float = 0.0  # ... and the decayed drafts the target accepted: `worth` checks one against the other
+    spread: float = 0.0  # ... and the variance of the accepted count were the estimates right (decayed sum of a (1 - a))
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
@@ -121,13 +130,19 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
     acceptance of assistant and prompt-lookup drafts, the calibration, and the window (a step that verified drafts
     sets it to `window_growth` x its accepted run + 1; one whose cut verified nothing says nothing about it)."""
     verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
+    judged = estimate(state, cfg).accepts(verified[:drafted], checked=False)  # (drafted,) as estimated
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
     d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
     new = replace(state, judged=d * state.judged + int((~lookup).sum()),
                   accepted=d * state.accepted + int((ok & ~lookup).sum()),
                   lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
                   lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
-                  calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
+                  calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay),
+                  committed=accepted + 1)
+    if drafted:  # the estimate of each judged draft's acceptance, against the target's verdicts
+        new = replace(new, predicted=cfg.worth_decay * state.predicted + float(judged.sum()),
+                      realized=cfg.worth_decay * state.realized + accepted,
+                      spread=cfg.worth_decay * state.spread + float((judged * (1.0 - judged)).sum()))
     return replace(new, window=cfg.window_growth * (accepted + 1)) if asked and drafted else new
 
 
@@ -160,13 +175,20 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
     if not timed:
         return replace(new, idle=0)
     tokens = cfg.rate_decay * prices.drafting_tokens
-    for row, confidence in rows:
+    for row, confidence in rows:  # expected under the checked estimates: the mean of what it committed, without luck
         tokens += 1.0 + float(np.cumprod(estimate(priced(row, new), cfg, width).accepts(confidence)).sum())
     seconds = cfg.rate_decay * prices.drafting_seconds + step_seconds
     plain_tokens = seconds * estimate(new, cfg, width).plain_rate  # what plain decoding commits in that time
     deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
+    probe = min(step_seconds, _probe_seconds(new, cfg, width))  # a probe is at most `probe_window` drafts long
     return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
-                   drafting_steps=prices.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
+                   drafting_steps=prices.drafting_steps + 1, probe_loss=probe * max(deficit, 0.0))
+
+
+def _probe_seconds(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
+    """Seconds of a probe drafting `probe_window` tokens per row, by the cost table."""
+    n = 1 + min(cfg.probe_window, max(state.k0, 1))
+    return float(state.costs.curve(n, width)[n]) + (n - 1) * (state.costs.draft_per_token or 0.0)
 
 
 def priced(beliefs: AutoState, prices: AutoState) -> AutoState:
@@ -204,7 +226,19 @@ def estimate(state: AutoState, cfg: AutoConfig, width: int = 1) -> Estimates:
     plain = width / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
-                     cfg.optimism, max(state.window, state.k0), state.leaf_calibration)
+                     cfg.optimism, max(state.window, state.k0), state.leaf_calibration, worth(state, cfg))
+
+
+def worth(state: AutoState, cfg: AutoConfig) -> float:
+    """The check of the estimates against the target's verdicts: decayed accepted drafts over the decayed sum of the
+    acceptance the estimates predicted for each judged draft (before the target judged it; drafts up to the first
+    rejection, so the two have the same mean where the estimates hold), for every source (assistant, another
+    tokenizer's text, prompt lookup) and acceptance rule alike. Every predicted acceptance is scaled by it (at most 1).
+    Starts at 1, worth `worth_weight` judged drafts; only the part of the difference past `worth_noise` standard
+    deviations of what right estimates would give counts (one miss in a long sure run is luck, not a bias)."""
+    w, miss = cfg.worth_weight, state.realized - state.predicted
+    excess = math.copysign(max(abs(miss) - cfg.worth_noise * math.sqrt(state.spread), 0.0), miss)
+    return min((state.predicted + excess + w) / (state.predicted + w), cfg.worth_max)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
@@ -238,9 +272,9 @@ def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
         return "warm-up"
     if width not in measured:
         return "plain"
-    if _drafting_pays(state, cfg, width) or state.idle >= _wait(state, cfg, width):
+    if _drafting_pays(state, cfg, width):
         return "draft"
-    return "plain"
+    return "probe" if state.idle >= _wait(state, cfg, width) else "plain"
 
 
 def choose(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
@@ -253,7 +287,11 @@ def cap(state: AutoState, cfg: AutoConfig, step: str) -> int:
     """A row's draft cap in a step of this `mode`."""
     if step == "warm-up":
         return state.k0 or 1
-    return min(cfg.k_max, max(state.window, state.k0)) if step == "draft" else 0
+    if step == "plain":
+        return 0
+    if step == "probe" or not (state.window or state.drafting_steps):  # a call's first drafting step probes too
+        return min(cfg.k_max, state.k0, cfg.probe_window)
+    return min(cfg.k_max, max(state.window, state.k0))
 
 
 class Auto:
