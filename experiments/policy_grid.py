@@ -37,7 +37,6 @@ import numpy as np
 
 from assisted.policy.auto import Auto, AutoConfig
 from assisted.policy.costs import CostTable, StepCost
-from assisted.policy.draft_policy import Constant
 from assisted.policy.prices import SharedPrices
 from drafting.base import Cursor, Drafted
 from drafting.proposal import Proposal
@@ -260,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in sorted(scores, key=lambda s: s.ratio):
         best = "plain" if s.plain >= max(s.fixed.values()) else f"k={s.best_k}"
         c = s.cell
-        lines.append(f"| {c.acceptance} | {c.temperature} | {c.ratio} | {c.rows} | {c.source} | {c.curve} | {s.ratio:.3f} | {best} "
-                     f"| {s.plain:.2f} | {s.auto:.2f} |")
+        lines.append(f"| {c.acceptance} | {c.temperature} | {c.ratio} | {c.rows} | {c.source} | {c.curve} "
+                     f"| {s.ratio:.3f} | {best} | {s.plain:.2f} | {s.auto:.2f} |")
     low = [s for s in scores if s.ratio < 0.97]
     lines = [f"{len(scores)} cells, {len(low)} below 0.97x; worst {min(s.ratio for s in scores):.3f}", "", *lines]
     print("\n".join(lines))

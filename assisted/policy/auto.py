@@ -108,7 +108,7 @@ class AutoState:
     committed: int = 0  # tokens the row's last judged step committed from its model drafts (accepted + 1)
     predicted: float = 0.0  # decayed sum of the acceptance estimated for each judged draft (calibration's mean) ...
     realized: float = 0.0  # ... and the decayed drafts the target accepted: `worth` checks one against the other
-    spread: float = 0.0  # ... and the variance of the accepted count were the estimates right (decayed sum of a (1 - a))
+    spread: float = 0.0  # ... and their variance were the estimates right (decayed sum of a (1 - a))
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
