@@ -21,14 +21,26 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   method for the best ratio of tokens to seconds; the drafting rate is decayed over steps, so one lucky
   step barely moves it). Priced at plain decoding's rate alone, a draft would go on while it saves time over
   plain decoding, even where the time would commit more in a shorter draft and the next step.
+- One measure of worth (`worth`), for every draft source (an assistant of the same or another tokenizer,
+  prompt lookup) and acceptance rule (greedy, speculative sampling, point masses accepted with the target's
+  p(x)): each judged draft's predicted acceptance is checked against the target's verdict; decayed accepted
+  drafts over decayed predicted ones, past what luck explains (`worth_noise` standard deviations), scales every
+  predicted acceptance. A point-mass draft from another tokenizer, which its assistant is sure of whatever the
+  target thinks, is then valued at what it commits, not at its assistant's confidence.
 - Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
-  the drafting rate is measured over the call's drafting steps (decayed expected tokens / seconds of both
-  models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried
-  once the plain steps since the last drafting step took long enough that what a step like it is expected
-  to lose against plain decoding (its seconds times the rate deficit) is at most `probe_budget` of their
-  time: a probe cut at its first token costs one assistant forward and comes back soon, so does a near
-  tie (one unlucky rejection must not lock a call into plain decoding); a long draft far behind comes back
-  rarely.
+  the drafting rate is measured over the call's drafting steps (decayed tokens each step is expected to commit
+  under the checked estimates / seconds of both models, forced tokens left out: the mean of what it committed,
+  without the luck of one rejection). A call's first drafting step (no evidence yet) is at most `first_window`
+  drafts long. While plain decoding is faster, a probe (a drafting step of at most `first_window` drafts) is
+  retried once the plain steps since the last drafting step took long enough that what a probe is expected to
+  lose against plain decoding (its seconds, at most a `first_window` step's, times the rate deficit) is at most
+  `probe_budget` of their time; a probe whose verified drafts were all accepted is followed by one full
+  drafting step (a short probe's rate understates a full window's), which is then measured. The bound: while
+  plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) of the time spent decoding
+  plainly, plus the call's first `min_drafting_steps` drafting steps and the full steps that follow a fully
+  accepted probe (rare where drafts are rarely accepted: a^2 per probe). A probe cut at its first token costs
+  one assistant forward and comes back soon, so does a near tie (one unlucky rejection must not lock a call
+  into plain decoding).
 
 - Per draft tree (`Estimates.leaf_pays`, `generate(tree=True)`): verify the assistant's runner-up as a side
   leaf, or not. The leaf commits one more token when the chain is accepted up to its sibling, the sibling is
@@ -74,11 +86,11 @@ class AutoConfig:
     calibration_decay: float = 0.95  # per judged step, in the confidence bins it touches
     rate_decay: float = 0.8  # per timed drafting step: the drafting rate follows the text
     cost_decay: float = 0.9  # per timed forward: old timings fade (load on a shared machine changes)
-    min_drafting_steps: int = 1  # timed drafting steps of a call before plain decoding can win
-    probe_budget: float = 0.01  # while plain decoding is faster, probes may lose at most this share of the time
+    min_drafting_steps: int = 2  # timed drafting steps of a call before plain decoding can win
+    probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
     optimism: float = 0.5  # standard deviations above the calibration's mean where a cut would verify nothing
     window_growth: int = 4  # a step drafts at most this many times what the last drafting step committed
-    probe_window: int = 2  # the most drafts of a probe, and of a call's first drafting step
+    first_window: int = 2  # the most drafts of a probe, and of a call's first drafting step (no evidence yet)
     worth_decay: float = 0.8  # per judged step: drafts predicted accepted against drafts accepted (`worth`)
     worth_weight: float = 2.0  # `worth` starts at 1 (the estimates hold), worth this many judged drafts
     worth_max: float = 1.5  # predicted acceptance is scaled by at most this much (and held at most 1)
@@ -102,7 +114,8 @@ class AutoState:
     prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the last drafting step
-    probe_loss: float = 0.0  # expected seconds a drafting step as long as the last one loses to plain decoding
+    probe_loss: float = 0.0  # expected seconds a probe (the last step, at most `first_window` drafts) loses to plain
+    granted: bool = False  # the last step was a probe whose verified drafts were all accepted: next, a full step
     window: int = 0  # the most drafts of the next step: window_growth * (last accepted run + 1) (0: k0)
     leaf_calibration: Calibration = field(default_factory=Calibration)  # the runner-up's, given its confidence
     committed: int = 0  # tokens the row's last judged step committed from its model drafts (accepted + 1)
@@ -112,7 +125,8 @@ class AutoState:
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
-          "probe_loss")  # what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
+          "probe_loss", "granted")
+# what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -171,23 +185,25 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
         drafted_before = True
     new = replace(prices, costs=costs, prefilled=prefilled, drafted_before=drafted_before)
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
-        return replace(new, idle=prices.idle + 1)
+        return replace(new, idle=prices.idle + 1, granted=False)
     if not timed:
-        return replace(new, idle=0)
+        return replace(new, idle=0, granted=False)
     tokens = cfg.rate_decay * prices.drafting_tokens
     for row, confidence in rows:  # expected under the checked estimates: the mean of what it committed, without luck
         tokens += 1.0 + float(np.cumprod(estimate(priced(row, new), cfg, width).accepts(confidence)).sum())
     seconds = cfg.rate_decay * prices.drafting_seconds + step_seconds
     plain_tokens = seconds * estimate(new, cfg, width).plain_rate  # what plain decoding commits in that time
     deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
-    probe = min(step_seconds, _probe_seconds(new, cfg, width))  # a probe is at most `probe_window` drafts long
-    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
+    probe = min(step_seconds, _probe_seconds(new, cfg, width))  # a probe is at most `first_window` drafts long
+    probing = prices.drafting_steps >= cfg.min_drafting_steps and not _drafting_pays(prices, cfg, width)
+    granted = probing and all(row.committed == len(c) + 1 for row, c in rows) and any(len(c) for _, c in rows)
+    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds, granted=granted,
                    drafting_steps=prices.drafting_steps + 1, probe_loss=probe * max(deficit, 0.0))
 
 
 def _probe_seconds(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
-    """Seconds of a probe drafting `probe_window` tokens per row, by the cost table."""
-    n = 1 + min(cfg.probe_window, max(state.k0, 1))
+    """Seconds of a probe drafting `first_window` tokens per row, by the cost table."""
+    n = 1 + min(cfg.first_window, max(state.k0, 1))
     return float(state.costs.curve(n, width)[n]) + (n - 1) * (state.costs.draft_per_token or 0.0)
 
 
@@ -237,7 +253,8 @@ def worth(state: AutoState, cfg: AutoConfig) -> float:
     Starts at 1, worth `worth_weight` judged drafts; only the part of the difference past `worth_noise` standard
     deviations of what right estimates would give counts (one miss in a long sure run is luck, not a bias)."""
     w, miss = cfg.worth_weight, state.realized - state.predicted
-    excess = math.copysign(max(abs(miss) - cfg.worth_noise * math.sqrt(state.spread), 0.0), miss)
+    noise = cfg.worth_noise * math.sqrt(state.spread + w / 4)  # `worth_weight` drafts of unknown acceptance add theirs
+    excess = math.copysign(max(abs(miss) - noise, 0.0), miss)
     return min((state.predicted + excess + w) / (state.predicted + w), cfg.worth_max)
 
 
@@ -259,8 +276,9 @@ def warmed_up(state: AutoState, width: int = 1) -> bool:
 
 
 def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
-    """What the next step does: "warm-up" (k0 uncut drafts, to time a forward that verifies drafts), "plain" or
-    "draft" (up to the window, cut by `Estimates.cut`).
+    """What the next step does: "warm-up" (k0 uncut drafts, to time a forward that verifies drafts), "plain",
+    "draft" (up to the window, cut by `Estimates.cut`) or "probe" (at most `first_window` drafts, while plain
+    decoding is faster).
 
     Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
     verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
@@ -272,14 +290,15 @@ def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
         return "warm-up"
     if width not in measured:
         return "plain"
-    if _drafting_pays(state, cfg, width):
+    if _drafting_pays(state, cfg, width) or state.granted:
         return "draft"
     return "probe" if state.idle >= _wait(state, cfg, width) else "plain"
 
 
 def choose(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
-    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), or 0
-    (plain decoding); k0 (or 1) during the warm-up (`mode`)."""
+    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), at most
+    `first_window` for a probe and a call's first drafting step, or 0 (plain decoding); k0 (or 1) during the
+    warm-up (`mode`)."""
     return cap(state, cfg, mode(state, cfg, width))
 
 
@@ -290,7 +309,7 @@ def cap(state: AutoState, cfg: AutoConfig, step: str) -> int:
     if step == "plain":
         return 0
     if step == "probe" or not (state.window or state.drafting_steps):  # a call's first drafting step probes too
-        return min(cfg.k_max, state.k0, cfg.probe_window)
+        return min(cfg.k_max, state.k0, cfg.first_window)
     return min(cfg.k_max, max(state.window, state.k0))
 
 
