@@ -30,17 +30,13 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
 - Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
   the drafting rate is measured over the call's drafting steps (decayed tokens each step is expected to commit
   under the checked estimates / seconds of both models, forced tokens left out: the mean of what it committed,
-  without the luck of one rejection). A call's first drafting step (no evidence yet) is at most `first_window`
-  drafts long. While plain decoding is faster, a probe (a drafting step of at most `first_window` drafts) is
-  retried once the plain steps since the last drafting step took long enough that what a probe is expected to
-  lose against plain decoding (its seconds, at most a `first_window` step's, times the rate deficit) is at most
-  `probe_budget` of their time; a probe whose verified drafts were all accepted is followed by one full
-  drafting step (a short probe's rate understates a full window's), which is then measured. The bound: while
-  plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) of the time spent decoding
-  plainly, plus the call's first `min_drafting_steps` drafting steps and the full steps that follow a fully
-  accepted probe (rare where drafts are rarely accepted: a^2 per probe). A probe cut at its first token costs
-  one assistant forward and comes back soon, so does a near tie (one unlucky rejection must not lock a call
-  into plain decoding).
+  without the luck of one rejection). While plain decoding is faster, a drafting step (a probe) is retried
+  once the plain steps since the last drafting step took long enough that what a step like it is expected to
+  lose against plain decoding (its seconds times the rate deficit) is at most `probe_budget` of their time.
+  The bound: while plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) of the
+  time spent decoding plainly, plus the call's first `min_drafting_steps` drafting steps. A probe cut at its
+  first token costs one assistant forward and comes back soon, so does a near tie (one unlucky rejection must
+  not lock a call into plain decoding); a long draft far behind comes back rarely.
 
 - Per draft tree (`Estimates.leaf_pays`, `generate(tree=True)`): verify the assistant's runner-up as a side
   leaf, or not. The leaf commits one more token when the chain is accepted up to its sibling, the sibling is
@@ -90,11 +86,10 @@ class AutoConfig:
     probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
     optimism: float = 0.5  # standard deviations above the calibration's mean where a cut would verify nothing
     window_growth: int = 4  # a step drafts at most this many times what the last drafting step committed
-    first_window: int = 2  # the most drafts of a probe, and of a call's first drafting step (no evidence yet)
     worth_decay: float = 0.8  # per judged step: drafts predicted accepted against drafts accepted (`worth`)
     worth_weight: float = 2.0  # `worth` starts at 1 (the estimates hold), worth this many judged drafts
     worth_max: float = 1.5  # predicted acceptance is scaled by at most this much (and held at most 1)
-    worth_noise: float = 1.0  # standard deviations of accepted drafts that `worth` reads as luck
+    worth_noise: float = 2.0  # standard deviations of accepted drafts that `worth` reads as luck
 
 
 @dataclass(frozen=True)
@@ -114,19 +109,16 @@ class AutoState:
     prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
     idle: int = 0  # steps since the last drafting step
-    probe_loss: float = 0.0  # expected seconds a probe (the last step, at most `first_window` drafts) loses to plain
-    granted: bool = False  # the last step was a probe whose verified drafts were all accepted: next, a full step
+    probe_loss: float = 0.0  # expected seconds a drafting step as long as the last one loses to plain decoding
     window: int = 0  # the most drafts of the next step: window_growth * (last accepted run + 1) (0: k0)
     leaf_calibration: Calibration = field(default_factory=Calibration)  # the runner-up's, given its confidence
-    committed: int = 0  # tokens the row's last judged step committed from its model drafts (accepted + 1)
     predicted: float = 0.0  # decayed sum of the acceptance estimated for each judged draft (calibration's mean) ...
     realized: float = 0.0  # ... and the decayed drafts the target accepted: `worth` checks one against the other
     spread: float = 0.0  # ... and their variance were the estimates right (decayed sum of a (1 - a))
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
-          "probe_loss", "granted")
-# what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
+          "probe_loss")  # what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -151,8 +143,7 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
                   accepted=d * state.accepted + int((ok & ~lookup).sum()),
                   lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
                   lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
-                  calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay),
-                  committed=accepted + 1)
+                  calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
     if drafted:  # the estimate of each judged draft's acceptance, against the target's verdicts
         new = replace(new, predicted=cfg.worth_decay * state.predicted + float(judged.sum()),
                       realized=cfg.worth_decay * state.realized + accepted,
@@ -185,26 +176,17 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
         drafted_before = True
     new = replace(prices, costs=costs, prefilled=prefilled, drafted_before=drafted_before)
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
-        return replace(new, idle=prices.idle + 1, granted=False)
+        return replace(new, idle=prices.idle + 1)
     if not timed:
-        return replace(new, idle=0, granted=False)
+        return replace(new, idle=0)
     tokens = cfg.rate_decay * prices.drafting_tokens
     for row, confidence in rows:  # expected under the checked estimates: the mean of what it committed, without luck
         tokens += 1.0 + float(np.cumprod(estimate(priced(row, new), cfg, width).accepts(confidence)).sum())
     seconds = cfg.rate_decay * prices.drafting_seconds + step_seconds
     plain_tokens = seconds * estimate(new, cfg, width).plain_rate  # what plain decoding commits in that time
     deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
-    probe = min(step_seconds, _probe_seconds(new, cfg, width))  # a probe is at most `first_window` drafts long
-    probing = prices.drafting_steps >= cfg.min_drafting_steps and not _drafting_pays(prices, cfg, width)
-    granted = probing and all(row.committed == len(c) + 1 for row, c in rows) and any(len(c) for _, c in rows)
-    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds, granted=granted,
-                   drafting_steps=prices.drafting_steps + 1, probe_loss=probe * max(deficit, 0.0))
-
-
-def _probe_seconds(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
-    """Seconds of a probe drafting `first_window` tokens per row, by the cost table."""
-    n = 1 + min(cfg.first_window, max(state.k0, 1))
-    return float(state.costs.curve(n, width)[n]) + (n - 1) * (state.costs.draft_per_token or 0.0)
+    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
+                   drafting_steps=prices.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
 
 
 def priced(beliefs: AutoState, prices: AutoState) -> AutoState:
@@ -276,9 +258,8 @@ def warmed_up(state: AutoState, width: int = 1) -> bool:
 
 
 def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
-    """What the next step does: "warm-up" (k0 uncut drafts, to time a forward that verifies drafts), "plain",
-    "draft" (up to the window, cut by `Estimates.cut`) or "probe" (at most `first_window` drafts, while plain
-    decoding is faster).
+    """What the next step does: "warm-up" (k0 uncut drafts, to time a forward that verifies drafts), "plain" or
+    "draft" (up to the window, cut by `Estimates.cut`).
 
     Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
     verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
@@ -290,15 +271,14 @@ def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
         return "warm-up"
     if width not in measured:
         return "plain"
-    if _drafting_pays(state, cfg, width) or state.granted:
+    if _drafting_pays(state, cfg, width) or state.idle >= _wait(state, cfg, width):
         return "draft"
-    return "probe" if state.idle >= _wait(state, cfg, width) else "plain"
+    return "plain"
 
 
 def choose(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
-    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), at most
-    `first_window` for a probe and a call's first drafting step, or 0 (plain decoding); k0 (or 1) during the
-    warm-up (`mode`)."""
+    """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), or 0
+    (plain decoding); k0 (or 1) during the warm-up (`mode`)."""
     return cap(state, cfg, mode(state, cfg, width))
 
 
@@ -306,11 +286,7 @@ def cap(state: AutoState, cfg: AutoConfig, step: str) -> int:
     """A row's draft cap in a step of this `mode`."""
     if step == "warm-up":
         return state.k0 or 1
-    if step == "plain":
-        return 0
-    if step == "probe" or not (state.window or state.drafting_steps):  # a call's first drafting step probes too
-        return min(cfg.k_max, state.k0, cfg.first_window)
-    return min(cfg.k_max, max(state.window, state.k0))
+    return min(cfg.k_max, max(state.window, state.k0)) if step == "draft" else 0
 
 
 class Auto:

@@ -35,7 +35,7 @@ class SharedPrices:
         self.config = config
         self.state = AutoState(k0=0, costs=costs or CostTable(), prefilled=prefilled, drafted_before=prefilled)
         self.width = 1  # rows in this step's forwards
-        self.mode = mode(self.state, config, self.width)  # "warm-up", "plain", "draft" or "probe", for every row
+        self.mode = mode(self.state, config, self.width)  # "warm-up", "plain" or "draft", for every row
         self.members: list[Auto | None] = []  # per slot: the row's policy if it prices here, else None
         self.proposals: list = []  # per slot: the row's `drafting.proposal.Proposal` this step
         self.feeds: list[int] = []  # per slot: tokens fed to this step's target forward
