@@ -131,7 +131,7 @@ class Estimates:
     optimism: float = 0.0  # where the cut would verify nothing, it rereads acceptance this many stds above the mean
     window: int | None = None  # the most drafts of the next step (None: k_max)
     leaf_calibration: Calibration = Calibration()  # P(the target picks the runner-up | the sibling was rejected)
-    worth: float = 1.0  # accepted drafts measured over those these estimates predicted (scales every chain)
+    worth: float = 1.0  # accepted drafts over those the estimates predicted: scales every predicted acceptance
 
     @property
     def price(self) -> float:
