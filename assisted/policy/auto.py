@@ -21,14 +21,22 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   method for the best ratio of tokens to seconds; the drafting rate is decayed over steps, so one lucky
   step barely moves it). Priced at plain decoding's rate alone, a draft would go on while it saves time over
   plain decoding, even where the time would commit more in a shorter draft and the next step.
+- One measure of worth (`worth`), for every draft source (an assistant of the same or another tokenizer,
+  prompt lookup) and acceptance rule (greedy, speculative sampling, point masses accepted with the target's
+  p(x)): each judged draft's predicted acceptance is checked against the target's verdict; decayed accepted
+  drafts over decayed predicted ones, past what luck explains (`worth_noise` standard deviations), scales every
+  predicted acceptance. A point-mass draft from another tokenizer, which its assistant is sure of whatever the
+  target thinks, is then valued at what it commits, not at its assistant's confidence.
 - Per step (`choose`): draft or decode plainly. Plain decoding commits 1 / target(1) tokens per second;
-  the drafting rate is measured over the call's drafting steps (decayed expected tokens / seconds of both
-  models, forced tokens left out). While plain decoding is faster, a drafting step (a probe) is retried
-  once the plain steps since the last drafting step took long enough that what a step like it is expected
-  to lose against plain decoding (its seconds times the rate deficit) is at most `probe_budget` of their
-  time: a probe cut at its first token costs one assistant forward and comes back soon, so does a near
-  tie (one unlucky rejection must not lock a call into plain decoding); a long draft far behind comes back
-  rarely.
+  the drafting rate is measured over the call's drafting steps (decayed tokens each step is expected to commit
+  under the checked estimates / seconds of both models, forced tokens left out: the mean of what it committed,
+  without the luck of one rejection). While plain decoding is faster, a drafting step (a probe) is retried
+  once the plain steps since the last drafting step took long enough that what a step like it is expected to
+  lose against plain decoding (its seconds times the rate deficit) is at most `probe_budget` of their time.
+  The bound: while plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) of the
+  time spent decoding plainly, plus the call's first `min_drafting_steps` drafting steps. A probe cut at its
+  first token costs one assistant forward and comes back soon, so does a near tie (one unlucky rejection must
+  not lock a call into plain decoding); a long draft far behind comes back rarely.
 
 - Per draft tree (`Estimates.leaf_pays`, `generate(tree=True)`): verify the assistant's runner-up as a side
   leaf, or not. The leaf commits one more token when the chain is accepted up to its sibling, the sibling is
@@ -78,6 +86,10 @@ class AutoConfig:
     probe_budget: float = 0.03  # while plain decoding is faster, probes may lose at most this share of the time
     optimism: float = 0.5  # standard deviations above the calibration's mean where a cut would verify nothing
     window_growth: int = 4  # a step drafts at most this many times what the last drafting step committed
+    worth_decay: float = 0.8  # per judged step: drafts predicted accepted against drafts accepted (`worth`)
+    worth_weight: float = 2.0  # `worth` starts at 1 (the estimates hold), worth this many judged drafts
+    worth_max: float = 1.5  # predicted acceptance is scaled by at most this much (and held at most 1)
+    worth_noise: float = 2.0  # standard deviations of accepted drafts that `worth` reads as luck
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,9 @@ class AutoState:
     probe_loss: float = 0.0  # expected seconds a drafting step as long as the last one loses to plain decoding
     window: int = 0  # the most drafts of the next step: window_growth * (last accepted run + 1) (0: k0)
     leaf_calibration: Calibration = field(default_factory=Calibration)  # the runner-up's, given its confidence
+    predicted: float = 0.0  # decayed sum of the acceptance estimated for each judged draft (calibration's mean) ...
+    realized: float = 0.0  # ... and the decayed drafts the target accepted: `worth` checks one against the other
+    spread: float = 0.0  # ... and their variance were the estimates right (decayed sum of a (1 - a))
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
@@ -121,6 +136,7 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
     acceptance of assistant and prompt-lookup drafts, the calibration, and the window (a step that verified drafts
     sets it to `window_growth` x its accepted run + 1; one whose cut verified nothing says nothing about it)."""
     verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
+    judged = estimate(state, cfg).accepts(verified[:drafted], checked=False)  # (drafted,) as estimated
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
     d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
     new = replace(state, judged=d * state.judged + int((~lookup).sum()),
@@ -128,6 +144,10 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
                   lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
                   lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
+    if drafted:  # the estimate of each judged draft's acceptance, against the target's verdicts
+        new = replace(new, predicted=cfg.worth_decay * state.predicted + float(judged.sum()),
+                      realized=cfg.worth_decay * state.realized + accepted,
+                      spread=cfg.worth_decay * state.spread + float((judged * (1.0 - judged)).sum()))
     return replace(new, window=cfg.window_growth * (accepted + 1)) if asked and drafted else new
 
 
@@ -160,7 +180,7 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
     if not timed:
         return replace(new, idle=0)
     tokens = cfg.rate_decay * prices.drafting_tokens
-    for row, confidence in rows:
+    for row, confidence in rows:  # expected under the checked estimates: the mean of what it committed, without luck
         tokens += 1.0 + float(np.cumprod(estimate(priced(row, new), cfg, width).accepts(confidence)).sum())
     seconds = cfg.rate_decay * prices.drafting_seconds + step_seconds
     plain_tokens = seconds * estimate(new, cfg, width).plain_rate  # what plain decoding commits in that time
@@ -204,7 +224,20 @@ def estimate(state: AutoState, cfg: AutoConfig, width: int = 1) -> Estimates:
     plain = width / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
-                     cfg.optimism, max(state.window, state.k0), state.leaf_calibration)
+                     cfg.optimism, max(state.window, state.k0), state.leaf_calibration, worth(state, cfg))
+
+
+def worth(state: AutoState, cfg: AutoConfig) -> float:
+    """The check of the estimates against the target's verdicts: decayed accepted drafts over the decayed sum of the
+    acceptance the estimates predicted for each judged draft (before the target judged it; drafts up to the first
+    rejection, so the two have the same mean where the estimates hold), for every source (assistant, another
+    tokenizer's text, prompt lookup) and acceptance rule alike. Every predicted acceptance is scaled by it (at most 1).
+    Starts at 1, worth `worth_weight` judged drafts; only the part of the difference past `worth_noise` standard
+    deviations of what right estimates would give counts (one miss in a long sure run is luck, not a bias)."""
+    w, miss = cfg.worth_weight, state.realized - state.predicted
+    noise = cfg.worth_noise * math.sqrt(state.spread + w / 4)  # `worth_weight` drafts of unknown acceptance add theirs
+    excess = math.copysign(max(abs(miss) - noise, 0.0), miss)
+    return min((state.predicted + excess + w) / (state.predicted + w), cfg.worth_max)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:

@@ -131,6 +131,7 @@ class Estimates:
     optimism: float = 0.0  # where the cut would verify nothing, it rereads acceptance this many stds above the mean
     window: int | None = None  # the most drafts of the next step (None: k_max)
     leaf_calibration: Calibration = Calibration()  # P(the target picks the runner-up | the sibling was rejected)
+    worth: float = 1.0  # accepted drafts over those the estimates predicted: scales every predicted acceptance
 
     @property
     def price(self) -> float:
@@ -174,10 +175,12 @@ class Estimates:
         extra = self.target_seconds[min(wide, last)] - self.target_seconds[min(narrow, last)]
         return reach * rejected * picked > self.price * extra
 
-    def accepts(self, confidence: tuple[float, ...], optimism: float = 0.0) -> np.ndarray:
-        """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft."""
+    def accepts(self, confidence: tuple[float, ...], optimism: float = 0.0, checked: bool = True) -> np.ndarray:
+        """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft. `checked`:
+        scaled by `worth` (what the target accepted over what was predicted), at most 1."""
         acc = self.calibration.predict(np.asarray(confidence, dtype=float), optimism)
-        return np.where(np.isnan(acc), self.lookup_acceptance, acc)
+        acc = np.where(np.isnan(acc), self.lookup_acceptance, acc)
+        return np.minimum(acc * self.worth, 1.0) if checked else acc
 
 
 def shared_cut(estimates: list[Estimates], confidences: list[tuple[float, ...]], asking: list[bool], k_max: int,

@@ -391,3 +391,22 @@ def test_the_runner_ups_acceptance_is_calibrated_online_like_the_chains():
     assert not estimate(missed, cfg).leaf_pays(*likely)
     assert estimate(picked, cfg).leaf_pays(*unlikely)
     assert missed.calibration == picked.calibration == state.calibration  # the chain's calibration is apart
+
+
+def test_worth_checks_the_estimates_against_the_verdicts_and_leaves_luck_alone():
+    """Point masses from another tokenizer: the assistant is sure (0.9-0.995, a different confidence bin each step) and
+    the target rejects them. `worth` (accepted over predicted, past two standard deviations of luck) scales every
+    estimate down where the calibration of each bin alone would not have learned yet (control: `worth` off); a
+    calibrated source's one miss in a long run leaves it at 1."""
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(4, 0.15, 0.9).with_draft(0.01, 0.9)
+    checked, unchecked = Auto(3, AutoConfig(), costs=costs), Auto(3, AutoConfig(worth_weight=1e9), costs=costs)
+    for policy in (checked, unchecked):
+        for c in (0.9, 0.96, 0.995):
+            policy.update(1, 0, StepCost(4, 0.15, 3, 0.03), (c,) * 3)
+    assert checked.estimates().worth < 0.9 and unchecked.estimates().worth == pytest.approx(1.0)
+    assert checked.estimates().accepts((0.995,))[0] < 0.9 * unchecked.estimates().accepts((0.995,))[0]
+
+    calibrated = Auto(3, AutoConfig(), costs=costs)
+    for step in range(8):
+        calibrated.update(3, 3 - (step == 6), StepCost(4, 0.15, 3, 0.03), (0.97,) * 3)
+    assert calibrated.estimates().worth == 1.0
