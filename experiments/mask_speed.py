@@ -10,16 +10,14 @@ masks were bitwise the same. One thread; timings on a shared machine are noisy: 
 from __future__ import annotations
 
 import argparse
-import functools
-import gc
-import importlib
 import json
-import pkgutil
 import random
 import time
 from pathlib import Path
 
 import numpy as np
+
+from fsm.caches import clear_caches
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
 
@@ -47,27 +45,12 @@ def cases(count: int, seed: int) -> list[tuple[str, dict, object]]:
     return out
 
 
-def forget_fsm_caches() -> None:
-    """Drop the terms, automata and indexes the process keeps (not the vocabulary): the next guide is all first
-    visits (as tests/conftest.py's fresh_fsm_caches)."""
-    import fsm
-    from fsm.guide import INDEXES
-
-    INDEXES.clear()
-    for info in pkgutil.iter_modules(fsm.__path__):
-        if info.name not in ("vocabulary", "vocabulary_cache", "token_trie"):
-            for value in vars(importlib.import_module(f"fsm.{info.name}")).values():
-                if isinstance(value, functools._lru_cache_wrapper):
-                    value.cache_clear()
-    gc.collect()
-
-
 def walk(schema, instance, tokenizer, trie: bool, policy: str):
     """(mask seconds per position, advance seconds, masks) of a fresh guide over the instance; None if refused."""
     import fsm
     from fsm import index
 
-    forget_fsm_caches()
+    clear_caches()
     index.TRIE_WALK = trie
     try:
         guide = fsm.Guide.from_schema(schema, tokenizer, policy=policy)

@@ -86,24 +86,10 @@ def empty_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def fresh_fsm_caches():
     """Drop every term, automaton and index the process keeps (the vocabulary stays): tests that count the terms
-    or states a build creates then see the same counts whatever ran before them (terms are interned weakly, and
-    kept alive only by these caches)."""
-    import functools
-    import gc
-    import importlib
-    import pkgutil
+    or states a build creates then see the same counts whatever ran before them (`fsm.caches.clear_caches`)."""
+    from fsm.caches import clear_caches
 
-    import fsm
-    from fsm.guide import INDEXES
-
-    INDEXES.clear()
-    for info in pkgutil.iter_modules(fsm.__path__):
-        if info.name == "vocabulary":
-            continue
-        for value in vars(importlib.import_module(f"fsm.{info.name}")).values():
-            if isinstance(value, functools._lru_cache_wrapper):
-                value.cache_clear()
-    gc.collect()
+    clear_caches()
 
 
 @pytest.fixture(params=["dynamic", "static", "static+graphs"])

@@ -13,6 +13,7 @@ import pytest
 
 import fsm
 from fsm import index as ix
+from fsm.caches import clear_caches
 from fsm.lazy_dfa import DEAD
 from fsm.regex import compile_regex
 from fsm.token_trie import TokenTrie
@@ -117,23 +118,6 @@ def _both(monkeypatch, fresh, compute):
     return out
 
 
-def _fresh():
-    import functools
-    import gc
-    import importlib
-    import pkgutil
-
-    from fsm.guide import INDEXES
-
-    INDEXES.clear()
-    for info in pkgutil.iter_modules(fsm.__path__):
-        if info.name not in ("vocabulary", "vocabulary_cache", "token_trie"):
-            for value in vars(importlib.import_module(f"fsm.{info.name}")).values():
-                if isinstance(value, functools._lru_cache_wrapper):
-                    value.cache_clear()
-    gc.collect()
-
-
 @pytest.fixture(params=["smol", "sentencepiece"])
 def tokenizer(request, smol_tokenizer, sentencepiece_tokenizer):
     return smol_tokenizer if request.param == "smol" else sentencepiece_tokenizer
@@ -143,7 +127,7 @@ def tokenizer(request, smol_tokenizer, sentencepiece_tokenizer):
 def test_schema_walks_give_the_same_masks(tokenizer, monkeypatch):
     compared = 0
     for name, schema, instance in _cases():
-        reference, trie = _both(monkeypatch, _fresh, lambda: _schema_masks(schema, instance, tokenizer))
+        reference, trie = _both(monkeypatch, clear_caches, lambda: _schema_masks(schema, instance, tokenizer))
         assert trie == reference, name
         compared += len(reference or ())
     assert compared > 50
@@ -151,7 +135,7 @@ def test_schema_walks_give_the_same_masks(tokenizer, monkeypatch):
 
 @pytest.mark.parametrize("pattern", REGEXES)
 def test_regex_walks_give_the_same_masks(tokenizer, monkeypatch, pattern):
-    reference, trie = _both(monkeypatch, _fresh, lambda: _regex_masks(pattern, tokenizer, seed=3))
+    reference, trie = _both(monkeypatch, clear_caches, lambda: _regex_masks(pattern, tokenizer, seed=3))
     assert trie == reference and len(reference) > 1
 
 
@@ -164,7 +148,7 @@ def test_the_differential_sees_a_dropped_token(smol_tokenizer, monkeypatch):
         return (rows[1:], ends[1:]) if len(rows) > 1 else (rows, ends)
 
     pattern = REGEXES[0]
-    reference, _ = _both(monkeypatch, _fresh, lambda: _regex_masks(pattern, smol_tokenizer, seed=3))
+    reference, _ = _both(monkeypatch, clear_caches, lambda: _regex_masks(pattern, smol_tokenizer, seed=3))
     monkeypatch.setattr(TokenTrie, "walk", lossy)
-    _, broken = _both(monkeypatch, _fresh, lambda: _regex_masks(pattern, smol_tokenizer, seed=3))
+    _, broken = _both(monkeypatch, clear_caches, lambda: _regex_masks(pattern, smol_tokenizer, seed=3))
     assert broken != reference
