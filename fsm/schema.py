@@ -6,9 +6,12 @@ Policies (all documented in the README):
 - Properties are written in schema order; optional ones may be left out (`property_order="any"`:
   in any order, each declared key at most once, extra keys anywhere). `additionalProperties`
   absent means closed objects (only the listed properties) unless `additional_properties=True`.
-- At most `max_recursion_depth` recursive `$ref`s (those on a cycle) are nested; deeper alternatives
-  are left out. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
-  Free-form values (`{}`, `true`, open additional properties) nest at most as deep.
+- Values nest to any depth the schema allows: free-form values (`{}`, `true`, open additional properties) and
+  recursive `$ref`s (those on a cycle) are `rx.call`s of rules whose bodies call themselves, so a DFA state is a
+  stack (fsm/rx.py, `Rule`). A recursion the rules cannot express (reached before any byte, or whose emptiness is
+  undecided) is unrolled as with `max_recursion_depth=3`. An explicit `max_recursion_depth` is an opt-in limit:
+  at most that many recursive `$ref`s are nested (deeper alternatives are left out) and free-form values nest at
+  most as deep. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
 - Strings with `pattern` or `format` are written without escape sequences.
 The language is always a subset of the valid instances (the compiler builds an under-approximation
 L and, for `not`, `oneOf` and `if`, an over-approximation U of each subschema: `not S` is L ∩ ¬U(S)).
@@ -37,6 +40,7 @@ from fsm.unevaluated import close_unevaluated
 UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
+FALLBACK_DEPTH = 3  # recursion unrolled this deep where rules cannot express it
 
 
 
@@ -47,7 +51,7 @@ def compile_schema(
     whitespace: str = "",
     policy: str | None = None,
     additional_properties: bool | None = None,
-    max_recursion_depth: int = 3,
+    max_recursion_depth: int | None = None,
     property_order: str | None = None,
     budget: Budget | None = None,
 ) -> rx.Rx:
@@ -75,8 +79,9 @@ def compile_schema(
     additional_properties : bool, optional
         How to read objects that do not say ``additionalProperties``: False allows only the listed
         properties, True also allows further keys with any JSON value.
-    max_recursion_depth : int
-        How many times a recursive ``$ref`` is unrolled.
+    max_recursion_depth : int, optional
+        None (the default): any depth. An int: how many times a recursive ``$ref`` is unrolled, and how deep
+        free-form values nest (an opt-in limit).
     property_order : str, optional
         "schema": object members in the order of ``properties``, optional ones may be left out, extra
         keys last. "any": members in any order, each declared key at most once (extra keys anywhere),
@@ -106,7 +111,7 @@ def compile_with_notes(
     whitespace: str = "",
     policy: str | None = None,
     additional_properties: bool | None = None,
-    max_recursion_depth: int = 3,
+    max_recursion_depth: int | None = None,
     property_order: str | None = None,
     budget: Budget | None = None,
 ) -> tuple[rx.Rx, list[str]]:
@@ -125,14 +130,28 @@ def _compile_with_notes(schema, whitespace, policy, additional_properties, max_r
     dialect = dialect_of(root)
     try:
         root = absolute_refs(root, dialect)
-        compiler = Compiler(root, ws, additional_properties, max_recursion_depth, property_order, dialect)
-        term = compiler.compile(read(root, dialect, "#"), "#")
+        for max_depth, plain_calls in _attempts(max_recursion_depth):
+            compiler = Compiler(root, ws, additional_properties, max_depth, property_order, dialect, plain_calls)
+            try:
+                term = compiler.compile(read(root, dialect, "#"), "#")
+            except rx.UndefinedRule:  # a recursive rule was asked about while its body was compiled
+                continue
+            problem = compiler.rules_problem()
+            if problem is None:
+                break
     except RecursionError:  # e.g. allOf through $ref cycles: a clear error instead of a crash
         raise SchemaError("the schema nests too deeply to compile (Python's recursion limit)", pointer="#") from None
     if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
         keyword = "$ref" if compiler.cut else None
         raise SchemaError("the schema accepts no value that can be generated", keyword=keyword, pointer="#")
     return term, compiler.notes
+
+
+def _attempts(max_recursion_depth: int | None) -> list[tuple[int | None, bool]]:
+    """(max_depth, plain calls) to try in turn: rules assumed plain, rules of any kind, then unrolling."""
+    if max_recursion_depth is not None:
+        return [(max_recursion_depth, True)]
+    return [(None, True), (None, False), (FALLBACK_DEPTH, True)]
 
 
 def _whitespace(pattern: str) -> rx.Rx:
@@ -153,8 +172,8 @@ def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
 class Compiler:
     """Schema -> under-approximation L (`compile`) and over-approximation U (`upper`) of its JSON texts."""
 
-    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int, property_order: str = "schema",
-                 dialect: Dialect = DEFAULT):
+    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int | None, property_order: str = "schema",
+                 dialect: Dialect = DEFAULT, plain_calls: bool = True):
         from fsm.schema_upper import Upper
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
@@ -172,9 +191,11 @@ class Compiler:
         self.negations = 0  # `not`s around the subschema being compiled (schema_logic.logic)
         self.notes: list[str] = []
         self.cut = False  # a $ref went deeper than max_depth somewhere
+        self.rules: dict[tuple, rx.Rx] = {}  # (ref, negations) -> the call of its rule (max_depth None)
+        self.plain_calls = plain_calls and ws.plain  # rules assumed free of intersections (checked once defined)
         self.upper = Upper(self)
         self.any = jt.any_value(ws, max_depth)
-        self.skeleton = jt.any_value(ws, max_depth + SKELETON_EXTRA_DEPTH)
+        self.skeleton = jt.any_value(ws, None if max_depth is None else max_depth + SKELETON_EXTRA_DEPTH)
 
     def compile(self, schema, pointer: str) -> rx.Rx:
         """L: a term whose every string is valid under `schema` (the same subschema in the same context: one term)."""
@@ -246,6 +267,8 @@ class Compiler:
         if siblings:  # only from 2019-09 (`read` drops them in earlier drafts)
             return self.compile({"allOf": [{"$ref": ref}, siblings]}, pointer)
         cyclic = ref in self.reachable(ref)
+        if cyclic and self.max_depth is None:
+            return self.recursive(ref, target)
         if cyclic and self.depth >= self.max_depth:
             self.cut = True
             return rx.NOTHING
@@ -257,6 +280,23 @@ class Compiler:
             finally:
                 self.depth -= cyclic
         return self.memo[key]
+
+    def recursive(self, ref: str, target) -> rx.Rx:
+        """The call of the rule of a recursive `ref`: its own call inside its body (any depth, checked at the end)."""
+        key = (ref, self.negations)
+        if key not in self.rules:
+            rule = rx.Rule(ref)
+            self.rules[key] = rx.call(rule, self.plain_calls)
+            rx.define(rule, self.compile(target, ref))
+        return self.rules[key]
+
+    def rules_problem(self) -> str | None:
+        """Why a rule cannot stand (`rx.check_rule`; then compile again another way), or None."""
+        for (ref, _), term in self.rules.items():
+            problem = rx.check_rule(term)
+            if problem is not None:
+                return f"{ref}: {problem}"
+        return None
 
     def reachable(self, ref: str) -> frozenset[str]:
         """Every $ref reachable from `ref`'s target (what its term can depend on)."""
