@@ -29,6 +29,7 @@ from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import Budget, GuideBudgetError, metered
 from fsm.dialects import DEFAULT, Dialect, as_dict, declared, dialect_at, dialect_of, read
+from fsm.enum_filter import valid_constants
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 from fsm.object_policy import object_policy
@@ -217,6 +218,11 @@ class Compiler:
             return rx.NOTHING
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
+        kept = None if self.switches else valid_constants(schema, self.dialect.name, VALIDATION)
+        if kept is not None:  # enum/const with other keywords: the values the validator accepts (fsm.enum_filter)
+            from fsm.schema_types import constants
+
+            return constants(self, {"enum": kept}, pointer) if kept else rx.NOTHING
         schema = close_unevaluated(validation_keywords(schema, pointer), pointer, self.resolve)
         if not schema:
             return self.any
