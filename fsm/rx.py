@@ -221,7 +221,7 @@ def define(rule: Rule, body: Rx) -> None:
     rule.body = body
 
 
-def check_rule(term: Rx, limit: int = 10_000) -> str | None:
+def check_rule(term: Rx, limit: int = 500) -> str | None:
     """Why the call `term` cannot stand as a state (None when it can): unguarded recursion, a body that matches the
     empty string or nothing, a plain call whose body is not plain, or emptiness undecided within `limit` terms."""
     rule = term.args[0]
@@ -243,6 +243,38 @@ def check_rule(term: Rx, limit: int = 10_000) -> str | None:
         return "an empty language" if is_empty(term, limit) else None
     except UndecidedError:
         return "emptiness undecided"
+
+
+def calls_under_intersection(roots) -> bool:
+    """Whether a call lies inside an intersection or complement of the terms `roots` or of the bodies they call: there
+    an emptiness search meets the rule's endless states, so such a language is better unrolled (fsm/schema.py)."""
+    has_call: dict[int, bool] = {}
+    seen, stack = set(), list(roots)
+    while stack:
+        t = stack.pop()
+        if t.id in seen:
+            continue
+        seen.add(t.id)
+        if t.kind in ("and", "not") and _has_call(t, has_call):
+            return True
+        stack.extend(t.children)
+        if t.kind == "call":
+            stack.append(t.args[0].body)
+    return False
+
+
+def _has_call(term: Rx, memo: dict[int, bool]) -> bool:
+    """Whether a call is among the subterms of `term` (calls not unfolded)."""
+    order, stack = [], [term]
+    while stack:  # post-order without recursion
+        t = stack.pop()
+        if t.id not in memo:
+            memo[t.id] = t.kind == "call"
+            order.append(t)
+            stack.extend(t.children)
+    for t in reversed(order):
+        memo[t.id] = memo[t.id] or any(memo[c.id] for c in t.children)
+    return memo[term.id]
 
 
 def _unfold(term: Rx, question: str, answer, busy):

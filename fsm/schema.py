@@ -42,6 +42,7 @@ UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
 FALLBACK_DEPTH = 3  # recursion unrolled this deep where rules cannot express it
+MAX_PLAIN_RETRIES = 4  # compiles that learn which rules are not plain before all are taken as not plain
 
 
 
@@ -131,15 +132,8 @@ def _compile_with_notes(schema, whitespace, policy, additional_properties, max_r
     dialect = dialect_of(root)
     try:
         root = absolute_refs(root, dialect)
-        for max_depth, plain_calls in _attempts(max_recursion_depth):
-            compiler = Compiler(root, ws, additional_properties, max_depth, property_order, dialect, plain_calls)
-            try:
-                term = compiler.compile(read(root, dialect, "#"), "#")
-            except rx.UndefinedRule:  # a recursive rule was asked about while its body was compiled
-                continue
-            problem = compiler.rules_problem()
-            if problem is None:
-                break
+        term, compiler = _compile_root(Compiler.setup(root, ws, additional_properties, property_order, dialect),
+                                       max_recursion_depth)
     except RecursionError:  # e.g. allOf through $ref cycles: a clear error instead of a crash
         raise SchemaError("the schema nests too deeply to compile (Python's recursion limit)", pointer="#") from None
     if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
@@ -148,11 +142,35 @@ def _compile_with_notes(schema, whitespace, policy, additional_properties, max_r
     return term, compiler.notes
 
 
-def _attempts(max_recursion_depth: int | None) -> list[tuple[int | None, bool]]:
-    """(max_depth, plain calls) to try in turn: rules assumed plain, rules of any kind, then unrolling."""
+def _compile_root(make, max_recursion_depth: int | None) -> tuple[rx.Rx, "Compiler"]:
+    """(term, compiler) of the root: with rules for recursion (plain where their bodies are, found by retrying with
+    the rules that turned out not plain, and those reaching them, marked), else unrolled `FALLBACK_DEPTH` deep."""
     if max_recursion_depth is not None:
-        return [(max_recursion_depth, True)]
-    return [(None, True), (None, False), (FALLBACK_DEPTH, True)]
+        compiler = make(max_recursion_depth)
+        return compiler.compile(compiler.read_root(), "#"), compiler
+    nonplain: set[str] = set()
+    for attempt in range(MAX_PLAIN_RETRIES + 1):  # the last takes every rule as not plain
+        compiler = make(None, frozenset(nonplain) if attempt < MAX_PLAIN_RETRIES else None)
+        try:
+            term = compiler.compile(compiler.read_root(), "#")
+        except NotPlain as found:
+            nonplain |= compiler.reaching(found.ref)
+            continue
+        except rx.UndefinedRule:  # a recursive rule was asked about while its body was compiled
+            break
+        if compiler.rules_problem() is None and not rx.calls_under_intersection([term]):
+            return term, compiler
+        break
+    compiler = make(FALLBACK_DEPTH)
+    return compiler.compile(compiler.read_root(), "#"), compiler
+
+
+class NotPlain(Exception):
+    """A rule assumed plain has a body with intersections or complements: compile again with it marked."""
+
+    def __init__(self, ref: str):
+        super().__init__(ref)
+        self.ref = ref
 
 
 def _whitespace(pattern: str) -> rx.Rx:
@@ -174,7 +192,7 @@ class Compiler:
     """Schema -> under-approximation L (`compile`) and over-approximation U (`upper`) of its JSON texts."""
 
     def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int | None, property_order: str = "schema",
-                 dialect: Dialect = DEFAULT, plain_calls: bool = True):
+                 dialect: Dialect = DEFAULT, nonplain: frozenset | None = frozenset()):
         from fsm.schema_upper import Upper
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
@@ -192,11 +210,13 @@ class Compiler:
         self.negations = 0  # `not`s around the subschema being compiled (schema_logic.logic)
         self.notes: list[str] = []
         self.cut = False  # a $ref went deeper than max_depth somewhere
+        self.merging: set[str] = set()  # cyclic $refs inlined by the merges enclosing this compile (see `inline`)
         self.rules: dict[tuple, rx.Rx] = {}  # (ref, negations) -> the call of its rule (max_depth None)
-        self.plain_calls = plain_calls and ws.plain  # rules assumed free of intersections (checked once defined)
+        self.nonplain = nonplain  # refs whose rules have intersections (None: every rule), the others assumed plain
         self.upper = Upper(self)
         self.any = jt.any_value(ws, max_depth)
-        self.skeleton = jt.any_value(ws, None if max_depth is None else max_depth + SKELETON_EXTRA_DEPTH)
+        # counting terms intersect their items: a rule there would make emptiness undecidable, so they stay bounded
+        self.skeleton = jt.any_value(ws, (FALLBACK_DEPTH if max_depth is None else max_depth) + SKELETON_EXTRA_DEPTH)
 
     def compile(self, schema, pointer: str) -> rx.Rx:
         """L: a term whose every string is valid under `schema` (the same subschema in the same context: one term)."""
@@ -292,9 +312,25 @@ class Compiler:
         key = (ref, self.negations)
         if key not in self.rules:
             rule = rx.Rule(ref)
-            self.rules[key] = rx.call(rule, self.plain_calls)
+            plain = self.ws.plain and self.nonplain is not None and ref not in self.nonplain
+            self.rules[key] = rx.call(rule, plain)
             rx.define(rule, self.compile(target, ref))
+            if plain and not rule.body.plain:
+                raise NotPlain(ref)
         return self.rules[key]
+
+    def reaching(self, ref: str) -> set[str]:
+        """`ref` and the $refs whose targets reach it."""
+        return {ref} | {r for r, reached in self.reach.items() if ref in reached}
+
+    @classmethod
+    def setup(cls, root, ws: rx.Rx, open_objects: bool, property_order: str, dialect: Dialect):
+        """A maker of compilers for one root: make(max_depth, nonplain=frozenset())."""
+        return lambda max_depth, nonplain=frozenset(): cls(root, ws, open_objects, max_depth, property_order, dialect,
+                                                           nonplain)
+
+    def read_root(self):
+        return read(self.root, self.dialect, "#")
 
     def rules_problem(self) -> str | None:
         """Why a rule cannot stand (`rx.check_rule`; then compile again another way), or None."""
@@ -327,8 +363,14 @@ class Compiler:
         """Merge the parts into one schema; where they cannot be merged, intersect their terms."""
         if any(part is False for part in schema["allOf"]):
             return rx.NOTHING
+        inlined = set()  # the $refs this merge inlines: while its result compiles, a merge reaching one again stops
         try:
-            return self.compile(merge_all(schema, pointer, self.resolve), pointer)
+            merged = merge_all(schema, pointer, lambda ref, where: self.inline(ref, where, inlined))
+            self.merging |= inlined
+            try:
+                return self.compile(merged, pointer)
+            finally:
+                self.merging -= inlined
         except Unsatisfiable:
             return rx.NOTHING
         except GuideBudgetError:
@@ -339,6 +381,15 @@ class Compiler:
         rest = {k: v for k, v in schema.items() if k != "allOf"}
         parts = [self.compile(s, f"{pointer}/allOf/{i}") for i, s in enumerate(schema["allOf"])]
         return rx.inter(self.compile(rest, pointer) if rest else self.any, *parts)
+
+    def inline(self, ref: str, pointer: str, inlined: set) -> dict:
+        """`resolve` for a merge; a $ref that an enclosing merge inlined is a cycle through allOf: not merged again
+        (then the parts are compiled apart, and the $ref goes through `ref`, which bounds its recursion)."""
+        if ref in self.merging:
+            raise SchemaError("cannot be merged: allOf reaches its own $ref again", keyword="allOf", pointer=pointer)
+        if ref not in self.merging and ref in self.reachable(ref):
+            inlined.add(ref)
+        return self.resolve(ref, pointer)
 
     def logic(self, schema: dict, pointer: str) -> rx.Rx:
         return logic(self, schema, pointer)
