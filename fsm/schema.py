@@ -156,13 +156,17 @@ def _compile_root(make, max_recursion_depth: int | None) -> tuple[rx.Rx, "Compil
         except NotPlain as found:
             nonplain |= compiler.reaching(found.ref)
             continue
-        except rx.UndefinedRule:  # a recursive rule was asked about while its body was compiled
+        except (rx.UndefinedRule, Entangled):  # a rule asked about while its body compiled, or held by an intersection
             break
         if compiler.rules_problem() is None and not rx.calls_under_intersection([term]):
             return term, compiler
         break
     compiler = make(FALLBACK_DEPTH)
     return compiler.compile(compiler.read_root(), "#"), compiler
+
+
+class Entangled(Exception):
+    """A rule's body holds a call inside an intersection or complement (`rx.calls_under_intersection`): unroll."""
 
 
 class NotPlain(Exception):
@@ -315,6 +319,8 @@ class Compiler:
             plain = self.ws.plain and self.nonplain is not None and ref not in self.nonplain
             self.rules[key] = rx.call(rule, plain)
             rx.define(rule, self.compile(target, ref))
+            if rx.calls_under_intersection([rule.body]):
+                raise Entangled(ref)
             if plain and not rule.body.plain:
                 raise NotPlain(ref)
         return self.rules[key]
