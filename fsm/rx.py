@@ -258,7 +258,7 @@ def calls_under_intersection(roots) -> bool:
         if t.kind in ("and", "not") and _has_call(t, has_call):
             return True
         stack.extend(t.children)
-        if t.kind == "call":
+        if t.kind == "call" and t.args[0].body is not None:  # a rule still being compiled is checked once defined
             stack.append(t.args[0].body)
     return False
 
