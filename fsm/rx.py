@@ -235,7 +235,7 @@ def check_rule(term: Rx, limit: int = 500) -> str | None:
         term.classes  # noqa: B018 (computed and memoized here: unguarded recursion raises)
     except UnguardedRecursion:
         return "unguarded recursion"
-    if witness(term) is not None:  # memoized now, while no other rule is open
+    if _witnessed(term):  # witness and liveness memoized now, while no other rule is open
         return None
     if term.plain:
         return "an empty language"
