@@ -156,8 +156,8 @@ def _compile_root(make, max_recursion_depth: int | None) -> tuple[rx.Rx, "Compil
         except NotPlain as found:
             nonplain |= compiler.reaching(found.ref)
             continue
-        except (rx.UndefinedRule, Entangled):  # a rule asked about while its body compiled, or held by an intersection
-            break
+        except (rx.UndefinedRule, Entangled, RecursionError):  # a rule asked about while its body compiled, held by
+            break  # an intersection, or terms too deep for Python's stack: unrolled instead
         if compiler.rules_problem() is None and not rx.calls_under_intersection([term]):
             return term, compiler
         break
