@@ -91,14 +91,31 @@ def member(key_term: rx.Rx, value: rx.Rx, ws: rx.Rx) -> rx.Rx:
     return seq(key_term, ws, literal(":"), ws, value)
 
 
-def any_value(ws: rx.Rx, depth: int) -> rx.Rx:
-    """Any JSON value (strings with escapes, any key order) with arrays/objects nested <= depth."""
+def any_value(ws: rx.Rx, depth: int | None = None) -> rx.Rx:
+    """Any JSON value (strings with escapes, any key order) with arrays/objects nested <= depth (None: any depth)."""
+    if depth is None:
+        return _any_value(ws)
     if depth <= 0:
         return SCALAR
-    inner = any_value(ws, depth - 1)
+    return _container_or_scalar(any_value(ws, depth - 1), ws)
+
+
+def _container_or_scalar(inner: rx.Rx, ws: rx.Rx) -> rx.Rx:
     array = delimited("[", "]", listing(inner, ws), ws)
     obj = delimited("{", "}", listing(member(STRING, inner, ws), ws), ws)
     return alt(SCALAR, array, obj)
+
+
+@lru_cache(maxsize=64)
+def _any_value(ws: rx.Rx) -> rx.Rx:
+    """Any JSON value at any depth: a call of a rule whose body holds calls of itself in its arrays and objects."""
+    rule = rx.Rule("any JSON value")
+    value = rx.call(rule, plain=ws.plain)
+    rx.define(rule, _container_or_scalar(value, ws))
+    problem = rx.check_rule(value)
+    if problem is not None:
+        raise ValueError(f"any JSON value with whitespace {ws!r}: {problem}")
+    return value
 
 
 def counted(kinds: list[tuple[rx.Rx, int]], ws: rx.Rx, low: int, high: int | None) -> rx.Rx:

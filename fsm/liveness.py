@@ -135,6 +135,6 @@ def _rebuild(term: rx.Rx, parts: list[rx.Rx], mask: int, star_of_mask: rx.Rx) ->
         return rx.pick(*parts)
     if kind == "hole":
         return rx.hole(parts[0])
-    if kind == "not":  # (¬c) ∩ S* does not distribute further
+    if kind in ("not", "call"):  # (¬c) ∩ S* does not distribute further; a call is restricted as a whole
         return rx.inter(term, star_of_mask)
     return term  # nothing, epsilon

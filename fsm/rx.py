@@ -27,12 +27,12 @@ _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 class Rx:
     """One interned term. kind is nothing | epsilon | bytes | seq | alt | and | not | repeat | anyorder |
-    pick | hole.
+    pick | hole | call.
 
     args: bytes -> (mask,) a 256-bit int; seq -> (head, tail); alt/and -> children sorted by id;
     not -> (child,); repeat -> (child, low, high or None);
     anyorder -> (sep, extra, universe, *required, *optional, n_required), each group sorted by id;
-    pick -> (items, owner) and hole -> (item,): see `any_order_list`.
+    pick -> (items, owner) and hole -> (item,): see `any_order_list`; call -> (rule,): see `Rule`.
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
@@ -182,6 +182,113 @@ def optional(term: Rx) -> Rx:
 
 
 ANYTHING = _term("not", (NOTHING,), True, False)  # every byte string; the identity of `inter`
+
+
+class Rule:
+    """A language that may contain itself (any JSON value, a recursive `$ref`): `call(rule)` stands for it inside
+    its own body, which is set once by `define`. The recursion must be guarded (a call only after a byte), the body
+    non-empty and never the empty string: `check_rule` says whether it is. A derivative unfolds one call, so a DFA
+    state is the open part of the innermost value followed by what closes each enclosing one: a stack, as a term.
+    """
+
+    __slots__ = ("name", "body", "open")
+
+    def __init__(self, name: str):
+        self.name, self.body, self.open = name, None, set()  # open: questions about the rule being answered
+
+    def __repr__(self) -> str:
+        return f"Rule({self.name!r})"
+
+
+class UnguardedRecursion(ValueError):
+    """A rule's body reaches a call of a rule being expanded before any byte (see `check_rule`)."""
+
+
+class UndefinedRule(ValueError):
+    """A question about a call whose rule has no body yet (its body is being compiled)."""
+
+
+def call(rule: Rule, plain: bool) -> Rx:
+    """The language of `rule` (its body, once defined). `plain`: the body has no intersection or complement (then
+    the body must have a witness, see `check_rule`)."""
+    return _term("call", (rule,), False, plain)
+
+
+def define(rule: Rule, body: Rx) -> None:
+    """Set the body of `rule` (once)."""
+    if rule.body is not None:
+        raise ValueError(f"{rule!r} is already defined")
+    rule.body = body
+
+
+def check_rule(term: Rx, limit: int = 500) -> str | None:
+    """Why the call `term` cannot stand as a state (None when it can): unguarded recursion, a body that matches the
+    empty string or nothing, a plain call whose body is not plain, or emptiness undecided within `limit` terms."""
+    rule = term.args[0]
+    if rule.body is None or rule.body is NOTHING:
+        return "an empty body"
+    if rule.body.nullable:
+        return "a body that matches the empty string"
+    if term.plain and not rule.body.plain:
+        return "not plain"
+    try:
+        term.classes  # noqa: B018 (computed and memoized here: unguarded recursion raises)
+    except UnguardedRecursion:
+        return "unguarded recursion"
+    if _witnessed(term):  # witness and liveness memoized now, while no other rule is open
+        return None
+    if term.plain:
+        return "an empty language"
+    try:
+        return "an empty language" if is_empty(term, limit) else None
+    except UndecidedError:
+        return "emptiness undecided"
+
+
+def calls_under_intersection(roots) -> bool:
+    """Whether a call lies inside an intersection or complement of the terms `roots` or of the bodies they call: there
+    an emptiness search meets the rule's endless states, so such a language is better unrolled (fsm/schema.py)."""
+    has_call: dict[int, bool] = {}
+    seen, stack = set(), list(roots)
+    while stack:
+        t = stack.pop()
+        if t.id in seen:
+            continue
+        seen.add(t.id)
+        if t.kind in ("and", "not") and _has_call(t, has_call):
+            return True
+        stack.extend(t.children)
+        if t.kind == "call" and t.args[0].body is not None:  # a rule still being compiled is checked once defined
+            stack.append(t.args[0].body)
+    return False
+
+
+def _has_call(term: Rx, memo: dict[int, bool]) -> bool:
+    """Whether a call is among the subterms of `term` (calls not unfolded)."""
+    order, stack = [], [term]
+    while stack:  # post-order without recursion
+        t = stack.pop()
+        if t.id not in memo:
+            memo[t.id] = t.kind == "call"
+            order.append(t)
+            stack.extend(t.children)
+    for t in reversed(order):
+        memo[t.id] = memo[t.id] or any(memo[c.id] for c in t.children)
+    return memo[term.id]
+
+
+def _unfold(term: Rx, question: str, answer, busy):
+    """answer(body) for the call `term`, or busy() when the same question about its rule is open (recursion)."""
+    rule = term.args[0]
+    if rule.body is None:
+        raise UndefinedRule(f"{rule!r} is used before it is defined")
+    if question in rule.open:
+        return busy()
+    rule.open.add(question)
+    try:
+        return answer(rule.body)
+    finally:
+        rule.open.discard(question)
 
 
 def any_order_list(required, optional, extra: Rx, sep: Rx, universe: Rx | None = None) -> Rx:
@@ -507,6 +614,8 @@ def _derive(term: Rx, byte: int) -> Rx:
         items, owner = args
         return alt(pick(derivative(items, byte), owner),
                    *(derivative(_after(t, owner), byte) for t in _open_holes(items)))
+    if kind == "call":
+        return derivative(args[0].body, byte)
     return NOTHING  # nothing, epsilon, hole
 
 
@@ -533,7 +642,13 @@ def _classes(term: Rx) -> tuple[int, ...]:
         for t in _open_holes(items):
             out = _refine(out, _after(t, owner).classes)
         return out
+    if kind == "call":
+        return _unfold(term, "classes", lambda body: body.classes, _unguarded)
     return (ALL_BYTES,)
+
+
+def _unguarded():
+    raise UnguardedRecursion("a recursive rule reaches itself before any byte")
 
 
 def _refine(blocks: tuple[int, ...], other: tuple[int, ...]) -> tuple[int, ...]:
@@ -649,6 +764,10 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     if kind == "pick":
         return _every(f for f in (_pick_branch(b, args[1], decide, _some) for b in _branches(args[0]))
                       if f is not _UNFILLED)
+    if kind == "call":  # the body, where the same question is not open already; else a search
+        found = _unfold(term, "empty", decide, lambda: None)
+        if found is not None:
+            return found
     if _witnessed(term):  # proved non-empty without a search
         return False
     return _search_empty(term, limit)
@@ -719,9 +838,31 @@ def witness(term: Rx) -> bytes | None:
     shortest object of their positive part as proof: one check instead of a search of their derivatives.
     """
     found = term._witness
-    if found is None:
+    if found is None and _scratch:  # a rule is open: what is found now may miss its recursive branches
+        found = _scratch[-1].get(term.id)
+        if found is None:
+            found = _scratch[-1][term.id] = _find_witness(term)
+    elif found is None:
         found = term._witness = _find_witness(term)
     return None if found is _NO_WITNESS else found
+
+
+def _witness_or_none(term: Rx) -> bytes:
+    found = witness(term)
+    return _NO_WITNESS if found is None else found
+
+
+_scratch: list[dict] = []  # witnesses found while a rule is being unfolded, forgotten when the outermost closes
+
+
+def _call_witness(term: Rx) -> bytes:
+    """A call's witness: its body's, where a call of a rule open on the way has none. The outermost rule's is exact
+    (a shortest string never contains a shorter one of the same rule), the others' are kept apart (`_scratch`)."""
+    _scratch.append(_scratch[-1] if _scratch else {})
+    try:
+        return _unfold(term, "witness", _witness_or_none, lambda: _NO_WITNESS)
+    finally:
+        _scratch.pop()
 
 
 def _find_witness(term: Rx) -> bytes:
@@ -757,6 +898,8 @@ def _find_witness(term: Rx) -> bytes:
             found = witness(part)
             if found is not None and all(matches(other, found) for other in args if other is not part):
                 return found
+    if kind == "call":
+        return _call_witness(term)
     return _NO_WITNESS  # nothing, not, and without a witness
 
 

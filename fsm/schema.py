@@ -6,9 +6,12 @@ Policies (all documented in the README):
 - Properties are written in schema order; optional ones may be left out (`property_order="any"`:
   in any order, each declared key at most once, extra keys anywhere). `additionalProperties`
   absent means closed objects (only the listed properties) unless `additional_properties=True`.
-- At most `max_recursion_depth` recursive `$ref`s (those on a cycle) are nested; deeper alternatives
-  are left out. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
-  Free-form values (`{}`, `true`, open additional properties) nest at most as deep.
+- Values nest to any depth the schema allows: free-form values (`{}`, `true`, open additional properties) and
+  recursive `$ref`s (those on a cycle) are `rx.call`s of rules whose bodies call themselves, so a DFA state is a
+  stack (fsm/rx.py, `Rule`). A recursion the rules cannot express (reached before any byte, or whose emptiness is
+  undecided) is unrolled as with `max_recursion_depth=3`. An explicit `max_recursion_depth` is an opt-in limit:
+  at most that many recursive `$ref`s are nested (deeper alternatives are left out) and free-form values nest at
+  most as deep. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
 - Strings with `pattern` or `format` are written without escape sequences.
 The language is always a subset of the valid instances (the compiler builds an under-approximation
 L and, for `not`, `oneOf` and `if`, an over-approximation U of each subschema: `not S` is L ∩ ¬U(S)).
@@ -26,6 +29,7 @@ from fsm import json_terms as jt
 from fsm import rx
 from fsm.budget import Budget, GuideBudgetError, metered
 from fsm.dialects import DEFAULT, Dialect, as_dict, declared, dialect_at, dialect_of, read
+from fsm.enum_filter import valid_constants
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
 from fsm.object_policy import object_policy
@@ -37,6 +41,8 @@ from fsm.unevaluated import close_unevaluated
 UNSUPPORTED = frozenset("$dynamicRef $recursiveRef".split())
 ROOT_SEARCH = 100_000  # states explored to prove the whole language empty (then: SchemaError, not a dead guide)
 SKELETON_EXTRA_DEPTH = 4  # counting terms (minProperties, contains) see values this much deeper than free-form ones
+FALLBACK_DEPTH = 3  # recursion unrolled this deep where rules cannot express it
+MAX_PLAIN_RETRIES = 4  # compiles that learn which rules are not plain before all are taken as not plain
 
 
 
@@ -47,7 +53,7 @@ def compile_schema(
     whitespace: str = "",
     policy: str | None = None,
     additional_properties: bool | None = None,
-    max_recursion_depth: int = 3,
+    max_recursion_depth: int | None = None,
     property_order: str | None = None,
     budget: Budget | None = None,
 ) -> rx.Rx:
@@ -75,8 +81,9 @@ def compile_schema(
     additional_properties : bool, optional
         How to read objects that do not say ``additionalProperties``: False allows only the listed
         properties, True also allows further keys with any JSON value.
-    max_recursion_depth : int
-        How many times a recursive ``$ref`` is unrolled.
+    max_recursion_depth : int, optional
+        None (the default): any depth. An int: how many times a recursive ``$ref`` is unrolled, and how deep
+        free-form values nest (an opt-in limit).
     property_order : str, optional
         "schema": object members in the order of ``properties``, optional ones may be left out, extra
         keys last. "any": members in any order, each declared key at most once (extra keys anywhere),
@@ -106,7 +113,7 @@ def compile_with_notes(
     whitespace: str = "",
     policy: str | None = None,
     additional_properties: bool | None = None,
-    max_recursion_depth: int = 3,
+    max_recursion_depth: int | None = None,
     property_order: str | None = None,
     budget: Budget | None = None,
 ) -> tuple[rx.Rx, list[str]]:
@@ -125,14 +132,49 @@ def _compile_with_notes(schema, whitespace, policy, additional_properties, max_r
     dialect = dialect_of(root)
     try:
         root = absolute_refs(root, dialect)
-        compiler = Compiler(root, ws, additional_properties, max_recursion_depth, property_order, dialect)
-        term = compiler.compile(read(root, dialect, "#"), "#")
+        term, compiler = _compile_root(Compiler.setup(root, ws, additional_properties, property_order, dialect),
+                                       max_recursion_depth)
     except RecursionError:  # e.g. allOf through $ref cycles: a clear error instead of a crash
         raise SchemaError("the schema nests too deeply to compile (Python's recursion limit)", pointer="#") from None
     if term is rx.NOTHING or (not term.plain and _surely_empty(term, limit=ROOT_SEARCH)):
         keyword = "$ref" if compiler.cut else None
         raise SchemaError("the schema accepts no value that can be generated", keyword=keyword, pointer="#")
     return term, compiler.notes
+
+
+def _compile_root(make, max_recursion_depth: int | None) -> tuple[rx.Rx, "Compiler"]:
+    """(term, compiler) of the root: with rules for recursion (plain where their bodies are, found by retrying with
+    the rules that turned out not plain, and those reaching them, marked), else unrolled `FALLBACK_DEPTH` deep."""
+    if max_recursion_depth is not None:
+        compiler = make(max_recursion_depth)
+        return compiler.compile(compiler.read_root(), "#"), compiler
+    nonplain: set[str] = set()
+    for attempt in range(MAX_PLAIN_RETRIES + 1):  # the last takes every rule as not plain
+        compiler = make(None, frozenset(nonplain) if attempt < MAX_PLAIN_RETRIES else None)
+        try:
+            term = compiler.compile(compiler.read_root(), "#")
+        except NotPlain as found:
+            nonplain |= compiler.reaching(found.ref)
+            continue
+        except (rx.UndefinedRule, Entangled, RecursionError):  # a rule asked about while its body compiled, held by
+            break  # an intersection, or terms too deep for Python's stack: unrolled instead
+        if compiler.rules_problem() is None and not rx.calls_under_intersection([term]):
+            return term, compiler
+        break
+    compiler = make(FALLBACK_DEPTH)
+    return compiler.compile(compiler.read_root(), "#"), compiler
+
+
+class Entangled(Exception):
+    """A rule's body holds a call inside an intersection or complement (`rx.calls_under_intersection`): unroll."""
+
+
+class NotPlain(Exception):
+    """A rule assumed plain has a body with intersections or complements: compile again with it marked."""
+
+    def __init__(self, ref: str):
+        super().__init__(ref)
+        self.ref = ref
 
 
 def _whitespace(pattern: str) -> rx.Rx:
@@ -153,8 +195,8 @@ def _surely_empty(term: rx.Rx, limit: int = 500) -> bool:
 class Compiler:
     """Schema -> under-approximation L (`compile`) and over-approximation U (`upper`) of its JSON texts."""
 
-    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int, property_order: str = "schema",
-                 dialect: Dialect = DEFAULT):
+    def __init__(self, root, ws: rx.Rx, open_objects: bool, max_depth: int | None, property_order: str = "schema",
+                 dialect: Dialect = DEFAULT, nonplain: frozenset | None = frozenset()):
         from fsm.schema_upper import Upper
 
         self.root, self.ws, self.open_objects, self.max_depth = root, ws, open_objects, max_depth
@@ -172,9 +214,13 @@ class Compiler:
         self.negations = 0  # `not`s around the subschema being compiled (schema_logic.logic)
         self.notes: list[str] = []
         self.cut = False  # a $ref went deeper than max_depth somewhere
+        self.merging: set[str] = set()  # cyclic $refs inlined by the merges enclosing this compile (see `inline`)
+        self.rules: dict[tuple, rx.Rx] = {}  # (ref, negations) -> the call of its rule (max_depth None)
+        self.nonplain = nonplain  # refs whose rules have intersections (None: every rule), the others assumed plain
         self.upper = Upper(self)
         self.any = jt.any_value(ws, max_depth)
-        self.skeleton = jt.any_value(ws, max_depth + SKELETON_EXTRA_DEPTH)
+        # counting terms intersect their items: a rule there would make emptiness undecidable, so they stay bounded
+        self.skeleton = jt.any_value(ws, (FALLBACK_DEPTH if max_depth is None else max_depth) + SKELETON_EXTRA_DEPTH)
 
     def compile(self, schema, pointer: str) -> rx.Rx:
         """L: a term whose every string is valid under `schema` (the same subschema in the same context: one term)."""
@@ -196,6 +242,11 @@ class Compiler:
             return rx.NOTHING
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, not {type(schema).__name__}", pointer=pointer)
+        kept = None if self.switches else valid_constants(schema, self.dialect.name, VALIDATION)
+        if kept is not None:  # enum/const with other keywords: the values the validator accepts (fsm.enum_filter)
+            from fsm.schema_types import constants
+
+            return constants(self, {"enum": kept}, pointer) if kept else rx.NOTHING
         schema = close_unevaluated(validation_keywords(schema, pointer), pointer, self.resolve)
         if not schema:
             return self.any
@@ -246,6 +297,8 @@ class Compiler:
         if siblings:  # only from 2019-09 (`read` drops them in earlier drafts)
             return self.compile({"allOf": [{"$ref": ref}, siblings]}, pointer)
         cyclic = ref in self.reachable(ref)
+        if cyclic and self.max_depth is None:
+            return self.recursive(ref, target)
         if cyclic and self.depth >= self.max_depth:
             self.cut = True
             return rx.NOTHING
@@ -257,6 +310,41 @@ class Compiler:
             finally:
                 self.depth -= cyclic
         return self.memo[key]
+
+    def recursive(self, ref: str, target) -> rx.Rx:
+        """The call of the rule of a recursive `ref`: its own call inside its body (any depth, checked at the end)."""
+        key = (ref, self.negations)
+        if key not in self.rules:
+            rule = rx.Rule(ref)
+            plain = self.ws.plain and self.nonplain is not None and ref not in self.nonplain
+            self.rules[key] = rx.call(rule, plain)
+            rx.define(rule, self.compile(target, ref))
+            if rx.calls_under_intersection([rule.body]):
+                raise Entangled(ref)
+            if plain and not rule.body.plain:
+                raise NotPlain(ref)
+        return self.rules[key]
+
+    def reaching(self, ref: str) -> set[str]:
+        """`ref` and the $refs whose targets reach it."""
+        return {ref} | {r for r, reached in self.reach.items() if ref in reached}
+
+    @classmethod
+    def setup(cls, root, ws: rx.Rx, open_objects: bool, property_order: str, dialect: Dialect):
+        """A maker of compilers for one root: make(max_depth, nonplain=frozenset())."""
+        return lambda max_depth, nonplain=frozenset(): cls(root, ws, open_objects, max_depth, property_order, dialect,
+                                                           nonplain)
+
+    def read_root(self):
+        return read(self.root, self.dialect, "#")
+
+    def rules_problem(self) -> str | None:
+        """Why a rule cannot stand (`rx.check_rule`; then compile again another way), or None."""
+        for (ref, _), term in self.rules.items():
+            problem = rx.check_rule(term)
+            if problem is not None:
+                return f"{ref}: {problem}"
+        return None
 
     def reachable(self, ref: str) -> frozenset[str]:
         """Every $ref reachable from `ref`'s target (what its term can depend on)."""
@@ -281,8 +369,14 @@ class Compiler:
         """Merge the parts into one schema; where they cannot be merged, intersect their terms."""
         if any(part is False for part in schema["allOf"]):
             return rx.NOTHING
+        inlined = set()  # the $refs this merge inlines: while its result compiles, a merge reaching one again stops
         try:
-            return self.compile(merge_all(schema, pointer, self.resolve), pointer)
+            merged = merge_all(schema, pointer, lambda ref, where: self.inline(ref, where, inlined))
+            self.merging |= inlined
+            try:
+                return self.compile(merged, pointer)
+            finally:
+                self.merging -= inlined
         except Unsatisfiable:
             return rx.NOTHING
         except GuideBudgetError:
@@ -293,6 +387,15 @@ class Compiler:
         rest = {k: v for k, v in schema.items() if k != "allOf"}
         parts = [self.compile(s, f"{pointer}/allOf/{i}") for i, s in enumerate(schema["allOf"])]
         return rx.inter(self.compile(rest, pointer) if rest else self.any, *parts)
+
+    def inline(self, ref: str, pointer: str, inlined: set) -> dict:
+        """`resolve` for a merge; a $ref that an enclosing merge inlined is a cycle through allOf: not merged again
+        (then the parts are compiled apart, and the $ref goes through `ref`, which bounds its recursion)."""
+        if ref in self.merging:
+            raise SchemaError("cannot be merged: allOf reaches its own $ref again", keyword="allOf", pointer=pointer)
+        if ref not in self.merging and ref in self.reachable(ref):
+            inlined.add(ref)
+        return self.resolve(ref, pointer)
 
     def logic(self, schema: dict, pointer: str) -> rx.Rx:
         return logic(self, schema, pointer)

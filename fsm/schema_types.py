@@ -11,7 +11,8 @@ from fsm.budget import GuideBudgetError
 from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.formats import format_term
-from fsm.keywords import exact_decimal, natural, number_bound, numeric_bounds
+from fsm.float_bounds import bounded_numbers
+from fsm.keywords import exact_decimal, natural, numeric_bounds
 from fsm.patterns import pattern_term
 from fsm.schema_arrays import type_array
 from fsm.schema_objects import type_object
@@ -176,16 +177,16 @@ def type_integer(c, schema: dict, pointer: str) -> rx.Rx:
     if term is rx.NOTHING:
         raise SchemaError("no integer satisfies the bounds", keyword="minimum", pointer=pointer)
     fraction = rx.EPSILON if schema.get(WHOLE_INTEGERS) else rx.optional(ZERO_FRACTION)  # 1.0: not in draft-04
+    if any(abs(b) > 2**53 for b in (low, high) if b is not None):  # N.0 is a float there, rounded past the bound
+        fraction = rx.EPSILON
     return rx.seq(rx.inter(term, _multiple(schema, pointer, integer=True)), fraction)
 
 
 def type_number(c, schema: dict, pointer: str) -> rx.Rx:
     bounds = numeric_bounds(schema, pointer)
     term = jt.NUMBER
-    if bounds:
-        low, low_open = number_bound(bounds, "minimum", "exclusiveMinimum", pointer)
-        high, high_open = number_bound(bounds, "maximum", "exclusiveMaximum", pointer)
-        term = jt.number_range(low, high, low_open, high_open)
+    if bounds:  # compared as jsonschema does: texts with a fraction as binary floats
+        term = bounded_numbers(bounds, pointer)
         if term is rx.NOTHING:
             raise SchemaError("no number satisfies the bounds", keyword="minimum", pointer=pointer)
     return rx.inter(term, _multiple(schema, pointer, integer=False))

@@ -12,7 +12,8 @@ from fsm import rx
 from fsm.budget import GuideBudgetError
 from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
-from fsm.keywords import exact_decimal, number_bound, numeric_bounds
+from fsm.float_bounds import bounded_numbers
+from fsm.keywords import exact_decimal, numeric_bounds
 from fsm.patterns import pattern_upper
 from fsm.upper_objects import object_upper
 from fsm.utf8 import ANY_CHAR
@@ -122,16 +123,15 @@ def _key(name: str) -> rx.Rx:
 
 
 def _number(schema: dict) -> rx.Rx:
-    """Numbers within integer-valued bounds (any spelling), else any number."""
+    """Numbers within the bounds as jsonschema compares them (any spelling), else any number."""
     try:
         bounds = numeric_bounds(schema, "#")
-        low, low_open = number_bound(bounds, "minimum", "exclusiveMinimum", "#")
-        high, high_open = number_bound(bounds, "maximum", "exclusiveMaximum", "#")
+        if not bounds:
+            return jt.NUMBER
+        within = bounded_numbers(bounds, "#", upper=True)
     except SchemaError:
         return jt.NUMBER
-    if not bounds:
-        return jt.NUMBER
-    return rx.alt(jt.number_range(low, high, low_open, high_open), _EXPONENT_FORMS, _NEGATIVE_ZERO)
+    return rx.alt(within, _EXPONENT_FORMS, _NEGATIVE_ZERO)
 
 
 def _multiple(schema: dict) -> rx.Rx:

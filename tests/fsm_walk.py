@@ -31,10 +31,11 @@ def distances_to_accept(dfa) -> np.ndarray:
 def random_walk(guide: Guide, rng: random.Random, budget: int = 40, stop_chance: float = 0.3) -> list[int]:
     """Token ids from a walk over allowed tokens that ends at EOS.
 
-    Random for `budget` steps, then it heads for acceptance along the shortest byte distance.
+    Random for `budget` steps, then it heads for acceptance along the shortest byte distance (`Closing.byte_distance`,
+    per state reached: the DFA of a recursive schema has no end to explore).
     Every step checks the guide's invariants: something is allowed and EOS only where final.
     """
-    dist = distances_to_accept(guide.index.dfa)
+    distance = guide.index.closing.byte_distance
     eos = np.asarray(guide.eos_token_ids)
     tokens: list[int] = []
     while not guide.is_finished():
@@ -48,9 +49,8 @@ def random_walk(guide: Guide, rng: random.Random, budget: int = 40, stop_chance:
         else:
             candidates = info.token_ids[~is_eos]
             if len(tokens) >= budget:  # head home: only tokens that get closest to acceptance
-                if info.next_states.max(initial=0) >= len(dist):  # states a head walk numbered since
-                    dist = distances_to_accept(guide.index.dfa)
-                d = dist[info.next_states[~is_eos]]
+                states, inverse = np.unique(info.next_states[~is_eos], return_inverse=True)
+                d = np.asarray([distance(s) for s in states.tolist()])[inverse]
                 candidates = candidates[d == d.min()]
             choice = int(candidates[rng.randrange(len(candidates))])
         guide.advance(choice)
