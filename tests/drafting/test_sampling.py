@@ -9,6 +9,7 @@ from transformers.generation.logits_process import (
 )
 
 from drafting.sampling import Warp, make_generator, masked, probs, sample, warped
+from tests.helpers_rounding import assert_within, gamma
 
 
 def hf_probs(logits, mask, temperature=1.0, top_k=None, top_p=None):
@@ -46,7 +47,7 @@ def test_probs_match_transformers_warpers_after_the_mask(warp, with_mask):
         mask[:, 0] = True  # every row allows something
     got = probs(logits, mask, Warp(True, **warp))
     want = hf_probs(logits, mask, **warp)
-    torch.testing.assert_close(got, want)
+    assert_within(got, want, 2 * gamma(logits.shape[-1] + 4), "probs")  # two softmaxes of <= V terms, each <= 1
     if mask is not None:
         assert (got[~mask] == 0).all()
 
@@ -56,7 +57,7 @@ def test_masked_tokens_get_zero_probability_even_when_top_k_exceeds_the_allowed_
     mask = torch.tensor([[False, True, False, True]])
     p = probs(logits, mask, Warp(True, top_k=3))
     assert p[0, 0] == 0 and p[0, 2] == 0
-    torch.testing.assert_close(p[0, [1, 3]], torch.tensor([4.0, 2.0]).softmax(-1))
+    assert_within(p[0, [1, 3]], torch.tensor([4.0, 2.0]).softmax(-1), 2 * gamma(8), "renormalised")
 
 
 def test_top_p_keeps_at_least_the_top_token():
