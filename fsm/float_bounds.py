@@ -24,11 +24,25 @@ DECIMALS = 40  # float texts compare to the midpoints rounded here (inward for L
 _DIGITS = "0123456789"
 
 
+def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """Inclusive integer bounds from minimum/maximum/exclusiveMinimum/exclusiveMaximum (numbers)."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    low = None if low is None else math.ceil(low)
+    high = None if high is None else math.floor(high)
+    for key, side in (("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
+        value = schema.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            bound = math.floor(value) + 1 if side == 1 else math.ceil(value) - 1
+            if side == 1:
+                low = bound if low is None else max(low, bound)
+            else:
+                high = bound if high is None else min(high, bound)
+    return low, high
+
+
 def bounded_numbers(bounds: dict, pointer: str, upper: bool = False) -> rx.Rx:
     """Numbers (no exponent) within `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` as jsonschema
     compares them: L (`upper` False: every text valid) or U (`upper` True: every valid text)."""
-    from fsm.schema_types import integer_bounds
-
     low, low_closed = _side(bounds, "minimum", "exclusiveMinimum", -1, upper, pointer)
     high, high_closed = _side(bounds, "maximum", "exclusiveMaximum", 1, upper, pointer)
     fractions = fraction_texts(low, high, low_closed, high_closed)

@@ -253,7 +253,7 @@ class TokenIndex:
         if len(ids) * SPARSE_SORT < self.vocab_size:  # few tokens: a sort of them beats two passes over the vocabulary
             order = np.argsort(ids, kind="stable")
             ids, nexts = ids[order], nexts[order]
-            last = np.append(ids[1:] != ids[:-1], True)  # an id twice (an EOS id listed twice): its last entry
+            last = np.append(ids[1:] != ids[:-1], True)[: len(ids)]  # an id twice (an EOS listed twice): its last
             ids, nexts = ids[last].astype(np.int32), nexts[last].astype(np.int32)
         else:
             by_id = np.empty(self.vocab_size, dtype=np.int32)  # (vocab_size,) scratch: sorts without argsort

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 from fsm import json_terms as jt
 from fsm import rx
@@ -11,7 +10,7 @@ from fsm.budget import GuideBudgetError
 from fsm.dialects import WHOLE_INTEGERS
 from fsm.errors import SchemaError
 from fsm.formats import format_term
-from fsm.float_bounds import bounded_numbers
+from fsm.float_bounds import bounded_numbers, integer_bounds
 from fsm.keywords import exact_decimal, natural, numeric_bounds
 from fsm.patterns import pattern_term
 from fsm.schema_arrays import type_array
@@ -211,17 +210,3 @@ def _multiple(schema: dict, pointer: str, integer: bool) -> rx.Rx:
     )
 
 
-def integer_bounds(schema: dict) -> tuple[int | None, int | None]:
-    """Inclusive integer bounds from minimum/maximum/exclusiveMinimum/exclusiveMaximum (numbers)."""
-    low, high = schema.get("minimum"), schema.get("maximum")
-    low = None if low is None else math.ceil(low)
-    high = None if high is None else math.floor(high)
-    for key, side in (("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
-        value = schema.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            bound = math.floor(value) + 1 if side == 1 else math.ceil(value) - 1
-            if side == 1:
-                low = bound if low is None else max(low, bound)
-            else:
-                high = bound if high is None else min(high, bound)
-    return low, high
