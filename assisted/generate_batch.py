@@ -15,7 +15,7 @@ from assisted.eos import eos_ids
 from assisted.foreign import foreign_setup, is_foreign
 from assisted.generate import check_tree, check_tree_processors
 from assisted.inputs import MAX_SEED, check_guide_options, check_int, check_models
-from kernels.attention import ATTENTION
+from structspec_ops.attention import ATTENTION
 from assisted.policy.auto import AutoConfig
 from assisted.policy.costs import recall, recall_calibration
 from assisted.policy.draft_policy import make_policy

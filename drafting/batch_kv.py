@@ -12,7 +12,7 @@ themselves), so no query row is fully masked: every stored value is finite (a Na
 later rows through 0 * NaN in the attention product). Positions are per row (`position_ids`), so a row's
 entries are those of the row decoded alone. A row's feed may end in a draft tree's leaf: its query does not see the
 chain from its sibling on, and it sits at its sibling's position (`drafting.tree`). This needs an attention that
-applies a custom 4D mask (`kernels.attention.MASKED_ATTENTIONS`) and a model without sliding-window layers.
+applies a custom 4D mask (`structspec_ops.attention.MASKED_ATTENTIONS`) and a model without sliding-window layers.
 `BatchKV` is the engine's `drafting.row_kv.RowsKV` for B rows.
 """
 
@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
 from drafting.row_kv import Leaf
-from kernels.attention import MASKED_ATTENTIONS
+from structspec_ops.attention import MASKED_ATTENTIONS
 
 PAD = 0  # the id fed at padded positions (its entries are holes)
 

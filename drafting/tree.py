@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from drafting.base import Cursor, Draft
 from drafting.kv_cache import cache_argument, input_device
 from drafting.sampling import NEG_INF, confidence, sample
-from kernels.attention import MASKED_ATTENTIONS
+from structspec_ops.attention import MASKED_ATTENTIONS
 
 BRANCH_BELOW = 0.8  # default: branch at the first assistant token whose confidence is below this
 

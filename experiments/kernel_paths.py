@@ -3,10 +3,10 @@
     python -m experiments.kernel_paths --threads 1 2 --repeats 20 --out DIR
 
 For each thread count: a read loop's bandwidth over 1 GiB (`read_bandwidth`), then each path this CPU runs
-(`kernels.int4.paths()`) on the Qwen2.5-1.5B MLP's shapes, interleaved call by call; per path the median seconds per
-call, the weight bytes read per second and that as a fraction of the read loop's (1.0 = at the memory limit). Each
-call reads another copy of the weight, from a working set of `WORKING_SET` bytes (far past the last-level cache), as
-a decode step reads every layer's weights once.
+(`structspec_ops.int4.paths()`) on the Qwen2.5-1.5B MLP's shapes, interleaved call by call; per path the median
+seconds per call, the weight bytes read per second and that as a fraction of the read loop's (1.0 = at the memory
+limit). Each call reads another copy of the weight, from a working set of `WORKING_SET` bytes (far past the last-level
+cache), as a decode step reads every layer's weights once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import int4
+from structspec_ops import int4
 
 SHAPES = {"gate/up (8960 x 1536)": (8960, 1536), "down (1536 x 8960)": (1536, 8960)}
 WORKING_SET = 512e6  # bytes of weight copies cycled through

@@ -1,5 +1,6 @@
-"""The packages import one way only: kernels <- fsm <- drafting <- assisted <- experiments, with no circles inside a
-package, and no module imports another module's private name (a helper two modules need lives where both can import it).
+"""The packages import one way only: structspec_ops <- fsm <- drafting <- assisted <- experiments, with no circles
+inside a package, and no module imports another module's private name (a helper two modules need lives where both can
+import it).
 
 Every import counts, function-local ones included: an upward import hidden in a function is still a cycle. Modules
 in subpackages (`experiments/lib/`, ...) count as their package's.
@@ -11,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("kernels", "fsm", "drafting", "assisted", "experiments")  # each may import only those before it
+LAYERS = ("structspec_ops", "fsm", "drafting", "assisted", "experiments")  # each may import only those before it
 
 
 def sources() -> list[Path]:

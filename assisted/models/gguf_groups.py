@@ -1,4 +1,4 @@
-"""A GGUF file's 4-bit weights as they are stored: Q4_K, Q4_1 and Q4_0 blocks read into `kernels.int4.Groups`.
+"""A GGUF file's 4-bit weights as they are stored: Q4_K, Q4_1 and Q4_0 blocks read into `structspec_ops.int4.Groups`.
 
 The raw blocks are decoded here (not de-quantized): codes, and each group's scale and offset in the form the
 int4 kernel takes (Q4_K: fp16 d and dmin per 256 inputs, 6-bit sc and m per 32; Q4_1 and Q4_0: one group a
@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kernels.int4 import Groups
+from structspec_ops.int4 import Groups
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}  # the 4-bit forms kept as they are; bytes per block
 

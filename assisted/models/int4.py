@@ -1,6 +1,6 @@
 """Row-invariant 4-bit models for the CPU: a GGUF's own 4-bit groups times per-row int8 activations.
 
-`Int4Linear` runs `kernels.int4` (AVX-512 VNNI, AVX2 or plain C++: bitwise the same on every x86 CPU): groups of
+`Int4Linear` runs `structspec_ops.int4` (AVX-512 VNNI, AVX2 or plain C++: bitwise the same on every x86 CPU): groups of
 32 weights ``scale * q + offset`` (q in 0..15), each input row quantized to int8 with its own scale inside the op,
 each group summed in int32, the groups added in float in one fixed order. A row's output is bitwise the same
 whatever else the call holds, as with `Int8Linear`, so a target built of both, with the row-invariant attention,
@@ -30,12 +30,12 @@ import torch
 
 from assisted.models.gguf_groups import module_groups
 from assisted.models.int8 import Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
-from kernels import attention, int4
-from kernels.attention import ATTENTION
+from structspec_ops import attention, int4
+from structspec_ops.attention import ATTENTION
 
 
 class Int4Linear(torch.nn.Module):
-    """(..., in) -> (..., out): a weight held as 4-bit `kernels.int4.Groups`, per-row int8 activations.
+    """(..., in) -> (..., out): a weight held as 4-bit `structspec_ops.int4.Groups`, per-row int8 activations.
 
     Row-invariant: each row's output depends on that row alone (bitwise), whatever the number of rows or threads.
     """

@@ -11,7 +11,7 @@ int8 model, and this module removes both:
   per row. A row's output is bitwise the same whatever rows share the call.
 - **Attention reductions.** A float rounding difference in attention can flip an activation across a
   quantization step, and the layers amplify it. `quantize_int8` sets the model's attention to
-  `kernels.attention.row_invariant_attention` (``"row_invariant"``): one C++ call computes every query row
+  `structspec_ops.attention.row_invariant_attention` (``"row_invariant"``): one C++ call computes every query row
   against its own keys in one fixed order, the same in a prefill, a batch or a one-position step.
 
 Norms, rotary embeddings and activations work row by row already; the bitwise tests
@@ -30,7 +30,7 @@ import warnings
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from kernels.attention import ATTENTION, MASKED_ATTENTIONS, built
+from structspec_ops.attention import ATTENTION, MASKED_ATTENTIONS, built
 
 _ENDS = torch.tensor([[1.0, -1.0]])  # (1, 2): the constant columns that pin every call's range to [-1, 1]
 
@@ -113,7 +113,7 @@ def quantize_int8(model: torch.nn.Module, reduce_range: bool = False) -> torch.n
     The model's attention becomes ``"row_invariant"``, so that a forward over any number of positions, rows,
     padding or holes gives each position bitwise the logits a one-token step gives it: speculation over the
     result is exactly lossless with respect to plain decoding of the same int8 model. The attention's C++ op is
-    built here on first use (`kernels.attention.implementation()` says whether it runs or, where it cannot build,
+    built here on first use (`structspec_ops.attention.implementation()` says whether it runs or, where it cannot build,
     the Python loop that keeps the same contract).
 
     Parameters

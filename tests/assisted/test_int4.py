@@ -19,9 +19,9 @@ from assisted.models import int4 as int4_models
 from assisted.models.int4 import Int4Linear, int4_copy, linear_kernels, quantize_int4
 from assisted.models.int8 import Int8Linear
 from assisted.models.loading import load_pair, set_eos
-from kernels import int4
-from kernels.attention import ATTENTION
-from kernels.build import Built
+from structspec_ops import int4
+from structspec_ops.attention import ATTENTION
+from structspec_ops.build import Built
 from tests.assisted.test_int8 import (SCHEMA, padded_row_is_the_row_alone, steps_equal_one_forward,
                                       stock_attention_is_not_row_invariant)
 from tests.helpers_models import threads, tiny_gpt2, tiny_llama
@@ -286,7 +286,7 @@ def test_the_command_takes_an_int4_target_and_reports_its_kernels(tmp_path, caps
 
 
 def test_a_library_that_cannot_build_says_why():
-    from kernels.build import load
+    from structspec_ops.build import load
 
     broken = load("int4_missing", ("no_such_file.cpp",))
     assert not broken.ok and broken.reason.startswith("the C++ op library 'int4_missing' did not build")

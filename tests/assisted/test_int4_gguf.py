@@ -20,7 +20,7 @@ from assisted.models.gguf_groups import BLOCK_BYTES, decode, module_groups
 from assisted.models.int4 import Int4Linear, linear_kernels
 from assisted.models.loading import load_pair
 from assisted.models.sources import SOURCES, cache_root
-from kernels import int4
+from structspec_ops import int4
 from tests.assisted.test_int8 import steps_equal_one_forward
 from tests.helpers_models import HAS_SMOLLM2, threads
 

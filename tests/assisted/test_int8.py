@@ -16,8 +16,8 @@ from assisted.models.int8 import Int8Linear, int8_copy, quantize_int8
 from assisted.models.loading import load_pair, set_eos
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import StaticKV
-from kernels import int4
-from kernels.attention import ATTENTION
+from structspec_ops import int4
+from structspec_ops.attention import ATTENTION
 from tests.helpers_models import HAS_SMOLLM2, threads, tiny_gpt2, tiny_llama
 from tests.helpers_rounding import U, assert_within, linear_bound
 

@@ -5,12 +5,12 @@ offset`` with codes q in 0..15, ``scale = d * sc`` and ``offset = -(dmin * m)``;
 super-block of `groups_per_block` groups, sc and m are bytes per group. That is Q4_K's own form (8 groups a block,
 6-bit sc and m), and Q4_0's and Q4_1's with one group a block and sc = m = 1, so a GGUF's 4-bit weights are kept
 exactly. `linear` quantizes each row of x with its own max-abs scale inside the op, sums each group in int32 and
-adds the groups in float in one fixed order (kernels/csrc/int4_linear.cpp): a row's output is bitwise the same
+adds the groups in float in one fixed order (structspec_ops/csrc/int4_linear.cpp): a row's output is bitwise the same
 whatever other rows, threads or output columns share the call. Three paths run it, the best the CPU has: "vnni"
 (AVX-512 VNNI), "avx2" (AVX2 + FMA) and "portable" (plain C++); their int32 sums are exact and their float steps
 the same IEEE operations in the same order, so all three give bitwise the same output: one model on every x86 CPU.
 
-    from kernels import int4
+    from structspec_ops import int4
     if int4.built().ok:
         packed = int4.pack(int4.quantize(weight))   # weight (out, in) float32, in % 256 == 0
         y = int4.linear(x, packed, bias)             # (n, in) -> (n, out)
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.build import Built, load
+from structspec_ops.build import Built, load
 
 GROUP = 32  # inputs per group
 LANES = 16  # output columns per block of the packed layout (one AVX-512 register)

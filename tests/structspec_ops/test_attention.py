@@ -1,4 +1,4 @@
-"""kernels.attention: every query row against its own keys in one call, bitwise the row alone.
+"""structspec_ops.attention: every query row against its own keys in one call, bitwise the row alone.
 
 Row invariance is tested with torch.equal, never a tolerance: a query row alone against the same row among 2..16
 rows, a batch row with left padding and a hole against the row alone, one thread against two. The math (masks, GQA,
@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.attention as attention
-from kernels.attention import (ATTENTION, LOOP_ATTENTION, MASKED_ATTENTIONS, implementation, loop_attention,
+import structspec_ops.attention as attention
+from structspec_ops.attention import (ATTENTION, LOOP_ATTENTION, MASKED_ATTENTIONS, implementation, loop_attention,
                                row_invariant_attention)
-from kernels.build import Built
+from structspec_ops.build import Built
 from tests.helpers_models import threads
 from tests.helpers_rounding import assert_within, attention_bound
 

@@ -4,12 +4,12 @@ Verification is lossless only if a forward over n positions gives each position 
 step gives it (docs/design.md, "Row invariance"). With quantized activations a rounding difference in attention can
 flip a quantization step later on, so attention must be row-invariant too. `row_invariant_attention`, registered in
 transformers' `AttentionInterface` as ``"row_invariant"``, computes every (batch row, head, query row) in one C++
-call (``torch.ops.structspec.row_invariant_attention``, `kernels/csrc/attention.cpp`) in one fixed reduction order
-that depends on nothing but that row's query and attended keys; the one-position step runs the same op. Where the
+call (``torch.ops.structspec.row_invariant_attention``, `structspec_ops/csrc/attention.cpp`) in one fixed reduction
+order that depends on nothing but that row's query and attended keys; the one-position step runs the same op. Where the
 op cannot build, the same contract is kept by a Python loop of one `scaled_dot_product_attention` call per query row
 (`implementation()` says which one runs, and why).
 
-    model.set_attn_implementation(ATTENTION)  # after `import kernels.attention`
+    model.set_attn_implementation(ATTENTION)  # after `import structspec_ops.attention`
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from kernels.build import Built, load
+from structspec_ops.build import Built, load
 
 ATTENTION = "row_invariant"  # the C++ op (or the loop where it cannot build)
 LOOP_ATTENTION = "row_invariant_loop"  # always the Python loop: the reference the op is measured against
@@ -31,7 +31,7 @@ _UNSUPPORTED = ("softcap", "s_aux", "position_bias")  # keyword arguments that w
 
 @functools.cache
 def built() -> Built:
-    """The C++ attention library, built once per machine on first use (`kernels.build.load`)."""
+    """The C++ attention library, built once per machine on first use (`structspec_ops.build.load`)."""
     return load("attention", ("attention.cpp",), ("-ffp-contract=off", "-fopenmp"))
 
 

@@ -1,11 +1,12 @@
 """Build a C++ op library once per machine and load it into torch (`torch.utils.cpp_extension`, cached).
 
-Each library is a set of ``kernels/csrc/*.cpp`` files that register their ops with ``TORCH_LIBRARY_FRAGMENT(structspec,
-m)``, so they are called as ``torch.ops.structspec.<op>``. The build lands in torch's extension folder
-(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and is rebuilt only when a source changes. A failed
-build gives a `Built` that says why in one line and names a log file holding the compiler's whole output; the caller
-falls back. The code of each op picks its instructions at run time from the CPU's cpuid (no /proc/cpuinfo), so a
-library builds on any x86 CPU with g++ and ninja (the `ninja` package is a dependency; its binary is put on PATH).
+Each library is a set of ``structspec_ops/csrc/*.cpp`` files that register their ops with
+``TORCH_LIBRARY_FRAGMENT(structspec, m)``, so they are called as ``torch.ops.structspec.<op>``. The build lands in
+torch's extension folder (``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and is rebuilt only when a
+source changes. A failed build gives a `Built` that says why in one line and names a log file holding the compiler's
+whole output; the caller falls back. The code of each op picks its instructions at run time from the CPU's cpuid (no
+/proc/cpuinfo), so a library builds on any x86 CPU with g++ and ninja (the `ninja` package is a dependency; its binary
+is put on PATH).
 
 A build killed half way (Ctrl-C, a killed worker, a test timeout) leaves torch's lock file behind, on which every
 later load would wait forever: a lock older than `STALE_LOCK_SECONDS` is removed with a warning, and a younger one
@@ -88,14 +89,14 @@ def _failed(name: str, error: Exception) -> Built:
 
 @functools.cache
 def load(name: str, sources: tuple[str, ...], cflags: tuple[str, ...] = ()) -> Built:
-    """Build (once per machine) and load the library `name` from ``kernels/csrc/<sources>``.
+    """Build (once per machine) and load the library `name` from ``structspec_ops/csrc/<sources>``.
 
     Parameters
     ----------
     name : str
         The library's name (``structspec_<name>`` in torch's extension folder).
     sources : tuple of str
-        File names under ``kernels/csrc``.
+        File names under ``structspec_ops/csrc``.
     cflags : tuple of str
         Extra compiler flags (``-O3`` is always given).
     """

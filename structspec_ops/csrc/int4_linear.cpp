@@ -17,7 +17,7 @@
 // "portable" (plain C++, std::fma). The int32 sums are exact on every path and every float step is the same IEEE
 // operation in the same order, so the three give bitwise the same y: the same model on every x86 CPU.
 //
-// Packed layout (kernels/int4.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
+// Packed layout (structspec_ops/int4.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
 //   [d: 16 f32][dmin: 16 f32][sc: G x 16 u8][m: G x 16 u8][codes: G x 256 u8]
 // where a group's 256 code bytes are 4 vectors of 64; byte 4 * lane + b of vector i holds, in its low nibble, the
 // code of input 4 i + b and, in its high nibble, that of input 16 + 4 i + b (of that lane's column).

@@ -1,4 +1,4 @@
-"""kernels.int4: 4-bit groups times per-row int8 activations, row-invariant by construction.
+"""structspec_ops.int4: 4-bit groups times per-row int8 activations, row-invariant by construction.
 
 Invariance is tested bitwise (torch.equal): a row alone against the same row among 2..16 rows, on one and two
 threads, and a subset of output columns against the full call. Every path this CPU runs (vnni, avx2, portable) gives
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import int4
+from structspec_ops import int4
 from tests.helpers_models import threads
 from tests.helpers_rounding import U, assert_within, gamma
 

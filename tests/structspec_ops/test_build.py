@@ -1,4 +1,4 @@
-"""kernels.build: a stale build lock is broken (never waited on forever), a failed build keeps its whole output.
+"""structspec_ops.build: a stale build lock is broken (never waited on forever), a failed build keeps its whole output.
 
 The lock is tested with an injected clock (no waiting in the test) and then with a real load of the attention
 library behind a stale lock; the failed build compiles a file that cannot compile, in a temporary extension folder.
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from kernels import attention, build
+from structspec_ops import attention, build
 
 
 class Clock:
