@@ -22,7 +22,8 @@ transformers' plain greedy; structured: ours without an assistant), every object
                       processor follows the order of calls)
     processor+uag     model.generate + assisted.logits_processor (each row's state from its own prefix) with A through
                       UAG, applied to the target's logits only (A drafts unconstrained): the working transformers
-                      baseline with that assistant
+                      baseline with that assistant (under transformers 5.25 UAG can fail where a committed target
+                      token adds no assistant token: recorded as it happens)
     ours-plain        assisted.generate, no assistant (forced tokens coalesced)
     ours-same, ours-foreign  as above, with the schema
 

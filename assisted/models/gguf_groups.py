@@ -1,11 +1,13 @@
-"""A GGUF file's 4-bit weights as they are stored: Q4_K, Q4_1 and Q4_0 blocks read into `structspec_ops.int4.Groups`.
+"""A GGUF file's 4-bit and 6-bit weights as stored: Q4_K, Q4_1, Q4_0 blocks read into `structspec_ops.int4.Groups`,
+Q6_K blocks into `structspec_ops.q6k.Groups`.
 
-The raw blocks are decoded here (not de-quantized): codes, and each group's scale and offset in the form the
-int4 kernel takes (Q4_K: fp16 d and dmin per 256 inputs, 6-bit sc and m per 32; Q4_1 and Q4_0: one group a
-block, scale d and offset m or -8 d). Tensors are matched to a transformers model's Linear modules by
-transformers' own GGUF name map, and rows are put in the order transformers' loader puts them (llama's q/k
-permutation), by running its tensor processor on the row numbers. `module_groups` then checks that each group form
-de-quantizes bitwise to the weight transformers loaded, and refuses the file if one does not.
+The raw blocks are decoded here (not de-quantized): codes, and each group's scale and offset in the form the kernels
+take (Q4_K: fp16 d and dmin per 256 inputs, 6-bit sc and m per 32; Q4_1 and Q4_0: one group a block, scale d and
+offset m or -8 d; Q6_K: fp16 d per 256 inputs, int8 sc per 16, as `structspec_ops.q6k`). Tensors are matched to a
+transformers model's Linear modules by transformers' own GGUF name map, and rows are put in the order transformers'
+loader puts them (llama's q/k permutation), by running its tensor processor on the row numbers. `module_groups` then
+checks that each group form de-quantizes bitwise to the weight transformers loaded, and refuses the file if one does
+not.
 
     groups = module_groups(model, "model.gguf")   # {"model.layers.0.mlp.up_proj": Groups, ...}
 """
@@ -18,14 +20,17 @@ from typing import Callable
 import numpy as np
 import torch
 
+from structspec_ops import q6k
 from structspec_ops.int4 import Groups
 
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}  # the 4-bit forms kept as they are; bytes per block
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}  # the forms kept as they are; bytes per block
 
 
-def decode(kind: str, raw: np.ndarray) -> Groups:
-    """(rows, bytes) raw blocks of one tensor -> its `Groups`, rows in the file's order."""
+def decode(kind: str, raw: np.ndarray) -> Groups | q6k.Groups:
+    """(rows, bytes) raw blocks of one tensor -> its `Groups` (Q6_K: `q6k.Groups`), rows in the file's order."""
     blocks = torch.from_numpy(np.array(raw)).reshape(raw.shape[0], -1, BLOCK_BYTES[kind])
+    if kind == "Q6_K":
+        return q6k.from_blocks(blocks.reshape(raw.shape[0], -1))
     return {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}[kind](blocks)
 
 
@@ -65,8 +70,8 @@ def _q4_k(blocks: torch.Tensor) -> Groups:  # d, dmin (f16), 12 bytes of 6-bit s
                   sc.reshape(rows, -1).contiguous(), m.reshape(rows, -1).contiguous())
 
 
-def module_groups(model: torch.nn.Module, path: str | Path) -> dict[str, Groups]:
-    """The 4-bit groups of every Linear of `model` that the GGUF at `path` stores as Q4_K, Q4_1 or Q4_0.
+def module_groups(model: torch.nn.Module, path: str | Path) -> dict[str, Groups | q6k.Groups]:
+    """The groups of every Linear of `model` that the GGUF at `path` stores as Q4_K, Q4_1, Q4_0 or Q6_K.
 
     Parameters
     ----------
@@ -147,13 +152,13 @@ def _gguf_name(name_map, processor, module: str) -> str | None:
     return None
 
 
-def _check(groups: Groups, weight: torch.Tensor, where: str) -> None:
+def _check(groups: Groups | q6k.Groups, weight: torch.Tensor, where: str) -> None:
     """Refuse groups that do not de-quantize bitwise to the weight transformers loaded."""
     if tuple(weight.shape) != groups.shape:
         raise ValueError(f"{where}: the file's tensor is {groups.shape}, the module's weight {tuple(weight.shape)}")
     value = groups.dequantize()
     if not torch.equal(value, weight.detach()):
         wrong = int((value != weight.detach()).sum())
-        raise ValueError(f"{where}: the 4-bit groups de-quantize to other weights than the model holds ({wrong} of "
+        raise ValueError(f"{where}: the groups de-quantize to other weights than the model holds ({wrong} of "
                          f"{weight.numel()} differ): not the file this model was loaded from, or rows in another "
                          "order; refusing to keep them")

@@ -7,9 +7,9 @@ whatever else the call holds, as with `Int8Linear`, so a target built of both, w
 verifies drafts exactly losslessly (docs/design.md, "Row invariance").
 
 - `quantize_int4(model, gguf=path)`: the target. Every Linear that the GGUF stores as Q4_K, Q4_1 or Q4_0 keeps
-  those groups exactly (`assisted.models.gguf_groups`, checked bitwise against the weights transformers loaded);
-  the others (Q6_K, Q8_0, ...) become `Int8Linear`. Without a GGUF, every Linear but the output head is quantized
-  to Q4_K's form (the head int8, as Q4_K_M keeps it in Q6_K).
+  those groups exactly, and every Q6_K one its 6-bit groups (`Q6KLinear`; `assisted.models.gguf_groups`, checked
+  bitwise against the weights transformers loaded); the others (Q8_0, Q5_0, ...) become `Int8Linear`. Without a
+  GGUF, every Linear but the output head is quantized to Q4_K's form, the head to Q6_K's (as Q4_K_M keeps it).
 - `int4_copy(model)`: an assistant's 4-bit copy (every Linear that fits, the head included; attention untouched).
 
 Only where the kernel cannot build (no C++ compiler or ninja) do both fall back to the int8 path, with a warning that
@@ -30,7 +30,8 @@ import torch
 
 from assisted.models.gguf_groups import module_groups
 from assisted.models.int8 import Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
-from structspec_ops import attention, int4
+from assisted.models.q6k_linear import Q6KLinear
+from structspec_ops import attention, int4, q6k
 from structspec_ops.attention import ATTENTION
 
 
@@ -82,9 +83,9 @@ def fits(linear: torch.nn.Linear) -> bool:
 
 
 def unavailable() -> str | None:
-    """Why the int4 kernel cannot run here (one line), or None when it can."""
-    built = int4.built()
-    return None if built.ok else built.reason
+    """Why the 4-bit or 6-bit kernel cannot run here (one line), or None when both can."""
+    failed = [built.reason for built in (int4.built(), q6k.built()) if not built.ok]
+    return failed[0] if failed else None
 
 
 def _fall_back(to: str) -> None:
@@ -103,8 +104,9 @@ def quantize_int4(model: torch.nn.Module, gguf: str | Path | None = None) -> tor
     model : torch.nn.Module
         A float32 causal LM on the CPU with the standard attention interface (sdpa or eager).
     gguf : str or Path, optional
-        The GGUF file the model was loaded from (or converted from): its Q4_K / Q4_1 / Q4_0 tensors are kept as they
-        are, its other tensors become int8. Without one, every Linear but the head is quantized to Q4_K's form.
+        The GGUF file the model was loaded from (or converted from): its Q4_K / Q4_1 / Q4_0 / Q6_K tensors are kept
+        as they are, its other tensors become int8. Without one, every Linear but the head is quantized to Q4_K's
+        form and the head to Q6_K's.
 
     Raises
     ------
@@ -121,9 +123,11 @@ def quantize_int4(model: torch.nn.Module, gguf: str | Path | None = None) -> tor
     for name, parent, child_name, child in _linears(model):
         linear = as_linear(child)
         if name in kept:
-            new = Int4Linear(kept[name], linear.bias)
+            new = (Q6KLinear if isinstance(kept[name], q6k.Groups) else Int4Linear)(kept[name], linear.bias)
         elif gguf is None and child is not head and fits(linear):
             new = Int4Linear.quantized(linear)
+        elif gguf is None and Q6KLinear.fits(linear):
+            new = Q6KLinear.quantized(linear)
         else:
             new = Int8Linear(linear)
         setattr(parent, child_name, new)
@@ -170,6 +174,7 @@ def int4_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def linear_kernels(model: torch.nn.Module) -> str:
     """Which kernels run `model`'s Linear layers, e.g. "int4 (AVX-512 VNNI) x196, int8 (fbgemm) x57"."""
-    names = {Int4Linear: int4.kernel_name(), Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
+    names = {Int4Linear: int4.kernel_name(), Q6KLinear: int4.kernel_name().replace("int4", "q6k"),
+             Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
     counts = Counter(names.get(type(m), type(m).__name__) for m in model.modules() if type(m) in names)
     return ", ".join(f"{kind} x{count}" for kind, count in counts.most_common()) or "none"

@@ -1,0 +1,50 @@
+"""`Q6KLinear`: a GGUF's Q6_K weight as the file stores it, run by `structspec_ops.q6k` (row-invariant, any x86).
+
+A Q4_K_M file keeps its head and half of its v_proj and down_proj in Q6_K. `quantize_int4` keeps those groups
+exactly, as it keeps the Q4_K ones: 6.6 bits a weight, the file's own values, bitwise the same output on every x86
+CPU (an int8 copy through fbgemm rounded them again, and fbgemm's AVX2 kernels saturate where VNNI's do not).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from structspec_ops import q6k
+
+
+class Q6KLinear(torch.nn.Module):
+    """(..., in) -> (..., out): a weight held as Q6_K `structspec_ops.q6k.Groups`, per-row int8 activations.
+
+    Row-invariant: each row's output depends on that row alone (bitwise), whatever the number of rows or threads.
+    """
+
+    def __init__(self, groups: q6k.Groups, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.register_buffer("packed", q6k.pack(groups).data)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = groups.shape
+
+    @classmethod
+    def quantized(cls, linear: torch.nn.Linear) -> Q6KLinear:
+        """A float Linear quantized to Q6_K's form; its `in_features` must be a multiple of 256 (`fits`)."""
+        return cls(q6k.quantize(linear.weight.detach()), linear.bias)
+
+    @staticmethod
+    def fits(linear: torch.nn.Linear) -> bool:
+        return linear.in_features % q6k.SUPER == 0
+
+    def layout(self) -> q6k.Packed:
+        return q6k.Packed(self.packed, self.out_features, self.in_features)
+
+    @torch.no_grad()  # an inference kernel: the op has no gradient
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()  # (n, in)
+        y = q6k.linear(rows, self.layout(), self.bias)  # (n, out)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """(out, in) float32: the weight this module multiplies by (for tests and reports)."""
+        return q6k.unpack(self.layout()).dequantize()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

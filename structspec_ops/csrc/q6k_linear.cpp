@@ -1,0 +1,421 @@
+// y = x W^T + b with a GGUF's Q6_K weights as they are stored and per-row int8 activations, row-invariant, any x86.
+//
+// Weights: each group of 16 inputs of one output column is  d * sc * (q - 32),  q in 0..63, sc an int8 per group,
+// d a float32 (the file's fp16) per super-block of 16 groups (256 inputs): Q6_K's own form, kept exactly.
+// Activations: each row is quantized inside the op with its own max-abs scale to codes a = nearest(x * 127 / max)
+// in -127..127 (ties to even), exactly as the int4 op does.
+// Per (row, column, super-block) one exact int32 sum, then one float step per super-block in K order:
+//   isum = sum_g sc_g * (sum_t q a - 32 sum_t a)        |isum| <= 16 * 128 * 16 * 32 * 127 < 2^31
+//   acc = fma(d, float(isum), acc)                       y = fma(acc, row scale, bias)  (or acc * row scale)
+// Every output lane runs that sequence whatever the number of rows, the row tile, the column tile or the thread
+// split (by output columns): a row's result cannot depend on anything else in the call.
+//
+// Three paths, chosen per call as for the int4 op: "vnni" (vpdpbusd), "avx2" (vpmaddubsw: two pairs of products
+// summed in int16 stay within 4 * 63 * 127 < 2^15, then vpmaddwd) and "portable" (plain C++). The int32 sums are
+// exact on every path and the float steps the same IEEE operations in the same order: bitwise the same y.
+//
+// Packed layout (structspec_ops/q6k.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
+//   [d: 16 f32][sc: 16 groups x 16 lanes i8][codes: 16 groups x 192 bytes]
+// A group's codes are 4 vectors of 64 (byte 4 * lane + b of vector i: input 4 i + b of the group, lane's column),
+// stored as [low nibbles of vectors 0 and 1 (0 low, 1 high)][the same of 2 and 3][top 2 bits of 0, 1, 2, 3 at bits
+// 0, 2, 4, 6]: 6.625 bits a weight with the scales, against the file's 6.5625.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;                           // output columns per block
+constexpr int64_t kGroup = 16;                           // inputs per group
+constexpr int64_t kGroups = 16;                          // groups per super-block
+constexpr int64_t kSuper = kGroup * kGroups;             // inputs per super-block
+constexpr int64_t kCodeBytes = 192;                      // code bytes per (block, group)
+constexpr int64_t kScaleAt = 64;                         // byte offset of sc in a super-block
+constexpr int64_t kCodesAt = kScaleAt + kGroups * kLanes;  // byte offset of the codes
+constexpr int64_t kSuperBytes = kCodesAt + kGroups * kCodeBytes;
+constexpr int kMaxRows = 4;    // rows per register tile
+constexpr int kMaxBlocks = 2;  // column blocks per tile
+
+struct Activations {
+  const int8_t* codes;    // (n, K)
+  const int32_t* minus;   // (n, K / 16): -32 times each group's sum of codes
+  const float* scales;    // (n,): max-abs / 127
+  int64_t k;
+};
+
+struct Tile {
+  const Activations* a;
+  int64_t n, supers;
+  const uint8_t* w[kMaxBlocks];
+  int width;
+  float* y;  // (n, ldy)
+  int64_t ldy;
+  const float* bias[kMaxBlocks];
+  int64_t column[kMaxBlocks];
+  int lanes[kMaxBlocks];
+};
+
+template <typename Run>
+void for_row_tiles(int64_t n, Run run) {
+  int64_t r0 = 0;
+  for (; r0 + kMaxRows <= n; r0 += kMaxRows) run(r0, kMaxRows);
+  if (n > r0) run(r0, static_cast<int>(n - r0));
+}
+
+// One row's codes, the int4 op's rounding (plain IEEE steps, the same on every path), and its group sums.
+void quantize_row(const float* x, int64_t k, int8_t* codes, int32_t* minus, float* scale) {
+  float maxabs = 0.f;
+  for (int64_t i = 0; i < k; ++i) maxabs = std::max(maxabs, std::fabs(x[i]));
+  const float inv = maxabs > 0.f ? 127.f / maxabs : 0.f;
+  *scale = maxabs / 127.f;
+  for (int64_t g = 0; g < k; g += kGroup) {
+    int32_t sum = 0;
+    for (int64_t t = 0; t < kGroup; ++t) {
+      const int32_t a = std::clamp<int32_t>(static_cast<int32_t>(std::nearbyint(x[g + t] * inv)), -128, 127);
+      codes[g + t] = static_cast<int8_t>(a);
+      sum += a;
+    }
+    minus[g / kGroup] = -32 * sum;
+  }
+}
+
+// The code of input 4 i + b of lane `lane` in a group's 192 bytes.
+inline int32_t code_at(const uint8_t* group, int i, int lane, int b) {
+  const int64_t j = 4 * lane + b;
+  const uint8_t low = group[64 * (i / 2) + j], top = group[128 + j];
+  return ((i % 2 ? low >> 4 : low) & 15) | (((top >> (2 * i)) & 3) << 4);
+}
+
+void store(const Tile& job, int c, int64_t row, const float* acc, float row_scale) {
+  const float* bias = job.bias[c];
+  float* y = job.y + row * job.ldy + job.column[c];
+  for (int lane = 0; lane < job.lanes[c]; ++lane)
+    y[lane] = bias == nullptr ? acc[lane] * row_scale : std::fma(acc[lane], row_scale, bias[lane]);
+}
+
+// ------------------------------------------------------------------------------------------------ portable
+
+namespace portable {
+
+void tile(const Tile& job, int64_t r0, int rows, int c) {
+  const Activations& a = *job.a;
+  float acc[kMaxRows][kLanes] = {};
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base = job.w[c] + s * kSuperBytes;
+    float d[kLanes];
+    std::memcpy(d, base, sizeof d);
+    int32_t isum[kMaxRows][kLanes] = {};
+    for (int64_t g = 0; g < kGroups; ++g) {
+      const uint8_t* group = base + kCodesAt + g * kCodeBytes;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(base + kScaleAt + g * kLanes);
+      int32_t q[kGroup][kLanes];
+      for (int i = 0; i < 4; ++i)
+        for (int lane = 0; lane < kLanes; ++lane)
+          for (int b = 0; b < 4; ++b) q[4 * i + b][lane] = code_at(group, i, lane, b);
+      for (int r = 0; r < rows; ++r) {
+        const int64_t at = (s * kGroups + g);
+        const int8_t* act = a.codes + (r0 + r) * a.k + at * kGroup;
+        int32_t dot[kLanes];
+        for (int lane = 0; lane < kLanes; ++lane) dot[lane] = a.minus[(r0 + r) * (a.k / kGroup) + at];
+        for (int t = 0; t < kGroup; ++t)
+          for (int lane = 0; lane < kLanes; ++lane) dot[lane] += q[t][lane] * act[t];
+        for (int lane = 0; lane < kLanes; ++lane) isum[r][lane] += sc[lane] * dot[lane];
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int lane = 0; lane < kLanes; ++lane) acc[r][lane] = std::fma(d[lane], static_cast<float>(isum[r][lane]),
+                                                                        acc[r][lane]);
+  }
+  for (int r = 0; r < rows; ++r) store(job, c, r0 + r, acc[r], a.scales[r0 + r]);
+}
+
+void run(const Tile& job) {
+  for (int c = 0; c < job.width; ++c) for_row_tiles(job.n, [&](int64_t r0, int rows) { tile(job, r0, rows, c); });
+}
+
+}  // namespace portable
+
+// ------------------------------------------------------------------------------------------------ AVX2 + FMA
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm256_set1_epi32(word);
+}
+
+// The 4 code vectors (8 lanes `half`) of a group.
+inline void unpack(const uint8_t* group, int half, __m256i v[4]) {
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+  const __m256i l01 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32 * half));
+  const __m256i l23 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 64 + 32 * half));
+  const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 128 + 32 * half));
+  v[0] = _mm256_or_si256(_mm256_and_si256(l01, low), _mm256_and_si256(_mm256_slli_epi16(top, 4), two));
+  v[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l01, 4), low),
+                         _mm256_and_si256(_mm256_slli_epi16(top, 2), two));
+  v[2] = _mm256_or_si256(_mm256_and_si256(l23, low), _mm256_and_si256(top, two));
+  v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l23, 4), low),
+                         _mm256_and_si256(_mm256_srli_epi16(top, 2), two));
+}
+
+template <int R>
+void tile(const Tile& job, int64_t r0, int c, int half) {
+  const Activations& a = *job.a;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base = job.w[c] + s * kSuperBytes;
+    __m256i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < kGroups; ++g) {
+      const int64_t at = s * kGroups + g;
+      __m256i v[4];
+      unpack(base + kCodesAt + g * kCodeBytes, half, v);
+      const __m256i sc = _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kScaleAt + g * kLanes + 8 * half)));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* row = a.codes + (r0 + r) * a.k + at * kGroup;
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], broadcast4(row)),
+                                             _mm256_maddubs_epi16(v[1], broadcast4(row + 4)));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], broadcast4(row + 8)),
+                                             _mm256_maddubs_epi16(v[3], broadcast4(row + 12)));
+        __m256i dot = _mm256_set1_epi32(a.minus[(r0 + r) * (a.k / kGroup) + at]);
+        dot = _mm256_add_epi32(dot, _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)));
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sc, dot));
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * half);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float values[kLanes] = {};
+    _mm256_store_ps(values + 8 * half, acc[r]);
+    Tile part = job;  // store lanes 8 half .. of this half only
+    const int lanes = std::min(8, job.lanes[c] - 8 * half);
+    part.column[c] = job.column[c] + 8 * half;
+    part.lanes[c] = lanes;
+    part.bias[c] = job.bias[c] == nullptr ? nullptr : job.bias[c] + 8 * half;
+    store(part, c, r0 + r, values + 8 * half, a.scales[r0 + r]);
+  }
+}
+
+void run(const Tile& job) {
+  for (int c = 0; c < job.width; ++c)
+    for (int half = 0; half < 2 && 8 * half < job.lanes[c]; ++half)
+      for_row_tiles(job.n, [&](int64_t r0, int rows) {
+        switch (rows) {
+          case 4: tile<4>(job, r0, c, half); break;
+          case 3: tile<3>(job, r0, c, half); break;
+          case 2: tile<2>(job, r0, c, half); break;
+          default: tile<1>(job, r0, c, half); break;
+        }
+      });
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------------------------ AVX-512 VNNI
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
+namespace vnni {
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm512_set1_epi32(word);
+}
+
+inline void unpack(const uint8_t* group, __m512i v[4]) {
+  const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(0x30);
+  const __m512i l01 = _mm512_loadu_si512(group), l23 = _mm512_loadu_si512(group + 64);
+  const __m512i top = _mm512_loadu_si512(group + 128);
+  v[0] = _mm512_or_si512(_mm512_and_si512(l01, low), _mm512_and_si512(_mm512_slli_epi16(top, 4), two));
+  v[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l01, 4), low),
+                         _mm512_and_si512(_mm512_slli_epi16(top, 2), two));
+  v[2] = _mm512_or_si512(_mm512_and_si512(l23, low), _mm512_and_si512(top, two));
+  v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l23, 4), low),
+                         _mm512_and_si512(_mm512_srli_epi16(top, 2), two));
+}
+
+template <int R, int C>
+void tile(const Tile& job, int64_t r0) {
+  const Activations& a = *job.a;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base[C];
+    for (int c = 0; c < C; ++c) base[c] = job.w[c] + s * kSuperBytes;
+    __m512i isum[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) isum[r][c] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < kGroups; ++g) {
+      const int64_t at = s * kGroups + g;
+      __m512i v[C][4], sc[C];
+      for (int c = 0; c < C; ++c) {
+        unpack(base[c] + kCodesAt + g * kCodeBytes, v[c]);
+        sc[c] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base[c] + kScaleAt + g * kLanes)));
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* row = a.codes + (r0 + r) * a.k + at * kGroup;
+        const __m512i a0 = broadcast4(row), a1 = broadcast4(row + 4), a2 = broadcast4(row + 8),
+                      a3 = broadcast4(row + 12), minus = _mm512_set1_epi32(a.minus[(r0 + r) * (a.k / kGroup) + at]);
+        for (int c = 0; c < C; ++c) {
+          __m512i dot = _mm512_dpbusd_epi32(minus, v[c][0], a0);
+          dot = _mm512_dpbusd_epi32(dot, v[c][1], a1);
+          dot = _mm512_dpbusd_epi32(dot, v[c][2], a2);
+          dot = _mm512_dpbusd_epi32(dot, v[c][3], a3);
+          isum[r][c] = _mm512_add_epi32(isum[r][c], _mm512_mullo_epi32(sc[c], dot));
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(base[c]));
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[r][c]), acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 row_scale = _mm512_set1_ps(a.scales[r0 + r]);
+    for (int c = 0; c < C; ++c) {
+      const __mmask16 lanes = static_cast<__mmask16>((1u << job.lanes[c]) - 1u);
+      float* y = job.y + (r0 + r) * job.ldy + job.column[c];
+      const __m512 v = job.bias[c] == nullptr
+                           ? _mm512_mul_ps(acc[r][c], row_scale)
+                           : _mm512_fmadd_ps(acc[r][c], row_scale, _mm512_maskz_loadu_ps(lanes, job.bias[c]));
+      _mm512_mask_storeu_ps(y, lanes, v);
+    }
+  }
+}
+
+template <int C>
+void rows_of(const Tile& job) {
+  for_row_tiles(job.n, [&](int64_t r0, int rows) {
+    switch (rows) {
+      case 4: tile<4, C>(job, r0); break;
+      case 3: tile<3, C>(job, r0); break;
+      case 2: tile<2, C>(job, r0); break;
+      default: tile<1, C>(job, r0); break;
+    }
+  });
+}
+
+void run(const Tile& job) {
+  if (job.width == 2) rows_of<2>(job);
+  else rows_of<1>(job);
+}
+
+}  // namespace vnni
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------------------------ dispatch
+
+struct Path {
+  const char* name;
+  bool (*supported)();
+  void (*run)(const Tile&);
+};
+
+bool has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+}
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+bool always() { return true; }
+
+const Path kPaths[] = {{"vnni", has_vnni, vnni::run}, {"avx2", has_avx2, avx2::run}, {"portable", always, portable::run}};
+
+const Path& choose(const std::string& name) {
+  for (const Path& path : kPaths)
+    if (name == "auto" ? path.supported() : name == path.name) {
+      TORCH_CHECK(path.supported(), "q6k_linear: this CPU cannot run the '", name, "' path");
+      return path;
+    }
+  TORCH_CHECK(false, "q6k_linear: unknown path '", name, "' (auto, vnni, avx2 or portable)");
+  return kPaths[2];  // not reached
+}
+
+}  // namespace
+
+std::vector<std::string> q6k_paths() {
+  std::vector<std::string> names;
+  for (const Path& path : kPaths)
+    if (path.supported()) names.emplace_back(path.name);
+  return names;
+}
+
+// x (n, in) float32, in % 256 == 0; packed uint8 (`pack`); bias (out,) float32 or None; path: "auto" or a name.
+at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                      int64_t out_features, c10::string_view path_name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "q6k_linear: x must be a contiguous (n, in) float32 CPU tensor");
+  TORCH_CHECK(x.size(1) % kSuper == 0, "q6k_linear: in_features ", x.size(1), " is not a multiple of 256");
+  const int64_t n = x.size(0), k = x.size(1), supers = k / kSuper, blocks = (out_features + kLanes - 1) / kLanes;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == blocks * supers * kSuperBytes,
+              "q6k_linear: packed weights of ", packed.numel(), " bytes, expected ", blocks * supers * kSuperBytes);
+  const Path& path = choose(std::string(path_name));
+  const float* bias_data = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == out_features,
+                "q6k_linear: bias must be (out,) float32");
+    bias_data = bias->data_ptr<float>();
+  }
+  at::Tensor y = at::empty({n, out_features}, x.options());
+  at::Tensor codes = at::empty({n, k}, x.options().dtype(at::kChar));
+  at::Tensor minus = at::empty({n, k / kGroup}, x.options().dtype(at::kInt));
+  at::Tensor scales = at::empty({n}, x.options());
+  const float* xs = x.data_ptr<float>();
+  int8_t* code_data = codes.data_ptr<int8_t>();
+  int32_t* minus_data = minus.data_ptr<int32_t>();
+  float* scale_data = scales.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r)  // O(n K): a few microseconds a row beside the O(n K out) products
+    quantize_row(xs + r * k, k, code_data + r * k, minus_data + r * (k / kGroup), scale_data + r);
+  const Activations a{code_data, minus_data, scale_data, k};
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* y_data = y.data_ptr<float>();
+  const int64_t block_bytes = supers * kSuperBytes, tiles = (blocks + kMaxBlocks - 1) / kMaxBlocks;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      Tile job{&a, n, supers, {nullptr, nullptr}, 0, y_data, out_features, {nullptr, nullptr}, {0, 0}, {0, 0}};
+      job.width = static_cast<int>(std::min<int64_t>(kMaxBlocks, blocks - t * kMaxBlocks));
+      for (int c = 0; c < job.width; ++c) {
+        const int64_t block = t * kMaxBlocks + c;
+        job.w[c] = w + block * block_bytes;
+        job.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
+        job.column[c] = block * kLanes;
+        job.lanes[c] = static_cast<int>(std::min<int64_t>(kLanes, out_features - block * kLanes));
+      }
+      path.run(job);
+    }
+  });
+  return y;
+}
+
+TORCH_LIBRARY_FRAGMENT(structspec, m) {
+  m.def("q6k_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, str path='auto') -> Tensor");
+  m.def("q6k_paths() -> str[]", &q6k_paths);
+}
+
+TORCH_LIBRARY_IMPL(structspec, CPU, m) { m.impl("q6k_linear", &q6k_linear); }
