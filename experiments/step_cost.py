@@ -29,7 +29,7 @@ from experiments.lib.timing import Prefixed
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes one decode step reads of `model`'s Linear weights (packed 4-bit and 6-bit, int8, float)."""
-    from assisted.models.int4 import Int4Linear
+    from assisted.models.int4_linear import Int4Linear
     from assisted.models.int8 import Int8Linear
     from assisted.models.q6k_linear import Q6KLinear
     total = 0

@@ -39,10 +39,14 @@ PATH_VARIABLE = "STRUCTSPEC_INT4_PATH"  # names a path to run instead of the bes
 _forced: list[str] = []
 
 
+# One library for the quantized linears and the decoder layer that calls them (structspec_ops.q6k, .decoder).
+SOURCES = ("int4_linear.cpp", "q6k_linear.cpp", "decoder_layer.cpp")
+
+
 @functools.cache
 def built() -> Built:
     """Whether the op library is loaded on this machine (built once; else ``reason`` says why in one line)."""
-    return load("int4", ("int4_linear.cpp",), CFLAGS)
+    return load("quantized", SOURCES, CFLAGS)
 
 
 @functools.cache

@@ -15,13 +15,12 @@ same output), and it runs the one `structspec_ops.int4.path()` names.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from structspec_ops import int4
-from structspec_ops.build import Built, load
+from structspec_ops.build import Built
 
 GROUP = 16  # inputs per group
 GROUPS = 16  # groups per super-block
@@ -30,10 +29,9 @@ LANES = 16  # output columns per block of the packed layout
 SUPER_BYTES = 64 + GROUPS * LANES + GROUPS * 192  # d, sc, codes of one (block, super-block)
 
 
-@functools.cache
 def built() -> Built:
-    """Whether the op library is loaded on this machine (built once; else ``reason`` says why in one line)."""
-    return load("q6k", ("q6k_linear.cpp",), int4.CFLAGS)
+    """Whether the op library is loaded on this machine: the int4 op's library (`structspec_ops.int4.built`)."""
+    return int4.built()
 
 
 @dataclass(frozen=True)

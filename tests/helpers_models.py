@@ -44,6 +44,23 @@ def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, in
     return LlamaForCausalLM(config).eval()
 
 
+def tiny_qwen2(vocab_size: int, seed: int, layers: int = 1, hidden: int = 64, init: float = 0.02, eos: int = 2):
+    """A random Qwen2-style causal LM (q, k, v with biases; grouped key/value heads)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         initializer_range=init, bos_token_id=1, eos_token_id=eos, pad_token_id=None,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # transformers initialises biases to zero; the fused layer must add them
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.1)
+    return model
+
+
 def tiny_gpt2(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02):
     """A random GPT-2-style causal LM (learned positions, fused attention, tied head)."""
     from transformers import GPT2Config, GPT2LMHeadModel

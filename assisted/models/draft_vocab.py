@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from assisted.models.int4 import Int4Linear
+from assisted.models.int4_linear import Int4Linear
 from assisted.models.int8 import Int8Linear, as_linear
 from drafting.draft_vocab import DraftHead, draft_head
 from drafting.kv_cache import logits_size

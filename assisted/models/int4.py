@@ -12,6 +12,8 @@ verifies drafts exactly losslessly (docs/design.md, "Row invariance").
   GGUF, every Linear but the output head is quantized to Q4_K's form, the head to Q6_K's (as Q4_K_M keeps it).
 - `int4_copy(model)`: an assistant's 4-bit copy (every Linear that fits, the head included; attention untouched).
 
+Both then run each Llama / Qwen2 decoder layer as two C++ calls around its attention (`assisted.models.fused_layers`).
+
 Only where the kernel cannot build (no C++ compiler or ninja) do both fall back to the int8 path, with a warning that
 says why and that it is another model (other outputs); `linear_kernels(model)` reports what runs.
 
@@ -28,58 +30,13 @@ from pathlib import Path
 
 import torch
 
+from assisted.models.fused_layers import fuse_layers, fused_layer_count
 from assisted.models.gguf_groups import module_groups
+from assisted.models.int4_linear import Int4Linear, fits
 from assisted.models.int8 import Int8Linear, as_linear, check_quantizable, int8_copy, quantize_int8
 from assisted.models.q6k_linear import Q6KLinear
 from structspec_ops import attention, int4, q6k
 from structspec_ops.attention import ATTENTION
-
-
-class Int4Linear(torch.nn.Module):
-    """(..., in) -> (..., out): a weight held as 4-bit `structspec_ops.int4.Groups`, per-row int8 activations.
-
-    Row-invariant: each row's output depends on that row alone (bitwise), whatever the number of rows or threads.
-    """
-
-    def __init__(self, groups: int4.Groups, bias: torch.Tensor | None = None):
-        super().__init__()
-        packed = int4.pack(groups)
-        self.register_buffer("packed", packed.data)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = groups.shape
-        self.groups_per_block = groups.groups_per_block
-
-    @classmethod
-    def quantized(cls, linear: torch.nn.Linear) -> Int4Linear:
-        """A float Linear quantized to Q4_K's form (super-blocks of 8 groups, or 1 where `in` is not a multiple of
-        256); its `in_features` must be a multiple of 32 (`fits`)."""
-        blocks = 8 if linear.in_features % (8 * int4.GROUP) == 0 else 1
-        return cls(int4.quantize(linear.weight.detach(), blocks), linear.bias)
-
-    def layout(self) -> int4.Packed:
-        return int4.Packed(self.packed, self.out_features, self.in_features, self.groups_per_block)
-
-    @torch.no_grad()  # an inference kernel: the op has no gradient
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()  # (n, in)
-        y = int4.linear(rows, self.layout(), self.bias)  # (n, out)
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-    def groups(self) -> int4.Groups:
-        return int4.unpack(self.layout())
-
-    def dequantized(self) -> torch.Tensor:
-        """(out, in) float32: the weight this module multiplies by (for tests and reports)."""
-        return self.groups().dequantize()
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"groups_per_block={self.groups_per_block}, bias={self.bias is not None}"
-
-
-def fits(linear: torch.nn.Linear) -> bool:
-    """Whether a Linear's inputs split into groups of 32."""
-    return linear.in_features % int4.GROUP == 0
 
 
 def unavailable() -> str | None:
@@ -133,7 +90,7 @@ def quantize_int4(model: torch.nn.Module, gguf: str | Path | None = None) -> tor
         setattr(parent, child_name, new)
     model.set_attn_implementation(ATTENTION)
     attention.built()  # the attention op is built (once per machine) now, not inside a timed forward
-    return model.eval()
+    return fuse_layers(model).eval()
 
 
 def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str, torch.nn.Module]]:
@@ -169,7 +126,7 @@ def int4_copy(model: torch.nn.Module) -> torch.nn.Module:
             replaced += 1
     if not replaced:
         raise ValueError("no Linear layer of this model has inputs in groups of 32 (int4 needs in_features % 32 == 0)")
-    return model.eval()
+    return fuse_layers(model).eval()
 
 
 def linear_kernels(model: torch.nn.Module) -> str:
@@ -177,4 +134,6 @@ def linear_kernels(model: torch.nn.Module) -> str:
     names = {Int4Linear: int4.kernel_name(), Q6KLinear: int4.kernel_name().replace("int4", "q6k"),
              Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
     counts = Counter(names.get(type(m), type(m).__name__) for m in model.modules() if type(m) in names)
-    return ", ".join(f"{kind} x{count}" for kind, count in counts.most_common()) or "none"
+    kernels = ", ".join(f"{kind} x{count}" for kind, count in counts.most_common()) or "none"
+    fused, layers = fused_layer_count(model)
+    return f"{kernels}; decoder layers fused {fused}/{layers}" if fused else kernels

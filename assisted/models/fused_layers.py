@@ -1,0 +1,106 @@
+"""Decoder layers as two C++ calls around the attention (`structspec_ops.decoder`), for 4-bit targets and assistants.
+
+A decode step of a small model on a CPU is mostly not its weights: some 200 op calls a layer (module calls, RMSNorm,
+rotary, SiLU, residual adds, views, the dispatcher) cost as much as the matmuls. `fuse_layers` replaces every Llama or
+Qwen2 decoder layer whose Linears all run the project's 4-bit or 6-bit kernels (`Int4Linear`, `Q6KLinear`) by a
+`FusedDecoderLayer`: one call for RMSNorm, q/k/v and rotary, transformers' cache update and the model's attention
+(row-invariant), one call for o, the residuals, RMSNorm and the MLP. Row by row in a fixed order, so the model stays
+row-invariant (one forward over n positions is bitwise n steps; a row in a batch bitwise the row alone). It is the
+model as loaded: its logits differ from the unfused model's by float rounding (norm and SiLU are summed in another
+order), as any other kernel choice would. Other layers run as they are; `fused_layer_count` says how many fused.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from assisted.models.int4_linear import Int4Linear
+from assisted.models.q6k_linear import Q6KLinear
+from structspec_ops import decoder
+
+FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer")  # RMSNorm, q/k/v (+ bias), rotary, o, gate/up/down SiLU MLP
+
+
+def _weight(linear: torch.nn.Module) -> decoder.Weight:
+    groups = linear.groups_per_block if isinstance(linear, Int4Linear) else decoder.Q6_K
+    return decoder.Weight(linear.packed, linear.bias, linear.out_features, groups)
+
+
+def fusable(layer: torch.nn.Module) -> bool:
+    """Whether `layer` is a decoder layer of a known family whose seven Linears run the 4-bit or 6-bit kernels."""
+    if type(layer).__name__ not in FAMILIES:
+        return False
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    return (all(isinstance(m, (Int4Linear, Q6KLinear)) for m in linears) and attn.o_proj.bias is None
+            and getattr(mlp.config, "hidden_act", "silu") == "silu" and getattr(attn, "sliding_window", None) is None)
+
+
+class FusedDecoderLayer(torch.nn.Module):
+    """A Llama / Qwen2 decoder layer in two C++ calls around its cache update and attention; same submodules (and
+    state dict) as the layer it replaces."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        attn, mlp, config = layer.self_attn, layer.mlp, layer.self_attn.config
+        self.attention_type = getattr(layer, "attention_type", "full_attention")
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.layer_idx, self.scaling = attn.head_dim, attn.layer_idx, attn.scaling
+        self.ins = tuple(_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        self.outs = tuple(_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.cache_keyword = _cache_keyword(type(layer))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None, **kwargs):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        cache = kwargs.pop(self.cache_keyword, None)
+        batch, n, hidden = hidden_states.shape
+        x = hidden_states.reshape(-1, hidden).float().contiguous()  # (B n, hidden)
+        cos, sin = (t.reshape(-1, self.head_dim).float().contiguous() for t in position_embeddings)  # (B n, D)
+        first, second = self.input_layernorm, self.post_attention_layernorm
+        q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
+                                       self.kv_heads, self.head_dim)
+        q = q.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
+        k, v = (t.view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, H_kv, n, D)
+        if cache is not None:
+            k, v = self._update(cache, k, v, position_embeddings, kwargs)
+        attention = ALL_ATTENTION_FUNCTIONS[self.self_attn.config._attn_implementation]
+        a, _ = attention(self.self_attn, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+        y = decoder.attention_out(a.reshape(batch * n, -1).contiguous(), x, second.weight,
+                                  second.variance_epsilon, self.outs)  # (B n, hidden)
+        return y.view(batch, n, hidden).to(hidden_states.dtype)
+
+    def _update(self, cache, k, v, position_embeddings, kwargs):
+        if self.cache_keyword == "cache":  # transformers 5.24+: the cache finds its own positions
+            return cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        cos, sin = position_embeddings
+        return cache.update(k, v, self.layer_idx, {"sin": sin, "cos": cos,
+                                                   "cache_position": kwargs.get("cache_position")})
+
+
+@functools.cache
+def _cache_keyword(layer_class: type) -> str:
+    """The decoder layer's cache argument: `cache` from transformers 5.24, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(layer_class.forward).parameters else "past_key_values"
+
+
+def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace, in place, every decoder layer of `model` that `fusable` accepts by a `FusedDecoderLayer`."""
+    for _, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if fusable(child):
+                setattr(parent, name, FusedDecoderLayer(child))
+    return model
+
+
+def fused_layer_count(model: torch.nn.Module) -> tuple[int, int]:
+    """(fused decoder layers, all decoder layers) of `model`."""
+    fused = sum(isinstance(m, FusedDecoderLayer) for m in model.modules())
+    other = sum(type(m).__name__.endswith(("DecoderLayer", "Block")) and not isinstance(m, FusedDecoderLayer)
+                for m in model.modules())
+    return fused, fused + other

@@ -1,0 +1,153 @@
+// A Llama / Qwen2 decoder layer around its attention in two calls, on the project's 4-bit and 6-bit linears.
+//
+//   decoder_attention_in:   h = RMSNorm(x); q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv; q, k rotated (RoPE)
+//   decoder_attention_out:  x' = x + a Wo^T; h = RMSNorm(x'); y = x' + (silu(h Wg^T) * (h Wu^T)) Wd^T
+//
+// Between them the caller writes k and v into its cache and runs the row-invariant attention over it (a). Every step
+// here works on one row at a time in a fixed order, and the linears are row-invariant (int4_linear, q6k_linear), so
+// a row's output is bitwise the same whatever other rows the call holds: one forward over n positions is bitwise n
+// one-position steps. What a decode step pays besides its weights (module calls, norms, rotary, SiLU, residuals,
+// the dispatcher) shrinks from some 200 op calls a layer to these two calls and the cache update.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// The linears of this library (int4_linear.cpp, q6k_linear.cpp).
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features, int64_t groups, const c10::optional<at::Tensor>& blocks,
+                       c10::string_view path_name);
+at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                      int64_t out_features, c10::string_view path_name);
+
+namespace {
+
+// x (n, in) -> (n, out) by weight j of the lists: groups_per_block[j] > 0 a 4-bit weight, 0 a Q6_K one.
+using Biases = c10::List<c10::optional<at::Tensor>>;
+
+at::Tensor linear(const at::Tensor& x, at::TensorList packed, const Biases& biases, c10::IntArrayRef out_features,
+                  c10::IntArrayRef groups, size_t j, c10::string_view path) {
+  const c10::optional<at::Tensor> bias = biases.get(j);
+  if (groups[j] > 0) return int4_linear(x, packed[j], bias, out_features[j], groups[j], c10::nullopt, path);
+  return q6k_linear(x, packed[j], bias, out_features[j], path);
+}
+
+constexpr int64_t kRowsPerTask = 8;  // rows of the small steps per thread task (a decode step's one row: no fork)
+
+// (n, d) -> (n, d): w * (x / sqrt(mean(x^2) + eps)), each row's sum of squares in index order.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t n = x.size(0), d = x.size(1);
+  at::Tensor y = at::empty_like(x);
+  const float *xs = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+  float* ys = y.data_ptr<float>();
+  at::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xs + r * d;
+      float squares = 0.f;
+      for (int64_t i = 0; i < d; ++i) squares += row[i] * row[i];
+      const float inverse = 1.f / std::sqrt(squares / static_cast<float>(d) + static_cast<float>(eps));
+      for (int64_t i = 0; i < d; ++i) ys[r * d + i] = w[i] * (row[i] * inverse);
+    }
+  });
+  return y;
+}
+
+// In place on (n, heads * dim): x * cos + rotate_half(x) * sin per head, as transformers' apply_rotary_pos_emb
+// computes it (two products, then their sum). cos, sin (n, dim).
+void rotate(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads, int64_t dim) {
+  const int64_t n = x.size(0), half = dim / 2;
+  float* xs = x.data_ptr<float>();
+  const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+  at::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    std::vector<float> head(dim);
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = xs + (r * heads + h) * dim;
+        std::copy(v, v + dim, head.begin());
+        for (int64_t i = 0; i < dim; ++i) {
+          const float turned = i < half ? -head[i + half] : head[i - half];
+          const float a = head[i] * c[r * dim + i], b = turned * s[r * dim + i];
+          v[i] = a + b;
+        }
+      }
+  });
+}
+
+void check_rows(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
+              "decoder layer: ", what, " must be a contiguous 2-D float32 CPU tensor");
+}
+
+}  // namespace
+
+// x (n, hidden); norm_weight (hidden,); packed, biases, out_features, groups: q, k, v in that order; cos, sin
+// (n, head_dim). Returns [q (n, heads * head_dim) rotated, k (n, kv_heads * head_dim) rotated, v].
+std::vector<at::Tensor> decoder_attention_in(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
+                                             at::TensorList packed, const Biases& biases,
+                                             c10::IntArrayRef out_features, c10::IntArrayRef groups,
+                                             const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                             int64_t kv_heads, int64_t head_dim, c10::string_view path) {
+  check_rows(x, "x");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(packed.size() == 3 && biases.size() == 3 && out_features.size() == 3 && groups.size() == 3,
+              "decoder_attention_in: three weights (q, k, v)");
+  TORCH_CHECK(out_features[0] == heads * head_dim && out_features[1] == kv_heads * head_dim &&
+                  out_features[2] == kv_heads * head_dim && cos.size(0) == x.size(0) && cos.size(1) == head_dim &&
+                  sin.sizes() == cos.sizes() && head_dim % 2 == 0,
+              "decoder_attention_in: shapes do not fit heads ", heads, ", kv_heads ", kv_heads, ", head_dim ",
+              head_dim);
+  const at::Tensor h = rms_norm(x, norm_weight, eps);
+  at::Tensor q = linear(h, packed, biases, out_features, groups, 0, path);
+  at::Tensor k = linear(h, packed, biases, out_features, groups, 1, path);
+  at::Tensor v = linear(h, packed, biases, out_features, groups, 2, path);
+  rotate(q, cos, sin, heads, head_dim);
+  rotate(k, cos, sin, kv_heads, head_dim);
+  return {q, k, v};
+}
+
+// a (n, heads * head_dim): the attention's output; x (n, hidden): the layer's input; packed, biases, out_features,
+// groups: o, gate, up, down. Returns the layer's output (n, hidden).
+at::Tensor decoder_attention_out(const at::Tensor& a, const at::Tensor& x, const at::Tensor& norm_weight, double eps,
+                                 at::TensorList packed, const Biases& biases, c10::IntArrayRef out_features,
+                                 c10::IntArrayRef groups, c10::string_view path) {
+  check_rows(a, "a");
+  check_rows(x, "x");
+  TORCH_CHECK(packed.size() == 4 && biases.size() == 4 && out_features.size() == 4 && groups.size() == 4,
+              "decoder_attention_out: four weights (o, gate, up, down)");
+  TORCH_CHECK(a.size(0) == x.size(0) && out_features[0] == x.size(1) && out_features[3] == x.size(1) &&
+                  out_features[1] == out_features[2],
+              "decoder_attention_out: shapes do not fit");
+  at::Tensor after = linear(a, packed, biases, out_features, groups, 0, path);  // (n, hidden)
+  after.add_(x);  // the attention's residual, element by element
+  const at::Tensor h = rms_norm(after, norm_weight, eps);
+  at::Tensor gate = linear(h, packed, biases, out_features, groups, 1, path);  // (n, intermediate)
+  const at::Tensor up = linear(h, packed, biases, out_features, groups, 2, path);
+  float* g = gate.data_ptr<float>();
+  const float* u = up.data_ptr<float>();
+  const int64_t width = gate.size(1);
+  at::parallel_for(0, gate.size(0), kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * width; i < end * width; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  });
+  at::Tensor y = linear(gate, packed, biases, out_features, groups, 3, path);
+  y.add_(after);
+  return y;
+}
+
+TORCH_LIBRARY_FRAGMENT(structspec, m) {
+  m.def("decoder_attention_in(Tensor x, Tensor norm_weight, float eps, Tensor[] packed, Tensor?[] biases, "
+        "int[] out_features, int[] groups, Tensor cos, Tensor sin, int heads, int kv_heads, int head_dim, "
+        "str path) -> Tensor[]");
+  m.def("decoder_attention_out(Tensor a, Tensor x, Tensor norm_weight, float eps, Tensor[] packed, "
+        "Tensor?[] biases, int[] out_features, int[] groups, str path) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(structspec, CPU, m) {
+  m.impl("decoder_attention_in", &decoder_attention_in);
+  m.impl("decoder_attention_out", &decoder_attention_out);
+}

@@ -1,0 +1,61 @@
+"""Fused decoder layers: which layers are fused, what the model reports, and that fusing keeps the model's function.
+
+Row invariance of the fused models (n positions against n steps, a padded batch row against the row alone, static
+and dynamic caches, Llama and Qwen2) is tested with the other int4 models in `tests/assisted/test_int4.py`, and
+greedy and sampled generation over them there too: every int4 Llama there runs fused layers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import assisted.models.int4 as int4_models
+from assisted.models.fused_layers import FusedDecoderLayer, fused_layer_count
+from assisted.models.int4 import int4_copy, linear_kernels, quantize_int4
+from structspec_ops import int4
+from tests.helpers_models import tiny_gpt2, tiny_llama, tiny_qwen2
+
+pytestmark = pytest.mark.skipif(not int4.built().ok, reason=f"the kernels are unavailable: {int4.built().reason}")
+
+
+@pytest.mark.parametrize("family", [tiny_llama, tiny_qwen2])
+def test_llama_and_qwen2_layers_are_fused_and_said_so(family):
+    model = quantize_int4(family(300, seed=0, layers=3, hidden=64))
+    assert all(isinstance(layer, FusedDecoderLayer) for layer in model.model.layers)
+    assert fused_layer_count(model) == (3, 3) and linear_kernels(model).endswith("; decoder layers fused 3/3")
+    assistant = int4_copy(family(300, seed=1, layers=2, hidden=64))
+    assert fused_layer_count(assistant) == (2, 2)
+
+
+def test_a_family_it_does_not_know_runs_as_before_and_says_so():
+    model = quantize_int4(tiny_gpt2(300, seed=0, layers=2, hidden=64))
+    assert fused_layer_count(model) == (0, 2) and "fused" not in linear_kernels(model)
+
+
+def test_layers_with_other_kernels_are_left_as_they_are(monkeypatch):
+    """An int8 Linear in a layer (a GGUF's Q8_0 tensor, say): that layer runs unfused, the others fused."""
+    from assisted.models.fused_layers import fuse_layers
+    from assisted.models.int8 import Int8Linear
+
+    monkeypatch.setattr(int4_models, "fuse_layers", lambda model: model)
+    model = quantize_int4(tiny_llama(300, seed=0, layers=2, hidden=64))
+    attention = model.model.layers[1].self_attn
+    attention.v_proj = Int8Linear(torch.nn.Linear(64, attention.v_proj.out_features))
+    fuse_layers(model)
+    assert isinstance(model.model.layers[0], FusedDecoderLayer) and fused_layer_count(model) == (1, 2)
+
+
+@pytest.mark.parametrize("family", [tiny_llama, tiny_qwen2])
+def test_the_fused_model_is_the_unfused_model_up_to_activation_rounding(family, monkeypatch):
+    """Fused and unfused compute the same layer; their norms and SiLU round differently, which can move an int8
+    activation code by one step. On a model with peaky logits the greedy choice agrees at nearly every position."""
+    fused = quantize_int4(family(300, seed=4, layers=2, hidden=64, init=0.2))
+    monkeypatch.setattr(int4_models, "fuse_layers", lambda model: model)
+    plain = quantize_int4(family(300, seed=4, layers=2, hidden=64, init=0.2))
+    assert fused_layer_count(plain) == (0, 2)
+    ids = torch.randint(0, 300, (1, 80), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a, b = fused(ids).logits[0], plain(ids).logits[0]
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.95
+    assert ((a - b).abs().amax(-1) <= 0.05 * b.abs().amax(-1)).all()
