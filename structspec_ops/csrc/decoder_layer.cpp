@@ -38,6 +38,7 @@ at::Tensor linear(const at::Tensor& x, at::TensorList packed, const Biases& bias
 }
 
 constexpr int64_t kRowsPerTask = 8;  // rows of the small steps per thread task (a decode step's one row: no fork)
+constexpr int64_t kElementsPerTask = 2048;  // SiLU * up: 8960 of a Qwen 1.5B row split over the threads
 
 // (n, d) -> (n, d): w * (x / sqrt(mean(x^2) + eps)), each row's sum of squares in index order.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -130,9 +131,8 @@ at::Tensor decoder_attention_out(const at::Tensor& a, const at::Tensor& x, const
   const at::Tensor up = linear(h, packed, biases, out_features, groups, 2, path);
   float* g = gate.data_ptr<float>();
   const float* u = up.data_ptr<float>();
-  const int64_t width = gate.size(1);
-  at::parallel_for(0, gate.size(0), kRowsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * width; i < end * width; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  at::parallel_for(0, gate.numel(), kElementsPerTask, [&](int64_t begin, int64_t end) {  // element by element
+    for (int64_t i = begin; i < end; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   });
   at::Tensor y = linear(gate, packed, biases, out_features, groups, 3, path);
   y.add_(after);

@@ -72,8 +72,10 @@ void for_row_tiles(int64_t n, Run run) {
   if (n > r0) run(r0, static_cast<int>(n - r0));
 }
 
-// One row's codes, the int4 op's rounding (plain IEEE steps, the same on every path), and its group sums.
+// One row's codes, the int4 op's rounding (plain IEEE steps, the same on every path), and its group sums. Nearest,
+// ties to even, as (v + 1.5 * 2^23) - 1.5 * 2^23 rounds any |v| < 2^22 (here |v| <= 127): vectorisable, no libm.
 void quantize_row(const float* x, int64_t k, int8_t* codes, int32_t* minus, float* scale) {
+  constexpr float kRound = 12582912.f;
   float maxabs = 0.f;
   for (int64_t i = 0; i < k; ++i) maxabs = std::max(maxabs, std::fabs(x[i]));
   const float inv = maxabs > 0.f ? 127.f / maxabs : 0.f;
@@ -81,7 +83,8 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, int32_t* minus, floa
   for (int64_t g = 0; g < k; g += kGroup) {
     int32_t sum = 0;
     for (int64_t t = 0; t < kGroup; ++t) {
-      const int32_t a = std::clamp<int32_t>(static_cast<int32_t>(std::nearbyint(x[g + t] * inv)), -128, 127);
+      const float nearest = (x[g + t] * inv + kRound) - kRound;
+      const int32_t a = std::clamp<int32_t>(static_cast<int32_t>(nearest), -128, 127);
       codes[g + t] = static_cast<int8_t>(a);
       sum += a;
     }
