@@ -5,9 +5,10 @@
 Loads the recommended CPU pair (int4 target keeping the GGUF's Q4_K and Q6_K groups, int4 copy of the assistant),
 prefills --prefix tokens and then times one-row decode steps (one position, logits included), every model variant
 interleaved step by step at each thread count:
-  target          as loaded: Q4_K on the int4 kernel, Q6_K on the exact 6-bit kernel
-  target-q6-int8  the same target with its Q6_K tensors as fbgemm int8 (how they ran before the 6-bit kernel)
-  assistant       the assistant's int4 copy
+  target             as loaded: fused decoder layers, Q4_K on the int4 kernel, Q6_K on the exact 6-bit kernel
+  target-unfused     the same Linears, each layer op by op (transformers' modules)
+  target-before      op by op, Q6_K tensors on fbgemm int8 (how the step ran before the fused layers and Q6_K)
+  assistant          the assistant's int4 copy, fused; assistant-unfused: op by op
 Each step is set against its floor: the weight bytes one step reads / the read loop's bandwidth at that thread count
 (`experiments.kernel_paths.read_bandwidth`). `--profile` adds where one step's time goes (torch.profiler over 10
 steps; the profiler inflates small ops, so read the shares, not the sums).
@@ -43,8 +44,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def q6_as_int8(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, torch.nn.Module]]:
-    """Full name -> (parent, int8 module) for every Q6KLinear: its file weights through fbgemm, as before."""
+def q6_as_int8(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Full name -> an `Int8Linear` for every Q6KLinear: its file weights through fbgemm, as they ran before."""
     from assisted.models.int8 import Int8Linear
     from assisted.models.q6k_linear import Q6KLinear
     swaps = {}
@@ -58,6 +59,12 @@ def q6_as_int8(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, torch
     return swaps
 
 
+def unfused(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Full name -> the layer each fused decoder layer replaced (the same Linears, run op by op)."""
+    from assisted.models.fused_layers import FusedDecoderLayer
+    return {name: m.unfused() for name, m in model.named_modules() if isinstance(m, FusedDecoderLayer)}
+
+
 def swapped(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> dict[str, torch.nn.Module]:
     """Put `modules` in place by full name; returns the ones they replaced."""
     old = {}
@@ -67,6 +74,22 @@ def swapped(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> dict
         old[name] = getattr(parent, child)
         setattr(parent, child, module)
     return old
+
+
+class Variant:
+    """A model as loaded, or with some of its modules swapped for the step being timed."""
+
+    def __init__(self, timer: Prefixed, model: torch.nn.Module, *swaps: dict[str, torch.nn.Module]):
+        self.timer, self.model, self.swaps = timer, model, swaps
+
+    def seconds(self, token: int, call=None):
+        """One timed step (or `call(timer, token)`'s result) with the swaps in place, undone after."""
+        undo = [swapped(self.model, s) for s in self.swaps]  # unfused layers first, then their Q6_K Linears
+        try:
+            return self.timer.seconds([token]) if call is None else call(self.timer, token)
+        finally:
+            for old in reversed(undo):
+                swapped(self.model, old)
 
 
 def profile(timer: Prefixed, token: int, steps: int = 10, top: int = 8) -> list[list]:
@@ -81,6 +104,49 @@ def profile(timer: Prefixed, token: int, steps: int = 10, top: int = 8) -> list[
     rows = [[e.key, round(e.count / steps, 1), round(e.self_cpu_time_total / steps / 1e3, 2),
              f"{e.self_cpu_time_total / total:.0%}"] for e in sorted(events, key=lambda e: -e.self_cpu_time_total)]
     return rows[:top] + [["(all ops)", round(calls), round(total / steps / 1e3, 2), "100%"]]
+
+
+def variants(model, assistant, prefix: list[int]) -> dict[str, Variant]:
+    """What is timed: this code's step, and the same models with the pieces this code replaced put back."""
+    target, helper = Prefixed(model, prefix), Prefixed(assistant, prefix)
+    return {"target": Variant(target, model), "target-unfused": Variant(target, model, unfused(model)),
+            "target-before": Variant(target, model, unfused(model), q6_as_int8(model)),
+            "assistant": Variant(helper, assistant),
+            "assistant-unfused": Variant(helper, assistant, unfused(assistant))}
+
+
+PAIRS = (("target", "target-before"), ("target", "target-unfused"), ("assistant", "assistant-unfused"))
+
+
+def measure(found: dict[str, Variant], token: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds of `repeats` steps of each variant, interleaved in an order rotated per round (one round of warm-up)."""
+    names, seconds = list(found), {name: [] for name in found}
+    for r in range(repeats + 1):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            spent = found[name].seconds(token)
+            if r:
+                seconds[name].append(spent)
+    return seconds
+
+
+def rows_of(found: dict[str, Variant], seconds: dict[str, list[float]], threads: int,
+            bandwidth: float) -> list[dict]:
+    rows = []
+    for name, variant in found.items():
+        undo = [swapped(variant.model, s) for s in variant.swaps]
+        weight = weight_bytes(variant.model)
+        for old in reversed(undo):
+            swapped(variant.model, old)
+        median = statistics.median(seconds[name])
+        rows.append({"threads": threads, "variant": name, "ms": median * 1e3, "bytes": weight,
+                     "read_gb_s": bandwidth / 1e9, "floor_ms": weight / bandwidth * 1e3,
+                     "x_floor": median * bandwidth / weight})
+    for ours, other in PAIRS:
+        ratio = paired_ratio(list(zip(seconds[other], seconds[ours])))
+        rows[list(found).index(ours)][f"vs_{other}"] = "{:.3f} [{:.3f}, {:.3f}]".format(*ratio)
+    rows[list(found).index("assistant")]["of_target"] = (statistics.median(seconds["assistant"]) /
+                                                         statistics.median(seconds["target"]))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,59 +164,44 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     model, tokenizer, assistant = loaded
     prefix = tokenizer("def quicksort(items):\n" * 40)["input_ids"][: args.prefix]
-    timers = {"target": Prefixed(model, prefix), "assistant": Prefixed(assistant, prefix)}
-    int8_q6 = q6_as_int8(model)
-    bytes_of = {"target": weight_bytes(model), "assistant": weight_bytes(assistant)}
-    exact_q6 = swapped(model, int8_q6)
-    bytes_of["target-q6-int8"] = weight_bytes(model)
-    swapped(model, exact_q6)
-    variants = ["target", "target-q6-int8", "assistant"]
+    found = variants(model, assistant, prefix)
     rows, profiles = [], []
     for threads in args.threads:
         bandwidth = read_bandwidth(threads)
         torch.set_num_threads(threads)
-        seconds = {v: [] for v in variants}
-        for r in range(args.repeats + 1):  # the first round warms up and is not kept
-            for variant in variants[r % 3:] + variants[: r % 3]:
-                if variant == "target-q6-int8":
-                    swapped(model, int8_q6)
-                spent = timers["assistant" if variant == "assistant" else "target"].seconds([prefix[-1]])
-                if variant == "target-q6-int8":
-                    swapped(model, exact_q6)
-                if r:
-                    seconds[variant].append(spent)
-        for variant in variants:
-            median = statistics.median(seconds[variant])
-            floor = bytes_of[variant] / bandwidth
-            rows.append({"threads": threads, "variant": variant, "ms": median * 1e3, "bytes": bytes_of[variant],
-                         "read_gb_s": bandwidth / 1e9, "floor_ms": floor * 1e3, "x_floor": median / floor})
-        pairs = list(zip(seconds["target-q6-int8"], seconds["target"]))
-        rows[-3]["gain_vs_q6_int8"] = "{:.3f} [{:.3f}, {:.3f}]".format(*paired_ratio(pairs))
-        rows[-1]["vs_target"] = statistics.median(seconds["assistant"]) / statistics.median(seconds["target"])
-        if args.profile:
-            for variant in variants:
-                if variant == "target-q6-int8":
-                    swapped(model, int8_q6)
-                timer = timers["assistant" if variant == "assistant" else "target"]
-                profiles += [f"### {variant}, {threads} thread(s)", "", *report.table(
-                    ["op", "calls a step", "ms a step (profiled)", "share"], profile(timer, prefix[-1])), ""]
-                if variant == "target-q6-int8":
-                    swapped(model, exact_q6)
-        for row in rows[-3:]:
+        rows += rows_of(found, measure(found, prefix[-1], args.repeats), threads, bandwidth)
+        for row in rows[-len(found):]:
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        if args.profile:
+            for name in ("target", "target-before", "assistant", "assistant-unfused"):
+                table = found[name].seconds(prefix[-1], call=lambda timer, token: profile(timer, token))
+                profiles += [f"### {name}, {threads} thread(s)", "",
+                             *report.table(["op", "calls a step", "ms a step (profiled)", "share"], table), ""]
     if args.out:
-        steps = report.table(["threads", "variant", "step ms", "weight MB", "read loop GB/s", "floor ms",
-                              "step / floor", "notes"],
-                             [[r["threads"], r["variant"], f"{r['ms']:.1f}", f"{r['bytes'] / 1e6:.0f}",
-                               f"{r['read_gb_s']:.1f}", f"{r['floor_ms']:.1f}", f"{r['x_floor']:.2f}",
-                               (f"exact Q6_K vs int8 Q6_K: {r['gain_vs_q6_int8']}x" if "gain_vs_q6_int8" in r else
-                                f"{r['vs_target']:.2f} of the target's step" if "vs_target" in r else "")]
-                              for r in rows])
-        head = report.run_lines("experiments.step_cost", argv if argv is not None else sys.argv[1:])
-        body = ["## One-row decode step (median)", "", *steps, "", *(["## Where a step goes", ""] + profiles
-                                                                      if profiles else [])]
-        report.write_run(args.out, "One decode step against its bytes", head, body, rows)
+        write(args, argv, model, rows, profiles)
     return 0
+
+
+def write(args, argv, model, rows: list[dict], profiles: list[str]) -> None:
+    from assisted.models.int4 import linear_kernels
+
+    def notes(r: dict) -> str:
+        found = [f"{r[k]}x vs {k[3:]}" for k in r if k.startswith("vs_")]
+        found += [f"{r['of_target']:.2f} of the target's step"] if "of_target" in r else []
+        return "; ".join(found)
+
+    steps = report.table(["threads", "variant", "step ms", "weight MB", "read loop GB/s", "floor ms", "step / floor",
+                          "paired speed-up [90% CI]"],
+                         [[r["threads"], r["variant"], f"{r['ms']:.1f}", f"{r['bytes'] / 1e6:.0f}",
+                           f"{r['read_gb_s']:.1f}", f"{r['floor_ms']:.1f}", f"{r['x_floor']:.2f}", notes(r)]
+                          for r in rows])
+    head = [*report.run_lines("experiments.step_cost", argv if argv is not None else sys.argv[1:]),
+            f"- target {cli.target_label(args)}: {linear_kernels(model)}; assistant {cli.assistant_label(args)}",
+            "- variants: target = fused layers and exact Q6_K (this code); target-unfused = the same Linears op by "
+            "op; target-before = op by op with Q6_K on fbgemm int8 (the code before); the assistant likewise"]
+    body = ["## One-row decode step (median)", "", *steps, "", *(["## Where a step goes", ""] + profiles
+                                                                  if profiles else [])]
+    report.write_run(args.out, "One decode step against its bytes", head, body, rows)
 
 
 if __name__ == "__main__":

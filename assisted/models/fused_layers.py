@@ -54,6 +54,11 @@ class FusedDecoderLayer(torch.nn.Module):
         self.ins = tuple(_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
         self.outs = tuple(_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.cache_keyword = _cache_keyword(type(layer))
+        self.__dict__["_replaced"] = layer  # not a submodule: it shares this one's submodules and state dict
+
+    def unfused(self) -> torch.nn.Module:
+        """The layer this one replaced (the same submodules, run op by op), for comparisons."""
+        return self._replaced
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None, **kwargs):
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
