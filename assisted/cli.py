@@ -272,11 +272,11 @@ def _batch_locked(args, load: Callable) -> int:
 
 
 def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, batch_size: int) -> int:
-    """`batch --batch-size B` (B > 1): documents decoded B at a time by `assisted.rows.batched`, refilled as they
+    """`batch --batch-size B` (B > 1): documents decoded B at a time by the batch engine, refilled as they
     finish."""
     from assisted.generate_batch import make_engine
     from assisted.jobs.run import run_batch_rows
-    from assisted.rows.inputs import Item, prepared
+    from assisted.rows.row_inputs import Item, prepared
     model, tokenizer, assistant, own = _loaded(load, args)
     engine = make_engine(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own, batch_size=batch_size,
                          constrained=bool(constraint), share_prefix=not args.no_prefix_cache, **decoding)

@@ -1,7 +1,7 @@
 """generate(): the decode engine (`assisted.rows.engine`) with one row.
 
 Every argument is checked here, before any model call; then the row is set up as every row of a batch is
-(`assisted.rows.inputs.prepare_row`) and decoded on this call's caches: dynamic, a kept prefix (`PrefixCache`), or
+(`assisted.rows.row_inputs.prepare_row`) and decoded on this call's caches: dynamic, a kept prefix (`PrefixCache`), or
 static caches whose steps may be replayed from captured CUDA graphs (`assisted.caching`). The loop keeps three things
 in step: the row's sequence (prompt + committed tokens), the target's KV cache (`seq[:-1]` after a step: the last
 committed token is fed with the next draft) and the guide cursor (the state after the sequence); drafts run ahead on a
@@ -28,7 +28,7 @@ from assisted.result import GenerationResult
 from assisted.rows.engine import Engine
 from assisted.rows.engine import verify as _verify  # the step's verification; a test injects a failure here
 from assisted.rows.row import Setup
-from assisted.rows.inputs import Guides, Item, prepare_row, token_bytes
+from assisted.rows.row_inputs import Guides, Item, prepare_row, token_bytes
 from assisted.stopping import Stops, check_streamer
 from drafting.kv_cache import input_device
 from drafting.row_kv import OneRow
@@ -68,7 +68,7 @@ def generate(
     assistant_model : transformers causal LM, optional
         A smaller model; it drafts under the constraint's mask. With the target's vocabulary it drafts target tokens;
         with its own (`assistant_tokenizer`) it drafts text under a guide compiled for its tokenizer, and the text,
-        spelled in the target's tokens, is verified as point masses (`drafting.foreign`).
+        spelled in the target's tokens, is verified as point masses (`drafting.foreign_drafter`).
     tokenizer : transformers tokenizer
         The target's (shared by both models unless `assistant_tokenizer` is given).
     assistant_tokenizer : transformers tokenizer, optional

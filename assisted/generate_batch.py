@@ -2,7 +2,7 @@
 generate() decodes it alone.
 
 The arguments of the whole batch are checked here, before any model call; each row's own inputs (prompt, budget,
-constraint) when it is admitted, so that a bad row gets its own error (`assisted.rows.inputs`). The caches are
+constraint) when it is admitted, so that a bad row gets its own error (`assisted.rows.row_inputs`). The caches are
 `drafting.batch_kv.BatchKV`.
 """
 
@@ -24,7 +24,7 @@ from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult
 from assisted.rows.engine import Engine
 from assisted.rows.row import Setup
-from assisted.rows.inputs import Guides, check_batch_size, items_of, prepare_row, prepared, token_bytes
+from assisted.rows.row_inputs import Guides, check_batch_size, items_of, prepare_row, prepared, token_bytes
 from assisted.stopping import Stops, check_streamer
 from drafting.batch_kv import BatchKV, check_batch_model
 from drafting.kv_cache import input_device
@@ -122,7 +122,7 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
                 share_prefix: bool | None = None, guide_options: dict | None = None, constrained: bool = True,
                 assistant_tokenizer=None, **kwargs) -> Engine:
     """The batch engine after every batch-level check; `engine.run(prepared(items, engine.prepare))` decodes
-    `assisted.rows.inputs.Item`s (the CLI feeds them as it reads documents). An assistant with another tokenizer
+    `assisted.rows.row_inputs.Item`s (the CLI feeds them as it reads documents). An assistant with another tokenizer
     (`assistant_tokenizer`) drafts for each row on its own cache, one row after another."""
     kwargs.pop("seed", None)  # per row, on the items
     batch_size = check_batch_size(batch_size)

@@ -146,7 +146,7 @@ def test_a_row_does_not_depend_on_its_neighbours_or_their_order(tok, models, pla
 
 
 def test_rows_with_different_schemas_share_compiled_guides(tok, models, plain_reference, monkeypatch):
-    import assisted.rows.inputs as rows
+    import assisted.rows.row_inputs as rows
 
     built, real = [], rows.make_cursor
     monkeypatch.setattr(rows, "make_cursor", lambda schema, *args: built.append(schema) or real(schema, *args))
@@ -317,7 +317,7 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
 @pytest.mark.parametrize("helper", [None, "llama-other"])
 def test_the_cli_engine_prefills_newcomers_from_a_row_sharing_their_prefix(tok, models, plain_reference, helper):
     from assisted.generate_batch import make_engine
-    from assisted.rows.inputs import Item, prepared
+    from assisted.rows.row_inputs import Item, prepared
 
     instruction = "Extract the point as JSON with keys x and tag, nothing else. " * 3
     prompts = [f"{instruction}Doc {i}: {p}" for i, p in enumerate(PROMPTS)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsm
-from assisted.closing import within_budget
+from assisted.close_within_budget import within_budget
 from assisted.config import Settings, options
 from assisted.inputs import Options, fit_positions, make_cursor, prompt_ids
 from drafting.base import Cursor
