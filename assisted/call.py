@@ -55,12 +55,14 @@ class Call:
 
     def engine(self, target: RowsKV, helper: RowsKV | None, *, batch_size: int, memory: str,
                caches: tuple[str, str | None, float] | None = None, prefix_cache: PrefixCache | None = None,
-               share_prefix: bool = False, verify: Callable = verify, batch: bool = True) -> Engine:
+               share_prefix: bool = False, verify: Callable = verify, batch: bool = True,
+               make_policy: Callable = make_policy) -> Engine:
         """The engine over the `target` caches and the same-vocabulary assistant's (`helper`, for `same`).
 
         `memory`: the engine name learned costs are kept under (`assisted.policy.costs.memorize`); `caches`: the
         cache engine, its note and capture seconds each row's stats report (default: dynamic); `verify` and `batch`
-        as for `Engine`.
+        as for `Engine`; `make_policy` builds a row's policy (`assisted.policy.draft_policy.make_policy`; a seam where
+        tests script the policy).
         """
         prices = SharedPrices(AutoConfig(), recall(self.model, self.assistant_model, memory), prefilled=target.prefills)
 

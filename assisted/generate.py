@@ -15,6 +15,7 @@ import torch
 from assisted.caching import plan_caches, static_caches
 from assisted.call import prepare_call
 from assisted.inputs import one_prompt
+from assisted.policy.draft_policy import make_policy  # a row's policy; a test scripts it here
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult
 from assisted.rows.engine import verify as _verify  # the step's verification; a test injects a failure here
@@ -154,6 +155,6 @@ def generate(
         helper = None if same is None else OneRow(same, held.assistant)
         engine = call.engine(OneRow(model, held.target), helper, batch_size=1, memory=plan.engine,
                              caches=(plan.engine, plan.note, held.capture_seconds), prefix_cache=prefix_cache,
-                             verify=_verify, batch=False)
+                             verify=_verify, batch=False, make_policy=make_policy)
         ((_, result),) = engine.run([inp])
     return result
