@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from assisted.config import LOOKUP_UNBOUNDED
-from assisted.jobs.run import BatchError, Document, read_input, read_output, run_batch, stats_record
+from assisted.jobs.run import BatchError, read_input, read_output, stats_record
 from assisted.jobs.lock import output_lock
 from assisted.jobs.ray import add_ray_options
 
@@ -247,7 +247,8 @@ def command_batch(args, load: Callable) -> int:
 
 
 def _batch_locked(args, load: Callable) -> int:
-    from assisted import PrefixCache, generate
+    from assisted import generate_batch_iter
+    from assisted.jobs.run import run_batch_rows
     constraint, decoding = constraint_of(args), decoding_of(args)
     inputs = read_input(args.input)
     read_output(args.output)  # not ours: refuse before loading anything
@@ -255,49 +256,41 @@ def _batch_locked(args, load: Callable) -> int:
         if args.batch_size not in (None, 1):
             raise CliError("--ray runs one document at a time per worker: leave --batch-size out")
         return command_ray_batch(args, constraint, decoding, inputs)
-    batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
-    if batch_size > 1:
-        return _batch_rows(args, load, constraint, decoding, inputs, batch_size)
     model, tokenizer, assistant, own = _loaded(load, args)
-    reuse = PrefixCache() if not args.no_prefix_cache else None  # the shared instruction is prefilled once
-
-    def generate_one(document: Document):
-        return generate(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own, **constraint, **decoding,
-                        prefix_cache=reuse, **_prompt_of(document.prompt, document.messages, args.chat))
-
+    documents = Documents(args.chat)
+    rows = generate_batch_iter(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own,
+                               prompts=documents.prompts(), share_prefix=not args.no_prefix_cache,
+                               batch_size=DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size,
+                               **constraint, **decoding)  # every argument checked here, before the output is opened
     report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
-    summary = run_batch(inputs, args.output, generate_one, report, progress=not args.no_progress)
+    summary = run_batch_rows(inputs, args.output, documents.results(rows), report, progress=not args.no_progress)
     _print_summary(args, summary)
     return 0
 
 
-def _batch_rows(args, load: Callable, constraint: dict, decoding: dict, inputs, batch_size: int) -> int:
-    """`batch --batch-size B` (B > 1): documents decoded B at a time by `assisted.rows.batched`, refilled as they
-    finish."""
-    from assisted.generate_batch import make_engine
-    from assisted.jobs.run import run_batch_rows
-    from assisted.rows.inputs import Item, prepared
-    model, tokenizer, assistant, own = _loaded(load, args)
-    engine = make_engine(model, assistant, tokenizer=tokenizer, assistant_tokenizer=own, batch_size=batch_size,
-                         constrained=bool(constraint), share_prefix=not args.no_prefix_cache, **decoding)
-    seed = decoding.get("seed")
+class Documents:
+    """`structspec batch`'s documents as `generate_batch_iter`'s prompts, read as the engine admits rows, and its
+    results back as (document, result): documents are decoded B at a time (`--batch-size`), refilled as they finish,
+    and with `--batch-size 1` one at a time in input order."""
 
-    def generate_rows(documents):
-        waiting = {}
+    def __init__(self, chat: bool):
+        self.chat, self.documents, self.waiting = chat, iter(()), {}
 
-        def items():
-            for index, document in enumerate(documents):
-                waiting[index] = document
-                (form, value), = _prompt_of(document.prompt, document.messages, args.chat).items()
-                yield Item(index, form, value, constraint.get("schema"), constraint.get("regex"), seed)
+    def prompts(self):
+        """Each document's prompt text or chat messages, as `run_batch_rows` hands the documents over."""
+        for index, document in enumerate(self.documents):
+            self.waiting[index] = document
+            (value,) = _prompt_of(document.prompt, document.messages, self.chat).values()
+            yield value
 
-        for index, result in engine.run(prepared(items(), engine.prepare)):
-            yield waiting.pop(index), result
+    def results(self, rows) -> Callable:
+        """`run_batch_rows`'s ``generate_rows(documents)`` over the `(index, result)` pairs `rows` yields."""
+        def generate_rows(documents):
+            self.documents = documents
+            for index, result in rows:
+                yield self.waiting.pop(index), result
 
-    report = lambda message: print(f"{args.input}: {message}", file=sys.stderr)  # noqa: E731
-    summary = run_batch_rows(inputs, args.output, generate_rows, report, progress=not args.no_progress)
-    _print_summary(args, summary)
-    return 0
+        return generate_rows
 
 
 def command_ray_batch(args, constraint: dict, decoding: dict, inputs) -> int:

@@ -1,6 +1,6 @@
 """The engine's side of an assistant with another tokenizer: the pair checked before any model call (`is_foreign`),
 what the rows share (`Foreign`), each row's assistant prompt and guide (`ForeignRow`, set up with the row's other
-inputs, so that a bad row gets its own error) and its drafter (`drafting.foreign.ForeignDrafter`).
+inputs, so that a bad row gets its own error) and its drafter (`drafting.foreign_drafter.ForeignDrafter`).
 
 The assistant sees its own prompt: a text prompt in its tokens, chat messages through its own chat template where it
 has one, else the target's prompt text respelled. The output is shared as text from there on.
@@ -15,7 +15,7 @@ import fsm
 from assisted.eos import eos_ids
 from assisted.inputs import make_cursor, prompt_ids
 from drafting.base import Cursor
-from drafting.foreign import ForeignDrafter
+from drafting.foreign_drafter import ForeignDrafter
 from drafting.kv_cache import logits_size
 from drafting.respell import Speller, speller
 
@@ -81,7 +81,7 @@ class Foreign:
     guide_options: dict | None
 
     def row(self, item, ids: list[int], tokenizer) -> ForeignRow:
-        """A row's assistant prompt and guide (`item`: an `assisted.rows.inputs.Item`; `ids`: the target's prompt);
+        """A row's assistant prompt and guide (`item`: an `assisted.rows.row_inputs.Item`; `ids`: the target's prompt);
         ValueError when the assistant's prompt leaves it no room to draft."""
         kwargs = {item.form: item.value}
         own = assistant_prompt(self.tokenizer, tokenizer, ids, kwargs.get("prompt"), kwargs.get("messages"), self.size)

@@ -1,38 +1,27 @@
 """generate(): the decode engine (`assisted.rows.engine`) with one row.
 
-Every argument is checked here, before any model call; then the row is set up as every row of a batch is
-(`assisted.rows.inputs.prepare_row`) and decoded on this call's caches: dynamic, a kept prefix (`PrefixCache`), or
-static caches whose steps may be replayed from captured CUDA graphs (`assisted.caching`). The loop keeps three things
-in step: the row's sequence (prompt + committed tokens), the target's KV cache (`seq[:-1]` after a step: the last
-committed token is fed with the next draft) and the guide cursor (the state after the sequence); drafts run ahead on a
-copy of the cursor.
+Every argument is checked before any model call, by the setup every entry point shares (`assisted.call`); then the
+row is set up as every row of a batch is (`assisted.rows.row_inputs.prepare_row`) and decoded on this call's caches:
+dynamic, a kept prefix (`PrefixCache`), or static caches whose steps may be replayed from captured CUDA graphs
+(`assisted.caching`). The loop keeps three things in step: the row's sequence (prompt + committed tokens), the
+target's KV cache (`seq[:-1]` after a step: the last committed token is fed with the next draft) and the guide cursor
+(the state after the sequence); drafts run ahead on a copy of the cursor.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from assisted.caching import plan_caches, static_caches
-from assisted.config import resolve
-from assisted.eos import eos_ids
-from assisted.foreign import foreign_setup, is_foreign
-from assisted.inputs import Options, check_models, one_prompt
-from assisted.policy.auto import AutoConfig
-from assisted.policy.costs import recall, recall_calibration
-from assisted.policy.draft_policy import make_policy
-from assisted.policy.prices import SharedPrices
+from assisted.call import prepare_call
+from assisted.inputs import one_prompt
+from assisted.policy.draft_policy import make_policy  # a row's policy; a test scripts it here
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult
-from assisted.rows.engine import Engine
 from assisted.rows.engine import verify as _verify  # the step's verification; a test injects a failure here
-from assisted.rows.row import Setup
-from assisted.rows.inputs import Guides, Item, prepare_row, token_bytes
-from assisted.stopping import Stops, check_streamer
-from drafting.kv_cache import input_device
+from assisted.rows.row_inputs import Item
+from assisted.stopping import check_streamer
 from drafting.row_kv import OneRow
-from drafting.tree import check_tree_attention
 
 
 def generate(
@@ -68,7 +57,7 @@ def generate(
     assistant_model : transformers causal LM, optional
         A smaller model; it drafts under the constraint's mask. With the target's vocabulary it drafts target tokens;
         with its own (`assistant_tokenizer`) it drafts text under a guide compiled for its tokenizer, and the text,
-        spelled in the target's tokens, is verified as point masses (`drafting.foreign`).
+        spelled in the target's tokens, is verified as point masses (`drafting.foreign_drafter`).
     tokenizer : transformers tokenizer
         The target's (shared by both models unless `assistant_tokenizer` is given).
     assistant_tokenizer : transformers tokenizer, optional
@@ -154,55 +143,18 @@ def generate(
     ValueError, TypeError
         For bad arguments, before any model call (fsm.SchemaError / fsm.RegexError for constraints).
     """
-    settings = resolve(model, generation_config, kwargs)
-    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
-    same = None if foreign else assistant_model  # an assistant that drafts target tokens (the engine's)
-    check_tree(settings.tree, model, assistant_model, foreign)
-    vocab_size = check_models(model, same, tokenizer)
+    call = prepare_call(model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
+                        generation_config=generation_config, kwargs=kwargs, logits_processor=logits_processor,
+                        stopping_criteria=stopping_criteria, guide_options=guide_options, prefix_cache=prefix_cache)
+    settings, same = call.settings, call.same
     item = Item(0, *one_prompt(prompt, messages, input_ids), schema, regex, settings.seed, streamer)
-    plan = plan_caches(model, same, settings.cache_implementation, settings.cuda_graphs, settings.tree, prefix_cache)
-    guides = Guides(tokenizer, vocab_size, eos_ids(model, tokenizer, settings.eos_token_id), guide_options)
-    helper = foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size, guide_options) if foreign \
-        else None
-    inp = prepare_row(item, model, same, tokenizer, vocab_size, settings, logits_processor, guides, helper)
-    check_tree_processors(settings.tree, inp.opts)
-    stops = Stops(settings.stop_strings, stopping_criteria, token_bytes(tokenizer, vocab_size), input_device(model))
     check_streamer(streamer)
-    if prefix_cache is not None and not isinstance(prefix_cache, PrefixCache):
-        raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
-    prices = SharedPrices(AutoConfig(), recall(model, assistant_model, plan.engine)) if inp.opts.schedule == "auto" \
-        else None
-
-    def policy_for(opts: Options):
-        return make_policy(opts.schedule, opts.num_assistant_tokens, recall(model, assistant_model, plan.engine),
-                           recall_calibration(model, assistant_model, opts.warp), prices)
-
-    setup = Setup(model, assistant_model, tokenizer, vocab_size, inp.opts.warp, stops, settings.tree,
-                  memory=plan.engine)
+    plan = plan_caches(model, same, settings.cache_implementation, settings.cuda_graphs, settings.tree, prefix_cache)
+    inp = call.prepare(item)
     with torch.inference_mode(), static_caches(plan, model, same, len(inp.ids) + inp.opts.max_new_tokens) as held:
-        setup = replace(setup, caches=(plan.engine, plan.note, held.capture_seconds))
         helper = None if same is None else OneRow(same, held.assistant)
-        engine = Engine(setup, OneRow(model, held.target), helper, 1, policy_for, prices, prefix_cache, verify=_verify,
-                        batch=False)
+        engine = call.engine(OneRow(model, held.target), helper, batch_size=1, memory=plan.engine,
+                             caches=(plan.engine, plan.note, held.capture_seconds), prefix_cache=prefix_cache,
+                             verify=_verify, batch=False, make_policy=make_policy)
         ((_, result),) = engine.run([inp])
     return result
-
-
-def check_tree_processors(tree: bool, opts: Options) -> None:
-    if tree and opts.processors:
-        raise ValueError("tree=True cannot apply logits processors (repetition_penalty, logits_processor=...): "
-                         "a leaf's row has another prefix than its chain row")
-
-
-def check_tree(tree, model, assistant_model, foreign: bool = False) -> None:
-    """`tree` is a bool, and True only with an assistant of the target's vocabulary (not `foreign`) and a target whose
-    attention takes a tree mask."""
-    if not isinstance(tree, bool):
-        raise TypeError(f"tree must be a bool, got {type(tree).__name__} {tree!r}")
-    if tree and assistant_model is None:
-        raise ValueError("tree=True needs an assistant_model: the branch is the assistant's runner-up")
-    if tree and foreign:
-        raise ValueError("tree=True needs an assistant with the target's vocabulary: the branch is the runner-up of "
-                         "the assistant's distribution over the target's tokens")
-    if tree:
-        check_tree_attention(model)

@@ -1,33 +1,23 @@
 """generate_batch(): the decode engine (`assisted.rows.engine`) with B rows and refill, each row decoded exactly as
 generate() decodes it alone.
 
-The arguments of the whole batch are checked here, before any model call; each row's own inputs (prompt, budget,
-constraint) when it is admitted, so that a bad row gets its own error (`assisted.rows.inputs`). The caches are
-`drafting.batch_kv.BatchKV`.
+The arguments of the whole batch are checked before any model call, by the setup every entry point shares
+(`assisted.call`) and the batch's own checks here; each row's own inputs (prompt, budget, constraint) when it is
+admitted, so that a bad row gets its own error (`assisted.rows.row_inputs`). The caches are `drafting.batch_kv.BatchKV`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from assisted.config import Settings, options, resolve
-from assisted.eos import eos_ids
-from assisted.foreign import foreign_setup, is_foreign
-from assisted.generate import check_tree, check_tree_processors
-from assisted.inputs import MAX_SEED, check_guide_options, check_int, check_models
+from assisted.call import prepare_call
+from assisted.inputs import check_guide_options
 from structspec_ops.attention import ATTENTION
-from assisted.policy.auto import AutoConfig
-from assisted.policy.costs import recall, recall_calibration
-from assisted.policy.draft_policy import make_policy
-from assisted.policy.prices import SharedPrices
 from assisted.prefix import PrefixCache
 from assisted.result import GenerationResult
 from assisted.rows.engine import Engine
-from assisted.rows.row import Setup
-from assisted.rows.inputs import Guides, check_batch_size, items_of, prepare_row, prepared, token_bytes
-from assisted.stopping import Stops, check_streamer
+from assisted.rows.row_inputs import check_batch_size, items_of, prepared
 from drafting.batch_kv import BatchKV, check_batch_model
-from drafting.kv_cache import input_device
 
 ENGINE = "batch"  # the name costs learned on batch caches are kept under (`assisted.policy.costs.memorize`)
 
@@ -104,69 +94,50 @@ def generate_batch_iter(model, assistant_model=None, *, tokenizer, prompts=None,
     """`generate_batch` as an iterator of ``(index, result)`` in the order rows finish (every index once).
 
     The arguments are checked when this is called, before any model call; decoding starts at the first `next`.
+    `prompts` / `messages` / `input_ids` may also be an iterator, read as rows are admitted (the `structspec batch`
+    command's documents; its rows then share one schema / regex / seed and no streamer), and a `prompts` entry may be
+    a chat (a list of {role, content} messages), as transformers' text-generation pipeline takes them.
     """
-    seed = kwargs.pop("seed", None)
-    items = items_of(prompts, messages, input_ids, schema, regex, seed, streamer)
-    for item in items:
-        if item.seed is not None:
-            check_int("seed", item.seed, low=0, high=MAX_SEED)
-        check_streamer(item.streamer)
-    constrained = any(i.schema is not None or i.regex is not None for i in items)
+    items = items_of(prompts, messages, input_ids, schema, regex, kwargs.pop("seed", None), streamer)
+    constrained = any(c is not None for c in (*_listed(schema), *_listed(regex)))
     engine = make_engine(model, assistant_model, tokenizer=tokenizer, batch_size=batch_size, constrained=constrained,
                          **kwargs)
     return engine.run(prepared(items, engine.prepare))
+
+
+def _listed(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, generation_config=None,
                 logits_processor=None, stopping_criteria=None, prefix_cache: PrefixCache | None = None,
                 share_prefix: bool | None = None, guide_options: dict | None = None, constrained: bool = True,
                 assistant_tokenizer=None, **kwargs) -> Engine:
-    """The batch engine after every batch-level check; `engine.run(prepared(items, engine.prepare))` decodes
-    `assisted.rows.inputs.Item`s (the CLI feeds them as it reads documents). An assistant with another tokenizer
+    """The batch engine after every batch-level check (`generate_batch_iter`'s); `engine.run(prepared(items,
+    engine.prepare))` decodes `assisted.rows.row_inputs.Item`s. An assistant with another tokenizer
     (`assistant_tokenizer`) drafts for each row on its own cache, one row after another."""
     kwargs.pop("seed", None)  # per row, on the items
     batch_size = check_batch_size(batch_size)
     if "prompt" in kwargs:
         raise ValueError("generate_batch() does not take prompt=: pass prompts= (a list)")
-    foreign = is_foreign(model, assistant_model, tokenizer, assistant_tokenizer)
-    same = None if foreign else assistant_model  # an assistant that drafts target tokens, for all rows at once
-    vocab_size = check_models(model, same, tokenizer)
-    settings = resolve(model, generation_config, kwargs)
-    check_tree(settings.tree, model, assistant_model, foreign)
+    call = prepare_call(model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer,
+                        generation_config=generation_config, kwargs=kwargs, logits_processor=logits_processor,
+                        stopping_criteria=stopping_criteria, guide_options=guide_options, prefix_cache=prefix_cache)
+    settings = call.settings
     if settings.cache_implementation not in (None, "dynamic") or settings.cuda_graphs:
         raise ValueError("generate_batch() decodes on dynamic batch caches (rows of different lengths): static caches "
                          f"and captured steps serve one row (cache_implementation={settings.cache_implementation!r}, "
                          f"cuda_graphs={settings.cuda_graphs!r}); call generate() per row for them")
-    settings = Settings(settings.values | {"seed": None}, settings.max_length)
-    opts = options(settings, 0, logits_processor)  # every option checked once, before any model call
-    check_tree_processors(settings.tree, opts)
-    for name, m in (("model", model), ("assistant_model", same)):
+    for name, m in (("model", model), ("assistant_model", call.same)):
         if m is not None:
             check_batch_model(m, name)
     if guide_options is not None:
         if not constrained:
             raise ValueError("guide_options need a schema or a regex")
         check_guide_options(guide_options, True)
-    if prefix_cache is not None and not isinstance(prefix_cache, PrefixCache):
-        raise TypeError(f"prefix_cache must be an assisted.PrefixCache, got {type(prefix_cache).__name__}")
     if share_prefix is not None and not isinstance(share_prefix, bool):
         raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
-    stops = Stops(settings.stop_strings, stopping_criteria, token_bytes(tokenizer, vocab_size), input_device(model))
-    guides = Guides(tokenizer, vocab_size, eos_ids(model, tokenizer, settings.eos_token_id), guide_options)
-    prices = SharedPrices(AutoConfig(), recall(model, assistant_model, ENGINE), prefilled=True)
-
-    def policy_for(o):
-        return make_policy(o.schedule, o.num_assistant_tokens, None, recall_calibration(model, assistant_model, o.warp),
-                           prices)
-
-    drafts = foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size, guide_options) if foreign \
-        else None  # each row's own foreign drafter is set up from this
-
-    def prepare(item):
-        return prepare_row(item, model, same, tokenizer, vocab_size, settings, logits_processor, guides, drafts)
-
-    setup = Setup(model, assistant_model, tokenizer, vocab_size, opts.warp, stops, settings.tree, memory=ENGINE)
-    helper = None if same is None else BatchKV(same)
     exact = getattr(model.config, "_attn_implementation", None) == ATTENTION  # row-invariant: a shared prefix is exact
-    return Engine(setup, BatchKV(model), helper, batch_size, policy_for, prices, prefix_cache,
-                  exact if share_prefix is None else share_prefix, prepare=prepare)
+    helper = None if call.same is None else BatchKV(call.same)
+    return call.engine(BatchKV(model), helper, batch_size=batch_size, memory=ENGINE, prefix_cache=prefix_cache,
+                       share_prefix=exact if share_prefix is None else share_prefix)

@@ -105,7 +105,7 @@ class GenerationResult:
     error : str or None
         `generate_batch` only: why this row could not be generated (empty prompt, too long, bad schema); the
         other rows went on. None otherwise.
-    batch : assisted.rows.stats.BatchStats or None
+    batch : assisted.rows.batch_stats.BatchStats or None
         `generate_batch` only: the statistics of the whole batch run, one object shared by all its rows
         (final once the run has returned every row).
     """

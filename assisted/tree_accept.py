@@ -3,7 +3,7 @@
 Rows 0..k of the target's output score the chain as in `assisted.acceptance`; row k+1 is the leaf's own
 row (the position after it). Both rules return a (3,) long tensor `[n, took, token]`: n accepted chain
 tokens, whether the leaf was taken after them (then n == at), and the target's token after the
-accepted path — one host sync per step, as for a chain. `assisted.generate._verify` runs both shapes.
+accepted path — one host sync per step, as for a chain. `assisted.rows.engine.verify` runs both shapes.
 
 Sampling uses recursive rejection with candidates drawn without replacement (Jeon et al. 2024,
 "Recursive Speculative Decoding"; Chen et al. 2023, SpecTr): at position `at`, x1 ~ q is accepted with

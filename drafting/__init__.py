@@ -2,12 +2,9 @@
 one `Proposal` rule for one row or many, and what both the drafters and the loop above use: KV-cache helpers
 (`kv_cache`), warpers (`sampling`) and the cursor over a guide (`base.Cursor`)."""
 
-from drafting.assistant import AssistantDrafter
-from drafting.base import Cursor, Draft, DraftSource
-from drafting.combined import CombinedSource
+from drafting.base import Cursor, Draft
 from drafting.forced import ForcedTokens
 from drafting.lookup import PromptLookup
 from drafting.proposal import Proposal
 
-__all__ = ["AssistantDrafter", "CombinedSource", "Cursor", "Draft", "DraftSource", "ForcedTokens", "PromptLookup",
-           "Proposal"]
+__all__ = ["Cursor", "Draft", "ForcedTokens", "PromptLookup", "Proposal"]

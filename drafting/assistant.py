@@ -1,6 +1,6 @@
-"""A small causal LM as drafter, masked by the guide at each position: `pick` / `settle` (its choice), `Assistant`
-(the engine's: one forward drafts a token for every row that asks, on a `drafting.row_kv.RowsKV` of one row or many)
-and `AssistantDrafter` (one row on its own cache, asked one token at a time by `drafting.combined.CombinedSource`)."""
+"""A small causal LM as drafter, masked by the guide at each position: `pick` / `settle` (its choice) and `Assistant`
+(the engine's: one forward drafts a token for every row that asks, on a `drafting.row_kv.RowsKV` of one row or
+many)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from drafting.base import DeviceMasks, Drafted
-from drafting.draft_vocab import use_full_head
-from drafting.kv_cache import KV, DynamicKV, input_device
+from drafting.draft_head import use_full_head
+from drafting.kv_cache import input_device
 from drafting.proposal import Proposal
 from drafting.row_kv import RowsKV
 from drafting.sampling import Warp, confidence, masked, probs, sample
@@ -29,7 +29,8 @@ class Pick:
 def pick(logits: torch.Tensor, mask: torch.Tensor | None, warp: Warp, generator: torch.Generator | None,
          processors=None, context: list[int] | None = None) -> Pick:
     """The assistant's next token from its logits (1, V): processors, the guide's mask, warpers, then a draw (sampling)
-    or the argmax. One implementation for one row (`AssistantDrafter`) and for every row of a batch (`BatchAssistant`).
+    or the argmax. One implementation for the engine's rows (`Assistant`) and a foreign assistant's own tokens
+    (`drafting.foreign_drafter.ForeignDrafter`).
 
     `mask` (V,) bool on the logits' device or None; `processors(context, logits, len(context))` are the target's,
     so that drafts follow what the target will be asked (`context`: the sequence the logits follow). The confidence is
@@ -55,8 +56,8 @@ def settle(picks: list[Pick]) -> list[Drafted]:
 class Assistant:
     """The assistant over the engine's rows cache: one forward drafts one token for every row that asks.
 
-    `Proposal`s hold each row's rule (forced runs and prompt-lookup copies on the host, the cut); the order of tokens,
-    sources and masks is that of `CombinedSource.propose`, so each row drafts what it would draft alone.
+    `Proposal`s hold each row's rule (forced runs and prompt-lookup copies on the host, the cut); each row is asked
+    for its tokens in its proposal's order, so it drafts what it would draft alone.
     """
 
     def __init__(self, kv: RowsKV, warp: Warp):
@@ -94,47 +95,3 @@ class Assistant:
     def rollback(self, valid: list[int]) -> None:
         """Row r committed only the first `valid[r]` tokens of its last context."""
         self.kv.crop_rows(valid)
-
-
-class AssistantDrafter:
-    """Proposes one token at a time from the assistant's masked, warped distribution.
-
-    The cache (`kv`: dynamic by default, a kept static one or a kept prefix when the loop hands one over) holds the
-    first `cached` tokens of the sequence it was last shown. Tokens it did not produce (the target's corrections and
-    bonus tokens, forced tokens) are fed on the next call.
-    """
-
-    def __init__(self, model, warp: Warp, generator: torch.Generator | None, processors=None):
-        self.model, self.warp, self.generator, self.processors = model, warp, generator, processors
-        self.kv: KV = DynamicKV(model)
-        self.cached = 0
-        self.device = input_device(model)
-        self.masks = DeviceMasks(self.device)
-        self.calls, self.seconds = 0, 0.0  # forward passes and their wall time
-
-    @property
-    def cache(self):
-        """The transformers cache the assistant's forwards write."""
-        return self.kv.cache
-
-    def next(self, seq: list[int], mask: torch.Tensor | None) -> tuple[int, torch.Tensor | None, float]:
-        """Draft the token after `seq`: (token, q row (1, V) or None when greedy, the assistant's confidence)."""
-        drafted = self.draft(seq, mask)
-        return drafted.token, drafted.q, drafted.confidence
-
-    def draft(self, seq: list[int], mask: torch.Tensor | None) -> Drafted:
-        """Draft the token after `seq` under the guide's `mask`, with its distribution, confidence and masked logits
-        (`pick`); one forward over what the cache lacks, one host sync."""
-        start = time.perf_counter()
-        use_full_head(self.model, [mask])  # a draft vocabulary's exceptions
-        logits = self.kv.run(seq[self.cached :], 1)  # (1, V)
-        self.cached = len(seq)
-        drafted = settle([pick(logits, self.masks(mask), self.warp, self.generator, self.processors, seq)])[0]
-        # timed up to the sync: on a GPU that is the forward's kernels, not only their launch
-        self.calls, self.seconds = self.calls + 1, self.seconds + time.perf_counter() - start
-        return drafted
-
-    def rollback(self, valid: int) -> None:
-        """Keep only the first `valid` tokens of the last sequence in the cache."""
-        self.cached = min(self.cached, valid)
-        self.kv.crop(self.cached)

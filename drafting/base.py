@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -52,25 +51,6 @@ class Drafted:
     q: torch.Tensor | None  # (1, V) the masked, warped distribution when sampling, else None
     confidence: float  # max of the masked distribution at temperature 1 (see `pick`)
     logits: torch.Tensor  # (1, V) masked logits before the warpers: a draft tree's runner-up is chosen from them
-
-
-class DraftSource(Protocol):
-    """Proposes drafts; told after each step how much of the sequence is committed."""
-
-    seconds: float  # wall time of its model calls so far (what the cost-aware policy charges per draft)
-    calls: int  # its model calls so far
-
-    def propose(self, seq: list[int], cursor: Cursor, k: int, limit: int, cut=None, lookup_k: int | None = None
-                ) -> Draft:
-        """Up to `k` model-drafted tokens (forced ones are free; prompt lookup up to `lookup_k`, default k) and
-        at most `limit` in all.
-
-        `cut(confidences) -> int | None`, asked after each model-drafted token: None to go on, else how many
-        of the model-drafted tokens so far to keep (the draft ends there).
-        """
-
-    def rollback(self, valid: int) -> None:
-        """Only the first `valid` tokens of the last proposal's sequence+draft were committed."""
 
 
 class Clock:

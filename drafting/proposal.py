@@ -12,8 +12,9 @@ never lets the target respell forced text.
 
 `Proposal` is this rule as a state machine, so that one implementation serves one row and many: `fill()` appends
 free tokens until the draft needs an assistant token (True) or is done (False), `give()` hands it the assistant's
-token. `CombinedSource.propose` asks its assistant at once; the rows engine asks one assistant forward for every row
-that wants a token (`drafting.assistant.Assistant`).
+token. The engine asks one assistant forward for every row that wants a token (`drafting.assistant.Assistant`);
+without one, or with an assistant of another tokenizer, each row is completed alone
+(`drafting.foreign_drafter.draft_foreign`).
 """
 
 from __future__ import annotations

@@ -24,11 +24,6 @@ class Warp:
     top_k: int | None = None  # keep the k largest logits (ties at the threshold kept)
     top_p: float | None = None  # keep the smallest nucleus with mass > top_p
 
-    @property
-    def warps(self) -> bool:
-        """Whether any warper changes the distribution."""
-        return self.temperature != 1.0 or self.top_k is not None or self.top_p not in (None, 1.0)
-
 
 def masked(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Disallowed tokens -> -inf. logits (n, V) float, mask (n, V) bool or None."""

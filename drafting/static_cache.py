@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from drafting.draft_vocab import draft_head
+from drafting.draft_head import draft_head
 from drafting.kv_cache import cache_argument, input_device
 
 BUCKETS = (1, 2, 4, 8, 16, 32)  # widths of the captured steps: a draft of k tokens runs in the next one >= k + 1
@@ -162,5 +162,5 @@ def graphs_unsupported(model) -> str | None:
     if len(devices) > 1:
         return f"its weights span {len(devices)} devices"
     if draft_head(model) is not None:
-        return "its draft vocabulary switches to the full head per step, in Python (drafting.draft_vocab)"
+        return "its draft vocabulary switches to the full head per step, in Python (drafting.draft_head)"
     return None

@@ -13,7 +13,7 @@ with the assistant's help, which is lossless: the same texts, faster), then runs
 prompt + text and records per position t:
   acceptance[t]  the chance that the assistant's draft at t is accepted: sum_x min(p_t(x), q_t(x)) when
                  sampling (speculative sampling), 1 if the argmaxes agree else 0 when greedy;
-  confidence[t]  the assistant's confidence there, as `AssistantDrafter` computes it (max of q at T = 1).
+  confidence[t]  the assistant's confidence there, as `drafting.assistant.pick` computes it (max of q at T = 1).
 It also times the target's forward over n = 1..k_max + 1 tokens and the assistant's forward over one token.
 
 `replay` drives each policy through every trace `--seeds` times: a step drafts from the current position

@@ -152,36 +152,6 @@ def integer_range(low: int | None, high: int | None) -> rx.Rx:
     return alt(*parts)
 
 
-def number_range(low: int | None, high: int | None, low_open: bool, high_open: bool) -> rx.Rx:
-    """Decimal numbers (no exponent) in the interval; bounds are integers or None."""
-    parts = []
-    if low is None or low < 0:  # negative side, as -magnitude with magnitude in [m_low, m_high]
-        m_high, m_high_open = (None, False) if low is None else (-low, low_open)
-        m_low, m_low_open = (0, True) if high is None or high >= 0 else (-high, high_open)
-        parts.append(seq(literal("-"), _magnitude_range(m_low, m_high, m_low_open, m_high_open)))
-    if high is None or high >= 0:
-        lo, lo_open = (0, False) if low is None or low < 0 else (low, low_open)
-        parts.append(_magnitude_range(lo, high, lo_open, high_open))
-    return alt(*parts)
-
-
-def _magnitude_range(low: int, high: int | None, low_open: bool, high_open: bool) -> rx.Rx:
-    any_fraction = optional(_FRACTION)
-    zero_fraction = optional(seq(literal("."), repeat(literal("0"), 1)))
-    nonzero_fraction = seq(literal("."), star(DIGIT), NONZERO, star(DIGIT))
-    if high is not None and (high < low or (high == low and (low_open or high_open))):
-        return rx.NOTHING
-    if high == low:
-        return seq(literal(str(low)), zero_fraction)
-    parts = [seq(literal(str(low)), nonzero_fraction)] if low_open else []
-    first, last = low + 1 if low_open else low, None if high is None else high - 1
-    if last is None or first <= last:
-        parts.append(seq(natural_range(first, last), any_fraction))
-    if high is not None and not high_open:
-        parts.append(seq(literal(str(high)), zero_fraction))
-    return alt(*parts)
-
-
 def natural_range(low: int, high: int | None) -> rx.Rx:
     """Integers in [low, high] >= 0 without leading zeros; O(number of digits) terms."""
     a = str(low)

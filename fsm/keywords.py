@@ -38,17 +38,6 @@ MAX_BOUND_DIGITS = 4000  # Python refuses to print longer integers (sys.get_int_
 MAX_BOUND_BITS = int(MAX_BOUND_DIGITS * 3.32)
 
 
-def number_bound(bounds: dict, inclusive: str, exclusive: str, pointer: str) -> tuple[int | None, bool]:
-    """One side of a number interval as (integer bound or None, open?)."""
-    value, is_open, other = bounds.get(inclusive), False, bounds.get(exclusive)
-    if other is not None:
-        tighter = value is None or (other >= value if inclusive == "minimum" else other <= value)
-        value, is_open = (other, True) if tighter else (value, False)
-    if value is not None and value != int(value):
-        raise SchemaError(f"non-integer bound {value} on a number is not supported", keyword=inclusive, pointer=pointer)
-    return (None if value is None else int(value)), is_open
-
-
 def exact_decimal(step) -> tuple[int, int] | None:
     """(m, s) with step = m / 10**s, when floats represent step and its multiples exactly (2.5, 0.25; not 0.1).
 

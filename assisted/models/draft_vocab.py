@@ -6,7 +6,7 @@ whose head scores only those loses little acceptance and a large share of its by
 order, which for byte-level BPE (GPT-2, Llama-3, Qwen, SmolLM) is the merge order, frequent pieces first, and for
 SentencePiece roughly the score order; or a ranking counted from text of the kind drafted (`frequency_ranking`). The
 special tokens (EOS and the chat turn enders among them) are always in it. Where the guide allows only a few tokens,
-some outside it, the assistant uses its full head for that position (`drafting.draft_vocab`).
+some outside it, the assistant uses its full head for that position (`drafting.draft_head`).
 
 Only the assistant: the target verifies every draft, so greedy output stays token-identical and sampled output keeps
 its distribution, whatever tokens the assistant can draft.
@@ -24,7 +24,7 @@ import torch
 
 from assisted.models.int4_linear import Int4Linear
 from assisted.models.int8 import Int8Linear, as_linear
-from drafting.draft_vocab import DraftHead, draft_head
+from drafting.draft_head import DraftHead, draft_head
 from drafting.kv_cache import logits_size
 
 AUTO_SIZE = 32768  # load_pair's default draft vocabulary (FR-Spec's size for Llama-3's 128k)
@@ -110,7 +110,7 @@ def draft_ids(vocab_size: int, size: int, ranking: Sequence[int] = (), keep: Ite
 def restrict_vocabulary(model, size: int, *, tokenizer=None, ranking: Sequence[int] = (), keep: Iterable[int] = ()):
     """Give `model` (an assistant) a draft vocabulary of `size` tokens, in place; returns the model.
 
-    Its head becomes a `drafting.draft_vocab.DraftHead` over the rows of `draft_ids(V, size, ranking, special ids +
+    Its head becomes a `drafting.draft_head.DraftHead` over the rows of `draft_ids(V, size, ranking, special ids +
     keep)`; a model that has one already is restricted anew from its full head. Never apply it to a target: its
     logits outside the draft vocabulary are a floor, not its own.
 

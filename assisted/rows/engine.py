@@ -22,17 +22,17 @@ from typing import Callable
 
 import torch
 
-from assisted.closing import outcome
+from assisted.close_within_budget import outcome
 from assisted.inputs import parse_value
 from assisted.models.int4 import linear_kernels
 from assisted.policy.costs import StepCost, memorize
 from assisted.result import GenerationResult, Recorder
-from assisted.rows.inputs import RowError, RowInput
+from assisted.rows.row_inputs import RowError, RowInput
 from assisted.rows.row import Row, RowStep, Setup, draft_alone, draft_sources
-from assisted.rows.stats import BatchStats
+from assisted.rows.batch_stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward
 from drafting.assistant import Assistant
-from drafting.draft_vocab import describe
+from drafting.draft_head import describe
 from drafting.base import DeviceMasks
 from drafting.kv_cache import input_device, output_device
 from drafting.row_kv import RowsKV
@@ -62,9 +62,9 @@ class Engine:
     """Rows on shared caches: `run(inputs)` yields (index, result) as rows finish, at most `batch_size` at once.
 
     `policy_for(opts)` builds a row's draft-length policy (with `prices` when it is `auto`); `prepare(item)` sets up
-    an `assisted.rows.inputs.Item` (`prepared`); `verify` is the step's target verification (a seam: a test injects a
-    failure); `batch`: results carry the run's `BatchStats`, and a row whose output fails validation gets its own error
-    instead of raising.
+    an `assisted.rows.row_inputs.Item` (`prepared`); `verify` is the step's target verification (a seam: a test
+    injects a failure); `batch`: results carry the run's `BatchStats`, and a row whose output fails validation gets its
+    own error instead of raising.
     """
 
     def __init__(self, setup: Setup, target: RowsKV, helper: RowsKV | None, batch_size: int, policy_for: Callable,

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assisted.result import Recorder
-from assisted.rows.inputs import RowInput
+from assisted.rows.row_inputs import RowInput
 from assisted.stopping import Sink, Stops
 from drafting.base import Draft
-from drafting.foreign import ForeignDrafter, draft_foreign
+from drafting.foreign_drafter import ForeignDrafter, draft_foreign
 from drafting.lookup import PromptLookup
 from drafting.proposal import Proposal
 from drafting.sampling import Warp, make_generator
@@ -52,8 +52,8 @@ def draft_sources(inp: RowInput, tokenizer) -> Sources:
 
 def draft_alone(rows: list[Row], proposals: list[Proposal]) -> tuple[int, float]:
     """Complete every proposal without the engine's assistant: forced runs and copies, and where a row has a foreign
-    drafter, every token it asks for (`drafting.foreign.draft_foreign`), its forwards and seconds booked on the row.
-    Returns the step's assistant (forwards, seconds)."""
+    drafter, every token it asks for (`drafting.foreign_drafter.draft_foreign`), its forwards and seconds booked on the
+    row. Returns the step's assistant (forwards, seconds)."""
     spent = draft_foreign(proposals, [row.sources.foreign for row in rows])
     for row, (forwards, seconds, respelling) in zip(rows, spent):
         row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
@@ -67,7 +67,7 @@ class Row:
 
     def __init__(self, inp: RowInput, policy, sources: Sources, stops: Stops, target_device, helper_device):
         self.inp, self.opts, self.cursor, self.prompt, self.policy = inp, inp.opts, inp.cursor, inp.ids, policy
-        self.start = inp.cursor.copy()  # the guide before the first token (`assisted.closing.outcome` walks it)
+        self.start = inp.cursor.copy()  # the guide before the first token (`close_within_budget.outcome` walks it)
         self.seq, self.end = list(inp.ids), len(inp.ids) + inp.opts.max_new_tokens
         self.cached = 0  # target tokens cached (always seq[:cached])
         self.rec = Recorder(inp.began)  # stats.seconds.total: from the row's setup to its result

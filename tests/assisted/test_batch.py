@@ -49,7 +49,7 @@ def batch(schema, docs, out):
 
 
 def one_at_a_time(schema, docs, out):
-    """The run through generate(), one document at a time (`--batch-size 1`), where a test hooks generate()."""
+    """The run one document at a time (`--batch-size 1`): lines written in input order."""
     return [*batch(schema, docs, out), "--batch-size", "1"]
 
 
@@ -236,9 +236,9 @@ def test_a_batch_with_invalid_bytes_in_the_middle_does_every_other_line(pair, fi
 def test_a_second_run_on_the_same_output_is_refused_and_the_first_goes_on(pair, files, monkeypatch):
     schema, docs, out = files
     docs.write_bytes(b"".join(doc(i) for i in range(5)))
-    real, seen = assisted.generate, {}
+    real, seen = assisted.jobs.run.write_line, {}
 
-    def generate(*args, **kwargs):
+    def write(*args, **kwargs):
         seen["calls"] = seen.get("calls", 0) + 1
         if seen["calls"] == 3:  # two lines written and flushed: start a second run on the same output, now
             seen["before"] = out.read_bytes()
@@ -248,7 +248,7 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_goes_on(pair, 
             seen["after"] = out.read_bytes()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(assisted, "generate", generate)
+    monkeypatch.setattr(assisted.jobs.run, "write_line", write)
     assert main(one_at_a_time(schema, docs, out), load=lambda args: pair) == 0
     second = seen["second"]
     assert second.returncode == 2 and second.stdout == ""
@@ -266,21 +266,21 @@ CHILD = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-import assisted
+import assisted.jobs.run
 from assisted.cli import main
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pair = tiny_llama(49152, seed=0), smollm2_tokenizer(), tiny_llama(49152, seed=1)
-real, calls = assisted.generate, []
+real, calls = assisted.jobs.run.write_line, []
 
-def generate(*args, **kwargs):
+def write(out, record):
     calls.append(1)
     if len(calls) == int(sys.argv[2]):
-        print("generating", flush=True)  # the lines before this document are written and flushed
+        print("generating", flush=True)  # the lines before this document's are written and flushed
         sys.stdin.readline()  # wait here for the parent's SIGKILL
-    return real(*args, **kwargs)
+    real(out, record)
 
-assisted.generate = generate
+assisted.jobs.run.write_line = write
 sys.exit(main(json.loads(sys.argv[1]), load=lambda args: pair))
 """
 

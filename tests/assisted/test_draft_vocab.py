@@ -1,4 +1,4 @@
-"""The assistant's draft vocabulary (`assisted.models.draft_vocab`, `drafting.draft_vocab`): the output is the
+"""The assistant's draft vocabulary (`assisted.models.draft_vocab`, `drafting.draft_head`): the output is the
 target's whatever the assistant may draft (greedy identity, sampling exactness), tokens outside the vocabulary are
 never drafted, small masks outside it get the full head, and the head's rows are the full head's.
 
@@ -18,8 +18,8 @@ from assisted import generate, restrict_vocabulary
 from assisted.models.draft_vocab import auto_draft_vocab_size, draft_ids, frequency_ranking, head_rows
 from assisted.models.int8 import Int8Linear
 from assisted.models.loading import load_pair
-from drafting import draft_vocab
-from drafting.draft_vocab import FLOOR, DraftHead, draft_head
+from drafting import draft_head as head_module
+from drafting.draft_head import FLOOR, DraftHead, draft_head
 from tests.assisted.test_acceptance import compare, sampling_noise_tv
 from tests.assisted.test_generate_sampling import reference_two_tokens
 from tests.helpers_clock import pin_clock
@@ -142,7 +142,7 @@ def test_which_masks_need_the_full_head():
     none_inside[10:] = True
     assert not head.needs_full(None) and not head.needs_full(few_inside)
     assert head.needs_full(few_outside) and head.needs_full(none_inside)
-    many = torch.ones(draft_vocab.SMALL_ALLOWED + 10, dtype=torch.bool)  # a large mask that holds the vocabulary
+    many = torch.ones(head_module.SMALL_ALLOWED + 10, dtype=torch.bool)  # a large mask that holds the vocabulary
     big = DraftHead(torch.nn.Linear(4, len(many)), torch.nn.Linear(4, 10), torch.arange(10), len(many))
     assert not big.needs_full(many)
 
@@ -249,12 +249,12 @@ def test_draft_vocab_options_that_do_not_fit_fail_before_loading(kwargs, match):
 
 # ------------------------------------------------------------------------------------------------------- sampling
 
-@pytest.mark.parametrize("small_allowed", [draft_vocab.SMALL_ALLOWED, 0], ids=["full-head-on-small-masks", "floor"])
+@pytest.mark.parametrize("small_allowed", [head_module.SMALL_ALLOWED, 0], ids=["full-head-on-small-masks", "floor"])
 def test_sampling_with_a_draft_vocabulary_has_the_reference_distribution(monkeypatch, small_allowed):
     """The target drafting for itself over 3 of its 8 tokens (EOS, "b", "ab") under a mask: the first two tokens keep
     the plain sampler's joint distribution, whether masks outside the vocabulary get the full head or floor logits."""
     regex = r"(a|b|ab)(c|d|cd|ba)+"
-    monkeypatch.setattr(draft_vocab, "SMALL_ALLOWED", small_allowed)
+    monkeypatch.setattr(head_module, "SMALL_ALLOWED", small_allowed)
     tok = tiny_tokenizer()
     target = tiny_llama(8, seed=3, hidden=16, init=0.3, eos=0)
     assistant = restrict_vocabulary(copy.deepcopy(target), 3, tokenizer=tok, ranking=[2, 5])

@@ -137,6 +137,29 @@ def test_rows_that_stop_with_eos_mid_batch_leave_and_are_refilled(tok, models, p
     assert finished[0][1].batch.refills == len(prompts) - 3
 
 
+def test_rows_read_from_an_iterator_with_texts_and_chats_mixed_equal_the_same_rows_as_lists(tok, models):
+    """The `structspec batch` form: rows read as they are admitted, a prompt entry that is a chat read as messages."""
+    chat = [{"role": "user", "content": "A point, please."}]
+    rows = [PROMPTS[0], chat, PROMPTS[1]]
+    consumed = []
+
+    def lazily():
+        for row in rows:
+            consumed.append(row)
+            yield row
+
+    found = generate_batch_iter(models["llama"], tokenizer=tok, prompts=lazily(), batch_size=2, max_new_tokens=8,
+                                schema=POINT)
+    assert consumed == []  # checked at the call, read as rows are admitted
+    found = dict(found)
+    texts = generate_batch(models["llama"], tokenizer=tok, prompts=[PROMPTS[0], PROMPTS[1]], max_new_tokens=8,
+                           schema=POINT)
+    (alone,) = generate_batch(models["llama"], tokenizer=tok, messages=[chat], max_new_tokens=8, schema=POINT)
+    assert [found[i].token_ids for i in range(3)] == [texts[0].token_ids, alone.token_ids, texts[1].token_ids]
+    with pytest.raises(ValueError, match="seed is a list but the rows are an iterator"):
+        generate_batch_iter(models["llama"], tokenizer=tok, prompts=iter(PROMPTS), seed=[1] * len(PROMPTS))
+
+
 def test_a_row_does_not_depend_on_its_neighbours_or_their_order(tok, models, plain_reference):
     refs = references(plain_reference, models["llama"], tok, PROMPTS, max_new_tokens=20, schema=POINT)
     order = [3, 0, 4, 1, 2]
@@ -146,7 +169,7 @@ def test_a_row_does_not_depend_on_its_neighbours_or_their_order(tok, models, pla
 
 
 def test_rows_with_different_schemas_share_compiled_guides(tok, models, plain_reference, monkeypatch):
-    import assisted.rows.inputs as rows
+    import assisted.rows.row_inputs as rows
 
     built, real = [], rows.make_cursor
     monkeypatch.setattr(rows, "make_cursor", lambda schema, *args: built.append(schema) or real(schema, *args))
@@ -317,7 +340,7 @@ def test_structspec_batch_with_a_batch_size_writes_what_one_at_a_time_writes(tmp
 @pytest.mark.parametrize("helper", [None, "llama-other"])
 def test_the_cli_engine_prefills_newcomers_from_a_row_sharing_their_prefix(tok, models, plain_reference, helper):
     from assisted.generate_batch import make_engine
-    from assisted.rows.inputs import Item, prepared
+    from assisted.rows.row_inputs import Item, prepared
 
     instruction = "Extract the point as JSON with keys x and tag, nothing else. " * 3
     prompts = [f"{instruction}Doc {i}: {p}" for i, p in enumerate(PROMPTS)]

@@ -92,7 +92,7 @@ def test_auto_stops_drafting_when_nothing_is_accepted_and_drafts_on_when_it_is(c
     asked of it costs 0.3-0.5 ticks) `auto` prices the foreign assistant by its cost per drafted token and how often
     it is accepted."""
     pin_clock(monkeypatch)
-    monkeypatch.setattr(importlib.import_module("drafting.foreign"), "time", TickClock(1e-4))
+    monkeypatch.setattr(importlib.import_module("drafting.foreign_drafter"), "time", TickClock(1e-4))
     target = boost(tiny_llama(5, seed=3, hidden=16, init=0.3, eos=0), 4, -50.0)
     bad = boost(tiny_llama(8, seed=4, eos=0), 4, 50.0)
     kw = dict(tokenizer=char_tokenizer(), input_ids=[1, 2], max_new_tokens=60, regex="[abcd]{60}")

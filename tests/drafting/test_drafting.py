@@ -1,4 +1,8 @@
-"""drafting/: forced runs, the assistant under the guide's mask, their combination, cache feeding."""
+"""drafting/: forced runs, the assistant under the guide's mask, their combination, cache feeding.
+
+A row's draft is made here as the engine makes it: a `Proposal` completed by the engine's `Assistant` over one row's
+cache (`OneRow`), or, without an assistant, by `Proposal.fill` alone.
+"""
 
 import pytest
 import torch
@@ -6,9 +10,11 @@ import torch
 import fsm
 from drafting.kv_cache import forward, new_cache
 from drafting.sampling import Warp, make_generator
-from drafting import AssistantDrafter, CombinedSource, Cursor, ForcedTokens
+from drafting import Cursor, ForcedTokens, Proposal
+from drafting.assistant import Assistant, pick, settle
 from drafting.base import DeviceMasks
 from drafting.lookup import PromptLookup
+from drafting.row_kv import OneRow
 from tests.helpers_models import TINY_WORDS, boost, tiny_llama, tiny_tokenizer
 from tests.helpers_rounding import assert_within, gamma
 
@@ -32,6 +38,28 @@ def spell(tokens):
     return "".join(TINY_WORDS[t] for t in tokens)
 
 
+CPU = torch.device("cpu")
+
+
+def propose(tok, assistant: Assistant | None, seq, c: Cursor, *, k, limit, lookup=None, lookup_k=None, cut=None,
+            use_forced=True, generator=None):
+    """One row's draft after `seq` from the guide state `c` (advanced here), as the engine drafts it: up to `k`
+    assistant tokens, then up to `lookup_k` (default k) prompt-lookup copies, at most `limit` in all."""
+    sampling = assistant is not None and assistant.warp.do_sample
+    proposal = Proposal(seq, c, k=k if assistant is not None else 0, lookup_k=k if lookup_k is None else lookup_k,
+                        limit=limit, lookup=lookup, use_forced=use_forced, sampling=sampling, cut=cut)
+    if assistant is None:
+        assert not proposal.fill()
+    else:
+        assistant.draft([proposal], [generator], [None])
+    return proposal.draft(DeviceMasks(CPU), len(tok), CPU)
+
+
+def one_row(model, warp=GREEDY) -> Assistant:
+    """The engine's assistant over one row's own dynamic cache."""
+    return Assistant(OneRow(model), warp)
+
+
 def test_forced_tokens_come_in_the_tokenizers_own_spelling(tok):
     c = cursor(tok, "abcd(a|b)")
     forced = ForcedTokens()
@@ -43,9 +71,8 @@ def test_forced_tokens_come_in_the_tokenizers_own_spelling(tok):
 
 
 def test_forced_only_source_drafts_the_run_and_stops_where_the_model_must_choose(tok):
-    source = CombinedSource(None, True, len(tok), sampling=False)
     c = cursor(tok, "abcd(a|b)d")
-    draft = source.propose([1], c.copy(), k=5, limit=10)
+    draft = propose(tok, None, [1], c.copy(), k=5, limit=10)
     assert draft.tokens == (5, 6) and draft.forced == (True, True) and draft.model_drafted == 0
     assert draft.masks.shape == (3, len(tok)) and not draft.ends_output
     g = c.copy()
@@ -56,26 +83,22 @@ def test_forced_only_source_drafts_the_run_and_stops_where_the_model_must_choose
 
 
 def test_a_forced_run_to_the_end_ends_the_output_and_the_limit_cuts_it(tok):
-    source = CombinedSource(None, True, len(tok), sampling=False)
     c = cursor(tok, "abcdba")
-    assert source.propose([1], c.copy(), k=5, limit=10).ends_output
-    cut = source.propose([1], c.copy(), k=5, limit=1)
+    assert propose(tok, None, [1], c.copy(), k=5, limit=10).ends_output
+    cut = propose(tok, None, [1], c.copy(), k=5, limit=1)
     assert cut.tokens == (5,) and not cut.ends_output
 
 
 def test_without_assistant_and_forced_tokens_drafts_are_empty(tok):
-    source = CombinedSource(None, False, len(tok), sampling=False)
-    draft = source.propose([1], cursor(tok, "abcd(a|b)").copy(), k=5, limit=10)
+    draft = propose(tok, None, [1], cursor(tok, "abcd(a|b)").copy(), k=5, limit=10, use_forced=False)
     assert draft.tokens == () and draft.masks.shape == (1, len(tok))
 
 
 @pytest.mark.parametrize("warp", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
 def test_assistant_drafts_only_allowed_tokens_and_forced_ones_do_not_count_against_k(tok, warp):
     model = tiny_llama(len(tok), seed=3, init=0.5, eos=EOS)
-    assistant = AssistantDrafter(model, warp, make_generator(torch.device("cpu"), 0))
-    source = CombinedSource(assistant, True, len(tok), sampling=warp.do_sample)
     c = cursor(tok, "(a|b|c|d)(cd)(a|b)+")
-    draft = source.propose([1, 2], c.copy(), k=3, limit=20)
+    draft = propose(tok, one_row(model, warp), [1, 2], c.copy(), k=3, limit=20, generator=make_generator(CPU, 0))
     assert draft.model_drafted == 3
     assert draft.forced == (False, True, False, False)  # model, forced "cd", model, model
     g = c.copy()
@@ -93,33 +116,29 @@ def test_assistant_drafts_only_allowed_tokens_and_forced_ones_do_not_count_again
 
 def test_assistant_feeds_tokens_it_did_not_produce_and_rolls_back(tok):
     model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)
-    assistant = AssistantDrafter(model, GREEDY, None)
-    source = CombinedSource(assistant, True, len(tok), sampling=False)
+    assistant = one_row(model)
     seq = [1, 2, 3]
-    draft = source.propose(seq, Cursor(None, frozenset([EOS])), k=4, limit=10)
+    draft = propose(tok, assistant, seq, Cursor(None, frozenset([EOS])), k=4, limit=10)
     assert len(draft.tokens) == 4
-    assert assistant.cached == len(seq) + 3  # the last drafted token has not been fed yet
-    source.rollback(len(seq) + 1)  # one draft token accepted, then the target's own token
-    assert assistant.cache.get_seq_length() == assistant.cached == len(seq) + 1
+    assert assistant.kv.lengths == [len(seq) + 3]  # the last drafted token has not been fed yet
+    assistant.rollback([len(seq) + 1])  # one draft token accepted, then the target's own token
+    assert assistant.kv.kv.cache.get_seq_length() == len(seq) + 1
     committed = seq + [draft.tokens[0], 7]
-    token, _, _ = assistant.next(committed, None)  # feeds [7]: a token the assistant did not draft
+    again = propose(tok, assistant, committed, Cursor(None, frozenset([EOS])), k=1, limit=10)  # feeds [7] first
     full = forward(model, new_cache(), committed, 1)  # a fresh forward over the whole sequence
-    assert token == int(full.argmax(-1))
-    assert assistant.cache.get_seq_length() == len(committed)
+    assert again.tokens == (int(full.argmax(-1)),)
+    assert assistant.kv.lengths == [len(committed)]
 
 
 def test_drafting_stops_after_eos(tok):
     model = boost(tiny_llama(len(tok), seed=5, eos=EOS), EOS, 50.0)
-    assistant = AssistantDrafter(model, GREEDY, None)
-    source = CombinedSource(assistant, True, len(tok), sampling=False)
-    draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10)
+    draft = propose(tok, one_row(model), [1], Cursor(None, frozenset([EOS])), k=5, limit=10)
     assert draft.tokens == (EOS,) and draft.ends_output
 
 
 def test_drafting_stops_at_a_final_state_that_allows_only_eos(tok):
     model = tiny_llama(len(tok), seed=6, init=0.5, eos=EOS)
-    source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
-    draft = source.propose([1], cursor(tok, "(a|b)(c|d)"), k=5, limit=10)
+    draft = propose(tok, one_row(model), [1], cursor(tok, "(a|b)(c|d)"), k=5, limit=10)
     assert len(draft.tokens) == 2 and draft.ends_output and draft.model_drafted == 2
 
 
@@ -145,23 +164,23 @@ def test_device_masks_copy_each_mask_once():
 
 def test_k_zero_still_offers_free_lookup_drafts_and_calls_no_assistant(tok):
     seq = [1, 6, 7, 1, 6]  # "a cd ba a cd": the tail "acd" occurred before, followed by "ba"
-    assistant = AssistantDrafter(tiny_llama(len(tok), seed=4, eos=EOS), GREEDY, None)
-    source = CombinedSource(assistant, True, len(tok), sampling=False, lookup=PromptLookup(tok, seq))
-    draft = source.propose(seq, Cursor(None, frozenset([EOS])), k=0, limit=10, lookup_k=3)
-    assert draft.tokens and set(draft.sources) == {"lookup"} and assistant.calls == 0
-    assert source.propose(seq, Cursor(None, frozenset([EOS])), k=0, limit=10).tokens == ()  # lookup_k: k by default
+    assistant, lookup = one_row(tiny_llama(len(tok), seed=4, eos=EOS)), PromptLookup(tok, seq)
+    draft = propose(tok, assistant, seq, Cursor(None, frozenset([EOS])), k=0, limit=10, lookup=lookup, lookup_k=3)
+    assert draft.tokens and set(draft.sources) == {"lookup"} and assistant.forwards == 0
+    again = propose(tok, assistant, seq, Cursor(None, frozenset([EOS])), k=0, limit=10, lookup=lookup)
+    assert again.tokens == ()  # lookup_k: k by default
 
 
 def test_a_drafting_assistant_goes_before_lookup_which_extends_its_draft(tok):
     seq = [1, 6, 7, 1, 6]  # "a cd ba a cd": lookup would copy "ba a cd"; this assistant drafts "ba"
 
-    def propose(k, lookup_k):
-        assistant = AssistantDrafter(boost(tiny_llama(len(tok), seed=4, eos=EOS), 7, 50.0), GREEDY, None)
-        source = CombinedSource(assistant, True, len(tok), sampling=False, lookup=PromptLookup(tok, seq))
-        return source.propose(seq, Cursor(None, frozenset([EOS])), k=k, limit=10, lookup_k=lookup_k).sources
+    def sources(k, lookup_k):
+        assistant = one_row(boost(tiny_llama(len(tok), seed=4, eos=EOS), 7, 50.0))
+        return propose(tok, assistant, seq, Cursor(None, frozenset([EOS])), k=k, limit=10,
+                       lookup=PromptLookup(tok, seq), lookup_k=lookup_k).sources
 
-    assert propose(k=2, lookup_k=0) == ("assistant", "assistant")
-    assert propose(k=1, lookup_k=2) == ("assistant", "lookup", "lookup")
+    assert sources(k=2, lookup_k=0) == ("assistant", "assistant")
+    assert sources(k=1, lookup_k=2) == ("assistant", "lookup", "lookup")
 
 
 @pytest.mark.parametrize("warp", [GREEDY, SAMPLING], ids=["greedy", "sampling"])
@@ -173,9 +192,8 @@ def test_a_cut_ends_the_draft_and_under_sampling_drops_only_its_last_token(tok, 
         asked.append(confidence)
         return 0 if len(confidence) == 3 else None
 
-    drafter = AssistantDrafter(model, warp, make_generator(torch.device("cpu"), 0))
-    source = CombinedSource(drafter, True, len(tok), sampling=warp.do_sample)
-    draft = source.propose([1], cursor(tok, "[abcd]{12}"), k=5, limit=10, cut=cut)
+    draft = propose(tok, one_row(model, warp), [1], cursor(tok, "[abcd]{12}"), k=5, limit=10, cut=cut,
+                    generator=make_generator(CPU, 0))
     assert [len(c) for c in asked] == [1, 2, 3] and all(0 < c <= 1 for c in asked[-1])
     assert len(draft.tokens) == (2 if warp.do_sample else 0) and not draft.ends_output
     assert draft.masks.shape[0] == len(draft.tokens) + 1 and len(draft.confidence) == len(draft.tokens)
@@ -190,32 +208,27 @@ def test_the_confidence_is_the_unwarped_distributions_at_any_temperature(tok):
     logits = forward(model, new_cache(), seq, 1)[0].float()  # (V,)
     expected = logits.softmax(-1).max().item()
     for warp in (GREEDY, Warp(True, temperature=0.05), Warp(True, temperature=1.5, top_k=3)):
-        drafter = AssistantDrafter(model, warp, make_generator(torch.device("cpu"), 0))
-        token, q, confidence = drafter.next(seq, mask)
-        assert confidence == pytest.approx(expected, rel=1e-5)
+        (drafted,) = settle([pick(logits[None], mask, warp, make_generator(CPU, 0))])
+        assert drafted.confidence == pytest.approx(expected, rel=1e-5)
         if warp.temperature == 0.05:
-            assert expected < 0.5 < q.max().item()  # the warped distribution would have said "sure"
+            assert expected < 0.5 < drafted.q.max().item()  # the warped distribution would have said "sure"
 
 
 def test_the_cut_is_asked_after_eos_too(tok):
     model = boost(tiny_llama(len(tok), seed=5, eos=EOS), EOS, 50.0)
-    source = CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False)
-    draft = source.propose([1], Cursor(None, frozenset([EOS])), k=5, limit=10, cut=lambda confidence: 0)
+    draft = propose(tok, one_row(model), [1], Cursor(None, frozenset([EOS])), k=5, limit=10, cut=lambda confidence: 0)
     assert draft.tokens == () and not draft.ends_output
 
 
 def test_rows_drafted_together_draft_what_each_row_drafts_alone(tok):
     """One proposal rule for one row or many: the rows' assistant (one forward per drafting step for every asking
-    row) gives each row the draft `CombinedSource.propose` gives it alone."""
-    from drafting.assistant import Assistant
+    row, on one batch cache) gives each row the draft it gets alone, on its own cache."""
     from drafting.batch_kv import BatchKV
-    from drafting.proposal import Proposal
 
     model = tiny_llama(len(tok), seed=4, init=0.5, eos=EOS)
     rows = [([1, 6, 7, 1, 6], None, 0), ([2, 5], "[abcd]{3}(ab|cd)", 3), ([3], "abcd(a|b)", 2)]  # (seq, regex, k)
-    alone = [CombinedSource(AssistantDrafter(model, GREEDY, None), True, len(tok), sampling=False,
-                            lookup=PromptLookup(tok, seq)).propose(seq, cursor(tok, regex), k=k, limit=6, lookup_k=2)
-             for seq, regex, k in rows]
+    alone = [propose(tok, one_row(model), seq, cursor(tok, regex), k=k, limit=6, lookup=PromptLookup(tok, seq),
+                     lookup_k=2) for seq, regex, k in rows]
     assert {s for d in alone for s in d.sources} == {"forced", "lookup", "assistant"}
     batch = Assistant(BatchKV(model), GREEDY)
     for slot, (seq, _, _) in enumerate(rows):
@@ -223,7 +236,7 @@ def test_rows_drafted_together_draft_what_each_row_drafts_alone(tok):
     proposals = [Proposal(seq, cursor(tok, regex), k=k, lookup_k=2, limit=6, lookup=PromptLookup(tok, seq))
                  for seq, regex, k in rows]
     took = batch.draft(proposals, [None] * len(rows), [None] * len(rows))
-    together = [p.draft(DeviceMasks(torch.device("cpu")), len(tok), torch.device("cpu")) for p in proposals]
+    together = [p.draft(DeviceMasks(CPU), len(tok), CPU) for p in proposals]
     assert [(d.tokens, d.sources, d.ends_output) for d in together] == \
         [(d.tokens, d.sources, d.ends_output) for d in alone]
     assert took == [d.model_drafted for d in alone] and batch.forwards == max(took)

@@ -76,11 +76,6 @@ def test_warpers_do_not_change_the_argmax():
         assert torch.equal(warped(masked(logits, mask), Warp(True, **warp)).argmax(-1), best)
 
 
-def test_warp_knows_when_it_is_the_identity():
-    assert not Warp(True).warps and not Warp(True, top_p=1.0).warps
-    assert Warp(True, temperature=0.5).warps and Warp(True, top_k=2).warps and Warp(True, top_p=0.9).warps
-
-
 def test_seeded_generators_repeat_and_fresh_ones_differ():
     weights = torch.ones(4, 1000)
     draw = lambda seed: sample(weights, make_generator(torch.device("cpu"), seed)).tolist()  # noqa: E731

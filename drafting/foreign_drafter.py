@@ -26,7 +26,7 @@ from bisect import bisect_left, bisect_right
 import fsm
 from drafting.assistant import pick, settle
 from drafting.base import Cursor, DeviceMasks, Drafted
-from drafting.draft_vocab import use_full_head
+from drafting.draft_head import use_full_head
 from drafting.kv_cache import DynamicKV, input_device
 from drafting.respell import Speller, char_start, common_prefix, whole_chars
 from drafting.sampling import Warp

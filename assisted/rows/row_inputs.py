@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import numbers
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import fsm
-from assisted.closing import within_budget
+from assisted.close_within_budget import within_budget
 from assisted.config import Settings, options
-from assisted.inputs import Options, fit_positions, make_cursor, prompt_ids
+from assisted.inputs import MAX_SEED, Options, check_int, fit_positions, make_cursor, prompt_ids
+from assisted.stopping import check_streamer
 from drafting.base import Cursor
 
 
@@ -77,29 +79,62 @@ def prepared(items, prepare) -> Any:
             yield RowError(item.index, " ".join(str(error).split("\n")))
 
 
-def items_of(prompts, messages, input_ids, schema, regex, seed, streamer=None) -> list[Item]:
+def items_of(prompts, messages, input_ids, schema, regex, seed, streamer=None) -> Iterable[Item]:
     """The rows as given, with one schema / regex / seed / streamer each; ValueError/TypeError for batch-level
-    mistakes."""
+    mistakes.
+
+    Rows given as a list are checked here at once; rows given as an iterator (the `structspec` command's documents) are
+    read as the engine admits them, and then share one schema / regex / seed and no streamer. A `prompts` entry that is
+    a list of {role, content} messages is read as a chat (as transformers' text-generation pipeline reads its inputs).
+    """
     forms = [(name, value) for name, value in (("prompt", prompts), ("messages", messages),
                                                 ("input_ids", input_ids)) if value is not None]
     if len(forms) != 1:
         raise ValueError(f"pass exactly one of prompts, messages, input_ids; got "
                          f"{', '.join(n + 's' if n == 'prompt' else n for n, _ in forms) or 'none'}")
     form, values = forms[0]
-    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
         raise TypeError(f"{form if form != 'prompt' else 'prompts'} must be a list (one entry per row), "
                         f"got {type(values).__name__}")
-    values = list(values)
     if schema is not None and regex is not None:
         raise ValueError("pass at most one of schema and regex, not both")
-    schemas = _per_row("schema", schema, len(values))
-    regexes = _per_row("regex", regex, len(values))
-    seeds = _per_row("seed", seed, len(values))
     if streamer is not None and not isinstance(streamer, (list, tuple)):
         raise ValueError("streamer= in a batch is a list with one streamer (or None) per row: one streamer cannot "
                          "follow several rows (generate_batch_iter yields rows as they finish)")
-    streamers = _per_row("streamer", streamer, len(values))
-    return [Item(i, form, *row) for i, row in enumerate(zip(values, schemas, regexes, seeds, streamers))]
+    if not hasattr(values, "__len__"):
+        return _lazy_items(form, values, schema, regex, seed, streamer)
+    values = list(values)
+    schemas = _per_row("schema", schema, len(values))
+    regexes = _per_row("regex", regex, len(values))
+    seeds = [_seed(s) for s in _per_row("seed", seed, len(values))]
+    streamers = [_streamer(s) for s in _per_row("streamer", streamer, len(values))]
+    return [Item(i, _form(form, row[0]), *row) for i, row in enumerate(zip(values, schemas, regexes, seeds, streamers))]
+
+
+def _lazy_items(form: str, values: Iterable, schema, regex, seed, streamer) -> Iterator[Item]:
+    for name, value in (("schema", schema), ("regex", regex), ("seed", seed), ("streamer", streamer)):
+        if isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} is a list but the rows are an iterator: pass one {name} for every row, or the "
+                             "rows as a list")
+    seed = _seed(seed)
+    return (Item(i, _form(form, value), value, schema, regex, seed) for i, value in enumerate(values))
+
+
+def _seed(seed):
+    if seed is not None:
+        check_int("seed", seed, low=0, high=MAX_SEED)
+    return seed
+
+
+def _streamer(streamer):
+    check_streamer(streamer)
+    return streamer
+
+
+def _form(form: str, value) -> str:
+    """A prompt that is a list of messages is a chat."""
+    chat = isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value)
+    return "messages" if form == "prompt" and chat else form
 
 
 def _per_row(name: str, value, rows: int) -> list:

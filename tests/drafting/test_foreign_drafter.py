@@ -1,4 +1,4 @@
-"""`drafting.foreign.ForeignDrafter`: an assistant with its own tokenizer keeps in step with the target by text.
+"""`drafting.foreign_drafter.ForeignDrafter`: an assistant with its own tokenizer keeps in step with the target by text.
 
 The target spells text in characters (a b c d), the assistant in an 8-token BPE (a b c d ab cd ba) and always writes
 "ab" (a boosted head): its text is "abab...", its target tokens a b a b ...
@@ -13,7 +13,7 @@ import torch
 
 import fsm
 from drafting.base import Cursor
-from drafting.foreign import ForeignDrafter
+from drafting.foreign_drafter import ForeignDrafter
 from drafting.respell import speller
 from tests.helpers_foreign import char_tokenizer
 from tests.helpers_models import boost, tiny_llama, tiny_tokenizer
