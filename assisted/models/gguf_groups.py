@@ -125,15 +125,21 @@ def _tensor_names(model, reader, tensors: dict) -> tuple[dict[str, str], Callabl
     to_hf = {gguf_name: f"{module}.weight" for module, gguf_name in sources.items()}
 
     def order(name: str, rows: int) -> torch.Tensor:
-        result = processor.process(weights=np.arange(rows).reshape(rows, 1), name=name, tensor_key_mapping=to_hf,
-                                   parsed_parameters={"tensors": {}, "config": config})
-        index = np.asarray(result.weights).reshape(-1)
-        if index.shape != (rows,) or not np.array_equal(np.sort(index), np.arange(rows)):
-            raise ValueError(f"{name}: transformers' loader does more than reorder this tensor's rows, so its 4-bit "
-                             "groups cannot be kept")
-        return torch.from_numpy(index.astype(np.int64))
+        return row_order(processor, config, to_hf, name, rows)
 
     return sources, order
+
+
+def row_order(processor, config: dict, to_hf: dict[str, str], name: str, rows: int) -> torch.Tensor:
+    """(rows,) int64: the file's row that transformers' loader puts at each row of the tensor `name` (its tensor
+    processor run on the row numbers: llama's q/k permutation); ValueError if it does more than reorder rows."""
+    result = processor.process(weights=np.arange(rows).reshape(rows, 1), name=name, tensor_key_mapping=to_hf,
+                               parsed_parameters={"tensors": {}, "config": config})
+    index = np.asarray(result.weights).reshape(-1)
+    if index.shape != (rows,) or not np.array_equal(np.sort(index), np.arange(rows)):
+        raise ValueError(f"{name}: transformers' loader does more than reorder this tensor's rows, so its 4-bit "
+                         "groups cannot be kept")
+    return torch.from_numpy(index.astype(np.int64))
 
 
 def _gguf_name(name_map, processor, module: str) -> str | None:
