@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from assisted.models.gguf_groups import BLOCK_BYTES, decode, row_order
+from assisted.models.gguf_groups import BLOCK_BYTES, decode, pack_q4_k, row_order
 from assisted.models.int4 import Int4Linear
 from assisted.models.int8 import Int8Linear, check_attention, quantize_weight
 from structspec_ops import attention, int4
@@ -302,12 +302,12 @@ def _int8_linear(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor 
     return Int8Linear.from_codes(codes, scales, bias)
 
 
-def _packed_int4(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None, groups_of) -> Int4Linear:
+def _packed_int4(tensor: Tensor, bias: torch.Tensor | None, packed_rows) -> Int4Linear:
     """An `Int4Linear` packed a chunk of rows at a time (each chunk's bytes follow the last's: whole 16-row blocks);
-    `groups_of(start, stop)` gives those rows' Groups."""
+    `packed_rows(start, stop)` gives those rows packed."""
     data, at, g = None, 0, None
     for start, stop in _chunks(tensor.rows):
-        packed = int4.pack(groups_of(start, stop))
+        packed = packed_rows(start, stop)
         if data is None:  # bytes per row: the same in every chunk
             g = packed.groups_per_block
             data = torch.empty(packed.data.numel() * -(-tensor.rows // int4.LANES) // -(-(stop - start) // int4.LANES),
@@ -320,18 +320,18 @@ def _packed_int4(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor 
 
 
 def _kept_int4(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None) -> Int4Linear:
-    """The file's own Q4_K / Q4_1 / Q4_0 groups, rows in `order`."""
-    def groups_of(start: int, stop: int) -> int4.Groups:
+    """The file's own Q4_K / Q4_1 / Q4_0 groups, rows in `order` (Q4_K straight from its bytes: `pack_q4_k`)."""
+    def packed_rows(start: int, stop: int) -> int4.Packed:
         raw = tensor.raw(start, stop) if order is None else tensor.raw()[order[start:stop].numpy()]
-        return decode(tensor.kind, raw)
-    return _packed_int4(tensor, order, bias, groups_of)
+        return pack_q4_k(raw) if tensor.kind == "Q4_K" else int4.pack(decode(tensor.kind, raw))
+    return _packed_int4(tensor, bias, packed_rows)
 
 
 def _requantized_int4(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None) -> Int4Linear:
     """`Int4Linear.quantized` of the de-quantized weight (Q4_K's form), a chunk of rows at a time."""
     blocks = 8 if tensor.width % (8 * int4.GROUP) == 0 else 1
-    return _packed_int4(tensor, order, bias,
-                        lambda start, stop: int4.quantize(_float_rows(tensor, order, start, stop), blocks))
+    return _packed_int4(tensor, bias,
+                        lambda start, stop: int4.pack(int4.quantize(_float_rows(tensor, order, start, stop), blocks)))
 
 
 def _float_linear(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None) -> torch.nn.Linear:

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from structspec_ops.int4 import Groups
+from structspec_ops.int4 import LANES, Groups, Packed
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}  # the 4-bit forms kept as they are; bytes per block
 
@@ -57,12 +57,44 @@ def _q4_1(blocks: torch.Tensor) -> Groups:  # d, m (f16), 16 bytes of codes: d *
 
 def _q4_k(blocks: torch.Tensor) -> Groups:  # d, dmin (f16), 12 bytes of 6-bit sc and m, 128 bytes of codes
     rows = blocks.shape[0]
-    low, high, extra = blocks[..., 4:16].reshape(rows, -1, 3, 4).unbind(2)  # (rows, blocks, 4) each
-    sc = torch.cat([low & 63, (extra & 15) | ((low >> 2) & 48)], -1)  # (rows, blocks, 8)
-    m = torch.cat([high & 63, (extra >> 4) | ((high >> 2) & 48)], -1)
+    sc, m = _q4_k_scales(blocks)  # (rows, blocks, 8)
     codes = _nibbles(blocks[..., 16:].reshape(rows, -1, 4, 32))  # (rows, blocks, 4, 64): 2 groups a chunk
     return Groups(codes.reshape(rows, -1).contiguous(), _half(blocks, 0), _half(blocks, 2),
                   sc.reshape(rows, -1).contiguous(), m.reshape(rows, -1).contiguous())
+
+
+def _q4_k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, supers, 8) uint8 each: Q4_K's 6-bit sc and m of every group."""
+    rows = blocks.shape[0]
+    low, high, extra = blocks[..., 4:16].reshape(rows, -1, 3, 4).unbind(2)  # (rows, blocks, 4) each
+    sc = torch.cat([low & 63, (extra & 15) | ((low >> 2) & 48)], -1)
+    m = torch.cat([high & 63, (extra >> 4) | ((high >> 2) & 48)], -1)
+    return sc, m
+
+
+def pack_q4_k(raw: np.ndarray) -> Packed:
+    """(rows, bytes) Q4_K blocks -> ``int4.pack(decode("Q4_K", raw))``, made from the blocks' bytes directly: a
+    Q4_K byte holds input t of two groups (low and high nibble), a packed byte inputs t and 16 + t of one, so each
+    packed byte is two nibbles of two Q4_K bytes, and no code is expanded to a byte of its own."""
+    rows = raw.shape[0]
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).reshape(rows, -1, BLOCK_BYTES["Q4_K"])
+    pad = -rows % LANES
+    if pad:  # zero rows: d = dmin = 0, the zero weights `pack` pads with
+        blocks = torch.cat([blocks, blocks.new_zeros(pad, *blocks.shape[1:])])
+    count, supers = blocks.shape[0] // LANES, blocks.shape[1]
+    floats = torch.stack([_half(blocks, 0), _half(blocks, 2)], 1)  # (rows, 2, supers)
+    floats = floats.reshape(count, LANES, 2, supers).permute(0, 3, 2, 1).contiguous().view(torch.uint8)
+    sc, m = _q4_k_scales(blocks)  # (rows, supers, 8)
+    sc_m = torch.stack([sc, m], 1).reshape(count, LANES, 2, supers, 8).permute(0, 3, 2, 4, 1)
+    qs = blocks[..., 16:].numpy().reshape(count * LANES, supers, 4, 2, 16)  # (row, super, chunk c, half, t)
+    low, high = qs[..., 0, :], qs[..., 1, :]  # inputs t and 16 + t of groups 2c (low nibbles), 2c + 1 (high)
+    codes = np.stack([(low & 15) | (high << 4), (low >> 4) | (high & 0xF0)], 3)  # (row, super, c, h, 16); numpy:
+    codes = torch.from_numpy(codes).reshape(count, LANES, supers, 8, 16).view(torch.int32)  # its bit ops are faster
+    # 4 bytes b of one (i, lane) moved as one int32
+    codes = codes.permute(0, 2, 3, 4, 1).contiguous().view(torch.uint8)  # (block, super, group, i, lane, b)
+    data = torch.cat([floats.reshape(count, supers, -1), sc_m.reshape(count, supers, -1),
+                      codes.reshape(count, supers, -1)], 2)
+    return Packed(data.reshape(-1), rows, supers * 256, 8)
 
 
 def module_groups(model: torch.nn.Module, path: str | Path) -> dict[str, Groups]:

@@ -17,6 +17,7 @@ import torch
 
 from assisted.models import gguf_build, packed_cache
 from assisted.models.gguf_build import GGUFEmbedding, build
+from assisted.models.gguf_groups import decode, pack_q4_k
 from assisted.models.int4 import Int4Linear, int4_copy, quantize_int4
 from assisted.models.int8 import Int8Linear, int8_copy, quantize_int8
 from assisted.models.loading import load_model
@@ -203,3 +204,11 @@ def test_int4_modules_have_the_file_s_groups(qwen2_file):
     model = build(qwen2_file, "int4-target")
     assert isinstance(model.model.layers[0].mlp.up_proj, Int4Linear)
     assert isinstance(model.model.layers[1].mlp.down_proj, Int8Linear)  # Q6_K: `other_linear`
+
+
+@pytest.mark.parametrize("rows", [16, 37, 64])
+def test_q4_k_blocks_packed_from_their_bytes_are_pack_of_their_groups(rows):
+    raw = _blocks("Q4_K", rows, 512, np.random.default_rng(rows))
+    expected, packed = int4.pack(decode("Q4_K", raw)), pack_q4_k(raw)
+    assert torch.equal(packed.data, expected.data)
+    assert (packed.out_features, packed.in_features, packed.groups_per_block) == (rows, 512, 8)
