@@ -42,8 +42,9 @@ print("RESULT " + json.dumps({"load_seconds": loaded["seconds"], "peak_after_loa
 
 
 def gguf_bytes(*sources: str) -> int:
-    from assisted.models.loading import _gguf_of
-    return sum(_gguf_of(s).stat().st_size for s in sources if s)
+    """The bytes of the sources' GGUF files (a named source's own file, or a .gguf path)."""
+    from assisted.models.sources import SOURCES, gguf_file
+    return sum((gguf_file(s) if s in SOURCES else Path(s)).stat().st_size for s in sources if s)
 
 
 def run(mode: str, options: dict, packed: str) -> dict:
