@@ -175,14 +175,16 @@ def read(target: Path, recipe: str, key: str, gguf: Callable[[], Path]) -> torch
         file.seek(start + header["data_bytes"])
         if file.read(len(MAGIC)) != MAGIC:
             raise ValueError("no end mark")
-        tensors = {name: _read_tensor(file, start, *spec) for name, spec in header["tensors"].items()}
-    config = header["config"]
-    config = CONFIG_MAPPING[config["model_type"]].from_dict(config)
-    model = skeleton(config)
-    for name, entry in header["modules"].items():
-        own = {field.removeprefix(f"{name}/"): t for field, t in tensors.items() if field.startswith(f"{name}/")}
-        model.set_submodule(name, _module(entry, own, gguf))
-    state = {name.removeprefix("state/"): t for name, t in tensors.items() if name.startswith("state/")}
+        config = header["config"]
+        model = skeleton(CONFIG_MAPPING[config["model_type"]].from_dict(config))
+        owned: dict[str, dict] = {}  # module -> {field: spec}
+        for field, spec in header["tensors"].items():
+            module, _, leaf = field.partition("/")
+            owned.setdefault(module, {})[leaf] = spec
+        for name, entry in header["modules"].items():  # one module's tensors in memory at a time, besides the model
+            own = {leaf: _read_tensor(file, start, *spec) for leaf, spec in owned.pop(name, {}).items()}
+            model.set_submodule(name, _module(entry, own, gguf))
+        state = {leaf: _read_tensor(file, start, *spec) for leaf, spec in owned.pop("state", {}).items()}
     return finish(model, state, recipe)
 
 
