@@ -42,7 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     prompt = one.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt text (see --chat)")
     prompt.add_argument("--messages", type=Path, help="a JSON file with a list of {role, content} chat messages")
-    one.add_argument("--stats", action="store_true", help="also print the run's statistics (JSON, on stderr)")
+    one.add_argument("--stats", action="store_true",
+                     help="also print the run's statistics (JSON, on stderr), with what loading cost (seconds, peak "
+                          "memory)")
     one.add_argument("--stream", action="store_true", help="print the text as it is committed")
     many = commands.add_parser("batch", help="generate for every line of a JSONL file, resumable")
     _model_options(many)
@@ -230,8 +232,19 @@ def command_generate(args, load: Callable) -> int:
     if streamer is None:
         print(result.text)
     if args.stats:
-        print(json.dumps({"stop_reason": result.stop_reason, **stats_record(result.stats)}), file=sys.stderr)
+        print(json.dumps({"stop_reason": result.stop_reason, **stats_record(result.stats), **_load_record()}),
+              file=sys.stderr)
     return 0
+
+
+def _load_record() -> dict:
+    """What loading the models cost (`assisted.models.loading.last_load`), for --stats: {"load": {...}} or {}."""
+    from assisted.models.loading import last_load
+    load = last_load()
+    if not load:
+        return {}
+    return {"load": {"seconds": round(load["seconds"], 2), "peak_memory_gb": round(load["peak_bytes"] / 1e9, 3),
+                     "target": load["target"], "assistant": load["assistant"]}}
 
 
 def _printer(tokenizer):

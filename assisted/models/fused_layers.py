@@ -66,7 +66,8 @@ class FusedDecoderLayer(torch.nn.Module):
         cache = kwargs.pop(self.cache_keyword, None)
         batch, n, hidden = hidden_states.shape
         x = hidden_states.reshape(-1, hidden).float().contiguous()  # (B n, hidden)
-        cos, sin = (t.reshape(-1, self.head_dim).float().contiguous() for t in position_embeddings)  # (B n, D)
+        cos, sin = (t.float().expand(batch, n, self.head_dim).reshape(-1, self.head_dim).contiguous()
+                    for t in position_embeddings)  # (B or 1, n, D) -> (B n, D)
         first, second = self.input_layernorm, self.post_attention_layernorm
         q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
                                        self.kv_heads, self.head_dim)

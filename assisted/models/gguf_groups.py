@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from structspec_ops import q6k
-from structspec_ops.int4 import Groups
+from structspec_ops.int4 import LANES, Groups, Packed
 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144, "Q6_K": 210}  # the forms kept as they are; bytes per block
 
@@ -62,12 +62,44 @@ def _q4_1(blocks: torch.Tensor) -> Groups:  # d, m (f16), 16 bytes of codes: d *
 
 def _q4_k(blocks: torch.Tensor) -> Groups:  # d, dmin (f16), 12 bytes of 6-bit sc and m, 128 bytes of codes
     rows = blocks.shape[0]
-    low, high, extra = blocks[..., 4:16].reshape(rows, -1, 3, 4).unbind(2)  # (rows, blocks, 4) each
-    sc = torch.cat([low & 63, (extra & 15) | ((low >> 2) & 48)], -1)  # (rows, blocks, 8)
-    m = torch.cat([high & 63, (extra >> 4) | ((high >> 2) & 48)], -1)
+    sc, m = _q4_k_scales(blocks)  # (rows, blocks, 8)
     codes = _nibbles(blocks[..., 16:].reshape(rows, -1, 4, 32))  # (rows, blocks, 4, 64): 2 groups a chunk
     return Groups(codes.reshape(rows, -1).contiguous(), _half(blocks, 0), _half(blocks, 2),
                   sc.reshape(rows, -1).contiguous(), m.reshape(rows, -1).contiguous())
+
+
+def _q4_k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, supers, 8) uint8 each: Q4_K's 6-bit sc and m of every group."""
+    rows = blocks.shape[0]
+    low, high, extra = blocks[..., 4:16].reshape(rows, -1, 3, 4).unbind(2)  # (rows, blocks, 4) each
+    sc = torch.cat([low & 63, (extra & 15) | ((low >> 2) & 48)], -1)
+    m = torch.cat([high & 63, (extra >> 4) | ((high >> 2) & 48)], -1)
+    return sc, m
+
+
+def pack_q4_k(raw: np.ndarray) -> Packed:
+    """(rows, bytes) Q4_K blocks -> ``int4.pack(decode("Q4_K", raw))``, made from the blocks' bytes directly: a
+    Q4_K byte holds input t of two groups (low and high nibble), a packed byte inputs t and 16 + t of one, so each
+    packed byte is two nibbles of two Q4_K bytes, and no code is expanded to a byte of its own."""
+    rows = raw.shape[0]
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).reshape(rows, -1, BLOCK_BYTES["Q4_K"])
+    pad = -rows % LANES
+    if pad:  # zero rows: d = dmin = 0, the zero weights `pack` pads with
+        blocks = torch.cat([blocks, blocks.new_zeros(pad, *blocks.shape[1:])])
+    count, supers = blocks.shape[0] // LANES, blocks.shape[1]
+    floats = torch.stack([_half(blocks, 0), _half(blocks, 2)], 1)  # (rows, 2, supers)
+    floats = floats.reshape(count, LANES, 2, supers).permute(0, 3, 2, 1).contiguous().view(torch.uint8)
+    sc, m = _q4_k_scales(blocks)  # (rows, supers, 8)
+    sc_m = torch.stack([sc, m], 1).reshape(count, LANES, 2, supers, 8).permute(0, 3, 2, 4, 1)
+    qs = blocks[..., 16:].numpy().reshape(count * LANES, supers, 4, 2, 16)  # (row, super, chunk c, half, t)
+    low, high = qs[..., 0, :], qs[..., 1, :]  # inputs t and 16 + t of groups 2c (low nibbles), 2c + 1 (high)
+    codes = np.stack([(low & 15) | (high << 4), (low >> 4) | (high & 0xF0)], 3)  # (row, super, c, h, 16); numpy:
+    codes = torch.from_numpy(codes).reshape(count, LANES, supers, 8, 16).view(torch.int32)  # its bit ops are faster
+    # 4 bytes b of one (i, lane) moved as one int32
+    codes = codes.permute(0, 2, 3, 4, 1).contiguous().view(torch.uint8)  # (block, super, group, i, lane, b)
+    data = torch.cat([floats.reshape(count, supers, -1), sc_m.reshape(count, supers, -1),
+                      codes.reshape(count, supers, -1)], 2)
+    return Packed(data.reshape(-1), rows, supers * 256, 8)
 
 
 def module_groups(model: torch.nn.Module, path: str | Path) -> dict[str, Groups | q6k.Groups]:
@@ -130,15 +162,21 @@ def _tensor_names(model, reader, tensors: dict) -> tuple[dict[str, str], Callabl
     to_hf = {gguf_name: f"{module}.weight" for module, gguf_name in sources.items()}
 
     def order(name: str, rows: int) -> torch.Tensor:
-        result = processor.process(weights=np.arange(rows).reshape(rows, 1), name=name, tensor_key_mapping=to_hf,
-                                   parsed_parameters={"tensors": {}, "config": config})
-        index = np.asarray(result.weights).reshape(-1)
-        if index.shape != (rows,) or not np.array_equal(np.sort(index), np.arange(rows)):
-            raise ValueError(f"{name}: transformers' loader does more than reorder this tensor's rows, so its 4-bit "
-                             "groups cannot be kept")
-        return torch.from_numpy(index.astype(np.int64))
+        return row_order(processor, config, to_hf, name, rows)
 
     return sources, order
+
+
+def row_order(processor, config: dict, to_hf: dict[str, str], name: str, rows: int) -> torch.Tensor:
+    """(rows,) int64: the file's row that transformers' loader puts at each row of the tensor `name` (its tensor
+    processor run on the row numbers: llama's q/k permutation); ValueError if it does more than reorder rows."""
+    result = processor.process(weights=np.arange(rows).reshape(rows, 1), name=name, tensor_key_mapping=to_hf,
+                               parsed_parameters={"tensors": {}, "config": config})
+    index = np.asarray(result.weights).reshape(-1)
+    if index.shape != (rows,) or not np.array_equal(np.sort(index), np.arange(rows)):
+        raise ValueError(f"{name}: transformers' loader does more than reorder this tensor's rows, so its 4-bit "
+                         "groups cannot be kept")
+    return torch.from_numpy(index.astype(np.int64))
 
 
 def _gguf_name(name_map, processor, module: str) -> str | None:

@@ -18,11 +18,22 @@ class Int4Linear(torch.nn.Module):
 
     def __init__(self, groups: int4.Groups, bias: torch.Tensor | None = None):
         super().__init__()
-        packed = int4.pack(groups)
+        self._set(int4.pack(groups), bias)
+
+    @classmethod
+    def from_packed(cls, packed: int4.Packed, bias: torch.Tensor | None = None) -> Int4Linear:
+        """The module of weights already in the kernel's layout (packed a few rows at a time, or read back from a
+        cache): bitwise ``Int4Linear(int4.unpack(packed), bias)``."""
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module._set(packed, bias)
+        return module
+
+    def _set(self, packed: int4.Packed, bias: torch.Tensor | None) -> None:
         self.register_buffer("packed", packed.data)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = groups.shape
-        self.groups_per_block = groups.groups_per_block
+        self.out_features, self.in_features = packed.out_features, packed.in_features
+        self.groups_per_block = packed.groups_per_block
 
     @classmethod
     def quantized(cls, linear: torch.nn.Linear) -> Int4Linear:

@@ -44,18 +44,28 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, reduce_range: bool = False):
         super().__init__()
-        weight = linear.weight.detach().float()  # (out, in)
-        out_features, in_features = weight.shape
-        scale = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()  # (out,)
-        padded = torch.cat([weight, weight.new_zeros(out_features, 2)], dim=1)  # (out, in + 2): zero end columns
-        with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not installed here
-            warnings.simplefilter("ignore")
-            zero = torch.zeros(out_features, dtype=torch.long)
-            codes = torch.quantize_per_channel(padded, scale, zero, 0, torch.qint8)
+        self._set(quantize_weight(linear.weight), linear.bias, reduce_range)
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                   reduce_range: bool = False) -> Int8Linear:
+        """The module whose weight is `quantize_weight`'s (codes, scales), e.g. made a few rows at a time or read
+        back from a cache: bitwise the module ``Int8Linear(linear)`` makes of that weight."""
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module._set(_per_channel(codes, scales), bias, reduce_range)
+        return module
+
+    def _set(self, codes: torch.Tensor, bias: torch.Tensor | None, reduce_range: bool) -> None:
         self._packed = torch.ops.quantized.linear_prepack(codes, None)
-        bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        self.register_buffer("bias", bias)
-        self.in_features, self.out_features, self.reduce_range = in_features, out_features, reduce_range
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] - 2
+        self.reduce_range = reduce_range
+
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, in + 2) int8 codes and (out,) float64 scales: the weight as `from_codes` takes it."""
+        weight, _ = torch.ops.quantized.linear_unpack(self._packed)
+        return weight.int_repr(), weight.q_per_channel_scales()
 
     @torch.no_grad()  # an inference kernel: fbgemm's int8 op has no gradient
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,6 +90,26 @@ class Int8Linear(torch.nn.Module):
         if self.bias is not None:
             clone.bias.data = self.bias.clone()
         return Int8Linear(clone, self.reduce_range)
+
+
+def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(out, in) float -> (out, in + 2) per-channel qint8: one symmetric scale per row, two zero end columns. Each
+    row's codes depend on that row alone, so a weight quantized a few rows at a time gives the same codes."""
+    weight = weight.detach().float()  # (out, in)
+    out_features = weight.shape[0]
+    scale = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12).double()  # (out,)
+    padded = torch.cat([weight, weight.new_zeros(out_features, 2)], dim=1)  # (out, in + 2): zero end columns
+    with warnings.catch_warnings():  # quantized tensors are deprecated in favour of torchao, not installed here
+        warnings.simplefilter("ignore")
+        return torch.quantize_per_channel(padded, scale, torch.zeros(out_features, dtype=torch.long), 0, torch.qint8)
+
+
+def _per_channel(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(out, in + 2) int8 codes and (out,) scales -> the per-channel qint8 tensor `quantize_weight` makes."""
+    zero = torch.zeros(codes.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch._make_per_channel_quantized_tensor(codes.contiguous(), scales.double(), zero, 0)
 
 
 def check_engine() -> None:

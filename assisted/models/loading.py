@@ -6,6 +6,11 @@ hub id or local folder (`from_pretrained`; offline under ``HF_HUB_OFFLINE=1``) o
 a GGUF's own 4-bit groups), the assistant loaded as a 4-bit or int8 copy (CPU), and the target's Linear weights
 packed for cheaper verification forwards (`assisted.models.packing`).
 
+A quantized model of a GGUF source (named or a file) is built straight from the file's blocks into the kernels'
+layouts, never through a float copy (`assisted.models.gguf_build`), and kept on disk in that form
+(`assisted.models.packed_cache`): bitwise the model the float path makes, in the memory its bytes need, and a
+second process loads it in seconds. `last_load()` says what the last `load_pair` cost.
+
     from assisted.models.loading import load_pair
     model, tokenizer, assistant = load_pair("smollm2-135m", "smollm2-135m", quantize_assistant="int4")
 """
@@ -14,16 +19,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
+import sys
+import time
 from pathlib import Path
 
 import torch
 
 from assisted.eos import eos_ids
 from assisted.models.draft_vocab import auto_draft_vocab_size, restrict_vocabulary
-from assisted.models.int4 import int4_copy, quantize_int4
+from assisted.models.int4 import int4_copy, quantize_int4, unavailable
 from assisted.models.int8 import check_attention, check_engine, int8_copy, quantize_int8
 from assisted.models.packing import pack_linear_weights
-from assisted.models.sources import SOURCES, gguf_file, gguf_tokenizer, to_dtype, cached
+from assisted.models.sources import SOURCES, cached, gguf_file, gguf_tokenizer, model_dir, to_dtype
 
 
 def load_tokenizer(source: str | os.PathLike):
@@ -83,6 +91,56 @@ def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32
 
 QUANTIZED_COPIES = {"int4": int4_copy, "int8": int8_copy}  # quantize_assistant -> copy maker
 QUANTIZED_TARGETS = {"int8": quantize_int8, "int4": quantize_int4}  # quantize_target -> in place, row-invariant
+TARGET_RECIPES = {"int4": "int4-target", "int8": "int8"}  # quantize_target -> gguf_build's recipe, same model
+COPY_RECIPES = {"int4": "int4-copy", "int8": "int8"}  # quantize_assistant -> gguf_build's recipe, same model
+FROM_BLOCKS_VARIABLE = "STRUCTSPEC_FROM_BLOCKS"  # "0": load quantized GGUF models through the float path (comparisons)
+_LAST_LOAD: dict = {}
+
+
+def peak_memory() -> int:
+    """This process's peak resident memory so far, in bytes (Linux's ru_maxrss is in KiB, macOS's in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def last_load() -> dict:
+    """What the last `load_pair` in this process cost: ``seconds``, ``peak_bytes`` (the process's peak resident
+    memory after it), and for ``target`` and ``assistant`` how each was made ("cached int4-target", "built int4-copy",
+    "float path", ...). Empty before any load."""
+    return dict(_LAST_LOAD)
+
+
+def describe_load(load: dict | None = None) -> str:
+    """One line of `last_load()`: e.g. "loaded in 3.1 s, peak memory 2.05 GB (target: cached int4-target, ...)"."""
+    load = last_load() if load is None else load
+    if not load:
+        return "not loaded"
+    made = ", ".join(f"{role}: {load[role]}" for role in ("target", "assistant") if load.get(role))
+    return f"loaded in {load['seconds']:.1f} s, peak memory {load['peak_bytes'] / 1e9:.2f} GB ({made})"
+
+
+def from_blocks(source, recipe: str) -> tuple[torch.nn.Module | None, str]:
+    """(the model `recipe` makes of `source`'s GGUF, built from its blocks or read from the packed cache; how), or
+    (None, why not) where the float path must load it: a source that is not a GGUF, no gguf package, no int4
+    kernel (the float path warns and runs int8), a model `gguf_build` cannot make, or ``STRUCTSPEC_FROM_BLOCKS=0``."""
+    from assisted.models import gguf_build, packed_cache
+    if not _is_gguf(source) or importlib.util.find_spec("gguf") is None:
+        return None, "float path"
+    if os.environ.get(FROM_BLOCKS_VARIABLE, "1") == "0":
+        return None, f"float path ({FROM_BLOCKS_VARIABLE}=0)"
+    if recipe.startswith("int4") and unavailable():
+        return None, "float path (no int4 kernel)"
+    check_engine()
+    if str(source) in SOURCES:
+        name = str(source)
+        key, path = SOURCES[name].sha256, lambda: gguf_file(name)
+    else:
+        key, path = packed_cache.file_key(source), lambda: Path(source)
+    try:
+        model, how = packed_cache.load(recipe, key, path)
+    except gguf_build.NotBuildable as error:
+        return None, f"float path ({error})"
+    return model, f"{how} {recipe}"
 
 
 def set_eos(tokenizer, *models) -> list[int]:
@@ -146,6 +204,7 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     OSError, assisted.models.sources.NotPreparedError
         For a source that cannot be found.
     """
+    started = time.perf_counter()
     on_cpu = device_map is None and torch.device(device).type == "cpu"
     if quantize_assistant is not None and quantize_assistant not in QUANTIZED_COPIES:
         raise ValueError(f"quantize_assistant must be one of {sorted(QUANTIZED_COPIES)} or None, "
@@ -164,17 +223,23 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     if quantize_target == "int4" and _is_gguf(target) and importlib.util.find_spec("gguf") is None:
         raise ValueError("quantize_target='int4' reads the GGUF's 4-bit groups with the gguf package: pip install gguf")
     options = {"dtype": dtype, "device": device, "device_map": device_map}
-    model = load_model(target, **options)
-    if quantize_target == "int4":
-        quantize_int4(model, gguf=_gguf_of(target))
-    elif quantize_target:
-        QUANTIZED_TARGETS[quantize_target](model)
+    made = {}
+    model, made["target"] = from_blocks(target, TARGET_RECIPES[quantize_target]) if quantize_target else (None, "")
+    if model is None:
+        model = load_model(target, **options)
+        if quantize_target == "int4":
+            quantize_int4(model, gguf=_gguf_of(target))
+        elif quantize_target:
+            QUANTIZED_TARGETS[quantize_target](model)
     helper = None
     if assistant is not None:
         same = str(assistant) == str(target)  # one model, unless the copy must come from float weights
         own_copy = (quantize_assistant and quantize_target) or isinstance(draft_vocab_size, int)
-        helper = model if same and not own_copy else load_model(assistant, **options)
-        helper = QUANTIZED_COPIES[quantize_assistant](helper) if quantize_assistant else helper
+        helper, made["assistant"] = from_blocks(assistant, COPY_RECIPES[quantize_assistant]) \
+            if quantize_assistant else (None, "")
+        if helper is None:
+            helper = model if same and not own_copy else load_model(assistant, **options)
+            helper = QUANTIZED_COPIES[quantize_assistant](helper) if quantize_assistant else helper
         size = auto_draft_vocab_size(helper, on_cpu) if draft_vocab_size == "auto" else draft_vocab_size
         if size is not None and helper is not model:  # never the target's head
             restrict_vocabulary(helper, size, tokenizer=own if own is not None else tokenizer)
@@ -185,6 +250,10 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
         set_eos(tokenizer, model)
     else:
         set_eos(tokenizer, model, helper)
+    _LAST_LOAD.clear()
+    _LAST_LOAD.update(seconds=time.perf_counter() - started, peak_bytes=peak_memory(),
+                      target=made.get("target") or "float path", assistant=made.get("assistant") or (
+                          None if helper is None else "the target" if helper is model else "float path"))
     return model, tokenizer, helper
 
 
@@ -232,8 +301,8 @@ def _check_target_attention(source) -> None:
     """Refuse, before loading weights, a target whose class cannot take the row-invariant attention (GGUF files
     are checked once loaded, by `quantize_int8`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    if str(source).endswith(".gguf"):
-        return
+    if str(source).endswith(".gguf") or (str(source) in SOURCES and not model_dir(str(source)).is_dir()):
+        return  # built from its blocks, checked there (`gguf_build.finish`), or checked once loaded
     config = AutoConfig.from_pretrained(cached(str(source)) if str(source) in SOURCES else source)
     model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
     if model_class is not None:

@@ -20,9 +20,21 @@ class Q6KLinear(torch.nn.Module):
 
     def __init__(self, groups: q6k.Groups, bias: torch.Tensor | None = None):
         super().__init__()
-        self.register_buffer("packed", q6k.pack(groups).data)
+        self._set(q6k.pack(groups), bias)
+
+    @classmethod
+    def from_packed(cls, packed: q6k.Packed, bias: torch.Tensor | None = None) -> Q6KLinear:
+        """The module of weights already in the kernel's layout (packed a few rows at a time, or read back from a
+        cache): bitwise ``Q6KLinear(q6k.unpack(packed), bias)``."""
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module._set(packed, bias)
+        return module
+
+    def _set(self, packed: q6k.Packed, bias: torch.Tensor | None) -> None:
+        self.register_buffer("packed", packed.data)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = groups.shape
+        self.out_features, self.in_features = packed.out_features, packed.in_features
 
     @classmethod
     def quantized(cls, linear: torch.nn.Linear) -> Q6KLinear:

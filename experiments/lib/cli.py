@@ -83,7 +83,7 @@ def set_threads(args) -> None:
 def load(args, assistant: str | None | bool = True) -> tuple | None:
     """(target, tokenizer, assistant or None) as `add_models`'s flags ask; None, after printing why, when a model is
     not prepared or cannot be loaded. `assistant=False`: no assistant; a string: that source instead of --assistant."""
-    from assisted.models.loading import QUANTIZED_COPIES, load_pair, set_eos
+    from assisted.models.loading import QUANTIZED_COPIES, describe_load, load_pair, set_eos
     from assisted.models.sources import NotPreparedError
     from experiments.models import random_like
     source = args.assistant if assistant is True else (assistant or None)
@@ -96,6 +96,7 @@ def load(args, assistant: str | None | bool = True) -> tuple | None:
     except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return None
+    print(f"models {describe_load()}", file=sys.stderr)
     if source != "random":
         return loaded
     model, tokenizer, _ = loaded

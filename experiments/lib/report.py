@@ -48,7 +48,14 @@ def run_lines(module: str, argv: list[str], *versions: str) -> list[str]:
     stack = [f"torch {torch.__version__}", f"transformers {transformers.__version__}", *versions,
              f"python {platform.python_version()}", f"torch threads {torch.get_num_threads()}"]
     return [f"- command: `python -m {module} {' '.join(argv)}`", f"- date: {datetime.date.today().isoformat()}",
-            *machine_lines(), "- " + ", ".join(stack)]
+            *machine_lines(), "- " + ", ".join(stack), *load_lines()]
+
+
+def load_lines() -> list[str]:
+    """A README line of what loading the models cost (seconds, the process's peak memory, how each model was
+    made: `assisted.models.loading.last_load`), where this process loaded a pair."""
+    from assisted.models.loading import describe_load, last_load
+    return [f"- models {describe_load()}"] if last_load() else []
 
 
 def write_rows(path: Path, rows: list[dict], fields) -> None:

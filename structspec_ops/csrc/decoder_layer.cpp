@@ -102,7 +102,8 @@ std::vector<at::Tensor> decoder_attention_in(const at::Tensor& x, const at::Tens
                   out_features[2] == kv_heads * head_dim && cos.size(0) == x.size(0) && cos.size(1) == head_dim &&
                   sin.sizes() == cos.sizes() && head_dim % 2 == 0,
               "decoder_attention_in: shapes do not fit heads ", heads, ", kv_heads ", kv_heads, ", head_dim ",
-              head_dim);
+              head_dim, " (q, k, v ", out_features[0], ", ", out_features[1], ", ", out_features[2], " columns; x ",
+              x.size(0), " rows; cos ", cos.sizes(), ", sin ", sin.sizes(), ")");
   const at::Tensor h = rms_norm(x, norm_weight, eps);
   at::Tensor q = linear(h, packed, biases, out_features, groups, 0, path);
   at::Tensor k = linear(h, packed, biases, out_features, groups, 1, path);
