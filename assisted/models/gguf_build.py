@@ -7,8 +7,9 @@ memory):
 
 - each Linear is created in the packed form its kernel reads: a Q4_K / Q4_1 / Q4_0 tensor's own groups
   (`Int4Linear`), or a weight de-quantized a few rows at a time and quantized as `quantize_int4`, `int4_copy` or
-  `quantize_int8` quantize it (per row, so the rows come out bitwise the same); tensors stored otherwise (Q6_K,
-  Q8_0, F16, ...) in a target go through `other_linear`, the one place that says what they become;
+  `quantize_int8` quantize it (per row, so the rows come out bitwise the same); tensors stored otherwise (Q6_K:
+  its own groups; Q8_0, F16, ...: int8) in a target go through `other_linear`, the one place that says what they
+  become;
 - the token embedding stays in the file's form (`GGUFEmbedding`: a Q6_K table of 151,936 x 1,536 is 191 MB, its
   float32 copy 0.93 GB) and de-quantizes the rows it looks up;
 - norms and biases (small) are de-quantized and processed exactly as transformers' GGUF loader does.
