@@ -8,7 +8,7 @@ from assisted.policy.costs import forget as reset_remembered_state
 from assisted.generate import generate
 from assisted.generate_batch import generate_batch, generate_batch_iter
 from assisted.models.draft_vocab import restrict_vocabulary
-from assisted.models.int4 import int4_copy
+from assisted.models.int4_models import int4_copy
 from assisted.models.packing import pack_linear_weights
 from assisted.prefix import PrefixCache
 from assisted.processor import GuideLogitsProcessor, logits_processor

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(args, argv, model, rows: list[dict], profiles: list[str]) -> None:
-    from assisted.models.int4 import linear_kernels
+    from assisted.models.int4_models import linear_kernels
 
     def notes(r: dict) -> str:
         found = [f"{r[k]}x vs {k[3:]}" for k in r if k.startswith("vs_")]

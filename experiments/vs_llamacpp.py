@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from assisted import generate
-from assisted.models.int4 import linear_kernels
+from assisted.models.int4_models import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
 from experiments.lib import cli, runner

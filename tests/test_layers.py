@@ -103,20 +103,15 @@ def test_every_name_imported_from_a_project_module_exists():
 
 
 LIBRARY = ("structspec_ops", "fsm", "drafting", "assisted")  # the installed packages (experiments/ is not one)
-SHARED_BASENAMES = {
-    # two modules under one name, each to be renamed by the work that owns the files (issue 72): a 4-bit Linear's C++
-    # op and its Python side (structspec_ops/int4.py) beside the int4 target built on it (assisted/models/int4.py)
-    "int4": {"structspec_ops/int4.py", "assisted/models/int4.py"},
-}
 
 
 def test_every_module_name_means_one_thing_in_the_library():
     """No two library modules share a file name (a package's `__init__` aside): `closing`, `foreign` or `inputs` names
-    one module, wherever it is read or imported from. SHARED_BASENAMES lists the known exceptions, each with why."""
+    one module, wherever it is read or imported from."""
     found: dict[str, set[str]] = {}
     for layer_name in LIBRARY:
         for path in (ROOT / layer_name).rglob("*.py"):
             if path.stem != "__init__":
                 found.setdefault(path.stem, set()).add(str(path.relative_to(ROOT)))
     shared = {name: paths for name, paths in found.items() if len(paths) > 1}
-    assert shared == SHARED_BASENAMES
+    assert shared == {}

@@ -1,6 +1,6 @@
-"""`Int4Linear`: a weight as 4-bit groups (a GGUF's Q4_K, Q4_1, Q4_0, or a float weight quantized to Q4_K's form), run
-by `structspec_ops.int4` (row-invariant, bitwise the same on every x86 CPU). `assisted.models.int4` builds models of
-them.
+"""`Int4Linear`: a weight as 4-bit groups (a GGUF's Q4_K, Q4_1, Q4_0, or a float weight quantized to Q4_K's form),
+run by `structspec_ops.int4` (row-invariant, bitwise the same on every x86 CPU). `assisted.models.int4_models` builds
+models of them.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import torch
 
 from assisted.eos import eos_ids
 from assisted.models.draft_vocab import auto_draft_vocab_size, restrict_vocabulary
-from assisted.models.int4 import int4_copy, quantize_int4, unavailable
+from assisted.models.int4_models import int4_copy, quantize_int4, unavailable
 from assisted.models.int8 import check_attention, check_engine, int8_copy, quantize_int8
 from assisted.models.packing import pack_linear_weights
 from assisted.models.sources import SOURCES, cached, gguf_file, gguf_tokenizer, model_dir, to_dtype
@@ -171,15 +171,16 @@ def load_pair(target: str | os.PathLike, assistant: str | os.PathLike | None = N
     dtype, device, device_map
         As for `load_model`, for both models.
     quantize_assistant : {None, "int4", "int8"}
-        Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.models.int4.int4_copy`, group-wise
-        4-bit weights) or "int8" (`assisted.models.int8.int8_copy`, row-invariant int8).
+        Draft with a quantized copy of the assistant (CPU only): "int4" (`assisted.models.int4_models.int4_copy`,
+        group-wise 4-bit weights) or "int8" (`assisted.models.int8.int8_copy`, row-invariant int8).
     quantize_target : {None, "int8", "int4"}
         Make the target row-invariant (CPU, float32), so that speculation over it is exactly lossless with respect
         to plain decoding of that quantized model: "int8" turns every Linear (the head included) into int8
-        (`assisted.models.int8.quantize_int8`); "int4" (`assisted.models.int4.quantize_int4`) keeps a GGUF source's
-        Q4_K / Q4_1 / Q4_0 groups exactly (a named source reads its GGUF, `sources.gguf_file`) and its other tensors
-        in int8, and quantizes a float source to Q4_K's form (head int8); where the int4 kernel cannot run it warns
-        in one line and runs int8 (`assisted.models.int4.linear_kernels(model)` says what runs). When the
+        (`assisted.models.int8.quantize_int8`); "int4" (`assisted.models.int4_models.quantize_int4`) keeps a GGUF
+        source's Q4_K / Q4_1 / Q4_0 and Q6_K groups exactly (a named source reads its GGUF, `sources.gguf_file`) and
+        its other tensors in int8, and quantizes a float source to Q4_K's form (head Q6_K); where the int4 kernel
+        cannot run it warns in one line and runs int8 (`assisted.models.int4_models.linear_kernels(model)` says what
+        runs). When the
         assistant source is the target's, the assistant is the same quantized model (with `quantize_assistant`
         too, a quantized copy of the float model, loaded again).
     pack : bool

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from assisted.models.int4 import linear_kernels
+from assisted.models.int4_models import linear_kernels
 from assisted.models.packing import is_packed
 
 N_MAX = 64  # forwards over more tokens than this per row (prompt prefills) are not recorded
@@ -109,9 +109,9 @@ def _device_key(model, engine: str) -> tuple:
 
 def recall(target, assistant, engine: str = "dynamic") -> CostTable | None:
     """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads,
-    weight layout (`assisted.models.packing`), Linear kernels (float, int8, int4: `assisted.models.int4.linear_kernels`;
-    a model quantized in place is another target) and engine (`assisted.caching.CachePlan.engine`: a captured step
-    costs a fraction of an eager one)."""
+    weight layout (`assisted.models.packing`), Linear kernels (float, int8, int4:
+    `assisted.models.int4_models.linear_kernels`; a model quantized in place is another target) and engine
+    (`assisted.caching.CachePlan.engine`: a captured step costs a fraction of an eager one)."""
     with _LOCK:
         pairs = _MEMORY.get(target)
         entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)

@@ -24,7 +24,7 @@ import torch
 
 from assisted.close_within_budget import outcome
 from assisted.inputs import parse_value
-from assisted.models.int4 import linear_kernels
+from assisted.models.int4_models import linear_kernels
 from assisted.policy.costs import StepCost, memorize
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.row_inputs import RowError, RowInput

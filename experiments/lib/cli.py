@@ -28,13 +28,14 @@ def add_models(p: argparse.ArgumentParser, *, target: str = "qwen2.5-coder-1.5b"
                    help='a model source, or "random": a tiny random model with the target\'s vocabulary')
     group = p.add_mutually_exclusive_group()
     group.add_argument("--assistant-int4", "--int4-assistant", dest="assistant_int4", action="store_true",
-                       help="draft with a group-wise int4 copy of the assistant (CPU; `assisted.models.int4`)")
+                       help="draft with a group-wise int4 copy of the assistant (CPU; `assisted.models.int4_models`)")
     group.add_argument("--assistant-int8", "--int8-assistant", dest="assistant_int8", action="store_true",
                        help="draft with a dynamically quantized int8 copy of the assistant (CPU)")
     p.add_argument("--pack", "--packed-target", dest="pack", action="store_true",
                    help="pack the target's Linear weights (assisted.models.packing; CPU), for every system")
     p.add_argument("--quantize-target", choices=["int4", "int8"], default=None,
-                   help="a row-invariant quantized target (`assisted.models.int4` / `int8`; CPU), for every system")
+                   help="a row-invariant quantized target (`assisted.models.int4_models` / `int8`; CPU), for every "
+                        "system")
 
 
 def add_run(p: argparse.ArgumentParser, *, threads: int | None = 1, repeats: int | None = 1, out_required: bool = True,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import assisted.models.int4 as int4_models
+import assisted.models.int4_models as int4_models
 from assisted.models.fused_layers import FusedDecoderLayer, fused_layer_count
-from assisted.models.int4 import int4_copy, linear_kernels, quantize_int4
+from assisted.models.int4_models import int4_copy, linear_kernels, quantize_int4
 from structspec_ops import int4
 from tests.helpers_models import tiny_gpt2, tiny_llama, tiny_qwen2
 

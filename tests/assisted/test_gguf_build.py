@@ -18,7 +18,7 @@ import torch
 from assisted.models import gguf_build, packed_cache
 from assisted.models.gguf_build import GGUFEmbedding, build
 from assisted.models.gguf_groups import decode, pack_q4_k
-from assisted.models.int4 import int4_copy, quantize_int4
+from assisted.models.int4_models import int4_copy, quantize_int4
 from assisted.models.fused_layers import FusedDecoderLayer
 from assisted.models.int4_linear import Int4Linear
 from assisted.models.q6k_linear import Q6KLinear

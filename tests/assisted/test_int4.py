@@ -1,4 +1,4 @@
-"""assisted.models.int4: a row-invariant 4-bit target, the assistant's 4-bit copy, and the int8 fallback.
+"""assisted.models.int4_models: a row-invariant 4-bit target, the assistant's 4-bit copy, and the int8 fallback.
 
 Row invariance is tested bitwise (torch.equal): one forward over n positions against n one-token steps (dynamic and
 static caches), a row of a padded batch with a hole against the row alone. The identity tests compare generate()
@@ -16,7 +16,7 @@ import torch
 
 from assisted import generate
 from assisted.models import int4 as int4_models
-from assisted.models.int4 import int4_copy, linear_kernels, quantize_int4
+from assisted.models.int4_models import int4_copy, linear_kernels, quantize_int4
 from assisted.models.int4_linear import Int4Linear
 from assisted.models.int8 import Int8Linear
 from assisted.models.loading import load_pair, set_eos

@@ -17,7 +17,7 @@ import torch
 
 from assisted import generate
 from assisted.models.gguf_groups import BLOCK_BYTES, decode, module_groups
-from assisted.models.int4 import linear_kernels
+from assisted.models.int4_models import linear_kernels
 from assisted.models.int4_linear import Int4Linear
 from assisted.models.loading import load_pair
 from assisted.models.sources import SOURCES, cache_root

@@ -40,7 +40,8 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
     assert out.stop_reason == "final" and len(out.text.replace(" ", "")) == 3
 
 
-@pytest.mark.parametrize("quantize, module", [("int8", "assisted.models.int8"), ("int4", "assisted.models.int4")])
+@pytest.mark.parametrize("quantize, module", [("int8", "assisted.models.int8"),
+                                              ("int4", "assisted.models.int4_models")])
 def test_quantized_assistant_and_packed_target(tiny_folder, plain_reference, quantize, module):
     model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), quantize_assistant=quantize, pack=True)
     assert assistant is not model and is_packed(model) and not is_packed(assistant)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from assisted.models.int4 import linear_kernels, quantize_int4
+from assisted.models.int4_models import linear_kernels, quantize_int4
 from assisted.models.q6k_linear import Q6KLinear
 from structspec_ops import int4, q6k
 from tests.helpers_models import threads, tiny_llama

@@ -110,7 +110,7 @@ def test_the_registry_survives_threads_that_memorize_recall_and_reset_at_once(bu
 def test_a_target_quantized_in_place_measures_its_own_costs(tok):
     """Costs belong to the target's kernels too: a float target made int4 (or int8) in place is another target to
     `auto`, so the float forwards' costs are not recalled for it."""
-    from assisted.models.int4 import quantize_int4
+    from assisted.models.int4_models import quantize_int4
     from tests.helpers_models import tiny_llama
 
     target, helper = tiny_llama(V, seed=2, hidden=64), tiny_llama(V, seed=3, hidden=64)

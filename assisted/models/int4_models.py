@@ -17,7 +17,7 @@ Both then run each Llama / Qwen2 decoder layer as two C++ calls around its atten
 Only where the kernel cannot build (no C++ compiler or ninja) do both fall back to the int8 path, with a warning that
 says why and that it is another model (other outputs); `linear_kernels(model)` reports what runs.
 
-    from assisted.models.int4 import quantize_int4
+    from assisted.models.int4_models import quantize_int4
     quantize_int4(model, gguf="model.gguf")  # in place; attention "row_invariant"
 """
 
