@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.models import int4 as int4_models
+from assisted.models import int4_models
 from assisted.models.int4_models import int4_copy, linear_kernels, quantize_int4
 from assisted.models.int4_linear import Int4Linear
 from assisted.models.int8 import Int8Linear

@@ -41,7 +41,7 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
 
 
 @pytest.mark.parametrize("quantize, module", [("int8", "assisted.models.int8"),
-                                              ("int4", "assisted.models.int4_models")])
+                                              ("int4", "assisted.models.int4_linear")])
 def test_quantized_assistant_and_packed_target(tiny_folder, plain_reference, quantize, module):
     model, tokenizer, assistant = load_pair(str(tiny_folder), str(tiny_folder), quantize_assistant=quantize, pack=True)
     assert assistant is not model and is_packed(model) and not is_packed(assistant)
