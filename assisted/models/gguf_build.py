@@ -288,12 +288,16 @@ def other_linear(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor 
 
 
 def _kept_q6k(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None) -> Q6KLinear:
-    """The file's own Q6_K groups, rows in `order`, packed a chunk of rows at a time (whole 16-row blocks)."""
-    data = []
+    """The file's own Q6_K groups, rows in `order`, packed a chunk of rows at a time (whole 16-row blocks) into one
+    buffer of the layout's size."""
+    block_bytes = tensor.width // q6k.SUPER * q6k.SUPER_BYTES  # one block of 16 rows
+    data, at = torch.empty(-(-tensor.rows // q6k.LANES) * block_bytes, dtype=torch.uint8), 0
     for start, stop in _chunks(tensor.rows):
         raw = tensor.raw(start, stop) if order is None else tensor.raw()[order[start:stop].numpy()]
-        data.append(q6k.pack(q6k.from_blocks(torch.from_numpy(np.ascontiguousarray(raw)))).data)
-    return Q6KLinear.from_packed(q6k.Packed(torch.cat(data), tensor.rows, tensor.width), bias)
+        packed = q6k.pack(q6k.from_blocks(torch.from_numpy(np.ascontiguousarray(raw)))).data
+        data[at : at + packed.numel()] = packed
+        at += packed.numel()
+    return Q6KLinear.from_packed(q6k.Packed(data, tensor.rows, tensor.width), bias)
 
 
 def _chunks(rows: int):
