@@ -16,6 +16,7 @@ is waited on at most until it is that old.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 import warnings
@@ -87,6 +88,13 @@ def _failed(name: str, error: Exception) -> Built:
     return Built(name, False, f"the C++ op library {name!r} did not build: {lines[0].strip()[:200]}{where}")
 
 
+def _headers_flag() -> str:
+    """A define naming a digest of csrc's headers: torch rebuilds a library when its sources or flags change, and
+    reads no header, so a changed header changes the flags."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.h")))).hexdigest()[:16]
+    return f"-DSTRUCTSPEC_HEADERS=0x{digest}"
+
+
 @functools.cache
 def load(name: str, sources: tuple[str, ...], cflags: tuple[str, ...] = ()) -> Built:
     """Build (once per machine) and load the library `name` from ``structspec_ops/csrc/<sources>``.
@@ -108,7 +116,7 @@ def load(name: str, sources: tuple[str, ...], cflags: tuple[str, ...] = ()) -> B
         folder.mkdir(parents=True, exist_ok=True)
         break_stale_lock(folder)
         cpp_extension.load(name=f"structspec_{name}", sources=[str(CSRC / s) for s in sources],
-                           extra_cflags=["-O3", *cflags], is_python_module=False, verbose=False)
+                           extra_cflags=["-O3", *cflags, _headers_flag()], is_python_module=False, verbose=False)
     except Exception as error:  # a compiler, ninja or header missing: the caller falls back
         return _failed(name, error)
     return Built(name, True)

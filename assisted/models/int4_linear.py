@@ -7,32 +7,24 @@ from __future__ import annotations
 
 import torch
 
+from assisted.models.packed_linear import PackedLinear
 from structspec_ops import int4
 
 
-class Int4Linear(torch.nn.Module):
+class Int4Linear(PackedLinear):
     """(..., in) -> (..., out): a weight held as 4-bit `structspec_ops.int4.Groups`, per-row int8 activations.
 
     Row-invariant: each row's output depends on that row alone (bitwise), whatever the number of rows or threads.
     """
 
+    kernel, unpack = staticmethod(int4.linear), staticmethod(int4.unpack)
+
     def __init__(self, groups: int4.Groups, bias: torch.Tensor | None = None):
         super().__init__()
         self._set(int4.pack(groups), bias)
 
-    @classmethod
-    def from_packed(cls, packed: int4.Packed, bias: torch.Tensor | None = None) -> Int4Linear:
-        """The module of weights already in the kernel's layout (packed a few rows at a time, or read back from a
-        cache): bitwise ``Int4Linear(int4.unpack(packed), bias)``."""
-        module = cls.__new__(cls)
-        torch.nn.Module.__init__(module)
-        module._set(packed, bias)
-        return module
-
     def _set(self, packed: int4.Packed, bias: torch.Tensor | None) -> None:
-        self.register_buffer("packed", packed.data)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = packed.out_features, packed.in_features
+        super()._set(packed, bias)
         self.groups_per_block = packed.groups_per_block
 
     @classmethod
@@ -45,22 +37,8 @@ class Int4Linear(torch.nn.Module):
     def layout(self) -> int4.Packed:
         return int4.Packed(self.packed, self.out_features, self.in_features, self.groups_per_block)
 
-    @torch.no_grad()  # an inference kernel: the op has no gradient
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()  # (n, in)
-        y = int4.linear(rows, self.layout(), self.bias)  # (n, out)
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-    def groups(self) -> int4.Groups:
-        return int4.unpack(self.layout())
-
-    def dequantized(self) -> torch.Tensor:
-        """(out, in) float32: the weight this module multiplies by (for tests and reports)."""
-        return self.groups().dequantize()
-
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"groups_per_block={self.groups_per_block}, bias={self.bias is not None}"
+        return f"{super().extra_repr()}, groups_per_block={self.groups_per_block}"
 
 
 def fits(linear: torch.nn.Linear) -> bool:

@@ -9,32 +9,21 @@ from __future__ import annotations
 
 import torch
 
+from assisted.models.packed_linear import PackedLinear
 from structspec_ops import q6k
 
 
-class Q6KLinear(torch.nn.Module):
+class Q6KLinear(PackedLinear):
     """(..., in) -> (..., out): a weight held as Q6_K `structspec_ops.q6k.Groups`, per-row int8 activations.
 
     Row-invariant: each row's output depends on that row alone (bitwise), whatever the number of rows or threads.
     """
 
+    kernel, unpack = staticmethod(q6k.linear), staticmethod(q6k.unpack)
+
     def __init__(self, groups: q6k.Groups, bias: torch.Tensor | None = None):
         super().__init__()
         self._set(q6k.pack(groups), bias)
-
-    @classmethod
-    def from_packed(cls, packed: q6k.Packed, bias: torch.Tensor | None = None) -> Q6KLinear:
-        """The module of weights already in the kernel's layout (packed a few rows at a time, or read back from a
-        cache): bitwise ``Q6KLinear(q6k.unpack(packed), bias)``."""
-        module = cls.__new__(cls)
-        torch.nn.Module.__init__(module)
-        module._set(packed, bias)
-        return module
-
-    def _set(self, packed: q6k.Packed, bias: torch.Tensor | None) -> None:
-        self.register_buffer("packed", packed.data)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.out_features, self.in_features = packed.out_features, packed.in_features
 
     @classmethod
     def quantized(cls, linear: torch.nn.Linear) -> Q6KLinear:
@@ -47,16 +36,3 @@ class Q6KLinear(torch.nn.Module):
 
     def layout(self) -> q6k.Packed:
         return q6k.Packed(self.packed, self.out_features, self.in_features)
-
-    @torch.no_grad()  # an inference kernel: the op has no gradient
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()  # (n, in)
-        y = q6k.linear(rows, self.layout(), self.bias)  # (n, out)
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-    def dequantized(self) -> torch.Tensor:
-        """(out, in) float32: the weight this module multiplies by (for tests and reports)."""
-        return q6k.unpack(self.layout()).dequantize()
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

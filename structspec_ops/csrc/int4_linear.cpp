@@ -28,6 +28,8 @@
 
 #include <immintrin.h>
 
+#include "cpu_paths.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -396,35 +398,14 @@ struct Path {
   void (*run)(const Tile&);
 };
 
-bool has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-}
-
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-bool always() { return true; }
-
 // In order of preference.
 const Path kPaths[] = {
-    {"vnni", has_vnni, vnni::quantize_row, vnni::run},
-    {"avx2", has_avx2, avx2::quantize_row, avx2::run},
-    {"portable", always, portable::quantize_row, portable::run},
+    {"vnni", structspec::has_vnni, vnni::quantize_row, vnni::run},
+    {"avx2", structspec::has_avx2, avx2::quantize_row, avx2::run},
+    {"portable", structspec::always, portable::quantize_row, portable::run},
 };
 
-const Path& choose(const std::string& name) {
-  for (const Path& path : kPaths)
-    if (name == "auto" ? path.supported() : name == path.name) {
-      TORCH_CHECK(path.supported(), "int4_linear: this CPU cannot run the '", name, "' path");
-      return path;
-    }
-  TORCH_CHECK(false, "int4_linear: unknown path '", name, "' (auto, vnni, avx2 or portable)");
-  return kPaths[2];  // not reached
-}
+const Path& choose(const std::string& name) { return structspec::choose_path(kPaths, name, "int4_linear"); }
 
 void check(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, int64_t groups) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
@@ -440,12 +421,7 @@ void check(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, 
 }  // namespace
 
 // The paths this CPU can run, best first (the last is always "portable").
-std::vector<std::string> int4_paths() {
-  std::vector<std::string> names;
-  for (const Path& path : kPaths)
-    if (path.supported()) names.emplace_back(path.name);
-  return names;
-}
+std::vector<std::string> int4_paths() { return structspec::supported_paths(kPaths); }
 
 // x (n, in) float32; packed uint8 (`pack`); bias (out,) float32 or None; blocks: int64 column blocks to compute
 // (output (n, 16 * len(blocks)), block j at columns 16 j..), or None: all (output (n, out)); path: "auto" or a name.

@@ -26,6 +26,8 @@
 
 #include <immintrin.h>
 
+#include "cpu_paths.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -334,39 +336,15 @@ struct Path {
   void (*run)(const Tile&);
 };
 
-bool has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-}
+const Path kPaths[] = {{"vnni", structspec::has_vnni, vnni::run},
+                       {"avx2", structspec::has_avx2, avx2::run},
+                       {"portable", structspec::always, portable::run}};
 
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
-bool always() { return true; }
-
-const Path kPaths[] = {{"vnni", has_vnni, vnni::run}, {"avx2", has_avx2, avx2::run}, {"portable", always, portable::run}};
-
-const Path& choose(const std::string& name) {
-  for (const Path& path : kPaths)
-    if (name == "auto" ? path.supported() : name == path.name) {
-      TORCH_CHECK(path.supported(), "q6k_linear: this CPU cannot run the '", name, "' path");
-      return path;
-    }
-  TORCH_CHECK(false, "q6k_linear: unknown path '", name, "' (auto, vnni, avx2 or portable)");
-  return kPaths[2];  // not reached
-}
+const Path& choose(const std::string& name) { return structspec::choose_path(kPaths, name, "q6k_linear"); }
 
 }  // namespace
 
-std::vector<std::string> q6k_paths() {
-  std::vector<std::string> names;
-  for (const Path& path : kPaths)
-    if (path.supported()) names.emplace_back(path.name);
-  return names;
-}
+std::vector<std::string> q6k_paths() { return structspec::supported_paths(kPaths); }
 
 // x (n, in) float32, in % 256 == 0; packed uint8 (`pack`); bias (out,) float32 or None; path: "auto" or a name.
 at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
