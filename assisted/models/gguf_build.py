@@ -39,7 +39,8 @@ from structspec_ops import attention, int4, q6k
 from structspec_ops.attention import ATTENTION
 
 RECIPES = ("int4-target", "int4-copy", "int8")
-CHUNK_ROWS = 4096  # rows de-quantized at a time (a multiple of int4.LANES: packed chunks concatenate)
+CHUNK_VALUES = 1 << 20  # weights de-quantized or unpacked at a time (rows: a multiple of int4.LANES, so packed
+# chunks concatenate): a float chunk of 4 MB, whatever the tensor's width
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,7 @@ def _kept_q6k(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | N
     buffer of the layout's size."""
     block_bytes = tensor.width // q6k.SUPER * q6k.SUPER_BYTES  # one block of 16 rows
     data, at = torch.empty(-(-tensor.rows // q6k.LANES) * block_bytes, dtype=torch.uint8), 0
-    for start, stop in _chunks(tensor.rows):
+    for start, stop in _chunks(tensor):
         raw = tensor.raw(start, stop) if order is None else tensor.raw()[order[start:stop].numpy()]
         packed = q6k.pack(q6k.from_blocks(torch.from_numpy(np.ascontiguousarray(raw)))).data
         data[at : at + packed.numel()] = packed
@@ -300,8 +301,10 @@ def _kept_q6k(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | N
     return Q6KLinear.from_packed(q6k.Packed(data, tensor.rows, tensor.width), bias)
 
 
-def _chunks(rows: int):
-    return ((start, min(start + CHUNK_ROWS, rows)) for start in range(0, rows, CHUNK_ROWS))
+def _chunks(tensor: Tensor):
+    """(start, stop) row ranges of `tensor`, each about CHUNK_VALUES weights and a multiple of 16 rows."""
+    step = max(int4.LANES, CHUNK_VALUES // tensor.width // int4.LANES * int4.LANES)
+    return ((start, min(start + step, tensor.rows)) for start in range(0, tensor.rows, step))
 
 
 def _float_rows(tensor: Tensor, order: torch.Tensor | None, start: int, stop: int) -> torch.Tensor:
@@ -313,7 +316,7 @@ def _float_rows(tensor: Tensor, order: torch.Tensor | None, start: int, stop: in
 def _int8_linear(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None) -> Int8Linear:
     codes = torch.empty(tensor.rows, tensor.width + 2, dtype=torch.int8)
     scales = torch.empty(tensor.rows, dtype=torch.float64)
-    for start, stop in _chunks(tensor.rows):
+    for start, stop in _chunks(tensor):
         weight = quantize_weight(_float_rows(tensor, order, start, stop))
         codes[start:stop] = weight.int_repr()
         scales[start:stop] = weight.q_per_channel_scales()
@@ -325,7 +328,7 @@ def _packed_int4(tensor: Tensor, bias: torch.Tensor | None, packed_rows) -> Int4
     """An `Int4Linear` packed a chunk of rows at a time (each chunk's bytes follow the last's: whole 16-row blocks);
     `packed_rows(start, stop)` gives those rows packed."""
     data, at, g = None, 0, None
-    for start, stop in _chunks(tensor.rows):
+    for start, stop in _chunks(tensor):
         packed = packed_rows(start, stop)
         if data is None:  # bytes per row: the same in every chunk
             g = packed.groups_per_block
