@@ -6,8 +6,8 @@ caller keeps the cache update and the row-invariant attention between them. The 
 6-bit ones (`Weight`: a packed weight and which kernel reads it); every step works row by row in a fixed order, so a
 row's output is bitwise the same whatever else the call holds.
 
-    q, k, v = decoder.attention_in(x, norm, eps, (wq, wk, wv), cos, sin, heads, kv_heads, head_dim)
-    y = decoder.attention_out(a, x, norm, eps, (wo, wg, wu, wd))
+    q, k, v = decoder.attention_in(x, norm, eps, Weights.of(wq, wk, wv), cos, sin, heads, kv_heads, head_dim)
+    y = decoder.attention_out(a, x, norm, eps, Weights.of(wo, wg, wu, wd))
 """
 
 from __future__ import annotations
@@ -31,20 +31,34 @@ class Weight:
     groups_per_block: int
 
 
-def _lists(weights) -> tuple[list, list, list, list]:
-    return ([w.packed for w in weights], [w.bias for w in weights], [w.out_features for w in weights],
-            [w.groups_per_block for w in weights])
+@dataclass(frozen=True)
+class Weights:
+    """Several `Weight`s as the layer ops take them: four lists (packed, biases, out_features, groups_per_block),
+    built once rather than at every call."""
+
+    packed: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    out_features: list[int]
+    groups_per_block: list[int]
+
+    @classmethod
+    def of(cls, *weights: Weight) -> Weights:
+        return cls([w.packed for w in weights], [w.bias for w in weights], [w.out_features for w in weights],
+                   [w.groups_per_block for w in weights])
+
+    def lists(self) -> tuple[list, list, list, list]:
+        return self.packed, self.biases, self.out_features, self.groups_per_block
 
 
-def attention_in(x: torch.Tensor, norm: torch.Tensor, eps: float, weights: tuple[Weight, Weight, Weight],
-                 cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> list[torch.Tensor]:
+def attention_in(x: torch.Tensor, norm: torch.Tensor, eps: float, weights: Weights, cos: torch.Tensor,
+                 sin: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> list[torch.Tensor]:
     """x (n, hidden) float32 -> [q (n, heads * head_dim), k, v (n, kv_heads * head_dim)], q and k rotated by cos, sin
-    (n, head_dim)."""
-    return torch.ops.structspec.decoder_attention_in(x, norm, eps, *_lists(weights), cos, sin, heads, kv_heads,
+    (n, head_dim); `weights`: q, k, v."""
+    return torch.ops.structspec.decoder_attention_in(x, norm, eps, *weights.lists(), cos, sin, heads, kv_heads,
                                                      head_dim, int4.path())
 
 
-def attention_out(a: torch.Tensor, x: torch.Tensor, norm: torch.Tensor, eps: float,
-                  weights: tuple[Weight, Weight, Weight, Weight]) -> torch.Tensor:
-    """a (n, heads * head_dim) the attention's output, x (n, hidden) the layer's input -> the layer's output."""
-    return torch.ops.structspec.decoder_attention_out(a, x, norm, eps, *_lists(weights), int4.path())
+def attention_out(a: torch.Tensor, x: torch.Tensor, norm: torch.Tensor, eps: float, weights: Weights) -> torch.Tensor:
+    """a (n, heads * head_dim) the attention's output, x (n, hidden) the layer's input -> the layer's output;
+    `weights`: o, gate, up, down."""
+    return torch.ops.structspec.decoder_attention_out(a, x, norm, eps, *weights.lists(), int4.path())

@@ -39,11 +39,31 @@ def fusable(layer: torch.nn.Module) -> bool:
             and getattr(mlp.config, "hidden_act", "silu") == "silu" and getattr(attn, "sliding_window", None) is None)
 
 
+class RotaryRows:
+    """The model's rotary cos and sin as the layer ops take them, (B n, D) float32 rows, made once per forward: the
+    model hands each of its layers the same `position_embeddings`, so the first fused layer makes the rows and the
+    others reuse them; the last one lets them go, so the next forward makes its own."""
+
+    def __init__(self):
+        self._made: tuple = ()  # (cos, sin, batch, n, rows): holding cos and sin keeps their ids unique
+
+    def rows(self, position_embeddings: tuple[torch.Tensor, torch.Tensor], batch: int, n: int, last: bool):
+        cos, sin = position_embeddings  # (B or 1, n, D)
+        if not (self._made and self._made[0] is cos and self._made[1] is sin and self._made[2:4] == (batch, n)):
+            made = tuple(t.float().expand(batch, n, t.shape[-1]).reshape(batch * n, -1).contiguous()
+                         for t in (cos, sin))
+            self._made = (cos, sin, batch, n, made)
+        made = self._made[4]
+        if last:
+            self._made = ()
+        return made
+
+
 class FusedDecoderLayer(torch.nn.Module):
     """A Llama / Qwen2 decoder layer in two C++ calls around its cache update and attention; same submodules (and
     state dict) as the layer it replaces."""
 
-    def __init__(self, layer: torch.nn.Module):
+    def __init__(self, layer: torch.nn.Module, rotary: RotaryRows):
         super().__init__()
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
@@ -51,8 +71,10 @@ class FusedDecoderLayer(torch.nn.Module):
         self.attention_type = getattr(layer, "attention_type", "full_attention")
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.layer_idx, self.scaling = attn.head_dim, attn.layer_idx, attn.scaling
-        self.ins = tuple(_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
-        self.outs = tuple(_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.ins = decoder.Weights.of(*(_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
+        self.outs = decoder.Weights.of(*(_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                                                                mlp.down_proj)))
+        self.rotary, self.last = rotary, False  # `fuse_layers` marks the model's last fused layer
         self.cache_keyword = _cache_keyword(type(layer))
         self.__dict__["_replaced"] = layer  # not a submodule: it shares this one's submodules and state dict
 
@@ -66,8 +88,7 @@ class FusedDecoderLayer(torch.nn.Module):
         cache = kwargs.pop(self.cache_keyword, None)
         batch, n, hidden = hidden_states.shape
         x = hidden_states.reshape(-1, hidden).float().contiguous()  # (B n, hidden)
-        cos, sin = (t.float().expand(batch, n, self.head_dim).reshape(-1, self.head_dim).contiguous()
-                    for t in position_embeddings)  # (B or 1, n, D) -> (B n, D)
+        cos, sin = self.rotary.rows(position_embeddings, batch, n, self.last)  # (B n, D) each
         first, second = self.input_layernorm, self.post_attention_layernorm
         q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
                                        self.kv_heads, self.head_dim)
@@ -97,10 +118,14 @@ def _cache_keyword(layer_class: type) -> str:
 
 def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
     """Replace, in place, every decoder layer of `model` that `fusable` accepts by a `FusedDecoderLayer`."""
+    rotary, fused = RotaryRows(), []  # one RotaryRows for the model's layers
     for _, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if fusable(child):
-                setattr(parent, name, FusedDecoderLayer(child))
+                fused.append(FusedDecoderLayer(child, rotary))
+                setattr(parent, name, fused[-1])
+    if fused:
+        max(fused, key=lambda layer: layer.layer_idx).last = True
     return model
 
 

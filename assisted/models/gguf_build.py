@@ -351,7 +351,7 @@ def _kept_int4(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | 
 
 def _requantized_int4(tensor: Tensor, order: torch.Tensor | None, bias: torch.Tensor | None) -> Int4Linear:
     """`Int4Linear.quantized` of the de-quantized weight (Q4_K's form), a chunk of rows at a time."""
-    blocks = 8 if tensor.width % (8 * int4.GROUP) == 0 else 1
+    blocks = int4.groups_per_block_for(tensor.width)
     return _packed_int4(tensor, bias,
                         lambda start, stop: int4.pack(int4.quantize(_float_rows(tensor, order, start, stop), blocks)))
 

@@ -29,9 +29,9 @@ class Int4Linear(PackedLinear):
 
     @classmethod
     def quantized(cls, linear: torch.nn.Linear) -> Int4Linear:
-        """A float Linear quantized to Q4_K's form (super-blocks of 8 groups, or 1 where `in` is not a multiple of
-        256); its `in_features` must be a multiple of 32 (`fits`)."""
-        blocks = 8 if linear.in_features % (8 * int4.GROUP) == 0 else 1
+        """A float Linear quantized to Q4_K's form (super-blocks of `int4.groups_per_block_for(in)` groups: 8 where
+        they fit); its `in_features` must be a multiple of 32 (`fits`)."""
+        blocks = int4.groups_per_block_for(linear.in_features)
         return cls(int4.quantize(linear.weight.detach(), blocks), linear.bias)
 
     def layout(self) -> int4.Packed:

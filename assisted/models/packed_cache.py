@@ -31,7 +31,7 @@ from assisted.models.q6k_linear import Q6KLinear
 from assisted.models.sources import cache_root
 from structspec_ops import int4, q6k
 
-LAYOUT_VERSION = 2  # bump when a packed layout, a recipe's output or this file's format changes
+LAYOUT_VERSION = 3  # bump when a packed layout, a recipe's output or this file's format changes
 MAGIC = b"structspec-packed\n"
 ALIGN = 64  # every tensor's bytes start at a multiple of this
 

@@ -5,6 +5,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -44,5 +46,24 @@ std::vector<std::string> supported_paths(const Path (&paths)[N]) {
     if (path.supported()) names.emplace_back(path.name);
   return names;
 }
+
+// Which column blocks each tile of a call computes: a tile is block j and block j + half (one block for the last
+// of an odd count), and threads take contiguous runs of tiles, so each thread reads two long sequential streams of
+// the weight (blocks are stored one after another) and each activation load serves two blocks. Pairing adjacent
+// blocks instead restarts both streams every tile, where the hardware prefetchers lose time: on a Zen 4, the one-row
+// step of Qwen2.5-Coder 1.5B's int4 target ran 1.34x faster at one thread and 1.18x at two with distant pairs
+// (paired, interleaved, 20 steps each; reading one block a tile, a single stream, was in between: 1.24x, 1.14x).
+// Which tile a block lands in never changes its lanes' sequence of operations: the plan changes speed only.
+class TilePlan {
+ public:
+  explicit TilePlan(int64_t blocks) : blocks_(blocks), half_((blocks + 1) / 2) {}
+
+  int64_t tiles() const { return half_; }
+  int width(int64_t tile) const { return tile + half_ < blocks_ ? 2 : 1; }
+  int64_t block(int64_t tile, int c) const { return tile + c * half_; }  // an index into the call's blocks
+
+ private:
+  int64_t blocks_, half_;
+};
 
 }  // namespace structspec

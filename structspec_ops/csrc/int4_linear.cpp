@@ -322,9 +322,9 @@ void tile(const Tile& job, int64_t r0) {
     }
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t group = s * groups + g, k0 = group * kGroup;  // in K order
-      __m512i dot[R][C];
+      __m512i dot[R][C], dot_hi[R][C];  // two chains a lane (low, high nibbles): one row's 8 products in flight
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) dot[r][c] = _mm512_setzero_si512();
+        for (int c = 0; c < C; ++c) dot[r][c] = dot_hi[r][c] = _mm512_setzero_si512();
       for (int i = 0; i < 4; ++i) {
         __m512i lo[C], hi[C];
         for (int c = 0; c < C; ++c) {
@@ -337,7 +337,7 @@ void tile(const Tile& job, int64_t r0) {
           const __m512i a_lo = broadcast4(row), a_hi = broadcast4(row + 16);
           for (int c = 0; c < C; ++c) {
             dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo[c], a_lo);
-            dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi[c], a_hi);
+            dot_hi[r][c] = _mm512_dpbusd_epi32(dot_hi[r][c], hi[c], a_hi);
           }
         }
       }
@@ -349,7 +349,8 @@ void tile(const Tile& job, int64_t r0) {
       for (int r = 0; r < R; ++r) {
         const __m512 sum = _mm512_set1_ps(a.sums[(r0 + r) * sums_per_row + group]);
         for (int c = 0; c < C; ++c) {
-          acc[r][c] = _mm512_fmadd_ps(scale[c], _mm512_cvtepi32_ps(dot[r][c]), acc[r][c]);
+          const __m512i sum_qa = _mm512_add_epi32(dot[r][c], dot_hi[r][c]);  // exact
+          acc[r][c] = _mm512_fmadd_ps(scale[c], _mm512_cvtepi32_ps(sum_qa), acc[r][c]);
           acc[r][c] = _mm512_fmadd_ps(offset[c], sum, acc[r][c]);
         }
       }
@@ -463,13 +464,13 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* y_data = y.data_ptr<float>();
   const int64_t ldy = subset ? count * kLanes : out_features;
-  const int64_t tiles = (count + kMaxBlocks - 1) / kMaxBlocks;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  const structspec::TilePlan plan(count);
+  at::parallel_for(0, plan.tiles(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       Tile job{&a, n, supers, groups, {nullptr, nullptr}, 0, {y_data, ldy, {nullptr, nullptr}, {0, 0}, {0, 0}}};
-      job.width = static_cast<int>(std::min<int64_t>(kMaxBlocks, count - t * kMaxBlocks));
+      job.width = plan.width(t);
       for (int c = 0; c < job.width; ++c) {
-        const int64_t j = t * kMaxBlocks + c, block = block_ids[j];
+        const int64_t j = plan.block(t, c), block = block_ids[j];
         job.w[c] = w + block * block_bytes;
         job.out.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
         job.out.column[c] = subset ? j * kLanes : block * kLanes;

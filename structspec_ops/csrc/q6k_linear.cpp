@@ -376,13 +376,14 @@ at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::
   const Activations a{code_data, minus_data, scale_data, k};
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* y_data = y.data_ptr<float>();
-  const int64_t block_bytes = supers * kSuperBytes, tiles = (blocks + kMaxBlocks - 1) / kMaxBlocks;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+  const int64_t block_bytes = supers * kSuperBytes;
+  const structspec::TilePlan plan(blocks);
+  at::parallel_for(0, plan.tiles(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       Tile job{&a, n, supers, {nullptr, nullptr}, 0, y_data, out_features, {nullptr, nullptr}, {0, 0}, {0, 0}};
-      job.width = static_cast<int>(std::min<int64_t>(kMaxBlocks, blocks - t * kMaxBlocks));
+      job.width = plan.width(t);
       for (int c = 0; c < job.width; ++c) {
-        const int64_t block = t * kMaxBlocks + c;
+        const int64_t block = plan.block(t, c);
         job.w[c] = w + block * block_bytes;
         job.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
         job.column[c] = block * kLanes;

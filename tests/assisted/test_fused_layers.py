@@ -59,3 +59,23 @@ def test_the_fused_model_is_the_unfused_model_up_to_activation_rounding(family, 
         a, b = fused(ids).logits[0], plain(ids).logits[0]
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.95
     assert ((a - b).abs().amax(-1) <= 0.05 * b.abs().amax(-1)).all()
+
+
+def test_the_rotary_rows_are_made_once_a_forward_and_let_go_by_the_last_layer():
+    """Every layer of a forward gets the same cos and sin: the first fused layer makes their rows, the others reuse
+    them, and the last lets them go, so a forward at other positions (new cos and sin) gets rows of its own."""
+    from assisted.models.fused_layers import RotaryRows
+
+    rotary, (cos, sin) = RotaryRows(), (torch.randn(1, 3, 8), torch.randn(1, 3, 8))
+    first = rotary.rows((cos, sin), 2, 3, last=False)
+    assert rotary.rows((cos, sin), 2, 3, last=False)[0] is first[0]  # reused
+    assert torch.equal(first[0], cos.expand(2, 3, 8).reshape(6, 8)) and torch.equal(first[1][3:], sin[0])
+    assert rotary.rows((cos.clone(), sin), 2, 3, last=False)[0] is not first[0]  # another cos: made anew
+    last = rotary.rows((cos, sin), 2, 3, last=True)
+    assert rotary.rows((cos, sin), 2, 3, last=False)[0] is not last[0]  # let go after the last layer
+
+
+def test_a_model_s_last_fused_layer_is_marked():
+    model = quantize_int4(tiny_llama(300, seed=0, layers=3, hidden=64))
+    assert [layer.last for layer in model.model.layers] == [False, False, True]
+    assert len({id(layer.rotary) for layer in model.model.layers}) == 1

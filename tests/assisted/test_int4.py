@@ -42,7 +42,9 @@ def test_a_linear_multiplies_by_its_groups():
     torch.manual_seed(0)
     linear = torch.nn.Linear(512, 48)
     layer = Int4Linear.quantized(linear)
-    assert layer.groups_per_block == 8 and Int4Linear.quantized(torch.nn.Linear(96, 8)).groups_per_block == 1
+    assert layer.groups_per_block == 8
+    # rows that 8 groups do not divide share d and dmin over the largest count that does (896 inputs: 7 groups)
+    assert [Int4Linear.quantized(torch.nn.Linear(k, 8)).groups_per_block for k in (896, 96, 224, 32)] == [7, 3, 7, 1]
     groups = int4.quantize(linear.weight, 8)
     assert torch.equal(layer.dequantized(), groups.dequantize())
     x = torch.randn(2, 3, 512)

@@ -56,7 +56,7 @@ def test_attention_in_is_norm_then_the_linears_then_rotary_bitwise():
     (wq, pq), (wk, pk), (wv, pv) = _int4(HEADS * DIM, HIDDEN, 1, True), _int4(KV_HEADS * DIM, HIDDEN, 2, True), \
         _q6(KV_HEADS * DIM, HIDDEN, 3)
     x, norm, (cos, sin) = _signs(5, HIDDEN, 4), torch.rand(HIDDEN) + 0.5, _rotary(5)
-    q, k, v = decoder.attention_in(x, norm, 1e-6, (wq, wk, wv), cos, sin, HEADS, KV_HEADS, DIM)
+    q, k, v = decoder.attention_in(x, norm, 1e-6, decoder.Weights.of(wq, wk, wv), cos, sin, HEADS, KV_HEADS, DIM)
     h = norm * (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6))  # exact: every x^2 is c^2
     assert torch.equal(q, _rotated(int4.linear(h, pq, wq.bias), cos, sin, HEADS))
     assert torch.equal(k, _rotated(int4.linear(h, pk, wk.bias), cos, sin, KV_HEADS))
@@ -70,7 +70,7 @@ def _out_weights(zero_down: bool = False):
         groups = q6k.unpack(pd)
         pd = q6k.pack(q6k.Groups(groups.codes, torch.zeros_like(groups.sc), groups.d))
         wd = decoder.Weight(pd.data, None, HIDDEN, decoder.Q6_K)
-    return (wo, wg, wu, wd), (po, pg, pu, pd)
+    return decoder.Weights.of(wo, wg, wu, wd), (po, pg, pu, pd)
 
 
 def test_attention_out_adds_o_to_the_residual_bitwise():
@@ -115,14 +115,14 @@ def test_the_mlp_bound_fails_a_wrong_activation():
 def test_a_row_is_bitwise_the_same_among_other_rows():
     (wq, _), (wk, _), (wv, _) = _int4(HEADS * DIM, HIDDEN, 1, True), _int4(KV_HEADS * DIM, HIDDEN, 2, True), \
         _q6(KV_HEADS * DIM, HIDDEN, 3)
-    weights, _ = _out_weights()
+    weights, ins = _out_weights()[0], decoder.Weights.of(wq, wk, wv)
     torch.manual_seed(10)
     x, a, norm, (cos, sin) = torch.randn(11, HIDDEN), torch.randn(11, HEADS * DIM), torch.rand(HIDDEN), _rotary(11)
     with threads(2):
-        together = decoder.attention_in(x, norm, 1e-6, (wq, wk, wv), cos, sin, HEADS, KV_HEADS, DIM)
+        together = decoder.attention_in(x, norm, 1e-6, ins, cos, sin, HEADS, KV_HEADS, DIM)
         out = decoder.attention_out(a, x, norm, 1e-6, weights)
         for i in (0, 5, 10):
-            alone = decoder.attention_in(x[i : i + 1], norm, 1e-6, (wq, wk, wv), cos[i : i + 1], sin[i : i + 1],
+            alone = decoder.attention_in(x[i : i + 1], norm, 1e-6, ins, cos[i : i + 1], sin[i : i + 1],
                                          HEADS, KV_HEADS, DIM)
             assert all(torch.equal(s, t[i : i + 1]) for s, t in zip(alone, together)), i
             assert torch.equal(decoder.attention_out(a[i : i + 1], x[i : i + 1], norm, 1e-6, weights), out[i : i + 1])
@@ -133,5 +133,5 @@ def test_shapes_that_do_not_fit_are_refused():
         _int4(KV_HEADS * DIM, HIDDEN, 3)
     cos, sin = _rotary(2)
     with pytest.raises(RuntimeError, match="do not fit"):
-        decoder.attention_in(torch.randn(2, HIDDEN), torch.ones(HIDDEN), 1e-6, (wq, wk, wv), cos, sin, HEADS + 1,
-                             KV_HEADS, DIM)
+        decoder.attention_in(torch.randn(2, HIDDEN), torch.ones(HIDDEN), 1e-6, decoder.Weights.of(wq, wk, wv), cos,
+                             sin, HEADS + 1, KV_HEADS, DIM)

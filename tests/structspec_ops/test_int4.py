@@ -59,7 +59,7 @@ def test_pack_and_unpack_are_inverse(shape, per_block):
         assert torch.equal(getattr(back, name), getattr(groups, name)), name
 
 
-@pytest.mark.parametrize("shape, per_block", [((48, 256), 8), ((37, 512), 8), ((20, 96), 1)])
+@pytest.mark.parametrize("shape, per_block", [((48, 256), 8), ((37, 512), 8), ((20, 96), 1), ((19, 224), 7)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_op_computes_its_math(shape, per_block, bias):
     groups = _groups(*shape, per_block)
@@ -83,7 +83,7 @@ def test_the_op_is_x_times_the_dequantized_weight_to_the_activations_step():
     assert_within(int4.linear(x, int4.pack(groups)), exact, step * weight.double().abs().sum(1) + rounding, "step")
 
 
-@pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1)])
+@pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1), ((40, 672), 7)])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_a_row_alone_is_bitwise_the_same_row_among_others(shape, per_block, n_threads):
     packed, bias = int4.pack(_groups(*shape, per_block)), torch.randn(shape[0])
@@ -185,7 +185,7 @@ def test_every_path_gives_the_pinned_output(bias):
         assert hashlib.sha256(y.numpy().tobytes()).hexdigest() == PINNED[bias], name
 
 
-@pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1), ((7, 256), 8)])
+@pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1), ((7, 256), 8), ((33, 896), 7)])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_every_path_is_bitwise_the_best_path(shape, per_block, n_threads):
     """Each path this CPU runs against the best one, bitwise: every row count 1..17 (every row tile), with and without
