@@ -205,68 +205,94 @@ inline __m256 widen8(const uint8_t* p) {  // 8 bytes -> 8 floats
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// R rows (from r0) times the 8 lanes `half` of column block c, over the whole K.
-template <int R>
-void tile(const Tile& job, int64_t r0, int c, int half) {
+// R rows (from r0) times H halves of 8 lanes of column block c (from `first`), over the whole K: with H = 2 a block's
+// stream is read once; 3 or 4 rows take one half at a time (16 registers hold no more).
+template <int R, int H>
+void tile(const Tile& job, int64_t r0, int c, int first) {
   const Activations& a = *job.a;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const int64_t groups = job.groups, stride = superblock_bytes(groups), sums_per_row = a.k / kGroup;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[R][H];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_ps();
   for (int64_t s = 0; s < job.supers; ++s) {
     const uint8_t* base = job.w[c] + s * stride;
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * half);
-    const __m256 neg_dmin =
-        _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(reinterpret_cast<const float*>(base + 64) + 8 * half));
+    __m256 d[H], neg_dmin[H];
+    for (int h = 0; h < H; ++h) {
+      d[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * (first + h));
+      neg_dmin[h] = _mm256_sub_ps(_mm256_setzero_ps(),
+                                  _mm256_loadu_ps(reinterpret_cast<const float*>(base + 64) + 8 * (first + h)));
+    }
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t group = s * groups + g, k0 = group * kGroup;
-      __m256i dot[R];
-      for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+      __m256i dot[R][H];
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < H; ++h) dot[r][h] = _mm256_setzero_si256();
       for (int i = 0; i < 4; ++i) {
-        const __m256i raw = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(base + 128 + 32 * groups + g * kCodeBytes + 64 * i + 32 * half));
-        const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        __m256i lo[H], hi[H];
+        for (int h = 0; h < H; ++h) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              base + 128 + 32 * groups + g * kCodeBytes + 64 * i + 32 * (first + h)));
+          lo[h] = _mm256_and_si256(raw, low);
+          hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        }
         for (int r = 0; r < R; ++r) {
           const int8_t* row = a.codes + (r0 + r) * a.k + k0 + 4 * i;
-          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(row)),
-                                                 _mm256_maddubs_epi16(hi, broadcast4(row + 16)));  // |.| <= 7620
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(pairs, ones));
+          const __m256i a_lo = broadcast4(row), a_hi = broadcast4(row + 16);
+          for (int h = 0; h < H; ++h) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], a_lo),
+                                                   _mm256_maddubs_epi16(hi[h], a_hi));  // |.| <= 7620
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(pairs, ones));
+          }
         }
       }
-      const __m256 scale = _mm256_mul_ps(d, widen8(base + 128 + kLanes * g + 8 * half));
-      const __m256 offset = _mm256_mul_ps(neg_dmin, widen8(base + 128 + kLanes * (groups + g) + 8 * half));
+      __m256 scale[H], offset[H];
+      for (int h = 0; h < H; ++h) {
+        scale[h] = _mm256_mul_ps(d[h], widen8(base + 128 + kLanes * g + 8 * (first + h)));
+        offset[h] = _mm256_mul_ps(neg_dmin[h], widen8(base + 128 + kLanes * (groups + g) + 8 * (first + h)));
+      }
       for (int r = 0; r < R; ++r) {
         const __m256 sum = _mm256_set1_ps(a.sums[(r0 + r) * sums_per_row + group]);
-        acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[r]), acc[r]);
-        acc[r] = _mm256_fmadd_ps(offset, sum, acc[r]);
+        for (int h = 0; h < H; ++h) {
+          acc[r][h] = _mm256_fmadd_ps(scale[h], _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+          acc[r][h] = _mm256_fmadd_ps(offset[h], sum, acc[r][h]);
+        }
       }
     }
   }
-  const int lanes = std::min(8, job.out.lanes[c] - 8 * half);
   const float* bias = job.out.bias[c];
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float values[8];
-    alignas(32) float biases[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const __m256 row_scale = _mm256_set1_ps(a.scales[r0 + r]);
-    if (bias != nullptr) std::memcpy(biases, bias + 8 * half, sizeof(float) * lanes);
-    const __m256 v = bias == nullptr ? _mm256_mul_ps(acc[r], row_scale)
-                                     : _mm256_fmadd_ps(acc[r], row_scale, _mm256_load_ps(biases));
-    _mm256_store_ps(values, v);
-    std::memcpy(job.out.y + (r0 + r) * job.out.ldy + job.out.column[c] + 8 * half, values, sizeof(float) * lanes);
+  for (int h = 0; h < H; ++h) {
+    const int half = first + h, lanes = std::min(8, job.out.lanes[c] - 8 * half);
+    if (lanes <= 0) continue;  // a block of 8 lanes or fewer: its second half holds padding only
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float values[8];
+      alignas(32) float biases[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      const __m256 row_scale = _mm256_set1_ps(a.scales[r0 + r]);
+      if (bias != nullptr) std::memcpy(biases, bias + 8 * half, sizeof(float) * lanes);
+      const __m256 v = bias == nullptr ? _mm256_mul_ps(acc[r][h], row_scale)
+                                       : _mm256_fmadd_ps(acc[r][h], row_scale, _mm256_load_ps(biases));
+      _mm256_store_ps(values, v);
+      std::memcpy(job.out.y + (r0 + r) * job.out.ldy + job.out.column[c] + 8 * half, values, sizeof(float) * lanes);
+    }
   }
+}
+
+template <int R>
+void halves(const Tile& job, int64_t r0, int c) {
+  tile<R, 1>(job, r0, c, 0);
+  if (job.out.lanes[c] > 8) tile<R, 1>(job, r0, c, 1);
 }
 
 void run(const Tile& job) {
   for (int c = 0; c < job.width; ++c)
-    for (int half = 0; half < 2 && 8 * half < job.out.lanes[c]; ++half)
-      for_row_tiles(job.n, false, [&](int64_t r0, int rows) {
-        switch (rows) {
-          case 4: tile<4>(job, r0, c, half); break;
-          case 3: tile<3>(job, r0, c, half); break;
-          case 2: tile<2>(job, r0, c, half); break;
-          default: tile<1>(job, r0, c, half); break;
-        }
-      });
+    for_row_tiles(job.n, false, [&](int64_t r0, int rows) {
+      switch (rows) {
+        case 4: halves<4>(job, r0, c); break;
+        case 3: halves<3>(job, r0, c); break;
+        case 2: tile<2, 2>(job, r0, c, 0); break;
+        default: tile<1, 2>(job, r0, c, 0); break;
+      }
+    });
 }
 
 }  // namespace avx2

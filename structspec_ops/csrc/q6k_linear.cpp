@@ -176,59 +176,77 @@ inline void unpack(const uint8_t* group, int half, __m256i v[4]) {
                          _mm256_and_si256(_mm256_srli_epi16(top, 2), two));
 }
 
-template <int R>
-void tile(const Tile& job, int64_t r0, int c, int half) {
+// R rows times H halves of 8 lanes of block c (from `first`): with H = 2 a block's stream is read once; 3 or 4 rows
+// take one half at a time (16 registers hold no more).
+template <int R, int H>
+void tile(const Tile& job, int64_t r0, int c, int first) {
   const Activations& a = *job.a;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[R][H];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_ps();
   for (int64_t s = 0; s < job.supers; ++s) {
     const uint8_t* base = job.w[c] + s * kSuperBytes;
-    __m256i isum[R];
-    for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
+    __m256i isum[R][H];
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < H; ++h) isum[r][h] = _mm256_setzero_si256();
     for (int64_t g = 0; g < kGroups; ++g) {
       const int64_t at = s * kGroups + g;
-      __m256i v[4];
-      unpack(base + kCodesAt + g * kCodeBytes, half, v);
-      const __m256i sc = _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kScaleAt + g * kLanes + 8 * half)));
+      __m256i v[H][4], sc[H];
+      for (int h = 0; h < H; ++h) {
+        unpack(base + kCodesAt + g * kCodeBytes, first + h, v[h]);
+        sc[h] = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kScaleAt + g * kLanes + 8 * (first + h))));
+      }
       for (int r = 0; r < R; ++r) {
         const int8_t* row = a.codes + (r0 + r) * a.k + at * kGroup;
-        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], broadcast4(row)),
-                                             _mm256_maddubs_epi16(v[1], broadcast4(row + 4)));
-        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], broadcast4(row + 8)),
-                                             _mm256_maddubs_epi16(v[3], broadcast4(row + 12)));
-        __m256i dot = _mm256_set1_epi32(a.minus[(r0 + r) * (a.k / kGroup) + at]);
-        dot = _mm256_add_epi32(dot, _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)));
-        isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(sc, dot));
+        const __m256i a0 = broadcast4(row), a1 = broadcast4(row + 4), a2 = broadcast4(row + 8),
+                      a3 = broadcast4(row + 12), minus = _mm256_set1_epi32(a.minus[(r0 + r) * (a.k / kGroup) + at]);
+        for (int h = 0; h < H; ++h) {
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[h][0], a0), _mm256_maddubs_epi16(v[h][1], a1));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[h][2], a2), _mm256_maddubs_epi16(v[h][3], a3));
+          const __m256i dot = _mm256_add_epi32(
+              minus, _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)));
+          isum[r][h] = _mm256_add_epi32(isum[r][h], _mm256_mullo_epi32(sc[h], dot));
+        }
       }
     }
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * half);
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+    for (int h = 0; h < H; ++h) {
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * (first + h));
+      for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[r][h]), acc[r][h]);
+    }
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float values[kLanes] = {};
-    _mm256_store_ps(values + 8 * half, acc[r]);
-    Tile part = job;  // store lanes 8 half .. of this half only
-    const int lanes = std::min(8, job.lanes[c] - 8 * half);
-    part.column[c] = job.column[c] + 8 * half;
-    part.lanes[c] = lanes;
-    part.bias[c] = job.bias[c] == nullptr ? nullptr : job.bias[c] + 8 * half;
-    store(part, c, r0 + r, values + 8 * half, a.scales[r0 + r]);
+  for (int h = 0; h < H; ++h) {
+    const int half = first + h, lanes = std::min(8, job.lanes[c] - 8 * half);
+    if (lanes <= 0) continue;  // a block of 8 lanes or fewer: its second half holds padding only
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float values[kLanes] = {};
+      _mm256_store_ps(values + 8 * half, acc[r][h]);
+      Tile part = job;  // store lanes 8 half .. of this half only
+      part.column[c] = job.column[c] + 8 * half;
+      part.lanes[c] = lanes;
+      part.bias[c] = job.bias[c] == nullptr ? nullptr : job.bias[c] + 8 * half;
+      store(part, c, r0 + r, values + 8 * half, a.scales[r0 + r]);
+    }
   }
+}
+
+template <int R>
+void halves(const Tile& job, int64_t r0, int c) {
+  tile<R, 1>(job, r0, c, 0);
+  if (job.lanes[c] > 8) tile<R, 1>(job, r0, c, 1);
 }
 
 void run(const Tile& job) {
   for (int c = 0; c < job.width; ++c)
-    for (int half = 0; half < 2 && 8 * half < job.lanes[c]; ++half)
-      for_row_tiles(job.n, [&](int64_t r0, int rows) {
-        switch (rows) {
-          case 4: tile<4>(job, r0, c, half); break;
-          case 3: tile<3>(job, r0, c, half); break;
-          case 2: tile<2>(job, r0, c, half); break;
-          default: tile<1>(job, r0, c, half); break;
-        }
-      });
+    for_row_tiles(job.n, [&](int64_t r0, int rows) {
+      switch (rows) {
+        case 4: halves<4>(job, r0, c); break;
+        case 3: halves<3>(job, r0, c); break;
+        case 2: tile<2, 2>(job, r0, c, 0); break;
+        default: tile<1, 2>(job, r0, c, 0); break;
+      }
+    });
 }
 
 }  // namespace avx2
