@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -34,10 +35,9 @@ def replayed(policies: list[Auto], steps: int, target, draft: float, confidence,
         if prices is not None:
             prices.begin(policies)
         ks = [p.k for p in policies]
-        proposals = [Proposal([1], Cursor(None, EOS), k=k, lookup_k=0, limit=64, cut=p.cut)
-                     for p, k in zip(policies, ks)]
-        if prices is not None:
-            prices.proposals = proposals
+        proposals: list[Proposal] = []  # as the engine passes them: a row priced with others weighs every proposal
+        cuts = [p.cut if prices is None else partial(p.cut, peers=proposals) for p in policies]
+        proposals += [Proposal([1], Cursor(None, EOS), k=k, lookup_k=0, limit=64, cut=cut) for cut, k in zip(cuts, ks)]
         asking, rounds = [r for r, p in enumerate(proposals) if p.fill()], 0
         while asking:
             rounds += 1
