@@ -14,6 +14,8 @@ where the batch's expected tokens per second gain by it, and may draft nothing. 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Callable
 
 from assisted.policy.auto import Auto, AutoConfig, AutoState, mode, time_step
 from assisted.policy.costs import CostTable, StepCost
@@ -79,3 +81,10 @@ class SharedPrices:
         for policy in self.members:
             if policy is not None:
                 policy.refresh()
+
+
+def row_cuts(policies: Sequence, proposals: Sequence, prices: SharedPrices | None) -> list[Callable]:
+    """Each row's cut this step (slot order): a row priced by `prices` weighs every row's `proposals` as they grow
+    (`proposals` is complete before any cut is asked: `Proposal` asks only while drafting); any other row cuts alone."""
+    members = [None] * len(policies) if prices is None else prices.members
+    return [p.cut if m is None else partial(m.cut, peers=proposals) for p, m in zip(policies, members)]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from functools import partial
 from typing import Callable
 
 import torch
@@ -28,6 +27,7 @@ from assisted.close_within_budget import outcome
 from assisted.inputs import parse_value
 from assisted.models.int4_models import linear_kernels
 from assisted.policy.costs import StepCost, memorize
+from assisted.policy.prices import row_cuts
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.row_inputs import RowError, RowInput
 from assisted.rows.row import Row, Setup, draft_alone, draft_sources
@@ -57,8 +57,8 @@ def verify(target: RowsKV, rows: list[Row], feeds: list[Feed]) -> list[Verdict]:
     logits = target_forward(target, rows, feeds)
     found = [accept(x, row.seq, f.draft, f.leaf, row.opts, row.generator)
              for row, f, x in zip(rows, feeds, logits) if x is not None]  # (3,) [n, took, token] each
-    judged = iter([found[0].tolist()] if len(found) == 1 else torch.stack(found).tolist())  # the one host sync
-    return [Verdict.unasked(f.draft) if x is None else Verdict.judged(f, *next(judged)) for f, x in zip(feeds, logits)]
+    results = iter([found[0].tolist()] if len(found) == 1 else torch.stack(found).tolist())  # the one host sync
+    return [Verdict.unasked(f.draft) if x is None else Verdict.judged(f, *next(results)) for f, x in zip(feeds, logits)]
 
 
 class Engine:
@@ -201,8 +201,7 @@ class Engine:
         ks = [row.policy.k for row in rows]
         assisted, sampling = self.assistant is not None, self.setup.warp.do_sample
         proposals: list[Proposal] = []  # slot order; complete before any cut is asked
-        shared = [None] * len(rows) if self.prices is None else self.prices.members  # per slot: Auto priced together
-        cuts = [row.policy.cut if m is None else partial(m.cut, peers=proposals) for row, m in zip(rows, shared)]
+        cuts = row_cuts([row.policy for row in rows], proposals, self.prices)  # auto rows priced together see them all
         proposals += [row.proposal(k, assisted, sampling, cut) for row, k, cut in zip(rows, ks, cuts)]
         spent, rounds = self._complete(rows, proposals)
         self.stats.assistant_forwards += rounds.forwards

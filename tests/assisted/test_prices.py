@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from assisted.policy.auto import Auto, AutoConfig
 from assisted.policy.costs import CostTable, StepCost
 from assisted.policy.estimates import RowDrafts, cut_width
-from assisted.policy.prices import SharedPrices
+from assisted.policy.prices import SharedPrices, row_cuts
 from drafting.base import Cursor, Drafted
 from drafting.proposal import Proposal
 
@@ -35,8 +34,8 @@ def replayed(policies: list[Auto], steps: int, target, draft: float, confidence,
         if prices is not None:
             prices.begin(policies)
         ks = [p.k for p in policies]
-        proposals: list[Proposal] = []  # as the engine passes them: a row priced with others weighs every proposal
-        cuts = [p.cut if prices is None else partial(p.cut, peers=proposals) for p in policies]
+        proposals: list[Proposal] = []  # as the engine hands them to the rows' cuts
+        cuts = row_cuts(policies, proposals, prices)
         proposals += [Proposal([1], Cursor(None, EOS), k=k, lookup_k=0, limit=64, cut=cut) for cut, k in zip(cuts, ks)]
         asking, rounds = [r for r, p in enumerate(proposals) if p.fill()], 0
         while asking:
