@@ -136,6 +136,14 @@ class Recorder:
         """Book the call's KV caches (`assisted.caching.CachePlan`) and what capturing their steps cost."""
         self.cache, self.cache_note, self.capture_seconds = engine, note, capture_seconds
 
+    def forward(self, seconds: float) -> None:
+        """Book a target forward the row took part in, and its share of the forward's seconds."""
+        self.target_passes, self.target_seconds = self.target_passes + 1, self.target_seconds + seconds
+
+    def respelled(self, seconds: float) -> None:
+        """Book seconds an assistant with another tokenizer spent respelling text for the row."""
+        self.assistant_tokenizer += seconds
+
     def step(self, k: int, sources: tuple[str, ...], n: int, coalesce: bool) -> None:
         """Book a step whose draft came from `sources` and whose first `n` tokens were accepted."""
         coalesced = [s == "forced" and coalesce for s in sources]

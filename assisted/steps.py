@@ -7,6 +7,8 @@ Each is the same for one row and for a row of a batch, so a batched row decodes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from assisted.acceptance import greedy_accept, speculative_accept
@@ -31,7 +33,7 @@ def accept(logits: torch.Tensor, seq: list[int], draft: Draft, leaf: Branch | No
 
     Row i is processed with the prefix `seq + draft[:i]` (the logits processors), masked with the guide state before
     draft token i, then judged by `assisted.acceptance` on a chain or `assisted.tree_accept` on a chain plus a leaf.
-    Returns, on the logits' device, (2,) long [n, token] on a chain, (3,) [n, took, token] on a tree.
+    Returns, on the logits' device, (3,) long [n, took, token]: took is 1 where the side leaf was taken (0 on a chain).
     """
     if opts.processors:  # never with a leaf (generate refuses tree=True with processors)
         logits = opts.processors(seq + list(draft.tokens), logits, len(seq))
@@ -43,14 +45,19 @@ def accept(logits: torch.Tensor, seq: list[int], draft: Draft, leaf: Branch | No
     auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
     if opts.warp.do_sample:
         p, q = probs(logits, masks, opts.warp), draft.q.to(device)  # (k+1 (+1), V), (k, V)
-        return speculative_accept(p, q, tokens, auto, generator) if leaf is None else \
+        return no_leaf(speculative_accept(p, q, tokens, auto, generator)) if leaf is None else \
             speculative_tree_accept(p, q, tokens, auto, leaf.at, leaf.token, generator)
     scores = masked(logits, masks)  # (k+1 (+1), V)
-    return greedy_accept(scores, tokens, auto) if leaf is None else \
+    return no_leaf(greedy_accept(scores, tokens, auto)) if leaf is None else \
         greedy_tree_accept(scores, tokens, auto, leaf.at, leaf.token)
 
 
-def commit(seq: list[int], cursor: Cursor, tokens: list[int], end: int, sink: Sink) -> StopReason | None:
+def no_leaf(found: torch.Tensor) -> torch.Tensor:
+    """(2,) [n, token] of a chain's acceptance as (3,) [n, took = 0, token], a tree's form."""
+    return torch.cat([found[:1], torch.zeros_like(found[:1]), found[1:]])
+
+
+def commit(seq: list[int], cursor: Cursor, tokens: Sequence[int], end: int, sink: Sink) -> StopReason | None:
     """Append `tokens`, advancing the guide; the first stop condition met ends the commit."""
     for token in tokens:
         seq.append(token)

@@ -37,7 +37,7 @@ import numpy as np
 
 from assisted.policy.auto import Auto, AutoConfig
 from assisted.policy.costs import CostTable, StepCost
-from assisted.policy.prices import SharedPrices
+from assisted.policy.prices import SharedPrices, row_cuts
 from drafting.base import Cursor, Drafted
 from drafting.proposal import Proposal
 
@@ -149,11 +149,11 @@ def replay(policies: list, rows: list[RowTrace], clk: Clock, cell: Cell, steps: 
     for _ in range(steps):
         if prices is not None:
             prices.begin(policies)
-        proposals = [Proposal([1], Cursor(None, EOS), k=0 if lookup else p.k, lookup_k=p.lookup_k if lookup else 0,
-                              limit=64, lookup=Copies() if lookup else None, sampling=cell.sampling, cut=p.cut)
-                     for p in policies]
-        if prices is not None:
-            prices.proposals = proposals
+        proposals: list[Proposal] = []  # as the engine hands them to the rows' cuts
+        cuts = row_cuts(policies, proposals, prices)
+        proposals += [Proposal([1], Cursor(None, EOS), k=0 if lookup else p.k, lookup_k=p.lookup_k if lookup else 0,
+                               limit=64, lookup=Copies() if lookup else None, sampling=cell.sampling, cut=cut)
+                      for p, cut in zip(policies, cuts)]
         asking, rounds, round_seconds = [r for r, p in enumerate(proposals) if p.fill()], 0, 0.0
         while asking:
             rounds, round_seconds = rounds + 1, round_seconds + clk.round(len(asking))

@@ -55,6 +55,7 @@ pure, so traces can be replayed and tested without models.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -340,17 +341,18 @@ class Auto:
         """Prompt lookup drafts are free: they are offered even in plain decoding, and the cut weighs them."""
         return self.config.k_max
 
-    def cut(self, confidence: tuple[float, ...]) -> int | None:
-        """None: draft another token; else verify the first this-many drafts (no cut during the warm-up)."""
+    def cut(self, confidence: tuple[float, ...], peers: Sequence = ()) -> int | None:
+        """None: draft another token; else verify the first this-many drafts (no cut during the warm-up). `peers`:
+        every row's `drafting.proposal.Proposal` this step (slot order), where the row is priced with others."""
         if not self._cuts:
             return None
         if self.prices is None:
             return self._estimates.cut(confidence, self.config.k_max)
-        return self.prices.cut(self, confidence)
+        return self.prices.cut(self, confidence, peers)
 
-    def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
+    def leaf_pays(self, draft: Draft, branch: Branch, rows: int, feeds: Sequence[int] = ()) -> bool:
         """Whether `branch`, a side leaf of `draft`, pays for one more row next to the draft's `rows`
-        (`Estimates.leaf_pays`; in a batch, next to the other rows' feeds).
+        (`Estimates.leaf_pays`; in a batch, next to the other rows' `feeds`: per slot, the tokens each feeds).
 
         Greedy, a leaf after which the target's token is not committed (EOS, a coalesced forced run) commits no
         more than the target's correction would: it never pays. Sampling, that depends on the runner-up drawn,
@@ -360,7 +362,7 @@ class Auto:
             return False
         confidence = draft.model_confidence
         ahead = sum(s != "forced" for s in draft.sources[: branch.at])  # model drafts before the sibling
-        beside = 0 if self.prices is None else self.prices.beside(self)
+        beside = 0 if self.prices is None else self.prices.beside(self, feeds)
         return self._estimates.leaf_pays(confidence[:ahead], confidence[ahead], branch.confidence, rows, beside)
 
     def observe_leaf(self, confidence: float, picked: bool) -> None:

@@ -11,6 +11,7 @@ anyway. `constant` and `heuristic` (transformers' schedules) never cut; `auto` (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from assisted.policy.auto import Auto, AutoConfig, Calibration, Estimates
@@ -34,10 +35,12 @@ class Policy(Protocol):
         prompt-lookup tokens), the first `accepted` of them accepted."""
 
     def cut(self, confidence: tuple[float, ...]) -> int | None:
-        """After drafts with these confidences: None to draft on (up to k), else how many of them to verify."""
+        """After drafts with these confidences: None to draft on (up to k), else how many of them to verify (an
+        `Auto` priced with other rows also takes `peers`, their proposals: `Auto.cut`)."""
 
-    def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
-        """Whether to verify `branch`, a side leaf of `draft`, in the forward over the draft's `rows` tokens."""
+    def leaf_pays(self, draft: Draft, branch: Branch, rows: int, feeds: Sequence[int] = ()) -> bool:
+        """Whether to verify `branch`, a side leaf of `draft`, in the forward over the draft's `rows` tokens, beside
+        the other rows' `feeds` (per slot)."""
 
     def observe_leaf(self, confidence: float, picked: bool) -> None:
         """The target rejected a branch's sibling and did or did not pick the runner-up (of this confidence)."""
@@ -70,7 +73,7 @@ class Constant:
     def cut(self, confidence: tuple[float, ...]) -> None:
         return None
 
-    def leaf_pays(self, draft: Draft, branch: Branch, rows: int) -> bool:
+    def leaf_pays(self, draft: Draft, branch: Branch, rows: int, feeds: Sequence[int] = ()) -> bool:
         return True
 
     def observe_leaf(self, confidence: float, picked: bool) -> None:

@@ -13,6 +13,10 @@ where the batch's expected tokens per second gain by it, and may draft nothing. 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
+from typing import Callable
+
 from assisted.policy.auto import Auto, AutoConfig, AutoState, mode, time_step
 from assisted.policy.costs import CostTable, StepCost
 from assisted.policy.estimates import shared_cut
@@ -37,8 +41,6 @@ class SharedPrices:
         self.width = 1  # rows in this step's forwards
         self.mode = mode(self.state, config, self.width)  # "warm-up", "plain" or "draft", for every row
         self.members: list[Auto | None] = []  # per slot: the row's policy if it prices here, else None
-        self.proposals: list = []  # per slot: the row's `drafting.proposal.Proposal` this step
-        self.feeds: list[int] = []  # per slot: tokens fed to this step's target forward
 
     def begin(self, policies: list) -> None:
         """A step over rows with these policies (slot order) begins: decide its mode for that many rows."""
@@ -47,11 +49,12 @@ class SharedPrices:
             self.width = len(policies)
             self._decide()
 
-    def cut(self, row: Auto, confidence: tuple[float, ...]) -> int | None:
+    def cut(self, row: Auto, confidence: tuple[float, ...], proposals: Sequence) -> int | None:
         """`row`'s cut after drafts of these confidences, decided for the batch: None to draft on, else how many of
-        them to verify (`shared_cut` over every row's drafts so far; rows of other schedules only widen)."""
+        them to verify (`shared_cut` over every row's drafts so far, `proposals`: per slot, its
+        `drafting.proposal.Proposal` as it grows; rows of other schedules only widen)."""
         estimates, confidences, asking, fixed = [row.estimates()], [confidence], [True], 0
-        for policy, proposal in zip(self.members, self.proposals):
+        for policy, proposal in zip(self.members, proposals):
             if policy is None:
                 fixed = max(fixed, 1 + proposal.model_drafts)
             elif policy is not row:
@@ -63,9 +66,9 @@ class SharedPrices:
         width = shared_cut(estimates, confidences, asking, self.config.k_max, fixed if fixed > 1 else 0)
         return None if width is None else min(width - 1, len(confidence))
 
-    def beside(self, row: Auto) -> int:
-        """The widest feed of the other rows in this step's forward."""
-        return max((n for p, n in zip(self.members, self.feeds) if p is not row), default=0)
+    def beside(self, row: Auto, feeds: Sequence[int]) -> int:
+        """The widest feed of the other rows in this step's forward (`feeds`: per slot, the tokens each feeds)."""
+        return max((n for p, n in zip(self.members, feeds) if p is not row), default=0)
 
     def observe(self, cost: StepCost, rows: list[tuple[Auto, tuple[float, ...]]]) -> None:
         """Book one step: its forward's costs (`cost`, over every row) and, per `auto` row that took part, the
@@ -78,3 +81,10 @@ class SharedPrices:
         for policy in self.members:
             if policy is not None:
                 policy.refresh()
+
+
+def row_cuts(policies: Sequence, proposals: Sequence, prices: SharedPrices | None) -> list[Callable]:
+    """Each row's cut this step (slot order): a row priced by `prices` weighs every row's `proposals` as they grow
+    (`proposals` is complete before any cut is asked: `Proposal` asks only while drafting); any other row cuts alone."""
+    members = [None] * len(policies) if prices is None else prices.members
+    return [p.cut if m is None else partial(m.cut, peers=proposals) for p, m in zip(policies, members)]

@@ -7,7 +7,8 @@ rule (`drafting.proposal.Proposal`: forced runs, prompt-lookup copies, the cut),
 asking row in one forward per round (`drafting.assistant.Assistant`); a draft tree's leaf where it pays; one target
 forward verifies every row's `[uncached committed, *draft(, leaf)]` (`target_forward`); each row is accepted, commits,
 streams and stops by the step rules (`assisted.steps`); both caches keep each row's committed prefix; the policies
-learn. One host sync per drafting round and one per verification, for all rows. The caches are a
+learn. Each stage passes the next a frozen record per row (`assisted.rows.step_records`: Proposed -> Feed -> Verdict
+-> Committed). One host sync per drafting round and one per verification, for all rows. The caches are a
 `drafting.row_kv.RowsKV`: one row's own (dynamic, static with captured steps, a kept prefix) or B rows'
 (`drafting.batch_kv.BatchKV`). A row that stops leaves; the next waiting row takes its slot (prefilled, from a row or
 a kept cache sharing its prompt's prefix where allowed); with none waiting the slot is dropped.
@@ -26,36 +27,38 @@ from assisted.close_within_budget import outcome
 from assisted.inputs import parse_value
 from assisted.models.int4_models import linear_kernels
 from assisted.policy.costs import StepCost, memorize
+from assisted.policy.prices import row_cuts
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.row_inputs import RowError, RowInput
-from assisted.rows.row import Row, RowStep, Setup, draft_alone, draft_sources
+from assisted.rows.row import Row, Setup, draft_alone, draft_sources
+from assisted.rows.step_records import Committed, Feed, Proposed, Rounds, Verdict
 from assisted.rows.batch_stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward
 from drafting.assistant import Assistant
 from drafting.draft_head import describe
 from drafting.base import DeviceMasks
 from drafting.kv_cache import input_device, output_device
+from drafting.proposal import Proposal
 from drafting.row_kv import RowsKV
 from drafting.tree import grow_branch
 
 
-def target_forward(target: RowsKV, rows: list[Row], drafted: list[RowStep]) -> list[torch.Tensor | None]:
+def target_forward(target: RowsKV, rows: list[Row], feeds: list[Feed]) -> list[torch.Tensor | None]:
     """The step's one target forward: each row's logits after its committed tokens and each draft prefix, (k+1 (+1),
     V), None for a row that fed nothing."""
-    keep = [len(d.draft.tokens) + 1 + (d.leaf is not None) for d in drafted]
-    leaves = [(len(row.seq), d.leaf) if d.leaf is not None and d.feed else None for row, d in zip(rows, drafted)]
-    return target.run([d.feed for d in drafted], keep, leaves if any(leaves) else None)
+    keep = [len(f.draft.tokens) + 1 + (f.leaf is not None) for f in feeds]
+    leaves = [(len(row.seq), f.leaf) if f.leaf is not None and f.tokens else None for row, f in zip(rows, feeds)]
+    return target.run([list(f.tokens) for f in feeds], keep, leaves if any(leaves) else None)
 
 
-def verify(target: RowsKV, rows: list[Row], drafted: list[RowStep]) -> list[list[int] | None]:
-    """The target forward and each row's acceptance test: [n, took, token] per row (None where it fed nothing), in
-    the step's one host sync."""
-    logits = target_forward(target, rows, drafted)
-    found = [accept(x, row.seq, d.draft, d.leaf, row.opts, row.generator)
-             for row, d, x in zip(rows, drafted, logits) if x is not None]  # (2,) [n, token] or (3,) on a tree
-    flat = iter((found[0] if len(found) == 1 else torch.cat(found)).tolist())  # the step's one host sync
-    return [None if x is None else [next(flat), next(flat) if d.leaf is not None else 0, next(flat)]
-            for d, x in zip(drafted, logits)]
+def verify(target: RowsKV, rows: list[Row], feeds: list[Feed]) -> list[Verdict]:
+    """The target forward and each row's acceptance test, in the step's one host sync: a `Verdict` per row (a row that
+    fed nothing commits its draft unasked)."""
+    logits = target_forward(target, rows, feeds)
+    found = [accept(x, row.seq, f.draft, f.leaf, row.opts, row.generator)
+             for row, f, x in zip(rows, feeds, logits) if x is not None]  # (3,) [n, took, token] each
+    results = iter([found[0].tolist()] if len(found) == 1 else torch.stack(found).tolist())  # the one host sync
+    return [Verdict.unasked(f.draft) if x is None else Verdict.judged(f, *next(results)) for f, x in zip(feeds, logits)]
 
 
 class Engine:
@@ -176,103 +179,105 @@ class Engine:
         self.rows = [self.rows[s] for s in keep]
 
     def step(self) -> list[int]:
-        """One draft -> verify -> commit step for every row; returns the slots whose rows stopped."""
+        """One draft -> verify -> commit step for every row; returns the slots whose rows stopped. Each stage hands the
+        next one record per row (`assisted.rows.step_records`): Proposed -> Feed -> Verdict -> Committed."""
         rows = self.rows
         if self.prices is not None:
-            self.prices.begin([row.policy for row in rows])
-        drafted = self._draft(rows)  # 1. every row's draft: forced runs (free), copies, assistant tokens
-        if self.prices is not None and self.setup.tree:  # a leaf is priced beside the other rows' feeds
-            self.prices.feeds = [len(r.seq) - r.cached + len(d.draft.tokens) for r, d in zip(rows, drafted)]
-        for row, d in zip(rows, drafted):  # 2. what the target runs for each row (a tree's leaf where it pays)
-            self._feed(row, d)
+            self.prices.begin([row.policy for row in rows])  # this step's width decides the `auto` rows' caps
+        proposed, rounds = self._draft(rows)  # 1. every row's draft: forced runs (free), copies, assistant tokens
+        feeds = self._feeds(rows, proposed)  # 2. what the target runs for each row (a tree's leaf where it pays)
         start = time.perf_counter()  # 3. one target forward over every row's feed, one host sync
-        verdicts = self.verify(self.target, rows, drafted) if any(d.feed for d in drafted) else [None] * len(rows)
+        verdicts = self.verify(self.target, rows, feeds) if any(f.tokens for f in feeds) else \
+            [Verdict.unasked(f.draft) for f in feeds]
         seconds = time.perf_counter() - start
-        self._book(rows, drafted, seconds)
-        done = [slot for slot, (row, d, verdict) in enumerate(zip(rows, drafted, verdicts))
-                if self._commit(slot, row, d, verdict)]  # 4. commit the accepted tokens, and what follows them
-        self.target.crop_rows([row.cached for row in rows])  # each cache keeps its rows' committed prefixes
+        committed = [self._commit(slot, row, f, v)  # 4. commit each verdict's tokens: stream, advance, stop
+                     for slot, (row, f, v) in enumerate(zip(rows, feeds, verdicts))]
+        self._keep(rows, committed)  # both caches keep each row's committed prefix
+        self._learn(rows, feeds, verdicts, seconds, rounds)  # 5. the policies learn what was accepted and its cost
+        return [slot for slot, c in enumerate(committed) if c.stop is not None]
+
+    def _draft(self, rows: list[Row]) -> tuple[list[Proposed], Rounds]:
+        """Every row's draft by its proposal, the assistant's tokens for all asking rows drafted together."""
+        ks = [row.policy.k for row in rows]
+        assisted, sampling = self.assistant is not None, self.setup.warp.do_sample
+        proposals: list[Proposal] = []  # slot order; complete before any cut is asked
+        cuts = row_cuts([row.policy for row in rows], proposals, self.prices)  # auto rows priced together see them all
+        proposals += [row.proposal(k, assisted, sampling, cut) for row, k, cut in zip(rows, ks, cuts)]
+        spent, rounds = self._complete(rows, proposals)
+        self.stats.assistant_forwards += rounds.forwards
+        for row, (forwards, seconds) in zip(rows, spent):
+            row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
+        device = output_device(self.setup.model) if self.assistant is None else input_device(self.setup.assistant_model)
+        return [Proposed(k, p.draft(self.masks, self.setup.vocab_size, device), *s)
+                for k, p, s in zip(ks, proposals, spent)], rounds
+
+    def _complete(self, rows: list[Row], proposals: list[Proposal]) -> tuple[list[tuple[int, float]], Rounds]:
+        """Complete every proposal: each row's assistant (forwards, seconds) and the step's `Rounds`."""
+        if self.assistant is None:  # forced runs, copies, and an assistant with another tokenizer (row by row)
+            spent = draft_alone(rows, proposals)
+            return spent, Rounds(sum(f for f, _ in spent), sum(s for _, s in spent))
+        seconds, forwards = self.assistant.seconds, self.assistant.forwards
+        took = self.assistant.draft(proposals, [r.helper_generator for r in rows], [r.opts.processors for r in rows])
+        rounds = Rounds(self.assistant.forwards - forwards, self.assistant.seconds - seconds)
+        share = rounds.seconds / max(1, sum(took))  # each assistant token's share of the rounds' seconds
+        return [(n, n * share) for n in took], rounds
+
+    def _feeds(self, rows: list[Row], proposed: list[Proposed]) -> list[Feed]:
+        """Each row's feed: its uncached committed tokens, its draft, and a tree's leaf where the policy says it pays
+        (priced beside the other rows' chains)."""
+        chains = [len(row.seq) - row.cached + len(p.draft.tokens) for row, p in zip(rows, proposed)]  # per slot
+        return [self._feed(row, p, chain, chains) for row, p, chain in zip(rows, proposed, chains)]
+
+    def _feed(self, row: Row, p: Proposed, chain: int, chains: list[int]) -> Feed:
+        """One row's feed; `chain`: its tokens before a leaf, `chains`: every row's (slot order)."""
+        tokens, branch, leaf = row.seq[row.cached :] + list(p.draft.tokens), None, None  # (chain,)
+        if self.setup.tree:
+            branch = grow_branch(p.draft, row.cursor, row.opts.coalesce, row.helper_generator, self.masks)
+            if branch is not None and row.policy.leaf_pays(p.draft, branch, chain, chains):
+                leaf, tokens = branch, tokens + [branch.token]
+        asked = needs_forward(p.draft, len(row.seq), row.end, row.opts.coalesce)
+        return Feed(p, branch, leaf, tuple(tokens) if asked else ())
+
+    def _commit(self, slot: int, row: Row, feed: Feed, verdict: Verdict) -> Committed:
+        """Commit the verdict's tokens (a taken leaf's cache entries moved first), stream them, advance the guide."""
+        before = len(row.seq)
+        if verdict.took:  # the leaf's entries move to its committed position (crops follow)
+            self.target.move(slot, before + len(feed.draft.tokens), before + feed.leaf.at)
+        row.stop = commit(row.seq, row.cursor, verdict.tokens, row.end, row.sink)
+        row.sink.put(row.seq[before:])
+        valid = before + verdict.accepted
+        return Committed(valid, min(valid + verdict.took, len(row.seq) - 1), row.stop)
+
+    def _keep(self, rows: list[Row], committed: list[Committed]) -> None:
+        """Crop the target's cache to each row's `cached` tokens, the assistant's to its `valid` ones."""
+        self.target.crop_rows([c.cached for c in committed])
         for row, length in zip(rows, self.target.lengths):
             row.cached = length
         if self.assistant is not None:
-            self.assistant.rollback([d.valid for d in drafted])
-        self._learn(rows, drafted, seconds)  # 5. the policies learn what was accepted and what it cost
-        return done
+            self.assistant.rollback([c.valid for c in committed])
 
-    def _draft(self, rows: list[Row]) -> list[RowStep]:
-        """Every row's draft: its proposal, the assistant's tokens for all asking rows drafted together."""
-        ks = [row.policy.k for row in rows]
-        assisted, sampling = self.assistant is not None, self.setup.warp.do_sample
-        proposals = [row.proposal(k, assisted, sampling) for row, k in zip(rows, ks)]
-        if self.prices is not None:
-            self.prices.proposals = proposals
-        spent = [(row.rec.target_seconds, row.helper_passes, row.helper_seconds) for row in rows]
-        self.rounds = (0, 0.0)  # this step's assistant forwards and their seconds
-        if self.assistant is None:  # forced runs, copies, and an assistant with another tokenizer (row by row)
-            self.rounds = draft_alone(rows, proposals)
-            self.stats.assistant_forwards += self.rounds[0]
-        else:
-            before, rounds = self.assistant.seconds, self.assistant.forwards
-            generators, processors = [r.helper_generator for r in rows], [r.opts.processors for r in rows]
-            took = self.assistant.draft(proposals, generators, processors)
-            self.rounds = (self.assistant.forwards - rounds, self.assistant.seconds - before)
-            self.stats.assistant_forwards += self.rounds[0]
-            share = self.rounds[1] / max(1, sum(took))
-            for row, n in zip(rows, took):
-                row.helper_passes, row.helper_seconds = row.helper_passes + n, row.helper_seconds + n * share
-        device = output_device(self.setup.model) if self.assistant is None else input_device(self.setup.assistant_model)
-        return [RowStep(k, p.draft(self.masks, self.setup.vocab_size, device), s)
-                for k, p, s in zip(ks, proposals, spent)]
-
-    def _feed(self, row: Row, d: RowStep) -> None:
-        """The row's feed: its uncached committed tokens, its draft, and a tree's leaf where the policy says it pays."""
-        feed = row.seq[row.cached :] + list(d.draft.tokens)
-        if self.setup.tree:
-            d.branch = grow_branch(d.draft, row.cursor, row.opts.coalesce, row.helper_generator, self.masks)
-            pays = d.branch is not None and row.policy.leaf_pays(d.draft, d.branch, len(feed))
-            d.leaf = d.branch if pays else None
-            feed += [] if d.leaf is None else [d.leaf.token]
-        d.feed = feed if needs_forward(d.draft, len(row.seq), row.end, row.opts.coalesce) else []
-
-    def _book(self, rows: list[Row], drafted: list[RowStep], seconds: float) -> None:
-        """Each row that fed the forward takes part in it and shares its seconds."""
-        fed = [row for row, d in zip(rows, drafted) if d.feed]
-        for row in fed:
-            row.rec.target_passes += 1
-            row.rec.target_seconds += seconds / len(fed)
+    def _learn(self, rows: list[Row], feeds: list[Feed], verdicts: list[Verdict], seconds: float, rounds: Rounds
+               ) -> None:
+        """Book the forward on the rows that fed it; tell each row's policy what the target judged and what its step
+        cost; price the forward."""
+        fed = sum(bool(f.tokens) for f in feeds)
         if fed:
-            self.stats.verified([d.feed for d in drafted])
-
-    def _commit(self, slot: int, row: Row, d: RowStep, verdict: list[int] | None) -> bool:
-        """Commit the row's accepted drafts and the target's token (a taken leaf first); True when the row stops."""
-        if verdict is None:  # only coalesced tokens up to the end: no forward
-            d.n, d.took, d.after = len(d.draft.tokens), False, []
-        else:
-            d.n, d.took, token = verdict[0], bool(verdict[1]), verdict[2]
-            d.after = [token] if not d.took else [d.leaf.token, *([token] if d.leaf.bonus else [])]
-        d.valid, before = len(row.seq) + d.n, len(row.seq)
-        if d.took:  # the leaf's entries move to its committed position (crops follow)
-            self.target.move(slot, len(row.seq) + len(d.draft.tokens), len(row.seq) + d.leaf.at)
-        row.stop = commit(row.seq, row.cursor, [*d.draft.tokens[: d.n], *d.after], row.end, row.sink)
-        row.sink.put(row.seq[before:])
-        row.cached = min(d.valid + d.took, len(row.seq) - 1)
-        return row.stop is not None
-
-    def _learn(self, rows: list[Row], drafted: list[RowStep], seconds: float) -> None:
-        """Tell each row's policy what the target judged and what its step cost; book the step; price the forward."""
-        for row, d in zip(rows, drafted):
-            spent = d.spent
-            cost = StepCost(len(d.feed), row.rec.target_seconds - spent[0], row.helper_passes - spent[1],
-                            row.helper_seconds - spent[2])
-            row.policy.update(*judge(d.draft.forced, d.n), cost, d.draft.model_confidence)
-            if d.branch is not None and d.n == d.branch.at:  # did the target, rejecting the sibling, pick it?
-                row.policy.observe_leaf(d.branch.confidence, d.after[0] == d.branch.token)
-            row.rec.step(d.k, d.draft.sources, d.n, row.opts.coalesce)
-            row.rec.branch(d.leaf is not None, d.took, priced_out=d.branch is not None and d.leaf is None)
+            self.stats.verified([f.tokens for f in feeds])
+        for row, f, v in zip(rows, feeds, verdicts):
+            share = seconds / fed if f.tokens else 0.0  # each row that fed the forward shares its seconds
+            if f.tokens:
+                row.rec.forward(share)
+            p = f.proposed
+            row.policy.update(*judge(p.draft.forced, v.accepted), StepCost(len(f.tokens), share, p.forwards, p.seconds),
+                              p.draft.model_confidence)
+            if f.branch is not None and v.accepted == f.branch.at:  # did the target, rejecting the sibling, pick it?
+                row.policy.observe_leaf(f.branch.confidence, v.after[0] == f.branch.token)
+            row.rec.step(p.k, p.draft.sources, v.accepted, row.opts.coalesce)
+            row.rec.branch(f.leaf is not None, v.took, priced_out=f.branch is not None and f.leaf is None)
         if self.prices is not None:
-            width = len(rows) * max(len(d.feed) for d in drafted)  # positions in the forward, padding included
-            cost = StepCost(width, seconds if width else 0.0, *self.rounds)
-            self.prices.observe(cost, [(row.policy, d.draft.model_confidence) for row, d in zip(rows, drafted)
+            width = len(rows) * max(len(f.tokens) for f in feeds)  # positions in the forward, padding included
+            cost = StepCost(width, seconds if width else 0.0, rounds.forwards, rounds.seconds)
+            self.prices.observe(cost, [(row.policy, f.draft.model_confidence) for row, f in zip(rows, feeds)
                                        if row.policy in self.prices.members])
 
     def finish(self, row: Row, slot: int | None = None) -> GenerationResult:

@@ -1,24 +1,22 @@
 """One row being decoded, set up once for one row (`assisted.generate`) or many (`assisted.generate_batch`): its
-sequence, cursor, policy, generators, prompt lookup, stops and streamer, counters; what it drafted this step; and
-what the rows of one engine share (`Setup`).
+sequence, cursor, policy, generators, prompt lookup, stops and streamer, counters; and what the rows of one engine
+share (`Setup`). What a row drafts, feeds, is judged and keeps in one step: `assisted.rows.step_records`.
 
 `draft_sources` is where a row's draft sources are built (one place: a new source joins here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from assisted.result import Recorder
 from assisted.rows.row_inputs import RowInput
 from assisted.stopping import Sink, Stops
-from drafting.base import Draft
 from drafting.foreign_drafter import ForeignDrafter, draft_foreign
 from drafting.lookup import PromptLookup
 from drafting.proposal import Proposal
 from drafting.sampling import Warp, make_generator
-from drafting.tree import Branch
 
 
 @dataclass(frozen=True)
@@ -50,15 +48,14 @@ def draft_sources(inp: RowInput, tokenizer) -> Sources:
                    None if inp.foreign is None else inp.foreign.drafter())
 
 
-def draft_alone(rows: list[Row], proposals: list[Proposal]) -> tuple[int, float]:
+def draft_alone(rows: list[Row], proposals: list[Proposal]) -> list[tuple[int, float]]:
     """Complete every proposal without the engine's assistant: forced runs and copies, and where a row has a foreign
-    drafter, every token it asks for (`drafting.foreign_drafter.draft_foreign`), its forwards and seconds booked on the
-    row. Returns the step's assistant (forwards, seconds)."""
+    drafter, every token it asks for (`drafting.foreign_drafter.draft_foreign`; its respelling seconds booked on the
+    row). Returns each row's assistant (forwards, seconds)."""
     spent = draft_foreign(proposals, [row.sources.foreign for row in rows])
-    for row, (forwards, seconds, respelling) in zip(rows, spent):
-        row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
-        row.rec.assistant_tokenizer += respelling
-    return sum(s[0] for s in spent), sum(s[1] for s in spent)
+    for row, (_, _, respelling) in zip(rows, spent):
+        row.rec.respelled(respelling)
+    return [(forwards, seconds) for forwards, seconds, _ in spent]
 
 
 class Row:
@@ -81,23 +78,11 @@ class Row:
         self.stop = None  # why it stopped, once it has
         self.prefilled = len(inp.ids)  # prompt tokens run by the target (the rest reused)
 
-    def proposal(self, k: int, assisted: bool, sampling: bool) -> Proposal:
+    def proposal(self, k: int, assisted: bool, sampling: bool, cut: Callable) -> Proposal:
         """This step's proposal from the committed state: up to `k` assistant tokens, prompt-lookup copies, forced
-        runs, the policy's cut (`drafting.proposal.Proposal`)."""
+        runs, the policy's `cut` (`drafting.proposal.Proposal`)."""
         assisted = assisted or self.sources.foreign is not None
         return Proposal(self.seq, self.cursor.copy(), k=k if assisted else 0,
                         lookup_k=min(self.policy.lookup_k, self.opts.lookup_tokens), limit=self.end - len(self.seq) - 1,
                         lookup=self.sources.lookup, use_forced=assisted or self.opts.coalesce,
-                        coalesced=self.opts.coalesce, sampling=sampling, cut=self.policy.cut)
-
-
-@dataclass
-class RowStep:
-    """What a row drafted in one step, and its counters before it (the step's costs are their differences)."""
-
-    k: int  # assistant tokens its policy allowed
-    draft: Draft
-    spent: tuple[float, int, float]  # its target seconds, assistant forwards and their seconds before the step
-    branch: Branch | None = None  # the runner-up where the assistant was unsure (tree=True)
-    leaf: Branch | None = None  # ... if its row pays: verified with the chain
-    feed: list[int] = field(default_factory=list)  # what the target forward runs for it ([] : nothing)
+                        coalesced=self.opts.coalesce, sampling=sampling, cut=cut)

@@ -19,7 +19,7 @@ import pytest
 from assisted.policy.auto import Auto, AutoConfig
 from assisted.policy.costs import CostTable, StepCost
 from assisted.policy.estimates import RowDrafts, cut_width
-from assisted.policy.prices import SharedPrices
+from assisted.policy.prices import SharedPrices, row_cuts
 from drafting.base import Cursor, Drafted
 from drafting.proposal import Proposal
 
@@ -34,10 +34,9 @@ def replayed(policies: list[Auto], steps: int, target, draft: float, confidence,
         if prices is not None:
             prices.begin(policies)
         ks = [p.k for p in policies]
-        proposals = [Proposal([1], Cursor(None, EOS), k=k, lookup_k=0, limit=64, cut=p.cut)
-                     for p, k in zip(policies, ks)]
-        if prices is not None:
-            prices.proposals = proposals
+        proposals: list[Proposal] = []  # as the engine hands them to the rows' cuts
+        cuts = row_cuts(policies, proposals, prices)
+        proposals += [Proposal([1], Cursor(None, EOS), k=k, lookup_k=0, limit=64, cut=cut) for cut, k in zip(cuts, ks)]
         asking, rounds = [r for r, p in enumerate(proposals) if p.fill()], 0
         while asking:
             rounds += 1
