@@ -80,7 +80,15 @@ def logits_size(model: torch.nn.Module) -> int:
 
 
 def forward(model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tensor:
-    """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V)."""
+    """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V).
+
+    A model may carry a `one_row_forward(model, cache, ids, keep)` attribute (a fused 4-bit model does:
+    `assisted.models.one_row_forward`) that computes the same logits in fewer calls, or returns None where it does
+    not apply."""
+    fast = getattr(model, "one_row_forward", None)
+    logits = None if fast is None else fast(model, cache, ids, keep)
+    if logits is not None:
+        return logits
     x = torch.tensor([ids], dtype=torch.long, device=input_device(model))  # (1, m)
     out = model(input_ids=x, use_cache=True, logits_to_keep=keep, **{cache_argument(type(model)): cache})
     return out.logits[0, -keep:]

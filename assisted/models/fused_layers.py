@@ -18,8 +18,10 @@ import inspect
 import torch
 
 from assisted.models.int4_linear import Int4Linear
+from assisted.models.one_row_forward import one_row_forward
 from assisted.models.q6k_linear import Q6KLinear
-from structspec_ops import decoder
+from structspec_ops import attention, decoder
+from structspec_ops.attention import ATTENTION
 
 FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer")  # RMSNorm, q/k/v (+ bias), rotary, o, gate/up/down SiLU MLP
 
@@ -89,18 +91,28 @@ class FusedDecoderLayer(torch.nn.Module):
         batch, n, hidden = hidden_states.shape
         x = hidden_states.reshape(-1, hidden).float().contiguous()  # (B n, hidden)
         cos, sin = self.rotary.rows(position_embeddings, batch, n, self.last)  # (B n, D) each
+        update = None if cache is None else lambda k, v: self._update(cache, k, v, position_embeddings, kwargs)
+        attention = ALL_ATTENTION_FUNCTIONS[self.self_attn.config._attn_implementation]
+        y = self.run(x, batch, cos, sin, update, attention, attention_mask, kwargs)  # (B n, hidden)
+        return y.view(batch, n, hidden).to(hidden_states.dtype)
+
+    def run(self, x: torch.Tensor, batch: int, cos: torch.Tensor, sin: torch.Tensor, update, attention,
+            attention_mask=None, kwargs=None) -> torch.Tensor:
+        """The layer on x (B n, hidden) float32 with rotary rows cos, sin (B n, D): `update(k, v)` appends this
+        forward's keys and values (B, H_kv, n, D) to the cache and returns all of them (None: no cache), and
+        `attention` is a transformers attention function. Returns the layer's output (B n, hidden)."""
+        n = x.shape[0] // batch
         first, second = self.input_layernorm, self.post_attention_layernorm
         q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
                                        self.kv_heads, self.head_dim)
         q = q.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
         k, v = (t.view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, H_kv, n, D)
-        if cache is not None:
-            k, v = self._update(cache, k, v, position_embeddings, kwargs)
-        attention = ALL_ATTENTION_FUNCTIONS[self.self_attn.config._attn_implementation]
-        a, _ = attention(self.self_attn, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
-        y = decoder.attention_out(a.reshape(batch * n, -1).contiguous(), x, second.weight,
-                                  second.variance_epsilon, self.outs)  # (B n, hidden)
-        return y.view(batch, n, hidden).to(hidden_states.dtype)
+        if update is not None:
+            k, v = update(k, v)
+        a, _ = attention(self.self_attn, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
+                         **(kwargs or {}))  # (B, n, H, D)
+        return decoder.attention_out(a.reshape(batch * n, -1).contiguous(), x, second.weight,
+                                     second.variance_epsilon, self.outs)
 
     def _update(self, cache, k, v, position_embeddings, kwargs):
         if self.cache_keyword == "cache":  # transformers 5.24+: the cache finds its own positions
@@ -117,7 +129,9 @@ def _cache_keyword(layer_class: type) -> str:
 
 
 def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace, in place, every decoder layer of `model` that `fusable` accepts by a `FusedDecoderLayer`."""
+    """Replace, in place, every decoder layer of `model` that `fusable` accepts by a `FusedDecoderLayer`. Where all
+    are, the model also gets the row-invariant attention and `one_row_forward` (its `drafting.kv_cache.forward` fast
+    path)."""
     rotary, fused = RotaryRows(), []  # one RotaryRows for the model's layers
     for _, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
@@ -126,6 +140,10 @@ def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
                 setattr(parent, name, fused[-1])
     if fused:
         max(fused, key=lambda layer: layer.layer_idx).last = True
+    if fused and fused_layer_count(model) == (len(fused), len(fused)) and hasattr(model, "lm_head"):
+        model.set_attn_implementation(ATTENTION)  # a target's already; an assistant's copy's from sdpa
+        attention.built()  # built once per machine now, not inside a timed forward
+        model.one_row_forward = one_row_forward  # a function, not a bound method: a deep copy calls it on itself
     return model
 
 

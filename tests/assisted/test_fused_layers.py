@@ -79,3 +79,44 @@ def test_a_model_s_last_fused_layer_is_marked():
     model = quantize_int4(tiny_llama(300, seed=0, layers=3, hidden=64))
     assert [layer.last for layer in model.model.layers] == [False, False, True]
     assert len({id(layer.rotary) for layer in model.model.layers}) == 1
+
+
+@pytest.mark.parametrize("family", [tiny_llama, tiny_qwen2])
+def test_the_one_row_forward_is_bitwise_the_model_s_forward(family):
+    """`drafting.kv_cache.forward`'s fast path against the model called as transformers calls it: a prefill, one-position
+    steps and a verify of several positions, logits and cached keys bitwise equal."""
+    from transformers import DynamicCache
+
+    from assisted.models.one_row_forward import one_row_forward
+    from drafting.kv_cache import cache_argument
+
+    model = quantize_int4(family(300, seed=2, layers=2, hidden=64))
+    assert model.one_row_forward is one_row_forward
+    fast, slow = DynamicCache(), DynamicCache()
+    ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        for start, stop, keep in ((0, 20, 1), (20, 21, 1), (21, 22, 1), (22, 27, 5), (27, 40, 3)):
+            got = one_row_forward(model, fast, ids[start:stop], keep)
+            out = model(input_ids=torch.tensor([ids[start:stop]]), use_cache=True, logits_to_keep=keep,
+                        **{cache_argument(type(model)): slow})
+            assert torch.equal(got, out.logits[0]), (start, stop)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(fast.layers, slow.layers))
+
+
+def test_the_one_row_forward_steps_aside_where_it_does_not_apply():
+    from transformers import DynamicCache
+
+    from assisted.models.one_row_forward import one_row_forward
+
+    model = quantize_int4(tiny_llama(300, seed=2, layers=2, hidden=64))
+    assert one_row_forward(model, object(), [1, 2], 1) is None  # another cache
+    model.set_attn_implementation("sdpa")
+    assert one_row_forward(model, DynamicCache(), [1, 2], 1) is None  # another attention
+    assert not hasattr(quantize_int4(tiny_gpt2(300, seed=0, layers=2, hidden=64)), "one_row_forward")
+
+
+def test_an_assistant_s_fused_copy_runs_the_row_invariant_attention_and_the_fast_path():
+    from structspec_ops.attention import ATTENTION
+
+    assistant = int4_copy(tiny_qwen2(300, seed=1, layers=2, hidden=64))
+    assert assistant.config._attn_implementation == ATTENTION and hasattr(assistant, "one_row_forward")
