@@ -32,11 +32,18 @@ def valid_constants(schema, dialect: str, keywords) -> list | None:
     if not isinstance(values, list) or not values:
         return None
     classes = {VALIDATORS["2020-12"], VALIDATORS.get(dialect, VALIDATORS["2020-12"])}
+    checked = schema if "const" in schema else _without_own_enum(schema)
     try:
-        validators = [cls(schema, format_checker=cls.FORMAT_CHECKER) for cls in classes]
+        validators = [cls(checked, format_checker=cls.FORMAT_CHECKER) for cls in classes]
         return [value for value in values if all(v.is_valid(value) for v in validators)]
     except Exception:  # noqa: BLE001 (whatever jsonschema cannot check, the compiler reads as before)
         return None
+
+
+def _without_own_enum(schema: dict) -> dict:
+    """`schema` less the `enum` whose values are being checked: every value of a list equals itself, so the keyword
+    passes them all, and asking it costs one comparison per listed value for each (5,383 region codes: 29M)."""
+    return {k: v for k, v in schema.items() if k != "enum"}
 
 
 def _has_ref(node) -> bool:
