@@ -6,6 +6,8 @@ needs no approximation: each value is checked against the whole subschema by `js
 never looser than a validator that checks them), and the subschema becomes the `enum` of the values that pass.
 The compiler holds subschemas in 2020-12's vocabulary with their dialect's meaning (`fsm.dialects.read`), so a value
 must pass both the 2020-12 validator and the dialect's own: each keyword is enforced by one of them as it is meant.
+The `enum` being filtered is left out of what checks its own values (each equals itself): asking it made a list of n
+values n² comparisons (5,383 region codes beside `"type": "string"`: 23 s of a compile).
 Validity follows the value, not its spelling, except draft-04's integers (1.0 is none there): that dialect, a
 subschema with a `$ref` (its base may be another resource's) and documents that switch dialects keep the compiler's
 own reading.
