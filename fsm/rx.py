@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import weakref
 
 from fsm import budget as _budget
 
 ALL_BYTES = (1 << 256) - 1
 _ids = itertools.count()
+_ID = operator.attrgetter("id")
 _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_interned_refs: dict = _interned.data  # key -> weak reference (a dead one reads None until it is removed)
 
 
 class Rx:
@@ -68,9 +71,12 @@ class Rx:
         return self._classes
 
 
-def _term(kind: str, args: tuple, nullable: bool, plain: bool) -> Rx:
-    key = (kind, *(a.id if isinstance(a, Rx) else a for a in args))
-    found = _interned.get(key)
+def _term(kind: str, args: tuple, nullable: bool, plain: bool, key: tuple | None = None) -> Rx:
+    """The interned term of (kind, args); `key`, where the caller has it at hand: (kind, *ids or values of args)."""
+    if key is None:
+        key = (kind, *(a.id if isinstance(a, Rx) else a for a in args))
+    ref = _interned_refs.get(key)  # the weak dictionary's own dict: its `get` is a Python call, this the hot path
+    found = None if ref is None else ref()
     if found is None:
         found = Rx(kind, args, nullable, plain)
         _interned[key] = found
@@ -123,7 +129,8 @@ def _seq2(head: Rx, tail: Rx) -> Rx:
         for part in reversed([*parts, head]):
             tail = _seq2(part, tail)
         return tail
-    return _term("seq", (head, tail), head.nullable and tail.nullable, head.plain and tail.plain)
+    return _term("seq", (head, tail), head.nullable and tail.nullable, head.plain and tail.plain,
+                 ("seq", head.id, tail.id))
 
 
 def alt(*terms: Rx) -> Rx:
@@ -538,7 +545,7 @@ def _nary(kind: str, parts: list[Rx], identity: Rx, combine) -> Rx:
         return identity
     if len(parts) == 1:
         return parts[0]
-    parts.sort(key=lambda t: t.id)
+    parts.sort(key=_ID)
     nullable = combine(t.nullable for t in parts)
     return _term(kind, tuple(parts), nullable, kind == "alt" and all(t.plain for t in parts))
 
