@@ -83,8 +83,8 @@ def forward(model, cache: DynamicCache, ids: list[int], keep: int) -> torch.Tens
     """Run `ids` (not yet in `cache`) through `model`; logits of the last `keep` positions, (keep, V).
 
     A model may carry a `one_row_forward(model, cache, ids, keep)` attribute (a fused 4-bit model does:
-    `assisted.models.one_row_forward`) that computes the same logits in fewer calls, or returns None where it does
-    not apply."""
+    `assisted.models.fused_layers.one_row_forward`) that computes the same logits in fewer calls, or returns None
+    where it does not apply."""
     fast = getattr(model, "one_row_forward", None)
     logits = None if fast is None else fast(model, cache, ids, keep)
     if logits is not None:

@@ -16,9 +16,9 @@ import functools
 import inspect
 
 import torch
+from transformers import DynamicCache
 
 from assisted.models.int4_linear import Int4Linear
-from assisted.models.one_row_forward import one_row_forward
 from assisted.models.q6k_linear import Q6KLinear
 from structspec_ops import attention, decoder
 from structspec_ops.attention import ATTENTION
@@ -126,6 +126,38 @@ class FusedDecoderLayer(torch.nn.Module):
 def _cache_keyword(layer_class: type) -> str:
     """The decoder layer's cache argument: `cache` from transformers 5.24, `past_key_values` before."""
     return "cache" if "cache" in inspect.signature(layer_class.forward).parameters else "past_key_values"
+
+
+def one_row_forward(model: torch.nn.Module, cache, ids: list[int], keep: int) -> torch.Tensor | None:
+    """Logits (keep, V) of the last `keep` of `ids` (one row, not yet in `cache`, appended to it), or None where this
+    path does not apply: a cache other than a `DynamicCache`, another attention, a layer not fused.
+
+    `drafting.kv_cache.forward`'s fast path. transformers' model forward wraps the layers in plumbing that a one-row
+    step on a CPU pays at every step: decorators, a causal mask built and checked, output records, a module call and
+    the attention interface's wrapper per layer. For a model whose decoder layers are all fused and whose attention
+    is the row-invariant op (no mask: causal over the last n keys), this runs the same modules and ops directly: the
+    embedding, the rotary embedding at the cache's next positions, each layer's `run` with `DynamicCache.update`, the
+    final norm and the head on the last `keep` positions; its logits are bitwise the model's (tested). `fuse_layers`
+    attaches it as the model's `one_row_forward` attribute.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    inner = model.model
+    if type(cache) is not DynamicCache or model.config._attn_implementation != ATTENTION or \
+            any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        return None
+    layers = inner.layers[: model.config.num_hidden_layers]
+    if not all(isinstance(layer, FusedDecoderLayer) for layer in layers):
+        return None
+    past = cache.get_seq_length()
+    x = inner.embed_tokens(torch.tensor([ids], device=model.device))  # (1, n, hidden)
+    positions = torch.arange(past, past + len(ids), device=x.device)[None]  # (1, n)
+    cos, sin = (t.reshape(len(ids), -1).float().contiguous() for t in inner.rotary_emb(x, positions))  # (n, D)
+    x = x[0].float().contiguous()  # (n, hidden)
+    attention = ALL_ATTENTION_FUNCTIONS[ATTENTION]
+    for layer in layers:
+        x = layer.run(x, 1, cos, sin, lambda k, v, i=layer.layer_idx: cache.update(k, v, i), attention)
+    return model.lm_head(inner.norm(x[None, -keep:]))[0]
 
 
 def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:

@@ -83,11 +83,11 @@ def test_a_model_s_last_fused_layer_is_marked():
 
 @pytest.mark.parametrize("family", [tiny_llama, tiny_qwen2])
 def test_the_one_row_forward_is_bitwise_the_model_s_forward(family):
-    """`drafting.kv_cache.forward`'s fast path against the model called as transformers calls it: a prefill, one-position
-    steps and a verify of several positions, logits and cached keys bitwise equal."""
+    """`drafting.kv_cache.forward`'s fast path against the model called as transformers calls it: a prefill,
+    one-position steps and a verify of several positions, logits and cached keys bitwise equal."""
     from transformers import DynamicCache
 
-    from assisted.models.one_row_forward import one_row_forward
+    from assisted.models.fused_layers import one_row_forward
     from drafting.kv_cache import cache_argument
 
     model = quantize_int4(family(300, seed=2, layers=2, hidden=64))
@@ -100,13 +100,14 @@ def test_the_one_row_forward_is_bitwise_the_model_s_forward(family):
             out = model(input_ids=torch.tensor([ids[start:stop]]), use_cache=True, logits_to_keep=keep,
                         **{cache_argument(type(model)): slow})
             assert torch.equal(got, out.logits[0]), (start, stop)
-    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(fast.layers, slow.layers))
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(fast.layers, slow.layers))
 
 
 def test_the_one_row_forward_steps_aside_where_it_does_not_apply():
     from transformers import DynamicCache
 
-    from assisted.models.one_row_forward import one_row_forward
+    from assisted.models.fused_layers import one_row_forward
 
     model = quantize_int4(tiny_llama(300, seed=2, layers=2, hidden=64))
     assert one_row_forward(model, object(), [1, 2], 1) is None  # another cache
