@@ -66,8 +66,8 @@ def llama_cpp_note() -> str:
 
 def setup_label(args) -> str:
     """The model pair and setup, as every figure names them."""
-    packed = ", packed" if args.pack else ""
-    return f"target {args.target} (float32{packed}), assistant {cli.assistant_label(args)}"
+    form = args.quantize_target or ("float32, packed" if args.pack else "float32")
+    return f"target {args.target} ({form}), assistant {cli.assistant_label(args)}"
 
 
 def schedule(args, prompts: list[dict], tasks: list) -> list[tuple[str, object, int]]:
@@ -184,6 +184,10 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     cli.set_threads(args)
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
+        if args.structured and xgrammar_version() is None:  # its reference system: refused before any model loads
+            print("error: the structured view compares against XGrammar, which is not importable: pip install "
+                  "--no-deps xgrammar apache-tvm-ffi (or --no-structured)", file=sys.stderr)
+            return 2
         if pair is None:
             pair = cli.load(args)
             if pair is None:

@@ -58,3 +58,16 @@ def test_schedule_covers_every_class_and_task_first():
     units = figures.schedule(args, prompts, ["t1", "t2"])
     assert [u[1] if u[0] == "structured" else u[1]["name"] for u in units] == ["a0", "t1", "b0", "t2", "a1", "b1"]
     assert figures.parse_args([]).temperatures == [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
+
+
+def test_the_structured_view_without_xgrammar_is_refused_before_any_model_loads(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(figures, "xgrammar_version", lambda: None)
+    monkeypatch.setattr(figures.cli, "load", lambda args: pytest.fail("loaded models"))
+    assert figures.main(["--out", str(tmp_path / "run")]) == 2
+    assert "XGrammar" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_the_setup_label_names_the_target_s_form():
+    label = figures.setup_label(figures.parse_args(["--quantize-target", "int4", "--assistant-int4"]))
+    assert "(int4)" in label and "float32" not in label
+    assert "(float32, packed)" in figures.setup_label(figures.parse_args(["--packed-target"]))
