@@ -14,7 +14,6 @@ instance), summary.json, summary.md and coverage.png (see experiments/lib/covera
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import hashlib
@@ -24,6 +23,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from experiments.lib import cli
+from experiments.lib.report import write_rows
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # children are forked
@@ -166,20 +168,11 @@ def _checkpoint(rows_file, failures_file):
     return write
 
 
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.coverage", description=__doc__.split("\n")[0])
+    parser = cli.parser("coverage", __doc__)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of MaskBench *.json files")
     parser.add_argument("--tokenizer", default="qwen2.5-coder-0.5b", help="named source, hub id or folder")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="CPU seconds per schema and stage (compile, walk); 10x that in wall time at most")
-    parser.add_argument("--workers", type=int, default=2)
+    cli.add_pool(parser, timeout=30.0, rebuilds="summary.md/png")
     parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
     parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
     parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
@@ -192,8 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="read an absent additionalProperties as validators do (any extra key), not closed")
     parser.add_argument("--property-order", choices=("schema", "any"),
                         help="members in schema order (the default policy) or in any order")
-    parser.add_argument("--out", type=Path, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
-    parser.add_argument("--report-only", action="store_true", help="rebuild summary.md/png from --out")
+    cli.add_out(parser, required=False, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
     parser.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
     args = parser.parse_args(argv)
     if args.fsm_from:
@@ -224,8 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = _checkpoint(rows_file, failures_file)
         totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
                               on_row=checkpoint, options=options)
-    write_csv(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS)
-    write_csv(out / "failures.csv", totals["failures"], FAILURE_COLUMNS)
+    write_rows(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS, digits=None)
+    write_rows(out / "failures.csv", totals["failures"], FAILURE_COLUMNS, digits=None)
     for name in ("schemas.partial.csv", "failures.partial.csv"):
         (out / name).unlink()
     setup = {"tokenizer": str(args.tokenizer), "vocab_size": len(tokenizer), "timeout_s": args.timeout,

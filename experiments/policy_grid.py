@@ -25,13 +25,11 @@ costs measured, the calibration fresh.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import sys
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +38,7 @@ from assisted.policy.costs import CostTable, StepCost
 from assisted.policy.prices import SharedPrices, row_cuts
 from drafting.base import Cursor, Drafted
 from drafting.proposal import Proposal
+from experiments.lib import cli
 
 ACCEPTANCE = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
 TEMPERATURES = (0.0, 0.7, 1.5)
@@ -249,9 +248,9 @@ def grid(acceptance=ACCEPTANCE, temperatures=TEMPERATURES, ratios=RATIOS, rows=R
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.policy_grid", description=__doc__.split("\n")[0])
+    p = cli.parser("policy_grid", __doc__)
     p.add_argument("--steps", type=int, default=160)
-    p.add_argument("--out", type=Path, default=None, help="write README.md with every cell here")
+    cli.add_out(p, required=False, help="write README.md with every cell here")
     args = p.parse_args(argv)
     scores = [score(c, args.steps) for c in grid()]
     lines = ["| acceptance | T | ratio | rows | source | curve | auto / best | best | plain tok/s | auto tok/s |",
