@@ -14,7 +14,6 @@ instance), summary.json, summary.md and coverage.png (see experiments/lib/covera
 
 from __future__ import annotations
 
-import csv
 import os
 import hashlib
 import re
@@ -152,18 +151,15 @@ def fsm_provenance() -> dict:
     return {"folder": str(folder), "sources_sha1": used, "head": head, "same_as_head": used == committed}
 
 
-def _checkpoint(rows_file, failures_file):
-    """on_row callback that appends every row and failure as it arrives (a killed run keeps them)."""
-    rows = csv.DictWriter(rows_file, SCHEMA_COLUMNS, extrasaction="ignore")
-    failures = csv.DictWriter(failures_file, FAILURE_COLUMNS, extrasaction="ignore")
-    rows.writeheader()
-    failures.writeheader()
+def _checkpoint(rows_path: Path, failures_path: Path):
+    """on_row callback that appends every row and failure to these files as it arrives (a killed run keeps them)."""
+    for path in (rows_path, failures_path):
+        path.unlink(missing_ok=True)  # a killed run's leftovers
 
     def write(row: dict, found: list[dict]) -> None:
-        rows.writerow(row)
-        failures.writerows({"file": row["file"], "subset": row["subset"], **f} for f in found)
-        rows_file.flush()
-        failures_file.flush()
+        write_rows(rows_path, [row], SCHEMA_COLUMNS, digits=None, append=True)
+        write_rows(failures_path, [{"file": row["file"], "subset": row["subset"], **f} for f in found],
+                   FAILURE_COLUMNS, digits=None, append=True)
 
     return write
 
@@ -211,15 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     files = select_files(args.data, args.subset, args.limit)
     if not files:
         parser.error(f"no schema files in {args.data} match the filters")
-    with open(out / "schemas.partial.csv", "w", newline="") as rows_file, \
-            open(out / "failures.partial.csv", "w", newline="") as failures_file:
-        checkpoint = _checkpoint(rows_file, failures_file)
-        totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
-                              on_row=checkpoint, options=options)
+    partial = out / "schemas.partial.csv", out / "failures.partial.csv"
+    totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
+                          on_row=_checkpoint(*partial), options=options)
     write_rows(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS, digits=None)
     write_rows(out / "failures.csv", totals["failures"], FAILURE_COLUMNS, digits=None)
-    for name in ("schemas.partial.csv", "failures.partial.csv"):
-        (out / name).unlink()
+    for path in partial:
+        path.unlink(missing_ok=True)
     setup = {"tokenizer": str(args.tokenizer), "vocab_size": len(tokenizer), "timeout_s": args.timeout,
              "workers": args.workers, "data": str(args.data), "files": len(files),
              "filters": {"subset": args.subset, "limit": args.limit}, "options": options, "fsm": provenance,

@@ -20,7 +20,8 @@ import fsm
 from assisted.inputs import validator_class
 from experiments.lib import cli
 from experiments.lib.report import write_rows
-from experiments.lib.differential_cases import combination_schema, compact, mutants, valid_instances, value_pool
+from experiments.lib.coverage_worker import compact
+from experiments.lib.differential_cases import combination_schema, mutants, valid_instances, value_pool
 
 POLICIES = ("compact", "spec")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
