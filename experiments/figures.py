@@ -173,9 +173,7 @@ def describe(args, argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     """Command line; `pair` = (model, tokenizer, assistant) already loaded (tests) instead of --target/--assistant."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
         if pair is None:

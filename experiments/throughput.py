@@ -315,9 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     args.out.mkdir(parents=True, exist_ok=True)
     quantized = f" ({args.quantize_target})" if args.quantize_target else ""
     title = (f"{args.target}{quantized} + {cli.assistant_label(args)}{', packed' if args.pack else ''}, greedy, "

@@ -95,6 +95,15 @@ def set_threads(args) -> None:
         torch.set_num_threads(args.threads)
 
 
+def begin(parse_args, argv: list[str] | None) -> tuple[list[str], argparse.Namespace]:
+    """(argv, args) of a study's run: its command line (`sys.argv`'s tail where `argv` is None; the README names
+    it), parsed by `parse_args`, torch's CPU threads set from --threads."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    set_threads(args)
+    return argv, args
+
+
 def load(args, assistant: str | None | bool = True) -> tuple | None:
     """(target, tokenizer, assistant or None) as `add_models`'s flags ask; None, after printing why, when a model is
     not prepared or cannot be loaded. `assistant=False`: no assistant; a string: that source instead of --assistant."""
