@@ -230,9 +230,7 @@ def readme(args, argv: list[str], rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     loaded = cli.load(args)
     if loaded is None:
         return 2

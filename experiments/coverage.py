@@ -14,8 +14,6 @@ instance), summary.json, summary.md and coverage.png (see experiments/lib/covera
 
 from __future__ import annotations
 
-import argparse
-import csv
 import os
 import hashlib
 import re
@@ -24,6 +22,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from experiments.lib import cli
+from experiments.lib.report import write_rows
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # children are forked
@@ -150,36 +151,24 @@ def fsm_provenance() -> dict:
     return {"folder": str(folder), "sources_sha1": used, "head": head, "same_as_head": used == committed}
 
 
-def _checkpoint(rows_file, failures_file):
-    """on_row callback that appends every row and failure as it arrives (a killed run keeps them)."""
-    rows = csv.DictWriter(rows_file, SCHEMA_COLUMNS, extrasaction="ignore")
-    failures = csv.DictWriter(failures_file, FAILURE_COLUMNS, extrasaction="ignore")
-    rows.writeheader()
-    failures.writeheader()
+def _checkpoint(rows_path: Path, failures_path: Path):
+    """on_row callback that appends every row and failure to these files as it arrives (a killed run keeps them)."""
+    for path in (rows_path, failures_path):
+        path.unlink(missing_ok=True)  # a killed run's leftovers
 
     def write(row: dict, found: list[dict]) -> None:
-        rows.writerow(row)
-        failures.writerows({"file": row["file"], "subset": row["subset"], **f} for f in found)
-        rows_file.flush()
-        failures_file.flush()
+        write_rows(rows_path, [row], SCHEMA_COLUMNS, digits=None, append=True)
+        write_rows(failures_path, [{"file": row["file"], "subset": row["subset"], **f} for f in found],
+                   FAILURE_COLUMNS, digits=None, append=True)
 
     return write
 
 
-def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.coverage", description=__doc__.split("\n")[0])
+    parser = cli.parser("coverage", __doc__)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of MaskBench *.json files")
     parser.add_argument("--tokenizer", default="qwen2.5-coder-0.5b", help="named source, hub id or folder")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="CPU seconds per schema and stage (compile, walk); 10x that in wall time at most")
-    parser.add_argument("--workers", type=int, default=2)
+    cli.add_pool(parser, timeout=30.0, rebuilds="summary.md/png")
     parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
     parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
     parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
@@ -192,8 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="read an absent additionalProperties as validators do (any extra key), not closed")
     parser.add_argument("--property-order", choices=("schema", "any"),
                         help="members in schema order (the default policy) or in any order")
-    parser.add_argument("--out", type=Path, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
-    parser.add_argument("--report-only", action="store_true", help="rebuild summary.md/png from --out")
+    cli.add_out(parser, required=False, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
     parser.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
     args = parser.parse_args(argv)
     if args.fsm_from:
@@ -219,15 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     files = select_files(args.data, args.subset, args.limit)
     if not files:
         parser.error(f"no schema files in {args.data} match the filters")
-    with open(out / "schemas.partial.csv", "w", newline="") as rows_file, \
-            open(out / "failures.partial.csv", "w", newline="") as failures_file:
-        checkpoint = _checkpoint(rows_file, failures_file)
-        totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
-                              on_row=checkpoint, options=options)
-    write_csv(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS)
-    write_csv(out / "failures.csv", totals["failures"], FAILURE_COLUMNS)
-    for name in ("schemas.partial.csv", "failures.partial.csv"):
-        (out / name).unlink()
+    partial = out / "schemas.partial.csv", out / "failures.partial.csv"
+    totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
+                          on_row=_checkpoint(*partial), options=options)
+    write_rows(out / "schemas.csv", totals["rows"], SCHEMA_COLUMNS, digits=None)
+    write_rows(out / "failures.csv", totals["failures"], FAILURE_COLUMNS, digits=None)
+    for path in partial:
+        path.unlink(missing_ok=True)
     setup = {"tokenizer": str(args.tokenizer), "vocab_size": len(tokenizer), "timeout_s": args.timeout,
              "workers": args.workers, "data": str(args.data), "files": len(files),
              "filters": {"subset": args.subset, "limit": args.limit}, "options": options, "fsm": provenance,

@@ -11,7 +11,6 @@ accept is a bug); under "spec" it should accept every valid text (or the schema 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
@@ -19,8 +18,10 @@ from pathlib import Path
 
 import fsm
 from assisted.inputs import validator_class
+from experiments.lib import cli
 from experiments.lib.report import write_rows
-from experiments.lib.differential_cases import combination_schema, compact, mutants, valid_instances, value_pool
+from experiments.lib.coverage_worker import compact
+from experiments.lib.differential_cases import combination_schema, mutants, valid_instances, value_pool
 
 POLICIES = ("compact", "spec")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
@@ -136,16 +137,14 @@ def depth(value) -> int:
 def main(argv: list[str] | None = None) -> None:
     from experiments.lib.coverage_pool import run_pool
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.parser("differential", __doc__)
     parser.add_argument("--per-subset", type=int, default=100, help="schema files per subset (seeded sample)")
     parser.add_argument("--combos", type=int, default=150, help="generated combination schemas")
     parser.add_argument("--instances", type=int, default=10, help="instances drawn per schema")
     parser.add_argument("--mutants", type=int, default=6, help="mutants per instance")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=60.0, help="CPU seconds per stage of one schema")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--report-only", action="store_true", help="rebuild by_subset.csv from --out/rows.jsonl")
+    cli.add_pool(parser, timeout=60.0, rebuilds="by_subset.csv and schemas.csv (from rows.jsonl)")
+    cli.add_out(parser)
     args = parser.parse_args(argv)
     if args.report_only:
         rows = [json.loads(line) for line in (args.out / "rows.jsonl").read_text().split("\n") if line]

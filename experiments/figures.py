@@ -20,7 +20,6 @@ cells already there; --report-only redraws greedy.png, sampling.png, structured.
 
 from __future__ import annotations
 
-import csv
 import datetime
 import json
 import platform
@@ -33,7 +32,7 @@ from experiments import speedup, vs_xgrammar
 from experiments.lib import cli, runner
 from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
-from experiments.lib.report import STARTED_AT, machine_lines
+from experiments.lib.report import STARTED_AT, machine_lines, write_rows
 from experiments.lib.systems import Systems, xgrammar_version
 from experiments.lib.tasks import HELD_OUT, chat_ids
 
@@ -98,12 +97,7 @@ class Appender:
         self.done = {key(r) for r in self.rows}
 
     def add(self, row: dict) -> None:
-        fresh = not self.path.exists()
-        with open(self.path, "a", newline="") as f:
-            w = csv.DictWriter(f, self.fields, extrasaction="ignore")
-            if fresh:
-                w.writeheader()
-            w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+        write_rows(self.path, [row], self.fields, append=True)
         self.rows.append(row)
         self.done.add(self.key(row))
 
@@ -179,9 +173,7 @@ def describe(args, argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     """Command line; `pair` = (model, tokenizer, assistant) already loaded (tests) instead of --target/--assistant."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
         if args.structured and xgrammar_version() is None:  # its reference system: refused before any model loads

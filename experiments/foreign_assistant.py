@@ -233,9 +233,7 @@ def part_table(rows: list[dict], part: str, judged: str = "ours-foreign") -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     has_xgrammar = xgrammar_version() is not None
     m = Models(args)
     rows = measure(args, m, has_xgrammar)

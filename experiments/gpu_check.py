@@ -8,9 +8,8 @@ and of SmolLM2-135M with random weights (`experiments.lib.gpu_models`): weights 
 Sections, each written to --out as soon as it ends (a section that fails is reported and the next one runs;
 one that would start past --budget-s is skipped):
   costs     seconds of a target forward over n = 1..32 new tokens after 200 and 1,000 cached ones (bf16 and
-            fp16), of one assistant token, and of SmolLM2's; `costs.csv` is a forward-cost
-            table (model, dtype, context, layout, n, repeat, seconds) that `experiments.policy_replay --timings`
-            replays.
+            fp16), of one assistant token, and of SmolLM2's; `costs.csv` is a forward-cost table (model, dtype,
+            context, layout, n, repeat, seconds) that `experiments.policy_replay --timings` (at ae05ac6) replays.
   generate  per-token latency of the target alone (transformers), our loop without an assistant, and with three
             assistants (the target itself: every draft accepted; its first 4 layers; the random 0.5B: none
             accepted) against transformers' assisted generation with the same models; our loop's own
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import datetime
 import json
 import os
@@ -50,9 +48,11 @@ import torch  # noqa: E402
 
 from drafting.kv_cache import cache_argument, forward, new_cache  # noqa: E402
 from drafting.static_cache import cuda_capture  # noqa: E402
+from experiments.lib import cli  # noqa: E402
 from experiments.lib.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
                                     section_extraction, section_steps)
 from experiments.lib.gpu_models import build, random_prompt  # noqa: E402
+from experiments.lib.report import table, write_rows  # noqa: E402
 from experiments.lib.timing import Prefixed  # noqa: E402
 from experiments.models import truncated  # noqa: E402
 
@@ -92,10 +92,7 @@ class Check:
         print(f"[{time.perf_counter() - self.start:6.1f} s] {name}: {self.summary['sections'][name]}", flush=True)
 
     def write_csv(self, name: str, rows: list[dict]) -> None:
-        with open(self.out / name, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows(self.out / name, rows, list(rows[0]), digits=None)
 
     def model(self, name: str, dtype: str = "bfloat16", head_scale: float | None = None, seed: int = 0):
         tokenizer = self.tokenizers["qwen2" if name.startswith("qwen") else "smollm2"]
@@ -379,30 +376,25 @@ def write_readme(check: Check) -> None:
              "## Sections", *(f"- {k}: {v}" for k, v in s["sections"].items()), ""]
     if "costs" in s:
         ns = [n for n in (1, 2, 4, 8, 16, 32) if n in next(iter(s["costs"].values()))]
-        lines += ["## Forward cost (median ms) by tokens per forward", "", "| model, dtype, context | "
-                  + " | ".join(f"n={n}" for n in ns) + " |", "|---" * (len(ns) + 1) + "|"]
-        lines += [f"| {label} | " + " | ".join(f"{1e3 * by_n[n]:.2f}" for n in ns) + " |"
-                  for label, by_n in s["costs"].items()]
-        lines += ["", "![costs](costs.png)", ""]
+        lines += ["## Forward cost (median ms) by tokens per forward", "",
+                  *table(["model, dtype, context", *(f"n={n}" for n in ns)],
+                         [[label, *(f"{1e3 * by_n[n]:.2f}" for n in ns)] for label, by_n in s["costs"].items()]),
+                  "", "![costs](costs.png)", ""]
     if "graphs" in s:
-        lines += ["## Static cache: eager forward vs CUDA graph replay (median ms)", "", "| model, layout | "
-                  + " | ".join(f"n={n}" for n in next(iter(s["graphs"].values()))) + " |",
-                  "|---" * (len(next(iter(s["graphs"].values()))) + 1) + "|"]
-        lines += [f"| {label} | " + " | ".join(f"{1e3 * v:.2f}" for v in by_n.values()) + " |"
-                  for label, by_n in s["graphs"].items()]
-        lines.append("")
+        lines += ["## Static cache: eager forward vs CUDA graph replay (median ms)", "",
+                  *table(["model, layout", *(f"n={n}" for n in next(iter(s["graphs"].values())))],
+                         [[label, *(f"{1e3 * v:.2f}" for v in by_n.values())] for label, by_n in s["graphs"].items()]),
+                  ""]
     if "generate" in s:
         lines += ["## Greedy generation, target Qwen2.5-Coder-1.5B architecture (bf16)", "",
-                  "| system | ms per token | x target | mean k | loop overhead ms/step |", "|---|---|---|---|---|"]
-        lines += [f"| {name} | {g['ms_per_token']:.2f} | {g['speedup']:.2f} | {_fmt(g.get('mean_k'))} | "
-                  f"{_fmt(g.get('overhead_ms_per_step'))} |" for name, g in s["generate"].items()]
-        lines.append("")
+                  *table(["system", "ms per token", "x target", "mean k", "loop overhead ms/step"],
+                         [[name, f"{g['ms_per_token']:.2f}", f"{g['speedup']:.2f}", _fmt(g.get("mean_k")),
+                           _fmt(g.get("overhead_ms_per_step"))] for name, g in s["generate"].items()]), ""]
     if "identity" in s:
         lines += ["## Greedy identity, self-drafting (8 drafts per forward) vs plain decoding", "",
                   *(f"- {k}: {v}" for k, v in s["identity"].items()), ""]
     if "masks" in s:
-        lines += ["## Masks over the Qwen tokenizer", "", "| what | ms |", "|---|---|",
-                  *(f"| {k} | {v} |" for k, v in s["masks"].items()), ""]
+        lines += ["## Masks over the Qwen tokenizer", "", *table(["what", "ms"], list(s["masks"].items())), ""]
     lines += readme_lines(s)
     (check.out / "README.md").write_text("\n".join(lines))
     (check.out / "summary.json").write_text(json.dumps(s, indent=1, default=str))
@@ -428,10 +420,10 @@ def load_tokenizers(folder: Path | None, smoke: bool) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__.split("\n")[0])
+    p = cli.parser("gpu_check", __doc__)
     p.add_argument("--device", default="cuda")
     p.add_argument("--smoke", action="store_true", help="tiny models, few sizes: the same code in seconds")
-    p.add_argument("--out", type=Path, required=True)
+    cli.add_out(p)
     p.add_argument("--tokenizers", type=Path, default=None, help="folder holding qwen2/ and smollm2/ tokenizer folders")
     p.add_argument("--commit", default="unknown", help="the code's commit (the device has no git history)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 3; 1 with --smoke)")

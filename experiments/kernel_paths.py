@@ -12,18 +12,17 @@ cache), as a decode step reads every layer's weights once.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from structspec_ops import int4, q6k
+from experiments.lib import cli
 
 SHAPES = {"gate/up (8960 x 1536)": (8960, 1536), "down (1536 x 8960)": (1536, 8960)}
 WORKING_SET = 512e6  # bytes of weight copies cycled through
@@ -73,11 +72,11 @@ def _paths(packed, call, rows: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser("kernel_paths", __doc__)
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 5])
-    parser.add_argument("--out", type=Path)
+    cli.add_out(parser, required=False)
     args = parser.parse_args(argv)
     report = {"machine": platform.processor() or platform.machine(), "paths": list(int4.paths()), "runs": []}
     for threads in args.threads:

@@ -12,7 +12,6 @@ The GGUF files' bytes are the yardstick (the issue's goal: warm <= 5 s, peak <= 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments.lib import cli
 from experiments.lib.report import run_lines, table, write_run
 
 CHILD = """
@@ -62,14 +62,14 @@ def run(mode: str, options: dict, packed: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser("load_cost", __doc__)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--assistant", default="qwen2.5-coder-0.5b")
     parser.add_argument("--quantize-target", default="int4")
     parser.add_argument("--quantize-assistant", default="int4")
     parser.add_argument("--modes", nargs="+", default=["first", "warm"], choices=["float", "first", "warm"])
     parser.add_argument("--repeats", type=int, default=1, help="runs of each mode")
-    parser.add_argument("--out", type=Path)
+    cli.add_out(parser, required=False)
     args = parser.parse_args(argv)
     options = {"target": args.target, "assistant": args.assistant, "quantize_target": args.quantize_target,
                "quantize_assistant": args.quantize_assistant}

@@ -38,13 +38,6 @@ def truncated(model, layers: int):
     return small.eval()
 
 
-def load_assistant(source: str, target, *, quantize: str | None = None, **load_options):
-    """The assistant for `target`: a model source (`load`) or "random" (`random_like`), as a quantized copy
-    ("int4" or "int8", `assisted.models.loading.QUANTIZED_COPIES`) if asked."""
-    assistant = random_like(target) if source == "random" else load(source, **load_options)[0]
-    return QUANTIZED_COPIES[quantize](assistant) if quantize else assistant
-
-
 def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     """A tiny randomly initialized model with `model`'s architecture and vocabulary: a deliberately bad assistant.
 

@@ -25,13 +25,11 @@ costs measured, the calibration fresh.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import sys
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +38,8 @@ from assisted.policy.costs import CostTable, StepCost
 from assisted.policy.prices import SharedPrices, row_cuts
 from drafting.base import Cursor, Drafted
 from drafting.proposal import Proposal
+from experiments.lib import cli
+from experiments.lib.report import table
 
 ACCEPTANCE = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
 TEMPERATURES = (0.0, 0.7, 1.5)
@@ -249,18 +249,17 @@ def grid(acceptance=ACCEPTANCE, temperatures=TEMPERATURES, ratios=RATIOS, rows=R
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.policy_grid", description=__doc__.split("\n")[0])
+    p = cli.parser("policy_grid", __doc__)
     p.add_argument("--steps", type=int, default=160)
-    p.add_argument("--out", type=Path, default=None, help="write README.md with every cell here")
+    cli.add_out(p, required=False, help="write README.md with every cell here")
     args = p.parse_args(argv)
     scores = [score(c, args.steps) for c in grid()]
-    lines = ["| acceptance | T | ratio | rows | source | curve | auto / best | best | plain tok/s | auto tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in sorted(scores, key=lambda s: s.ratio):
-        best = "plain" if s.plain >= max(s.fixed.values()) else f"k={s.best_k}"
-        c = s.cell
-        lines.append(f"| {c.acceptance} | {c.temperature} | {c.ratio} | {c.rows} | {c.source} | {c.curve} "
-                     f"| {s.ratio:.3f} | {best} | {s.plain:.2f} | {s.auto:.2f} |")
+    best = lambda s: "plain" if s.plain >= max(s.fixed.values()) else f"k={s.best_k}"  # noqa: E731
+    lines = table(["acceptance", "T", "ratio", "rows", "source", "curve", "auto / best", "best", "plain tok/s",
+                   "auto tok/s"],
+                  [[s.cell.acceptance, s.cell.temperature, s.cell.ratio, s.cell.rows, s.cell.source, s.cell.curve,
+                    f"{s.ratio:.3f}", best(s), f"{s.plain:.2f}", f"{s.auto:.2f}"]
+                   for s in sorted(scores, key=lambda s: s.ratio)])
     low = [s for s in scores if s.ratio < 0.97]
     lines = [f"{len(scores)} cells, {len(low)} below 0.97x; worst {min(s.ratio for s in scores):.3f}", "", *lines]
     print("\n".join(lines))

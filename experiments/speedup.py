@@ -291,9 +291,7 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cli.set_threads(args)
-    argv = list(argv if argv is not None else sys.argv[1:])
+    argv, args = cli.begin(parse_args, argv)
     out = args.out or default_out()
     if args.report_only:
         paths = shards.results(out)

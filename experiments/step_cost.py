@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_models(p)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch CPU threads, each in turn")
     p.add_argument("--repeats", type=int, default=15, help="timed steps of each variant at each thread count")
-    p.add_argument("--out", type=Path)
+    cli.add_out(p, required=False)
     p.add_argument("--prefix", type=int, default=120, help="cached tokens before the timed step")
     p.add_argument("--profile", action="store_true")
     args = p.parse_args(argv)

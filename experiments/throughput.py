@@ -28,7 +28,6 @@ wall time for transformers, the row's time in the batch for ours; queueing exclu
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import statistics
@@ -41,7 +40,7 @@ import torch
 
 from assisted import generate, generate_batch, logits_processor
 from experiments.lib import cli
-from experiments.lib.report import cpu_name, read_rows, run_lines
+from experiments.lib.report import cpu_name, read_rows, run_lines, write_rows
 from experiments.lib.runner import interleaved, paired, timed
 from experiments.lib.systems import xgrammar_compiler, xgrammar_processor
 from experiments.lib.tasks import TICKET
@@ -201,11 +200,11 @@ def measure(
             continue
         row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
         rows.append(row)
-        append(out / "units.csv", [row], UNIT_FIELDS)
-        append(out / "documents.csv", [
+        write_rows(out / "units.csv", [row], UNIT_FIELDS, append=True)
+        write_rows(out / "documents.csv", [
             {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
              "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
-            for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS)
+            for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS, append=True)
         print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
               f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
     return rows
@@ -218,15 +217,6 @@ def unit_row(unit: int, repeat: int, system: str, docs: list[Document], result: 
             "valid": sum(valid(o.text) for o in result.outputs), "errors": sum(bool(o.error) for o in result.outputs),
             "latency_p50": percentile(latencies, 0.5), "latency_p95": percentile(latencies, 0.95),
             "padding_share": result.padding_share, "target_forwards": result.target_forwards}
-
-
-def append(path: Path, rows: list[dict], fields) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fields)
-        if new:
-            w.writeheader()
-        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
 
 
 def read_units(path: Path) -> list[dict]:
@@ -325,9 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     args.out.mkdir(parents=True, exist_ok=True)
     quantized = f" ({args.quantize_target})" if args.quantize_target else ""
     title = (f"{args.target}{quantized} + {cli.assistant_label(args)}{', packed' if args.pack else ''}, greedy, "

@@ -83,9 +83,7 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    cli.set_threads(args)
+    argv, args = cli.begin(parse_args, argv)
     version = xgrammar_version()
     if version is None:
         print("error: xgrammar is not importable; see this module's docstring for the CPU install", file=sys.stderr)

@@ -43,7 +43,7 @@ def add_run(p: argparse.ArgumentParser, *, threads: int | None = 1, repeats: int
     """--threads and --out, and each of --repeats, --max-new-tokens, --seed and --temperatures unless its default
     is None (or `seed` False)."""
     p.add_argument("--threads", type=int, default=threads, help="torch CPU threads (None: torch's)")
-    p.add_argument("--out", type=Path, required=out_required, default=None)
+    add_out(p, required=out_required)
     if repeats is not None:
         p.add_argument("--repeats", type=int, default=repeats, help="interleaved runs of every unit and system")
     if max_new_tokens is not None:
@@ -53,6 +53,20 @@ def add_run(p: argparse.ArgumentParser, *, threads: int | None = 1, repeats: int
                        help="repeat r samples with seed + r, the same for every system")
     if temperatures is not None:
         p.add_argument("--temperatures", type=float, nargs="+", default=temperatures)
+
+
+def add_out(p: argparse.ArgumentParser, *, required: bool = True, help: str | None = None) -> None:
+    """--out: the run folder (`experiments.lib.report.write_run`)."""
+    p.add_argument("--out", type=Path, required=required, default=None, help=help)
+
+
+def add_pool(p: argparse.ArgumentParser, *, timeout: float, rebuilds: str) -> None:
+    """--timeout (CPU seconds per stage of one task), --workers and --report-only, for the studies that run each
+    task in a forked child (`experiments.lib.coverage_pool.run_pool`); `rebuilds`: what --report-only rebuilds."""
+    p.add_argument("--timeout", type=float, default=timeout,
+                   help="CPU seconds per task and stage (compile, walk); 10x that in wall time at most")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--report-only", action="store_true", help=f"rebuild {rebuilds} from --out")
 
 
 def assistant_quantization(args) -> str | None:
@@ -79,6 +93,15 @@ def set_threads(args) -> None:
     import torch
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
+
+
+def begin(parse_args, argv: list[str] | None) -> tuple[list[str], argparse.Namespace]:
+    """(argv, args) of a study's run: its command line (`sys.argv`'s tail where `argv` is None; the README names
+    it), parsed by `parse_args`, torch's CPU threads set from --threads."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    set_threads(args)
+    return argv, args
 
 
 def load(args, assistant: str | None | bool = True) -> tuple | None:

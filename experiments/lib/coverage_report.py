@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.lib.report import table
+
 
 def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
@@ -229,14 +231,13 @@ def headline(summary: dict) -> str:
     )
 
 
-def _table_row(name: str, g: dict) -> str:
+def _subset_cells(name: str, g: dict) -> list:
+    """One row of the per-subset table."""
     c = g["compile_ms"]
-    return (
-        f"| {name} | {g['schemas']} | {g['covered']} | {_pct(g['covered_share'])} | {g['unsupported']} | "
-        f"{g['timeouts']} | {g['errors']} | {g['false_rejects']} ({g['false_reject_schemas']}) | "
-        f"{g['false_accepts']} ({g['false_accept_schemas']}) | {_ms(c['p50'])} | {_ms(c['p90'])} | {_ms(c['max'])} | "
-        f"{_pct(g['forced_share'])} |"
-    )
+    return [name, g["schemas"], g["covered"], _pct(g["covered_share"]), g["unsupported"], g["timeouts"], g["errors"],
+            f"{g['false_rejects']} ({g['false_reject_schemas']})",
+            f"{g['false_accepts']} ({g['false_accept_schemas']})", _ms(c["p50"]), _ms(c["p90"]), _ms(c["max"]),
+            _pct(g["forced_share"])]
 
 
 def markdown(summary: dict) -> str:
@@ -277,11 +278,10 @@ def markdown(summary: dict) -> str:
         "",
         "## Per subset",
         "",
-        "| subset | schemas | covered | covered % | unsupported | timeout | error | false rejects (schemas) | "
-        "false accepts (schemas) | compile p50 ms | p90 ms | max ms | forced share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *[_table_row(name, g) for name, g in summary["subsets"].items()],
-        _table_row("**all**", o),
+        *table(["subset", "schemas", "covered", "covered %", "unsupported", "timeout", "error",
+                "false rejects (schemas)", "false accepts (schemas)", "compile p50 ms", "p90 ms", "max ms",
+                "forced share"],
+               [*(_subset_cells(name, g) for name, g in summary["subsets"].items()), _subset_cells("**all**", o)]),
         "",
         f"Covered counts {o['covered_without_tests']} compiled schemas that have no test instances. False rejects "
         f"split into {o['false_rejects_regex']} regex-level (the byte DFA rejects the text) and "
@@ -307,9 +307,7 @@ def markdown(summary: dict) -> str:
         "",
         "## Top unsupported keywords",
         "",
-        "| keyword | schemas |",
-        "|---|---|",
-        *[f"| `{k}` | {n} |" for k, n in summary["unsupported_keywords"][:20]],
+        *table(["keyword", "schemas"], [[f"`{k}`", n] for k, n in summary["unsupported_keywords"][:20]]),
         "",
     ]
     lines += _problem_lists(summary)
@@ -319,9 +317,8 @@ def markdown(summary: dict) -> str:
 def _problem_lists(summary: dict) -> list[str]:
     causes = summary.get("false_reject_causes", [])
     lines = ["## False rejects by cause (heuristic, experiments/lib/coverage_causes.py)", "",
-             "| cause | instances | schemas | shortest example |", "|---|---|---|---|"]
-    lines += [f"| {c['cause']} | {c['count']} | {c['schemas']} | `{c['example']['file']}` #{c['example']['test']}: "
-              f"`{_cell(c['example']['text'][:90])}` — {_cell(c['example']['detail'][:110])} |" for c in causes]
+             *table(["cause", "instances", "schemas", "shortest example"],
+                    [[c["cause"], c["count"], c["schemas"], _example(c["example"])] for c in causes])]
     lines += ["", f"## False accepts ({len(summary['false_accepts'])})", ""]
     lines += [
         f"- `{f['file']}` test {f['test']} ({f['kind']}): `{_cell(f['text'][:120])}` — {f['detail']}"
@@ -334,6 +331,12 @@ def _problem_lists(summary: dict) -> list[str]:
         for e in summary["errors"][:200]
     ]
     return lines + [""]
+
+
+def _example(example: dict) -> str:
+    """A cause's shortest example: file, test, the text and what went wrong, cut to fit a table cell."""
+    return (f"`{example['file']}` #{example['test']}: `{_cell(example['text'][:90])}` — "
+            f"{_cell(example['detail'][:110])}")
 
 
 def _cell(text: str) -> str:

@@ -5,14 +5,9 @@ and rewrites are easiest to get wrong. Everything is a pure function of a seed."
 from __future__ import annotations
 
 import copy
-import json
 import random
 
 ATOM_KEYS = ("a", "b", "c", "x1")
-
-
-def compact(value) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def valid_instances(schema, n: int, seed: int) -> list:

@@ -8,8 +8,8 @@
   steps       what one forward over n new tokens costs after 200 cached ones: the bare replay of a captured graph,
               our captured step (`StaticKV.run`: ids in, padding, replay, logits out) and an eager forward on a
               dynamic cache, for the 1.5B and 7B targets and the 0.5B assistant. `steps.csv` is a cost table
-              `experiments.policy_replay --timings ... --layout captured` replays (the recorded CPU acceptance of
-              the real pair then gives speedups at these costs).
+              `experiments.policy_replay --timings ... --layout captured` (at ae05ac6) replays (the recorded CPU
+              acceptance of the real pair then gives speedups at these costs).
   captured_identity  greedy tokens of static eager and captured steps against dynamic eager ones, float32 and
               bf16 (bf16 rounds batched rows differently by design: reported, not required).
 """
@@ -25,6 +25,7 @@ from assisted import generate
 from drafting.kv_cache import crop_to, forward, new_cache
 from drafting.static_cache import BUCKETS, StaticKV, cuda_capture
 from experiments.lib.gpu_models import random_prompt
+from experiments.lib.report import table
 
 TARGET, ASSISTANT, LARGE = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b"
 BASELINE = "transformers + XGrammar (eager)"
@@ -274,26 +275,24 @@ def readme_lines(s: dict) -> list[str]:
     """The README's tables for these sections (those that ran)."""
     lines = []
     if "extraction" in s:
+        ratio = lambda g: (f"{g['x_baseline']:.2f} ({g['x_range'][0]:.2f}-{g['x_range'][1]:.2f})"  # noqa: E731
+                           if "x_baseline" in g else "")
         lines += ["## Structured extraction (invoice schema), target Qwen2.5-Coder-1.5B architecture (bf16)", "",
-                  "| system | s per call | ms per token | tokens | valid | x transformers + XGrammar (range) | "
-                  "target forwards | ms per target forward |", "|---|---|---|---|---|---|---|---|"]
-        for name, g in s["extraction"].items():
-            ratio = f"{g['x_baseline']:.2f} ({g['x_range'][0]:.2f}-{g['x_range'][1]:.2f})" if "x_baseline" in g else ""
-            lines.append(
-                f"| {name} | {g['s_per_call']:.3f} | {g['ms_per_token']:.2f} | {g['tokens']:.0f} | {g['valid']} "
-                f"| {ratio} | {g.get('target_forwards', '')} | {_ms(g.get('ms_per_target_forward'))} |"
-            )
+                  *table(["system", "s per call", "ms per token", "tokens", "valid",
+                          "x transformers + XGrammar (range)", "target forwards", "ms per target forward"],
+                         [[name, f"{g['s_per_call']:.3f}", f"{g['ms_per_token']:.2f}", f"{g['tokens']:.0f}", g["valid"],
+                           ratio(g), g.get("target_forwards", ""), _ms(g.get("ms_per_target_forward"))]
+                          for name, g in s["extraction"].items()])]
         lines += [f"- {k}: {v}" for k, v in (s.get("extraction_failed") or {}).items()]
         lines += [f"- {s['extraction_note']}"] if "extraction_note" in s else []
         lines.append("")
     if "steps" in s:
         ns = sorted({int(n) for by_n in s["steps"].values() for n in by_n})
+        steps = {label: {int(n): v for n, v in by_n.items()} for label, by_n in s["steps"].items()}
         lines += ["## One forward over n new tokens after 200 cached (median ms)", "",
-                  "| model, layout | " + " | ".join(f"n={n}" for n in ns) + " |", "|---" * (len(ns) + 1) + "|"]
-        lines += [f"| {label} | " + " | ".join(_ms(1e3 * by_n[n]) if n in by_n else "" for n in ns) + " |"
-                  for label, by_n in ({k: {int(n): v for n, v in by_n.items()} for k, by_n in s["steps"].items()}
-                                      ).items()]
-        lines.append("")
+                  *table(["model, layout", *(f"n={n}" for n in ns)],
+                         [[label, *(_ms(1e3 * by_n[n]) if n in by_n else "" for n in ns)]
+                          for label, by_n in steps.items()]), ""]
     if "captured_identity" in s:
         lines += ["## Greedy identity of static and captured steps against dynamic eager ones", "",
                   *(f"- {k}: {v}" for k, v in s["captured_identity"].items()), ""]

@@ -58,13 +58,17 @@ def load_lines() -> list[str]:
     return [f"- models {describe_load()}"] if last_load() else []
 
 
-def write_rows(path: Path, rows: list[dict], fields) -> None:
-    """One CSV row per generation, floats rounded to 4 digits (the benchmarks' results.csv); keys not in `fields`
-    are left out."""
-    with open(path, "w", newline="") as f:
+def write_rows(path: Path, rows: list[dict], fields, digits: int | None = 4, append: bool = False) -> None:
+    """One CSV row per generation, floats rounded to `digits` (None: as they are; the benchmarks' results.csv);
+    keys not in `fields` are left out. `append`: add the rows to `path` (the header only where it is new), as a
+    run that can be resumed writes each unit as it ends."""
+    fresh = not (append and path.exists())
+    with open(path, "a" if append else "w", newline="") as f:
         w = csv.DictWriter(f, fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+        if fresh:
+            w.writeheader()
+        w.writerows({k: (round(v, digits) if digits is not None and isinstance(v, float) else v)
+                     for k, v in r.items()} for r in rows)
 
 
 def read_rows(path: Path, text: tuple[str, ...] = ()) -> list[dict]:
