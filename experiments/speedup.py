@@ -16,7 +16,7 @@ All systems stop on the same EOS set and use no top-k/top-p/repetition penalty. 
 system runs once, untimed, on the first prompt (allocators, caches; ours-auto learns the pair's costs there,
 as it would in any process that generates more than once). Writes results.csv, greedy.png, sampling.png and
 README.md to --out. The README also pairs ours-auto with each system per (prompt, repeat) unit, with
-intervals (`experiments.stats`; `python -m experiments.stats RUN...` pools the units of several runs).
+intervals (`--report-only` pools the units of a run's shards).
 """
 
 from __future__ import annotations
