@@ -9,9 +9,9 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   acceptance per bin is the confidence or a little above it); tokens not drafted yet are predicted to be
   accepted as often as the latest one or as the mean, whichever is higher (optimistic: an unsure token in
   code is often followed by sure ones, and a draft that turns out unsure costs one assistant forward: it is
-  dropped unverified). Choices between policies like these were measured with `experiments.policy_replay`
-  (recorded acceptance traces, no timing noise; the script at commit ae05ac6). A step drafts at most a window of four times the tokens
-  the previous drafting step committed (its accepted run + 1; k0 at a call's start), as TCP's slow start
+  dropped unverified). Choices between policies like these were measured with `experiments.policy_replay` (at
+  commit ae05ac6: recorded acceptance traces, no timing noise). A step drafts at most a window of four times the
+  tokens the previous drafting step committed (its accepted run + 1; k0 at a call's start), as TCP's slow start
   sizes its bets: the calibration learns only from verified drafts, and early in a call (or where the
   assistant is sure but the target is not: prose, high temperatures) one uncut 20-token draft costs several
   plain steps.
