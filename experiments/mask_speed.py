@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from assisted.models.loading import freeze_loaded_objects
 from fsm.caches import clear_caches
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--policy", default="compact")
     args = p.parse_args(argv)
     tokenizer = load_tokenizer(args.tokenizer)
+    freeze_loaded_objects()  # as load_pair does: no full collection over torch's objects inside a timed walk
     from fsm.vocabulary import vocabulary_from_tokenizer
     start = time.perf_counter()
     vocabulary = vocabulary_from_tokenizer(tokenizer)
