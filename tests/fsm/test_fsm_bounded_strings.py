@@ -12,7 +12,7 @@ import pytest
 import fsm
 from fsm import index as ix
 from fsm import json_terms as jt
-from fsm import rx
+from fsm import bounded_strings, rx
 from fsm.bounded_strings import BoundedStringInfo, string_chars, unbounded_twin
 from fsm.caches import clear_caches
 from fsm.lazy_dfa import DEAD, LazyDFA
@@ -69,12 +69,15 @@ def test_the_twin_lifts_only_the_bound():
     assert unbounded_twin(rx.seq(rx.repeat(jt.STRING_CHAR, 0, 9), rx.literal(","))) is None  # no closing quote
 
 
-def _walk(schema, instance, tokenizer) -> tuple[list[bytes], int]:
-    """(packed masks along the instance's tokens, bounded-string states met)."""
-    guide = fsm.Guide.from_schema(schema, tokenizer, policy="compact")
+def _walk(schema, instance, tokenizer, slack: int | None = None) -> tuple[list[bytes], int]:
+    """(packed masks along the instance's tokens, bounded-string states met); `slack`: within that many tokens more
+    than the instance's."""
+    text = json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
+    tokens = vocabulary_from_tokenizer(tokenizer).encode(text)
+    left = None if slack is None else len(tokens) + slack
+    guide = fsm.Guide.from_schema(schema, tokenizer, policy="compact").within(left)
     masks, bounded = [], 0
-    for token in vocabulary_from_tokenizer(tokenizer).encode(json.dumps(instance, separators=(",", ":"),
-                                                                        ensure_ascii=False)):
+    for token in tokens:
         info = guide.index.info(guide.state)
         bounded += isinstance(info, BoundedStringInfo)
         masks.append(np.packbits(guide.mask().numpy()).tobytes())
@@ -84,13 +87,15 @@ def _walk(schema, instance, tokenizer) -> tuple[list[bytes], int]:
 
 
 @pytest.mark.parametrize("case", range(len(SCHEMAS)))
-def test_bounded_strings_give_the_walked_masks(tokenizer, monkeypatch, case):
+@pytest.mark.parametrize("slack", [None, 1])
+def test_bounded_strings_give_the_walked_masks(tokenizer, monkeypatch, case, slack):
+    """Plain masks, and masks that close within a token budget (`fsm.closing`, which reads every successor)."""
     schema, instance = SCHEMAS[case]
     out = []
     for on in (False, True):
         monkeypatch.setattr(ix, "BOUNDED_STRINGS", on)
         clear_caches()
-        out.append(_walk(schema, instance, tokenizer))
+        out.append(_walk(schema, instance, tokenizer, slack))
     (reference, none), (masks, bounded) = out
     assert masks == reference and none == 0 and bounded >= 3
 
@@ -128,3 +133,15 @@ def test_a_bounded_string_costs_one_walk_per_tail_not_per_count(tokenizer, monke
         monkeypatch.setattr(ix, "_walk_all_tokens", walk)
         walks.append(count[0])
     assert walks[1] + 10 <= walks[0], walks
+
+
+def test_the_differential_sees_a_wrong_count(tokenizer, monkeypatch):
+    """Negative control: counting no token's characters lets the twin's longer tokens through, and the masks differ."""
+    schema, instance = SCHEMAS[1]
+    monkeypatch.setattr(ix, "BOUNDED_STRINGS", False)
+    clear_caches()
+    reference = _walk(schema, instance, tokenizer)[0]
+    monkeypatch.setattr(ix, "BOUNDED_STRINGS", True)
+    monkeypatch.setattr(bounded_strings, "string_chars", lambda vocabulary: np.zeros(vocabulary.vocab_size, np.int32))
+    clear_caches()
+    assert _walk(schema, instance, tokenizer)[0] != reference
