@@ -191,7 +191,8 @@ def load_models(args: argparse.Namespace):
     model, tokenizer, assistant = load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
                                             quantize_assistant=args.quantize_assistant,
                                             quantize_target=args.quantize_target, pack=args.pack,
-                                            draft_vocab_size=getattr(args, "draft_vocab_size", None))
+                                            draft_vocab_size=getattr(args, "draft_vocab_size", None),
+                                            freeze_gc=True)  # the CLI's process is its own: no collection over models
     own = None if assistant is None or str(args.assistant) == str(args.model) else load_tokenizer(args.assistant)
     return model, tokenizer, assistant, own
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fsm import rx
+from fsm.bounded_strings import BoundedStringInfo, bounded_info, unbounded_twin
 from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.closing import Closing
 from fsm.lazy_dfa import DEAD, LazyDFA
@@ -35,6 +36,7 @@ EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at i
 MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
 SPARSE_SORT = 64  # a state allowing under vocab_size / SPARSE_SORT tokens sorts them rather than scans the mask
 TRIE_WALK = True  # first visits walk the token trie where they can (off: the column walk everywhere, for tests)
+BOUNDED_STRINGS = True  # a bounded string's counts share its unbounded twin's walk (off: a walk per count, for tests)
 MAX_FORCED_BYTES = 256  # a forced string is cut here (a{1000000} would otherwise walk a million states)
 
 
@@ -237,6 +239,9 @@ class TokenIndex:
             ids = np.asarray(self.vocabulary.eos_token_ids[:1], dtype=np.int64)
             nexts = np.full(len(ids), FINISHED, dtype=np.int64)
         else:
+            bounded = self._bounded_string(state)
+            if bounded is not None:
+                return bounded
             walked = self._walk_from(state)
             if isinstance(walked, HeadStateInfo):
                 return walked
@@ -262,6 +267,17 @@ class TokenIndex:
             nexts = by_id[ids]
         lengths = self.vocabulary.walk_layout.lengths
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
+
+    def _bounded_string(self, state: int) -> BoundedStringInfo | None:
+        """Inside a string with `maxLength`: its unbounded twin's mask less the tokens of too many characters
+        (`fsm.bounded_strings`), where every token is token-live; else None."""
+        term = self.dfa.term(state)
+        twin = unbounded_twin(term) if BOUNDED_STRINGS and self._live.trivial else None
+        twin_state = DEAD if twin is None else self.dfa.state_of(twin[0])
+        if twin_state == DEAD:
+            return None
+        walk = partial(_walk_all_tokens, self.dfa, self.vocabulary, state)
+        return bounded_info(self.info(twin_state), twin[1], self.dfa, state, self.vocabulary, walk)
 
     def _walk_from(self, state: int) -> tuple[np.ndarray, np.ndarray] | HeadStateInfo:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
@@ -410,7 +426,7 @@ def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:
 
 def _size(entry) -> int:
     """Bytes of a cached StateInfo (0 for forced-token tuples, which are small)."""
-    return entry.nbytes if isinstance(entry, (StateInfo, HeadStateInfo)) else 0
+    return entry.nbytes if isinstance(entry, (StateInfo, HeadStateInfo, BoundedStringInfo)) else 0
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -43,6 +44,7 @@ def clean_remembered_state():
     if assisted is not None:
         assisted.reset_remembered_state()
     yield
+    gc.unfreeze()  # what a test's load_pair froze (freeze_loaded_objects) is collected as usual afterwards
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ layering rule."""
 from __future__ import annotations
 
 import ast
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,19 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
     assert model.generation_config.eos_token_id == [1]
     out = generate(model, assistant, tokenizer=tokenizer, prompt="a b", regex="[abcd]{3}", max_new_tokens=5)
     assert out.stop_reason == "final" and len(out.text.replace(" ", "")) == 3
+
+
+def test_load_pair_freezes_what_it_loaded_and_a_dropped_model_is_still_freed(tiny_folder):
+    """Frozen objects are left to reference counting: a model must not sit in a cycle, before or after generate."""
+    gc.unfreeze()
+    model, tokenizer, _ = load_pair(tiny_folder)  # off by default: process-wide
+    assert gc.get_freeze_count() == 0
+    model, tokenizer, _ = load_pair(tiny_folder, freeze_gc=True)
+    assert gc.get_freeze_count() > 1000
+    generate(model, tokenizer=tokenizer, prompt="a b", regex="[abcd]{3}", max_new_tokens=5)
+    dropped = weakref.ref(model)
+    del model
+    assert dropped() is None
 
 
 @pytest.mark.parametrize("quantize, module", [("int8", "assisted.models.int8"),
