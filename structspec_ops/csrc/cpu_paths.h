@@ -5,9 +5,8 @@
 
 #include <c10/util/Exception.h>
 
-#include <cstdint>
-
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
