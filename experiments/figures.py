@@ -33,7 +33,7 @@ from experiments.lib import cli, runner
 from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report
 from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
 from experiments.lib.report import STARTED_AT, machine_lines, write_rows
-from experiments.lib.systems import Systems, xgrammar_version
+from experiments.lib.systems import XGRAMMAR_MISSING, Systems, xgrammar_version
 from experiments.lib.tasks import HELD_OUT, chat_ids
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
@@ -177,8 +177,7 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
         if args.structured and xgrammar_version() is None:  # its reference system: refused before any model loads
-            print("error: the structured view compares against XGrammar, which is not importable: pip install "
-                  "--no-deps xgrammar apache-tvm-ffi (or --no-structured)", file=sys.stderr)
+            print(f"{XGRAMMAR_MISSING}; or --no-structured", file=sys.stderr)
             return 2
         if pair is None:
             pair = cli.load(args)

@@ -17,7 +17,7 @@ import statistics
 import sys
 
 from experiments.lib import cli, report, runner
-from experiments.lib.systems import Systems, xgrammar_version
+from experiments.lib.systems import XGRAMMAR_MISSING, Systems, xgrammar_version
 from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
 
 SYSTEMS = ("xgrammar", "xgrammar-compact", "xgrammar+assistant", "ours-processor", "ours-processor+assistant",
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     argv, args = cli.begin(parse_args, argv)
     version = xgrammar_version()
     if version is None:
-        print("error: xgrammar is not importable; see this module's docstring for the CPU install", file=sys.stderr)
+        print(XGRAMMAR_MISSING, file=sys.stderr)
         return 2
     loaded = cli.load(args)
     if loaded is None:

@@ -167,6 +167,10 @@ def xgrammar_processor(compiler, schema: dict, compact: bool):
     return xgrammar.contrib.hf.LogitsProcessor(compiler.compile_json_schema(json.dumps(schema), **options))
 
 
+XGRAMMAR_MISSING = ("error: XGrammar (the xgrammar package) is not importable; on a CPU: "
+                    "pip install --no-deps xgrammar apache-tvm-ffi (triton is not needed)")
+
+
 def xgrammar_version() -> str | None:
     """XGrammar's version, or None when it is not importable (the systems that need it are then skipped)."""
     try:
