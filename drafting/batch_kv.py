@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -125,9 +126,9 @@ class BatchKV:
         logits = self.forward(feeds, leaves)  # (B, m, V)
         return [logits[r, len(f) - k : len(f)] if f else None for r, (f, k) in enumerate(zip(feeds, keep))]
 
-    def ragged(self):
-        """The model's `ragged_forward(model, RaggedBatch)` where it applies (its attention is the row-invariant op),
-        else None: then `run` pads."""
+    def ragged(self) -> Callable[[object, RaggedBatch], torch.Tensor] | None:
+        """The model's `ragged_forward(model, RaggedBatch)` -> logits (K, V) where it applies (its attention is the
+        row-invariant op), else None: then `run` pads."""
         fast = getattr(self.model, "ragged_forward", None)
         return fast if fast is not None and self.model.config._attn_implementation == ATTENTION else None
 
