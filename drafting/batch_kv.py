@@ -2,14 +2,24 @@
 
 Every layer holds keys and values of shape (B, H, P, D). Row r's valid entries are always the prefix
 [0, lengths[r]) of its columns; columns [lengths[r], P) are holes (padding, rejected drafts, what a shorter row
-left behind), hidden from every query by an additive 4D attention mask. A forward appends m columns to every
-row (each row's feed, right-padded to m), then moves each row's real new entries left, to right after its valid
-prefix, and crops P to the longest row: holes never pile up in the middle of a row, and no full copy of the
-cache is made per step (the move touches only the step's new entries).
+left behind), hidden from every query by the attention mask. `run` takes one of two paths:
 
-Padded queries attend to their row's valid keys and to the new columns up to their own (they always see
-themselves), so no query row is fully masked: every stored value is finite (a NaN in a hole would poison
-later rows through 0 * NaN in the attention product). Positions are per row (`position_ids`), so a row's
+- Ragged (a model with a `ragged_forward` attribute, whose attention is the row-invariant op: a 4-bit model whose
+  decoder layers are all fused, `assisted.models.fused_layers`): every row's feed is packed end to end into N = sum
+  of the feeds' lengths positions (`RaggedBatch`), run as one (N, hidden) matrix, no padding; each row's new keys
+  and values are written straight to its columns [lengths[r], lengths[r] + len(feed)) (P grown first), and the
+  head runs on the kept positions only. Nothing to move afterwards.
+- Padded (any other model, `forward`): a forward appends m columns to every row (each row's feed, right-padded to
+  the longest, m), then moves each row's real new entries left, to right after its valid prefix, and crops P to the
+  longest row. The head runs on all B x m positions.
+
+Either way holes never pile up in the middle of a row, and no full copy of the cache is made per step. `positions`
+says how many positions a forward over given feeds computes (the engine prices the forward by it).
+
+On the padded path, padded queries attend to their row's valid keys and to the new columns up to their own (they
+always see themselves), so no query row is fully masked: every stored value is finite (a NaN in a hole would poison
+later rows through 0 * NaN in the attention product). On the ragged path a padded query slot attends to nothing (the
+op gives zeros) and is never stored. Positions are per row (`position_ids`), so a row's
 entries are those of the row decoded alone. A row's feed may end in a draft tree's leaf: its query does not see the
 chain from its sibling on, and it sits at its sibling's position (`drafting.tree`). This needs an attention that
 applies a custom 4D mask (`structspec_ops.attention.MASKED_ATTENTIONS`) and a model without sliding-window layers.
@@ -18,13 +28,17 @@ applies a custom 4D mask (`structspec_ops.attention.MASKED_ATTENTIONS`) and a mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Callable
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from drafting.kv_cache import cache_argument, input_device
 from drafting.row_kv import Leaf
-from structspec_ops.attention import MASKED_ATTENTIONS
+from structspec_ops.attention import ATTENTION, MASKED_ATTENTIONS
 
 PAD = 0  # the id fed at padded positions (its entries are holes)
 
@@ -41,6 +55,44 @@ def check_batch_model(model, name: str = "model") -> None:
         getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None))
     if sliding:
         raise ValueError(f"batched generation does not support sliding-window attention ({name})")
+
+
+@dataclass(frozen=True)
+class RaggedBatch:
+    """One ragged forward: every row's feed packed end to end, N positions in all, and where their keys, values and
+    queries go (`BatchKV.run`'s fast path; the model's `ragged_forward` runs it)."""
+
+    cache: DynamicCache  # the batch's: layers (B, H_kv, P, D), P wide enough for every row's new entries
+    ids: torch.Tensor  # (N,) long: the fed tokens, row after row
+    positions: torch.Tensor  # (N,) long: each token's position (a tree leaf: its sibling's)
+    rows: torch.Tensor  # (N,) long: each token's row
+    slots: torch.Tensor  # (N,) long: its index in its row's feed (its query row in a padded (B, m) block)
+    columns: torch.Tensor  # (N,) long: its cache column, lengths[row] + slot
+    mask: torch.Tensor  # (B, 1, m, P) bool: what each query slot attends to (a padded slot: nothing)
+    kept: torch.Tensor  # (K,) long: the positions (indices into N) whose logits are kept, row after row
+
+    def store(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer `layer`'s new keys and values (N, H_kv, D) to their rows' columns; returns all of that layer's,
+        (B, H_kv, P, D) each. A layer the cache does not have yet (no row cached anything) is made, zeros."""
+        if layer == len(self.cache.layers):
+            batch, _, _, width = self.mask.shape
+            shape = (batch, keys.shape[1], width, keys.shape[2])
+            self.cache.layers.append(_layer(keys.new_zeros(shape), values.new_zeros(shape)))
+        cached = self.cache.layers[layer]
+        cached.keys[self.rows, :, self.columns] = keys
+        cached.values[self.rows, :, self.columns] = values
+        return cached.keys, cached.values
+
+    def queries(self, q: torch.Tensor) -> torch.Tensor:
+        """(N, H, D) -> (B, H, m, D): each query at its row and slot, zeros at padded slots."""
+        batch, _, m, _ = self.mask.shape
+        padded = q.new_zeros(batch, m, *q.shape[1:])  # (B, m, H, D)
+        padded[self.rows, self.slots] = q
+        return padded.transpose(1, 2)
+
+    def packed(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention's output (B, m, H, D) -> (N, H D), row after row (padded slots left out)."""
+        return out[self.rows, self.slots].reshape(len(self.rows), -1)
 
 
 class BatchKV:
@@ -61,13 +113,35 @@ class BatchKV:
 
     def run(self, feeds: list[list[int]], keep: list[int], leaves: list[Leaf | None] | None = None
             ) -> list[torch.Tensor | None]:
-        """`drafting.row_kv.RowsKV.run`: one forward over every row's feed; row r's logits (keep[r], V), views of the
-        batch's (B, m, V), None where it was fed nothing."""
+        """`drafting.row_kv.RowsKV.run`: one forward over every row's feed; row r's logits (keep[r], V), None where it
+        was fed nothing. Ragged where the model has that path (`ragged`), else padded (`forward`)."""
+        if not any(feeds):
+            return [None] * len(feeds)
+        fast = self.ragged()
+        if fast is not None:
+            logits = fast(self.model, self._pack(feeds, keep, leaves))  # (K, V)
+            logits = logits.split([k if f else 0 for f, k in zip(feeds, keep)])
+            self.lengths = [n + len(f) for n, f in zip(self.lengths, feeds)]
+            return [x if f else None for f, x in zip(feeds, logits)]  # (keep[r], V) each
         logits = self.forward(feeds, leaves)  # (B, m, V)
         return [logits[r, len(f) - k : len(f)] if f else None for r, (f, k) in enumerate(zip(feeds, keep))]
 
+    def ragged(self) -> Callable[[object, RaggedBatch], torch.Tensor] | None:
+        """The model's `ragged_forward(model, RaggedBatch)` -> logits (K, V) where it applies (its attention is the
+        row-invariant op), else None: then `run` pads."""
+        fast = getattr(self.model, "ragged_forward", None)
+        return fast if fast is not None and self.model.config._attn_implementation == ATTENTION else None
+
+    def positions(self, feeds: list[list[int]]) -> int:
+        """Positions a `run` over these feeds computes: the feeds' own on the ragged path, B rows x the longest feed
+        on the padded one (0 where no row feeds anything)."""
+        if not any(feeds):
+            return 0
+        return sum(map(len, feeds)) if self.ragged() is not None else len(feeds) * max(map(len, feeds))
+
     def forward(self, feeds: list[list[int]], leaves: list[Leaf | None] | None = None) -> torch.Tensor:
-        """Run row r's `feeds[r]` (not yet cached) after its cached tokens; logits (B, m, V), m = longest feed.
+        """The padded path: run row r's `feeds[r]` (not yet cached) after its cached tokens; logits (B, m, V), m = the
+        longest feed.
 
         Row r's logits are rows [0, len(feeds[r])) of its (m, V) block; after the call those tokens are cached.
         Where `leaves[r]` is given, row r's last token is that leaf of a draft tree.
@@ -79,17 +153,47 @@ class BatchKV:
         mask = self._mask(past, m)  # (B, 1, m, past + m)
         for r, leaf in enumerate(leaves or ()):
             if leaf is not None:
-                positions[r][len(feeds[r]) - 1] = self._hide_chain(mask, r, past, len(feeds[r]), *leaf)
+                hidden, positions[r][len(feeds[r]) - 1] = self._leaf(r, past, len(feeds[r]), *leaf)
+                mask[r, 0, len(feeds[r]) - 1, hidden] = torch.finfo(mask.dtype).min
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=torch.tensor(positions, device=self.device),
                          use_cache=True, logits_to_keep=m, **{cache_argument(type(self.model)): self.cache})
         self._compact(past, [len(f) for f in feeds])
         return out.logits  # (B, m, V)
 
-    def _hide_chain(self, mask: torch.Tensor, r: int, past: int, fed: int, committed: int, branch) -> int:
-        """Hide chain[at:] from row r's leaf (its last query) in `mask`; returns the leaf's position."""
+    def _leaf(self, r: int, start: int, fed: int, committed: int, branch) -> tuple[slice, int]:
+        """Row r's leaf, the last of its `fed` new tokens (the first at mask column `start`): the mask columns it must
+        not see (chain[at:], from its sibling on) and its position (its sibling's)."""
         chain = committed - self.lengths[r]  # query index of chain[0]
-        mask[r, 0, fed - 1, past + chain + branch.at : past + fed - 1] = torch.finfo(mask.dtype).min
-        return committed + branch.at
+        return slice(start + chain + branch.at, start + fed - 1), committed + branch.at
+
+    def _pack(self, feeds: list[list[int]], keep: list[int], leaves: list[Leaf | None] | None) -> RaggedBatch:
+        """The ragged path's layout of these feeds; P grown to hold every row's new entries."""
+        assert len(feeds) == len(self.lengths), "one feed per row"
+        fed = [len(f) for f in feeds]
+        width = max(self.width, *(n + f for n, f in zip(self.lengths, fed)))
+        if self.width < width:
+            self._grow_width(width)
+        rows = [r for r, f in enumerate(fed) for _ in range(f)]  # (N,)
+        slots = [j for f in fed for j in range(f)]
+        columns = [self.lengths[r] + j for r, j in zip(rows, slots)]
+        starts = list(accumulate(fed, initial=0))  # each row's first index into N
+        positions, mask = list(columns), self._ragged_mask(fed, width)
+        for r, leaf in enumerate(leaves or ()):
+            if leaf is not None:
+                hidden, positions[starts[r] + fed[r] - 1] = self._leaf(r, self.lengths[r], fed[r], *leaf)
+                mask[r, 0, fed[r] - 1, hidden] = False
+        kept = [s + j for s, f, k in zip(starts, fed, keep) if f for j in range(f - k, f)]  # (K,)
+        ids, positions, rows, slots, columns, kept = (torch.tensor(x, dtype=torch.long, device=self.device) for x in
+                                                      (sum(feeds, []), positions, rows, slots, columns, kept))
+        return RaggedBatch(self.cache, ids, positions, rows, slots, columns, mask, kept)
+
+    def _ragged_mask(self, fed: list[int], width: int) -> torch.Tensor:
+        """Bool (B, 1, m, P): row r's query j < fed[r] sees its keys [0, lengths[r] + j]; a padded query sees none."""
+        m, device = max(fed), self.device
+        query = torch.arange(m, device=device)[None]  # (1, m)
+        last = torch.tensor(self.lengths, device=device)[:, None] + query  # (B, m): the last key each query sees
+        last = last.masked_fill(query >= torch.tensor(fed, device=device)[:, None], -1)  # padded queries: none
+        return (torch.arange(width, device=device)[None, None] <= last[..., None])[:, None]
 
     def _mask(self, past: int, m: int) -> torch.Tensor:
         """Additive (B, 1, m, past + m): row r's valid prefix, then causal over the new columns."""

@@ -5,8 +5,9 @@ keep)` feeds tokens the cache has not seen and returns the logits of the last `k
 `length` positions, `length` is how many it holds. Two implementations: `DynamicKV`, transformers' `DynamicCache`
 (transformers 5.x: `DynamicCache.crop(-n)` removes n positions), and `drafting.static_cache.StaticKV` (pre-allocated,
 its forwards possibly replayed from CUDA graphs; a crop moves its length). A cache is never rebuilt; the caller tracks
-how many committed tokens each holds. The rows engine's `drafting.batch_kv.BatchKV` is the same for B rows (`forward`
-over one feed per row, `crop_rows`). `forward` and `crop_to` serve code that holds a bare `DynamicCache`.
+how many committed tokens each holds. The rows engine's `drafting.batch_kv.BatchKV` is the same for B rows (`run`
+over one feed per row, ragged or padded, `crop_rows`). `forward` and `crop_to` serve code that holds a bare
+`DynamicCache`.
 """
 
 from __future__ import annotations

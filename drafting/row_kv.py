@@ -1,10 +1,11 @@
 """The rows interface of the engine's caches, and one row's `KV` behind it.
 
 The engine (`assisted.rows.engine`) decodes one row or many on one interface, `RowsKV`: `run` feeds each row its new
-tokens (a draft tree's leaf included) and returns the logits each row keeps, `crop_rows` keeps each row's committed
-prefix, `place` admits a row (its prompt, or a kept prefix of it), `move` moves one cached position of a row (a taken
-leaf), `row_cache` hands out a row's entries (`assisted.PrefixCache`), `drop` lets rows go. Two implementations:
-`drafting.batch_kv.BatchKV` (B rows of different lengths on one physical cache, prompts prefilled at admission) and
+tokens (a draft tree's leaf included) and returns the logits each row keeps, `positions` says how many positions such a
+forward computes (the engine prices it by them), `crop_rows` keeps each row's committed prefix, `place` admits a row
+(its prompt, or a kept prefix of it), `move` moves one cached position of a row (a taken leaf), `row_cache` hands out
+a row's entries (`assisted.PrefixCache`), `drop` lets rows go. Two implementations: `drafting.batch_kv.BatchKV` (B
+rows of different lengths on one physical cache, prompts prefilled at admission; ragged or padded forwards) and
 `OneRow` here (one row on a `DynamicKV` or a static `StaticKV`, possibly captured; its first forward feeds the
 prompt, as a single call always has).
 """
@@ -33,6 +34,9 @@ class RowsKV(Protocol):
             ) -> list[torch.Tensor | None]:
         """Feed row r `feeds[r]` after its cached tokens (the last one a leaf where `leaves[r]`); row r's logits of its
         last `keep[r]` tokens, (keep[r], V), or None where it was fed nothing."""
+
+    def positions(self, feeds: list[list[int]]) -> int:
+        """How many positions a `run` over these feeds computes, padding included (0 where none feeds anything)."""
 
     def crop_rows(self, lengths: list[int]) -> None:
         """Keep at most `lengths[r]` cached tokens of row r."""
@@ -70,6 +74,9 @@ class OneRow:
         if leaves and leaves[0] is not None:  # trees run on dynamic caches only (`assisted.caching.plan_caches`)
             return [tree_forward(self.model, self.kv.cache, leaves[0][0], feeds[0], leaves[0][1])]  # (k+2, V)
         return [self.kv.run(feeds[0], keep[0])]  # (keep, V)
+
+    def positions(self, feeds: list[list[int]]) -> int:
+        return len(feeds[0])  # a captured static step pads to its bucket: priced by its feed, as its costs are kept
 
     def crop_rows(self, lengths: list[int]) -> None:
         self.kv.crop(lengths[0])

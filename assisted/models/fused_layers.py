@@ -8,22 +8,28 @@ Qwen2 decoder layer whose Linears all run the project's 4-bit or 6-bit kernels (
 row-invariant (one forward over n positions is bitwise n steps; a row in a batch bitwise the row alone). It is the
 model as loaded: its logits differ from the unfused model's by float rounding (norm and SiLU are summed in another
 order), as any other kernel choice would. Other layers run as they are; `fused_layer_count` says how many fused.
+
+Where every layer is fused, two paths skip transformers' model forward and run the same modules and ops directly:
+`one_row_forward` (one row's step) and `ragged_forward` (B rows' feeds packed end to end, no padding).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
 
 from assisted.models.int4_linear import Int4Linear
 from assisted.models.q6k_linear import Q6KLinear
+from drafting.batch_kv import RaggedBatch
 from structspec_ops import attention, decoder
 from structspec_ops.attention import ATTENTION
 
 FAMILIES = ("LlamaDecoderLayer", "Qwen2DecoderLayer")  # RMSNorm, q/k/v (+ bias), rotary, o, gate/up/down SiLU MLP
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q (N, H, D), k, v (N, H_kv, D) -> (N, HD)
 
 
 def _weight(linear: torch.nn.Module) -> decoder.Weight:
@@ -93,26 +99,43 @@ class FusedDecoderLayer(torch.nn.Module):
         cos, sin = self.rotary.rows(position_embeddings, batch, n, self.last)  # (B n, D) each
         update = None if cache is None else lambda k, v: self._update(cache, k, v, position_embeddings, kwargs)
         attention = ALL_ATTENTION_FUNCTIONS[self.self_attn.config._attn_implementation]
-        y = self.run(x, batch, cos, sin, update, attention, attention_mask, kwargs)  # (B n, hidden)
+        y = self.run(x, cos, sin, self.over_rows(batch, update, attention, attention_mask, kwargs))  # (B n, hidden)
         return y.view(batch, n, hidden).to(hidden_states.dtype)
 
-    def run(self, x: torch.Tensor, batch: int, cos: torch.Tensor, sin: torch.Tensor, update, attention,
-            attention_mask=None, kwargs=None) -> torch.Tensor:
-        """The layer on x (B n, hidden) float32 with rotary rows cos, sin (B n, D): `update(k, v)` appends this
-        forward's keys and values (B, H_kv, n, D) to the cache and returns all of them (None: no cache), and
-        `attention` is a transformers attention function. Returns the layer's output (B n, hidden)."""
-        n = x.shape[0] // batch
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """The layer on x (N, hidden) float32 with rotary rows cos, sin (N, D): `attend(q, k, v)` takes this forward's
+        rotated queries (N, H, D), keys and values (N, H_kv, D) and returns the attention's output (N, H D)
+        (`over_rows`, `over_ragged`). Returns the layer's output (N, hidden)."""
         first, second = self.input_layernorm, self.post_attention_layernorm
         q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
                                        self.kv_heads, self.head_dim)
-        q = q.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
-        k, v = (t.view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, H_kv, n, D)
-        if update is not None:
-            k, v = update(k, v)
-        a, _ = attention(self.self_attn, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
-                         **(kwargs or {}))  # (B, n, H, D)
-        return decoder.attention_out(a.reshape(batch * n, -1).contiguous(), x, second.weight,
-                                     second.variance_epsilon, self.outs)
+        a = attend(q.view(-1, self.heads, self.head_dim), *(t.view(-1, self.kv_heads, self.head_dim) for t in (k, v)))
+        return decoder.attention_out(a, x, second.weight, second.variance_epsilon, self.outs)
+
+    def over_rows(self, batch: int, update, attention, attention_mask=None, kwargs=None) -> Attend:
+        """`run`'s attention over B rows of n positions each (x holds them row after row): `update(k, v)` appends this
+        forward's keys and values (B, H_kv, n, D) to the cache and returns all of them (None: no cache), `attention` is
+        a transformers attention function, `attention_mask` its mask."""
+        def attend(q, k, v):
+            n = q.shape[0] // batch
+            q = q.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
+            k, v = (t.view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, H_kv, n, D)
+            if update is not None:
+                k, v = update(k, v)
+            return self._attention(attention, q, k, v, attention_mask, kwargs).reshape(batch * n, -1).contiguous()
+        return attend
+
+    def over_ragged(self, batch: RaggedBatch, attention) -> Attend:
+        """`run`'s attention over the rows of `batch` packed end to end: the keys and values go straight into the
+        batch's cache, each row's queries (set out as a padded (B, H, m, D)) attend to their own row's keys."""
+        def attend(q, k, v):
+            keys, values = batch.store(self.layer_idx, k, v)  # (B, H_kv, P, D) each
+            return batch.packed(self._attention(attention, batch.queries(q), keys, values, batch.mask))  # (N, H D)
+        return attend
+
+    def _attention(self, attention, q, k, v, mask, kwargs=None) -> torch.Tensor:
+        """q (B, H, n, D), k and v (B, H_kv, L, D) -> (B, n, H, D)."""
+        return attention(self.self_attn, q, k, v, mask, dropout=0.0, scaling=self.scaling, **(kwargs or {}))[0]
 
     def _update(self, cache, k, v, position_embeddings, kwargs):
         if self.cache_keyword == "cache":  # transformers 5.24+: the cache finds its own positions
@@ -142,28 +165,80 @@ def one_row_forward(model: torch.nn.Module, cache, ids: list[int], keep: int) ->
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    inner = model.model
-    if type(cache) is not DynamicCache or model.config._attn_implementation != ATTENTION or \
-            any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        return None
-    layers = inner.layers[: model.config.num_hidden_layers]
-    if not all(isinstance(layer, FusedDecoderLayer) for layer in layers):
+    layers = _fused_layers(model)
+    if type(cache) is not DynamicCache or layers is None or any(getattr(layer, "is_sliding", False)
+                                                                for layer in cache.layers):
         return None
     past = cache.get_seq_length()
-    x = inner.embed_tokens(torch.tensor([ids], device=model.device))  # (1, n, hidden)
-    positions = torch.arange(past, past + len(ids), device=x.device)[None]  # (1, n)
-    cos, sin = (t.reshape(len(ids), -1).float().contiguous() for t in inner.rotary_emb(x, positions))  # (n, D)
-    x = x[0].float().contiguous()  # (n, hidden)
+    positions = torch.arange(past, past + len(ids), device=model.device)  # (n,)
     attention = ALL_ATTENTION_FUNCTIONS[ATTENTION]
+
+    def attend(layer: FusedDecoderLayer) -> Attend:  # one row, appended to `cache`
+        return layer.over_rows(1, lambda k, v: cache.update(k, v, layer.layer_idx), attention)
+
+    x = _through_layers(model, layers, torch.tensor(ids, device=model.device), positions, attend)  # (n, hidden)
+    return _head(model, x[-keep:])
+
+
+def ragged_forward(model: torch.nn.Module, batch: RaggedBatch) -> torch.Tensor:
+    """Logits (K, V) at the positions `batch.kept`: every row's feed of `batch` run packed end to end.
+
+    `drafting.batch_kv.BatchKV.run`'s fast path, for a model whose decoder layers are all fused and whose attention is
+    the row-invariant op. The N positions of all rows are one (N, hidden) matrix through the layers, no padding: the
+    embedding of the flat ids, the rotary embedding at each position's own position id, each layer's `run` (its
+    linears and norms row by row, so a position's row is what it is alone) with `FusedDecoderLayer.over_ragged` (keys
+    and values written straight into the batch's cache columns; each row's queries attend to its own keys, in
+    ascending order, by the row-invariant op), then the final norm and the head on the K kept positions only. Each row's
+    logits are bitwise that row's alone, and the padded forward's (tested). `fuse_layers` attaches it as the model's
+    `ragged_forward` attribute.
+
+    Raises
+    ------
+    ValueError
+        Where a decoder layer is not fused or the attention is another (`BatchKV` asks only a model whose attention is
+        the row-invariant op, and `fuse_layers` attaches this only where every layer is fused).
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    layers = _fused_layers(model)
+    if layers is None:
+        fused, total = fused_layer_count(model)
+        raise ValueError(f"ragged_forward needs every decoder layer fused and the {ATTENTION!r} attention; this model "
+                         f"has {fused} of {total} fused and {model.config._attn_implementation!r}")
+    attention = ALL_ATTENTION_FUNCTIONS[ATTENTION]
+    x = _through_layers(model, layers, batch.ids, batch.positions, lambda layer: layer.over_ragged(batch, attention))
+    return _head(model, x[batch.kept])  # (K, V)
+
+
+def _fused_layers(model: torch.nn.Module) -> list[FusedDecoderLayer] | None:
+    """The model's decoder layers where all are fused and its attention is the row-invariant op, else None."""
+    layers = model.model.layers[: model.config.num_hidden_layers]
+    fused = model.config._attn_implementation == ATTENTION and all(isinstance(m, FusedDecoderLayer) for m in layers)
+    return list(layers) if fused else None
+
+
+def _through_layers(model: torch.nn.Module, layers: list[FusedDecoderLayer], ids: torch.Tensor,
+                    positions: torch.Tensor, attend: Callable[[FusedDecoderLayer], Attend]) -> torch.Tensor:
+    """The hidden states (N, hidden) float32 after `layers` of the tokens `ids` (N,) at `positions` (N,): the
+    embedding, the rotary embedding at each token's own position, each layer's `run` with `attend(layer)`."""
+    inner = model.model
+    x = inner.embed_tokens(ids[None])  # (1, N, hidden)
+    cos, sin = (t.reshape(len(ids), -1).float().contiguous() for t in inner.rotary_emb(x, positions[None]))  # (N, D)
+    x = x[0].float().contiguous()  # (N, hidden)
     for layer in layers:
-        x = layer.run(x, 1, cos, sin, lambda k, v, i=layer.layer_idx: cache.update(k, v, i), attention)
-    return model.lm_head(inner.norm(x[None, -keep:]))[0]
+        x = layer.run(x, cos, sin, attend(layer))
+    return x
+
+
+def _head(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The final norm and the head on the hidden states x (K, hidden): logits (K, V)."""
+    return model.lm_head(model.model.norm(x[None]))[0]
 
 
 def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
     """Replace, in place, every decoder layer of `model` that `fusable` accepts by a `FusedDecoderLayer`. Where all
-    are, the model also gets the row-invariant attention and `one_row_forward` (its `drafting.kv_cache.forward` fast
-    path)."""
+    are, the model also gets the row-invariant attention, `one_row_forward` (its `drafting.kv_cache.forward` fast path)
+    and `ragged_forward` (`drafting.batch_kv.BatchKV.run`'s)."""
     rotary, fused = RotaryRows(), []  # one RotaryRows for the model's layers
     for _, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
@@ -176,6 +251,7 @@ def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
         model.set_attn_implementation(ATTENTION)  # a target's already; an assistant's copy's from sdpa
         attention.built()  # built once per machine now, not inside a timed forward
         model.one_row_forward = one_row_forward  # a function, not a bound method: a deep copy calls it on itself
+        model.ragged_forward = ragged_forward  # `drafting.batch_kv.BatchKV.run`'s fast path, the same way
     return model
 
 

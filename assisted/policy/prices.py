@@ -1,14 +1,14 @@
 """Drafts priced by position, per forward: the costs and rates the `auto` rows of one engine share.
 
-B rows decoded together share one target forward per step over B x n positions (each row fed n, padding included)
-and one assistant forward per drafting round. What such a forward costs at each width (positions in it) is measured
-once per step into one `CostTable`; whether a step drafts at all, and the price of a second, are the batch's: plain
-decoding commits B tokens per T(B) seconds, drafting steps commit the rows' expected tokens in theirs. Each row keeps
-its own beliefs (acceptance, calibration, window: `assisted.policy.auto.Auto`) and drafts up to its own cap; after
-each of its drafts it asks `SharedPrices.cut`, which chooses the width the whole batch verifies at
-(`assisted.policy.estimates.cut_width`): a row's drafts past the others' widen every row, so a row drafts on only
-where the batch's expected tokens per second gain by it, and may draft nothing. With one row this is the single-row
-`auto` exactly: the same functions at width 1.
+B rows decoded together share one target forward per step over B x n positions (each row fed n) and one assistant
+forward per drafting round. What such a forward costs at each width (the positions it computed,
+`drafting.row_kv.RowsKV.positions`: padding included where it pads) is measured once per step into one `CostTable`;
+whether a step drafts at all, and the price of a second, are the batch's: plain decoding commits B tokens per T(B)
+seconds, drafting steps commit the rows' expected tokens in theirs. Each row keeps its own beliefs (acceptance,
+calibration, window: `assisted.policy.auto.Auto`) and drafts up to its own cap; after each of its drafts it asks
+`SharedPrices.cut`, which chooses the width the whole batch verifies at (`assisted.policy.estimates.cut_width`): a
+row's drafts past the others' widen every row, so a row drafts on only where the batch's expected tokens per second
+gain by it, and may draft nothing. With one row this is the single-row `auto` exactly: the same functions at width 1.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ class BatchStats:
         per-row prefill forwards of newcomers (target and assistant counted separately).
     row_forwards : int
         Rows summed over the target's verification forwards (`rows_per_forward` is its mean).
-    positions, padding : int
-        Positions the target's verification forwards ran (rows x longest feed), and of those the padding.
+    positions_computed, positions_used : int
+        Positions the target's verification forwards computed (`drafting.row_kv.RowsKV.positions`: the feeds' own on
+        the ragged path, rows x the longest feed on the padded one) and, of those, the rows' own feeds.
     seconds : float
         Wall time from the run's start to its last row's finish.
     """
@@ -29,16 +30,15 @@ class BatchStats:
     def __init__(self, batch_size: int):
         self.batch_size, self.rows, self.errors, self.refills = batch_size, 0, 0, 0
         self.target_forwards = self.assistant_forwards = self.prefill_forwards = self.row_forwards = 0
-        self.positions = self.padding = 0
+        self.positions_computed = self.positions_used = 0
         self.start, self.seconds = time.perf_counter(), 0.0
 
-    def verified(self, feeds: list[list[int]]) -> None:
-        """Book one target forward over these rows' feeds (padded to the longest)."""
-        width = max(1, max(map(len, feeds)))
+    def verified(self, feeds: list[list[int]], computed: int) -> None:
+        """Book one target forward over these rows' feeds that computed `computed` positions."""
         self.target_forwards += 1
         self.row_forwards += len(feeds)
-        self.positions += width * len(feeds)
-        self.padding += sum(width - len(f) for f in feeds)
+        self.positions_computed += computed
+        self.positions_used += sum(map(len, feeds))
 
     def tick(self) -> None:
         self.seconds = time.perf_counter() - self.start
@@ -49,14 +49,20 @@ class BatchStats:
         return self.row_forwards / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def padding(self) -> int:
+        """Positions the target's verification forwards computed beyond the rows' feeds (0 on the ragged path)."""
+        return self.positions_computed - self.positions_used
+
+    @property
     def padding_share(self) -> float:
         """Share of the target's verification positions that were padding."""
-        return self.padding / self.positions if self.positions else 0.0
+        return self.padding / self.positions_computed if self.positions_computed else 0.0
 
     def as_dict(self) -> dict:
         return {"batch_size": self.batch_size, "rows": self.rows, "errors": self.errors, "refills": self.refills,
                 "target_forwards": self.target_forwards, "assistant_forwards": self.assistant_forwards,
                 "prefill_forwards": self.prefill_forwards, "rows_per_forward": round(self.rows_per_forward, 3),
+                "positions_computed": self.positions_computed, "positions_used": self.positions_used,
                 "padding_share": round(self.padding_share, 3), "seconds": round(self.seconds, 4)}
 
     def __repr__(self) -> str:

@@ -260,9 +260,9 @@ class Engine:
                ) -> None:
         """Book the forward on the rows that fed it; tell each row's policy what the target judged and what its step
         cost; price the forward."""
-        fed = sum(bool(f.tokens) for f in feeds)
+        fed, computed = sum(bool(f.tokens) for f in feeds), self.target.positions([list(f.tokens) for f in feeds])
         if fed:
-            self.stats.verified([f.tokens for f in feeds])
+            self.stats.verified([f.tokens for f in feeds], computed)
         for row, f, v in zip(rows, feeds, verdicts):
             share = seconds / fed if f.tokens else 0.0  # each row that fed the forward shares its seconds
             if f.tokens:
@@ -275,8 +275,7 @@ class Engine:
             row.rec.step(p.k, p.draft.sources, v.accepted, row.opts.coalesce)
             row.rec.branch(f.leaf is not None, v.took, priced_out=f.branch is not None and f.leaf is None)
         if self.prices is not None:
-            width = len(rows) * max(len(f.tokens) for f in feeds)  # positions in the forward, padding included
-            cost = StepCost(width, seconds if width else 0.0, rounds.forwards, rounds.seconds)
+            cost = StepCost(computed, seconds if computed else 0.0, rounds.forwards, rounds.seconds)
             self.prices.observe(cost, [(row.policy, f.draft.model_confidence) for row, f in zip(rows, feeds)
                                        if row.policy in self.prices.members])
 

@@ -3,9 +3,10 @@ that row decoded alone by `generate` with the same options.
 
 On the int8 target (row-invariant: a row's logits never depend on the other rows, their padding or their drafts) the
 identity is exact, so it is checked on it first; on a float target with tiny random models rows are compared the same
-way (their logits are far from ties). A batch with mixed rows (some taking draft-tree leaves, some closed by the
-budget, some stopped by a string) equals each row alone. Shared prompt prefixes and a prefix cache on the int8
-target give each row's tokens exactly.
+way (their logits are far from ties). The int4 pair (fused layers: target and assistant batches run the ragged forward,
+`assisted.models.fused_layers.ragged_forward`, no padding) is exact too. A batch with mixed rows (some taking
+draft-tree leaves, some closed by the budget, some stopped by a string) equals each row alone. Shared prompt prefixes
+and a prefix cache on the int8 target give each row's tokens exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from assisted import PrefixCache, generate, generate_batch, generate_batch_iter
+from assisted.models.int4_models import int4_copy, quantize_int4
 from assisted.models.int8 import int8_copy, quantize_int8
 from tests.assisted.test_generate_batch import POINT, REGEX, V, nudged
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
@@ -31,11 +33,13 @@ def tok():
 
 @pytest.fixture(scope="module")
 def pairs():
-    """(target, assistant) pairs: float, and an int8 target (row-invariant) with an int8 assistant; each assistant
-    drafts like its target, not always."""
+    """(target, assistant) pairs: float, an int8 target (row-invariant) with an int8 assistant, and an int4 target
+    with an int4 assistant (both fused: ragged batch forwards); each assistant drafts like its target, not always."""
     target, near = tiny_llama(V, seed=0), nudged(tiny_llama(V, seed=0), 0.002)
     return {"float": (target, near),
-            "int8": (quantize_int8(tiny_llama(V, seed=0)), int8_copy(nudged(tiny_llama(V, seed=0), 0.002)))}
+            "int8": (quantize_int8(tiny_llama(V, seed=0)), int8_copy(nudged(tiny_llama(V, seed=0), 0.002))),
+            "int4": (quantize_int4(tiny_llama(V, seed=0, hidden=64)),
+                     int4_copy(nudged(tiny_llama(V, seed=0, hidden=64), 0.002)))}
 
 
 class Recording:
@@ -89,6 +93,17 @@ OPTIONS = {
 }
 
 
+def counted_ragged_forwards(monkeypatch, model) -> list[int]:
+    """[how many ragged forwards `model` ran so far] (a fused model's; none for others)."""
+    count, fast = [0], getattr(model, "ragged_forward", None)
+    if fast is not None:
+        def counted(*args):
+            count[0] += 1
+            return fast(*args)
+        monkeypatch.setattr(model, "ragged_forward", counted)
+    return count
+
+
 def alone_and_batched(pair, tok, prompts, batch_size=3, **kw):
     target, helper = pair
     kw = {"max_new_tokens": 16} | kw
@@ -104,10 +119,13 @@ def same(alone, batched):
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
-@pytest.mark.parametrize("kind", ["int8", "float"])
-def test_each_row_of_a_batch_equals_the_row_alone_with_every_option(tok, pairs, kind, option):
+@pytest.mark.parametrize("kind", ["int8", "float", "int4"])
+def test_each_row_of_a_batch_equals_the_row_alone_with_every_option(tok, pairs, kind, option, monkeypatch):
+    ragged = counted_ragged_forwards(monkeypatch, pairs[kind][0])
     alone, batched = alone_and_batched(pairs[kind], tok, PROMPTS, **OPTIONS[option])
     same(alone, batched)
+    if kind == "int4":  # every verification forward was ragged, with no padding
+        assert ragged[0] == batched[0].batch.target_forwards and batched[0].batch.padding == 0
     drafted = sum(r.stats.drafted for r in batched)
     assert drafted > 0 or option == "criteria"  # the rows really drafted (and verified) something
     if option == "closed":
@@ -119,10 +137,13 @@ def test_each_row_of_a_batch_equals_the_row_alone_with_every_option(tok, pairs, 
         assert {r.stop_reason for r in batched} & {"criteria"}
 
 
-def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs):
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs, kind, monkeypatch):
     """Rows with different constraints under one batch's options: some take a draft tree's leaf, some close within
-    the budget, some stop at a string; each is what `generate` gives it alone, on the int8 target exactly."""
-    target, helper = pairs["int8"]
+    the budget, some stop at a string; each is what `generate` gives it alone, on the int8 and int4 targets exactly
+    (int4: ragged forwards, a leaf row among them)."""
+    target, helper = pairs[kind]
+    ragged, drafting = counted_ragged_forwards(monkeypatch, target), counted_ragged_forwards(monkeypatch, helper)
     words, text, yes_no = r"[a-z]+( [a-z]+)*\.", r"[ -~]{0,200}", REGEX
     free = generate(target, helper, tokenizer=tok, prompt=PROMPTS[1], regex=text, max_new_tokens=8)
     stop = tok.decode(free.token_ids[2:4])  # a string the second row writes
@@ -134,6 +155,9 @@ def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs):
     reasons = {r.stop_reason for r in batched}
     assert {"stop_string", "closed"} <= reasons, reasons
     assert sum(r.stats.leaves_taken for r in batched) > 0
+    int4 = kind == "int4"  # the target's and the assistant's batch forwards all ragged
+    assert (ragged[0], drafting[0]) == ((batched[0].batch.target_forwards, batched[0].batch.assistant_forwards)
+                                        if int4 else (0, 0))
 
 
 def test_each_row_streams_to_its_own_streamer(tok, pairs):
