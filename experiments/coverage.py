@@ -31,13 +31,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # children are forked
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "jsonschemabench"
-SCHEMA_COLUMNS = (
-    "file subset status keyword pointer error_type message where stage n_valid n_invalid valid_accepted "
+SCHEMA_COLUMNS = ("file subset status keyword pointer error_type message where stage n_valid n_invalid valid_accepted "
     "false_rejects false_rejects_regex false_rejects_token invalid_rejected false_accepts false_accepts_regex_only "
     "tokenization_mismatch walk_errors compile_ms compile_cpu_ms regex_ms dfa_ms index_ms first_mask_ms regex_chars "
     "dfa_states states_visited first_n first_median_us first_p99_us revisit_n revisit_median_us revisit_p99_us "
-    "tokens_valid walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
-).split()
+    "tokens_valid walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load").split()
 FAILURE_COLUMNS = "file subset test kind description path detail text".split()
 
 
@@ -79,7 +77,6 @@ def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers
 
     from experiments.lib import coverage_worker
     from experiments.lib.coverage_pool import run_pool
-
     _warm(tokenizer, second_opinion)
     by_name = {str(f): f for f in files}
     order = sorted(by_name, key=lambda f: -os.path.getsize(f))  # big ones first: no long tail
@@ -106,7 +103,6 @@ def _warm(tokenizer, second_opinion: bool) -> None:
     import torch
 
     import fsm
-
     if second_opinion:
         import jsonschema  # noqa: F401
 
@@ -120,9 +116,8 @@ def _row(outcome, totals: dict) -> tuple[dict, list]:
            "cpu_s": round(outcome.cpu_seconds, 3), "load": round(os.getloadavg()[0], 2)}
     if outcome.kind != "done":
         status = {"timeout": "timeout", "memory": "memory", "died": "error"}[outcome.kind]
-        row.update(
-            status=status, stage=outcome.stage, message=outcome.detail, peak_rss_mb=round(outcome.peak_rss_mb, 1)
-        )
+        row.update(status=status, stage=outcome.stage, message=outcome.detail,
+                   peak_rss_mb=round(outcome.peak_rss_mb, 1))
         if outcome.kind == "died":
             row["error_type"] = "WorkerDied"
         return row, []
@@ -140,7 +135,6 @@ def _row(outcome, totals: dict) -> tuple[dict, list]:
 def fsm_provenance() -> dict:
     """Which fsm this run measures: its folder, a hash of its sources, and whether HEAD has them."""
     import fsm
-
     folder = Path(fsm.__file__).parent
     names = sorted(p.name for p in folder.glob("*.py"))
     digest = lambda texts: hashlib.sha1(b"".join(texts)).hexdigest()[:12]  # noqa: E731
@@ -172,11 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
     parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
     parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
-    parser.add_argument(
-        "--policy",
-        choices=("compact", "spec"),
-        help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)",
-    )
+    parser.add_argument("--policy", choices=("compact", "spec"),
+                        help="fsm's object policy: compact (closed, schema order; the default) or spec (open, "
+                             "any order)")
     parser.add_argument("--open-objects", action="store_true",
                         help="read an absent additionalProperties as validators do (any extra key), not closed")
     parser.add_argument("--property-order", choices=("schema", "any"),
@@ -196,12 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or REPO / "experiments" / "results" / "coverage" / (Path(str(args.tokenizer)).name + policy)
     out.mkdir(parents=True, exist_ok=True)
     from experiments.lib import coverage_report
-
     if args.report_only:
         coverage_report.rebuild(out)
         return
     from experiments.models import load_tokenizer
-
     provenance = fsm_provenance()  # now: the working tree may change during a long run
     tokenizer = load_tokenizer(args.tokenizer)
     files = select_files(args.data, args.subset, args.limit)

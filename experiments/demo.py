@@ -101,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.set_threads(args)
     start = time.perf_counter()
-    loaded = cli.load(argparse.Namespace(target=PAIR[0] if args.assistant else SMALL,
-                                         assistant=PAIR[1] if args.assistant else None))
-    if loaded is None:
-        return 1
-    model, tokenizer, helper = loaded
+    model, tokenizer, helper = cli.load(argparse.Namespace(target=PAIR[0] if args.assistant else SMALL,
+                                                           assistant=PAIR[1] if args.assistant else None))
     names = f"{PAIR[0]} + assistant {PAIR[1]}" if args.assistant else SMALL
     print(
         f"models: {names} (loaded in {time.perf_counter() - start:.1f} s); greedy, max {args.max_new_tokens} new tokens"

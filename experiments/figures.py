@@ -179,10 +179,7 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
         if args.structured and xgrammar_version() is None:  # its reference system: refused before any model loads
             print(f"{XGRAMMAR_MISSING}; or --no-structured", file=sys.stderr)
             return 2
-        if pair is None:
-            pair = cli.load(args)
-            if pair is None:
-                return 1
+        pair = pair or cli.load(args)
         out.mkdir(parents=True, exist_ok=True)
         info_path = out / "run.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else describe(args, argv)

@@ -38,15 +38,14 @@ import json
 import statistics
 import sys
 
-import torch
-
 from assisted import generate, logits_processor
 from assisted.models.loading import load_model, load_pair, load_tokenizer, set_eos
 from experiments.lib import cli, report, runner
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.prompt_split import load_prompts
-from experiments.lib.systems import xgrammar_compiler, xgrammar_processor, xgrammar_version
-from experiments.lib.tasks import HELD_OUT as TASKS, validate
+from experiments.lib.systems import (DRAFTING_SETTINGS, drafting_settings, transformers_tokens, xgrammar_compiler,
+                                     xgrammar_processor, xgrammar_version)
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
 
 FREE = ("target", "hf-uag", "hf-uag-heuristic", "ours-foreign", "ours-same")
 STRUCTURED = ("xgrammar", "xgrammar+uag", "processor+uag", "ours-plain", "ours-same", "ours-foreign")
@@ -74,16 +73,10 @@ class Models:
         self.model, self.tokenizer, self.foreign = load_pair(args.target, args.assistant, pack=args.pack)
         self.foreign_tokenizer = load_tokenizer(args.assistant)
         self.hf = {sample: (copy.deepcopy(self.foreign), load_tokenizer(args.assistant)) for sample in (False, True)}
-        self.defaults = {k: getattr(self.foreign.generation_config, k) for k in
-                         ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+        self.defaults = {k: getattr(self.foreign.generation_config, k) for k in DRAFTING_SETTINGS}
         self.same = None if args.same_assistant == "none" else load_model(args.same_assistant)
         set_eos(self.tokenizer, self.model, self.same)
         self.eos = list(self.model.generation_config.eos_token_id)
-
-    def ids(self, messages: list[dict]) -> list[int]:
-        """The target's prompt ids, as `generate(messages=...)` makes them."""
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def ours(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
@@ -98,27 +91,15 @@ def ours(m: Models, system: str, messages, task, max_new: int, temperature: floa
 
 
 def transformers_run(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
-    ids, sample = m.ids(messages), temperature > 0
-    kwargs = dict(do_sample=sample, max_new_tokens=max_new, top_k=0, top_p=1.0, repetition_penalty=1.0,
-                  eos_token_id=m.eos, pad_token_id=m.model.generation_config.pad_token_id)
-    if sample:
-        kwargs["temperature"] = temperature
+    kwargs = {}
     if "uag" in system:
-        helper, helper_tok = m.hf[sample]
-        config = helper.generation_config
-        for key, value in m.defaults.items():
-            setattr(config, key, value)
-        if system == "hf-uag-heuristic":
-            config.num_assistant_tokens, config.num_assistant_tokens_schedule = 5, "heuristic"
-        kwargs |= dict(assistant_model=helper, tokenizer=m.tokenizer, assistant_tokenizer=helper_tok)
+        helper, helper_tokenizer = m.hf[temperature > 0]
+        drafting_settings(helper, m.defaults, heuristic=system == "hf-uag-heuristic")
+        kwargs |= dict(assistant_model=helper, tokenizer=m.tokenizer, assistant_tokenizer=helper_tokenizer)
     if task is not None:
         kwargs["logits_processor"] = [_processor(m, system, task)]
-    torch.manual_seed(seed)
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        emitted = m.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[0, len(ids):].tolist()
-    stop = next((i for i, t in enumerate(emitted) if t in m.eos), None)  # EOS, then padding
-    emitted = emitted if stop is None else emitted[: stop + 1]
+    emitted = transformers_tokens(m.model, chat_ids(m.tokenizer, messages), m.eos, max_new, temperature, seed,
+                                  **kwargs)
     return {"tokens": emitted, "text": m.tokenizer.decode(emitted, skip_special_tokens=True)}
 
 
@@ -175,20 +156,18 @@ def warm_up(args, m: Models, has_xgrammar: bool) -> None:
     generates more than once)."""
     seen = set()
     for part, name, messages, task, temperature, _ in units(args):
-        if (part, name if task is not None else "", temperature) in seen:
-            continue
-        seen.add((part, name if task is not None else "", temperature))
-        for system in systems_of(part, m, has_xgrammar):
-            timed(m, system, messages, task, 8, temperature, args.seed)
+        if (part, name if task is not None else "", temperature) not in seen:
+            seen.add((part, name if task is not None else "", temperature))
+            for system in systems_of(part, m, has_xgrammar):
+                timed(m, system, messages, task, 8, temperature, args.seed)
 
 
 def measure(args, m: Models, has_xgrammar: bool) -> list[dict]:
     warm_up(args, m, has_xgrammar)
     rows = []
     for i, (part, name, messages, task, temperature, repeat) in enumerate(units(args)):
-        names = systems_of(part, m, has_xgrammar)
         max_new = args.max_new_tokens if part == "free" else args.structured_max_new_tokens
-        for system in runner.rotated(names, i):
+        for system in runner.rotated(systems_of(part, m, has_xgrammar), i):
             row = {"part": part, "unit": name, "temperature": temperature, "repeat": repeat, "system": system,
                    **timed(m, system, messages, task, max_new, temperature, args.seed + repeat)}
             row["valid"] = "" if task is None else (not row["error"] and validate(task, row["text"]))
@@ -213,8 +192,7 @@ def part_table(rows: list[dict], part: str, judged: str = "ours-foreign") -> lis
         mine = [r for r in rows if r["part"] == part and r["temperature"] == t]
         cost = {(r["unit"], r["repeat"], r["system"]): r["seconds"] / max(r["new_tokens"], 1) if per_token
                 else r["seconds"] for r in mine if not r["error"]}
-        order = FREE if per_token else STRUCTURED
-        for system in sorted({r["system"] for r in mine}, key=order.index):
+        for system in sorted({r["system"] for r in mine}, key=(FREE if per_token else STRUCTURED).index):
             runs = [r for r in mine if r["system"] == system]
             pairs = [(cost[(u, k, system)], cost[(u, k, judged)]) for (u, k, s) in cost
                      if s == system and (u, k, judged) in cost]
@@ -240,18 +218,18 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(r["new_tokens"] for r in rows if r["system"] == "ours-foreign")
     spent = sum(r["assistant_tokenizer_s"] for r in rows if r["system"] == "ours-foreign")
     head = [*report.run_lines("experiments.foreign_assistant", argv, f"xgrammar {'yes' if has_xgrammar else 'absent'}"),
-              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant of another family "
-              f"{args.assistant}, same-vocabulary assistant {args.same_assistant}; free text: {args.per_class} "
-              f"validation prompt(s) per class, {args.max_new_tokens} new tokens; structured: {args.tasks} task(s), "
-              f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)"]
+            f"- target {args.target}{' (packed)' if args.pack else ''}, assistant of another family "
+            f"{args.assistant}, same-vocabulary assistant {args.same_assistant}; free text: {args.per_class} "
+            f"validation prompt(s) per class, {args.max_new_tokens} new tokens; structured: {args.tasks} task(s), "
+            f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)"]
     body = ["## Free text (seconds per token, paired per prompt and repeat)", "", *part_table(rows, "free"), "",
-              "## Structured extraction (seconds per object, paired per task and repeat)", "",
-              *part_table(rows, "structured"), "",
-              f"ours-foreign's tokenizer calls: {spent:.2f} s over {tokens} tokens "
-              f"({1000 * spent / max(tokens, 1):.2f} ms per token).",
-              "\"is faster by\": geometric mean over units of the system's cost / ours-foreign's, 90% t-interval. "
-              "\"same tokens\": greedy outputs equal to the target's own (free: transformers' greedy; structured: "
-              "ours without an assistant); float32 verification can differ from one-token steps at near-ties."]
+            "## Structured extraction (seconds per object, paired per task and repeat)", "",
+            *part_table(rows, "structured"), "",
+            f"ours-foreign's tokenizer calls: {spent:.2f} s over {tokens} tokens "
+            f"({1000 * spent / max(tokens, 1):.2f} ms per token).",
+            "\"is faster by\": geometric mean over units of the system's cost / ours-foreign's, 90% t-interval. "
+            "\"same tokens\": greedy outputs equal to the target's own (free: transformers' greedy; structured: "
+            "ours without an assistant); float32 verification can differ from one-token steps at near-ties."]
     report.write_run(args.out, f"An assistant of another family: {args.out.name}", head, body, rows, FIELDS)
     print("\n".join(body[-8:]))
     return 0

@@ -158,10 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true")
     args = p.parse_args(argv)
     args.quantize_target, args.assistant_int4 = "int4", True
-    loaded = cli.load(args)
-    if loaded is None:
-        return 1
-    model, tokenizer, assistant = loaded
+    model, tokenizer, assistant = cli.load(args)
     prefix = tokenizer("def quicksort(items):\n" * 40)["input_ids"][: args.prefix]
     found = variants(model, assistant, prefix)
     rows, profiles = [], []

@@ -88,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if version is None:
         print(XGRAMMAR_MISSING, file=sys.stderr)
         return 2
-    loaded = cli.load(args)
-    if loaded is None:
-        return 1
-    model, tokenizer, assistant = loaded
+    model, tokenizer, assistant = cli.load(args)
     rows = measure(Systems(model, tokenizer, assistant, max_new_tokens=args.max_new_tokens), TASKS, args.systems,
                    args.repeats)
     head = [*report.run_lines("experiments.vs_xgrammar", argv, f"xgrammar {version}"),

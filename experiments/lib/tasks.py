@@ -1,5 +1,5 @@
-"""The benchmarks' one task registry: every structured task (schema and the message that asks for it), the free
-prompts of the speedup set, and the checks of an output.
+"""The benchmarks' one task registry: every structured task (schema and the message that asks for it) and the checks
+of an output (the free prompts of the speedup set: `experiments.lib.prompt_split`).
 
 Groups: `DEMO` (the demo), `STRUCTURED` (the seed tasks), `HELD_OUT` (four extractions written for the comparison
 with XGrammar: invoice, patient, flight, review), `BUDGET` (the tight-budget tasks), `TICKET` (the throughput
@@ -15,7 +15,6 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from assisted.models.loading import set_eos  # noqa: F401  (every system compared stops on one set)
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, half_of, load_prompts  # noqa: F401  (free prompts)
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,6 @@ TICKET = Task("ticket", "extraction", Ticket,
 
 DEMO = (CHARACTER, EMPLOYEE)
 STRUCTURED = (CHARACTER, EMPLOYEE, ORDER, EVENT)
-DEMO_TASKS, STRUCTURED_TASKS = DEMO, STRUCTURED  # the names older callers used
 TASKS = {t.name: t for t in (*STRUCTURED, *HELD_OUT, *BUDGET, TICKET)}
 
 
