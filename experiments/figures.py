@@ -31,10 +31,9 @@ import torch
 from experiments import speedup, vs_xgrammar
 from experiments.lib import cli, runner
 from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
 from experiments.lib.report import STARTED_AT, machine_lines, write_rows
 from experiments.lib.systems import XGRAMMAR_MISSING, Systems, xgrammar_version
-from experiments.lib.tasks import HELD_OUT, chat_ids
+from experiments.lib.tasks import HALVES, HELD_OUT, SPLIT_PROMPTS, chat_ids, load_prompts
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")

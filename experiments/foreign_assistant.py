@@ -2,31 +2,22 @@
 
     python -m experiments.foreign_assistant --threads 1 --out experiments/results/foreign-assistant-qwen-smollm2-...
 
-(XGrammar: the `compare` extra, or the CPU install in `experiments.vs_xgrammar`; without it the structured part runs
-without the xgrammar systems.)
-Two parts; the system order rotates per unit; greedy outputs are checked against the target's own (free text:
-transformers' plain greedy; structured: ours without an assistant), every object is validated:
-
-  free text   validation-half prompts (experiments/prompts/split.json), greedy and T = 0.7, no top-k/top-p:
+Without XGrammar (the `compare` extra, or `experiments.vs_xgrammar`'s CPU install) its systems are left out. The
+system order rotates per unit; greedy outputs are checked against the target's own (free text: transformers' greedy;
+structured: ours without an assistant); every object is validated. A is the foreign assistant.
+  free text (validation-half prompts of experiments/prompts/split.json, greedy and T = 0.7, no top-k/top-p):
     target            model.generate, no assistant
-    hf-uag            model.generate(assistant_model=A, tokenizer=, assistant_tokenizer=): transformers' universal
-                      assisted generation (greedy: re-tokenized candidates; sampling: USD over the vocabularies'
-                      intersection), the library's defaults (a copy of A: USD prunes the assistant's head in place)
-    hf-uag-heuristic  the same with num_assistant_tokens=5, schedule "heuristic"
-    ours-foreign      assisted.generate(A, assistant_tokenizer=A's), defaults (`auto`, prompt lookup)
-    ours-same         assisted.generate with the same-vocabulary assistant (Qwen 0.5B), defaults
-  structured  experiments.vs_xgrammar's four extraction tasks, greedy, compact JSON:
-    xgrammar          model.generate + XGrammar's logits processor, no assistant
-    xgrammar+uag      the same with A through UAG: recorded as it happens (it fails: transformers also hands the
-                      target's processors to the assistant's own generate, over A's vocabulary, and XGrammar's
-                      processor follows the order of calls)
-    processor+uag     model.generate + assisted.logits_processor (each row's state from its own prefix) with A through
-                      UAG, applied to the target's logits only (A drafts unconstrained): the working transformers
-                      baseline with that assistant (under transformers 5.25 UAG can fail where a committed target
+    hf-uag            transformers' universal assisted generation with A (assistant_tokenizer=; greedy: re-tokenized
+                      candidates; sampling: USD over the vocabularies' intersection), its defaults, on a copy of A
+                      (USD prunes the assistant's head in place); hf-uag-heuristic: 5 tokens, schedule "heuristic"
+    ours-foreign      assisted.generate(A, assistant_tokenizer=A's), defaults; ours-same: the Qwen 0.5B assistant
+  structured (experiments.vs_xgrammar's four extraction tasks, greedy, compact JSON):
+    xgrammar          model.generate + XGrammar's logits processor; xgrammar+uag: with A through UAG (it fails:
+                      transformers hands the target's processors to A's own generate too; recorded as it happens)
+    processor+uag     model.generate + assisted.logits_processor on the target's logits only, A through UAG: the
+                      working transformers baseline (under transformers 5.25 UAG can fail where a committed target
                       token adds no assistant token: recorded as it happens)
-    ours-plain        assisted.generate, no assistant (forced tokens coalesced)
-    ours-same, ours-foreign  as above, with the schema
-
+    ours-plain        assisted.generate, no assistant; ours-same, ours-foreign as above, with the schema
 Writes results.csv and README.md (paired ratios per unit: seconds per token in free text, per object structured).
 """
 
@@ -41,11 +32,9 @@ import sys
 from assisted import generate, logits_processor
 from assisted.models.loading import load_model, load_pair, load_tokenizer, set_eos
 from experiments.lib import cli, report, runner
-from experiments.lib.intervals import paired_ratio
-from experiments.lib.prompt_split import load_prompts
 from experiments.lib.systems import (DRAFTING_SETTINGS, drafting_settings, transformers_tokens, xgrammar_compiler,
                                      xgrammar_processor, xgrammar_version)
-from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, load_prompts, validate
 
 FREE = ("target", "hf-uag", "hf-uag-heuristic", "ours-foreign", "ours-same")
 STRUCTURED = ("xgrammar", "xgrammar+uag", "processor+uag", "ours-plain", "ours-same", "ours-foreign")
@@ -190,13 +179,11 @@ def part_table(rows: list[dict], part: str, judged: str = "ours-foreign") -> lis
              f"{judged} is faster by |", "|---" * 9 + "|"]
     for t in sorted({r["temperature"] for r in rows if r["part"] == part}):
         mine = [r for r in rows if r["part"] == part and r["temperature"] == t]
-        cost = {(r["unit"], r["repeat"], r["system"]): r["seconds"] / max(r["new_tokens"], 1) if per_token
-                else r["seconds"] for r in mine if not r["error"]}
+        cost = (lambda r: r["seconds"] / max(r["new_tokens"], 1)) if per_token else (lambda r: r["seconds"])
+        ratios = runner.paired([r for r in mine if not r["error"]], judged, ("unit", "repeat"), cost)
         for system in sorted({r["system"] for r in mine}, key=(FREE if per_token else STRUCTURED).index):
             runs = [r for r in mine if r["system"] == system]
-            pairs = [(cost[(u, k, system)], cost[(u, k, judged)]) for (u, k, s) in cost
-                     if s == system and (u, k, judged) in cost]
-            ratio = "{:.2f}x [{:.2f}, {:.2f}]".format(*paired_ratio(pairs)) if pairs and system != judged else ""
+            ratio = runner.span(ratios[system]) if system in ratios else ""
             ok = [r for r in runs if not r["error"]]
             rate = statistics.median(r["new_tokens"] / r["seconds"] for r in ok) if ok else float("nan")
             seconds = statistics.median(r["seconds"] for r in ok) if ok else float("nan")

@@ -2,7 +2,7 @@
 
     python -m experiments.speedup --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --half validation
 
-Prompts: `experiments/prompts/split.json`, one half of it (`experiments.lib.prompt_split`: methods are tuned on the
+Prompts: `experiments/prompts/split.json`, one half of it (`experiments.lib.tasks`: methods are tuned on the
 "tuning" half, headline numbers come from the "validation" half).
 
 Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates per cell):
@@ -31,9 +31,8 @@ import torch
 
 from experiments.lib import cli, report, runner
 from experiments.lib.intervals import grouped, paired_ratio, table
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
 from experiments.lib.systems import Systems
-from experiments.lib.tasks import chat_ids
+from experiments.lib.tasks import HALVES, SPLIT_PROMPTS, chat_ids, load_prompts
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = ("ours", "ours-auto")
@@ -52,7 +51,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="validation",
-                   help="which half of the prompt set (experiments.lib.prompt_split; 'all': every prompt of --prompts)")
+                   help="which half of the prompt set (experiments.lib.tasks; 'all': every prompt of --prompts)")
     p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                    help="systems to run (the target alone and ours-auto always run: every ratio is paired with them)")

@@ -37,11 +37,9 @@ from assisted.models.int4_models import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
 from experiments.lib import cli, runner
-from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
 from experiments.lib.report import run_lines, table as table_of, write_run
-from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, load_prompts, validate
 from experiments.lib.timing import Prefixed
 
 TARGETS = ("int4", "int8")  # --quantize-target's choices
@@ -141,11 +139,10 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
     lines = [f"| threads | system | median {unit} | tokens | valid | {ours} faster by [90% CI] |", "|---" * 6 + "|"]
     for t in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["kind"] == kind and r["threads"] == t]
-        base = {(r["unit"], r["repeat"]): _per(r) for r in mine if r["system"] == ours}
+        ratios = runner.paired(mine, ours, ("unit", "repeat"), _per)
         for system in [s for s in systems(kind, TARGETS) if any(r["system"] == s for r in mine)]:
             runs = [r for r in mine if r["system"] == system]
-            scale = 1e3 if kind == "free" else 1.0
-            ratio = paired_ratio([(_per(r), base[(r["unit"], r["repeat"])]) for r in runs])
+            scale, ratio = 1e3 if kind == "free" else 1.0, ratios.get(system, (1.0, 1.0, 1.0))
             valid = "" if kind == "free" else f"{sum(r['valid'] is True for r in runs)}/{len(runs)}"
             lines.append(f"| {t} | {system} | {scale * statistics.median(_per(r) for r in runs):.1f} | "
                          f"{statistics.median(r['new_tokens'] for r in runs):.0f} | {valid} | {runner.span(ratio)} |")

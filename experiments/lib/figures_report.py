@@ -98,15 +98,21 @@ def greedy_figure(rows: list[dict], info: dict, out: Path, order, base: str, gro
                LABELS.get)
     left.set_ylabel("median latency per new token (ms)"), left.set_title(f"{title}: latency (greedy)")
     left.legend(fontsize=7)
-    names = [*groups, "all"]
-    members = {g: [v for k, v in u.items() if g == "all" or of[k[0]] == g] for g in names}
-    for j, s in enumerate(x for x in systems if x != base):
-        stats = [speedup(members[g], base, s) for g in names]
-        _errorbar(right, [i + 0.12 * (j - 1) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+    group_axes(right, {g: [v for k, v in u.items() if g == "all" or of[k[0]] == g] for g in [*groups, "all"]},
+               systems, base, systems[-1], 1)
     _ratio_axis(right, f"speedup over the {LABELS[base]}")
-    right.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, systems[-1])[3]})" for g in names])
     right.set_title(f"{title}: speedup (greedy)"), right.legend(fontsize=7)
     _save(fig, info, f"greedy, {len(u)} units", out / name)
+
+
+def group_axes(ax, members: dict, systems: list[str], base: str, counted: str, shift: float) -> None:
+    """Per group (`members`: name -> its units), each system's speedup over `base` with its interval, side by side
+    (`shift`: the first system's offset); the ticks name the units `counted` holds."""
+    names = list(members)
+    for j, s in enumerate(x for x in systems if x != base):
+        stats = [speedup(members[g], base, s) for g in names]
+        _errorbar(ax, [i + 0.12 * (j - shift) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+    ax.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, counted)[3]})" for g in names])
 
 
 def temperature_axes(ax, rows: list[dict], order, base: str, item: str, valid: dict | None = None) -> int:
@@ -143,13 +149,9 @@ def structured_figure(rows: list[dict], info: dict, out: Path, order) -> None:
     u = units(greedy, "task")
     tasks = sorted({k[0] for k in u})
     fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4.2))
-    names = [*tasks, "all"]
-    members = {g: [v for k, v in u.items() if g in ("all", k[0])] for g in names}
-    for j, s in enumerate(x for x in _systems(rows, order) if x != base):
-        stats = [speedup(members[g], base, s) for g in names]
-        _errorbar(left, [i + 0.12 * (j - 0.5) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+    group_axes(left, {g: [v for k, v in u.items() if g in ("all", k[0])] for g in [*tasks, "all"]},
+               _systems(rows, order), base, "full", 0.5)
     _ratio_axis(left, "speedup over XGrammar's processor")
-    left.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, 'full')[3]})" for g in names])
     left.set_title("JSON extraction, greedy, per task"), left.legend(fontsize=7)
     n = temperature_axes(right, rows, order, base, "task", valid)
     right.set_title("JSON extraction against temperature\n(reference: transformers + XGrammar, target alone)",
