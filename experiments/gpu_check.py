@@ -46,6 +46,7 @@ from drafting.static_cache import cuda_capture  # noqa: E402
 from experiments.lib import cli  # noqa: E402
 from experiments.lib.gpu_models import build, random_prompt  # noqa: E402
 from experiments.lib.report import pyplot, save_figure, table, write_rows  # noqa: E402
+from experiments.lib.systems import transformers_tokens  # noqa: E402
 from experiments.lib.timing import Prefixed  # noqa: E402
 from experiments.models import truncated  # noqa: E402
 
@@ -198,11 +199,10 @@ def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dic
 
 
 def hf_generate(model, ids: list[int], new: int, assistant=None) -> int:
-    """transformers' greedy generate (assisted with its defaults when `assistant` is given); new tokens."""
-    x = torch.tensor([ids], device=model.device)
+    """transformers' greedy generate (assisted with its defaults when `assistant` is given); new tokens (EOS rows are
+    zeroed: never the argmax, so every call writes `new`)."""
     kwargs = {} if assistant is None else {"assistant_model": assistant}
-    out = model.generate(x, do_sample=False, max_new_tokens=new, **kwargs)  # EOS rows are zeroed: never argmax
-    return out.shape[1] - len(ids)
+    return len(transformers_tokens(model, ids, [model.generation_config.eos_token_id], new, **kwargs))
 
 
 def section_generate(check: Check) -> None:
