@@ -1,11 +1,10 @@
 """The benchmarks' one task registry: every structured task (schema and the message that asks for it), the free
 prompts of the speedup set and their fixed split, and the checks of an output.
 
-The tasks are data, `experiments/prompts/tasks.json`: pydantic models by name and the groups of tasks. Groups: `DEMO`
-(the demo: the seed's Character example, from .txt's "Coalescence" post, and an employee), `STRUCTURED` (the seed
-tasks), `HELD_OUT` (four extractions written for the comparison with XGrammar: invoice, patient, flight, review),
-`BUDGET` (the tight-budget tasks, the invoice last), `TICKET` (the throughput documents' instruction and schema).
-`task(name)` finds any of them.
+Groups: `DEMO` (the demo: the seed's Character example, from .txt's "Coalescence" post, and an employee),
+`STRUCTURED` (the seed tasks), `HELD_OUT` (four extractions written for the comparison with XGrammar: invoice,
+patient, flight, review), `BUDGET` (the tight-budget tasks, the invoice last), `TICKET` (the throughput documents'
+instruction and schema). `task(name)` finds any of them.
 
 Free prompts: `experiments/prompts/split.json`, 70 prompts in five classes (code in eight languages, extraction, prose,
 chat instructions, math). Each prompt's half is decided once, by a hash of its name (`half_of`): a policy or drafting
@@ -22,14 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field
 
 from assisted.models.loading import set_eos  # noqa: F401  (every system compared stops on one set)
 
-TASK_FILE = Path(__file__).parents[1] / "prompts" / "tasks.json"
 SPLIT_PROMPTS = Path(__file__).parents[1] / "prompts" / "split.json"
 HALVES = ("tuning", "validation")
-TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
 
 @dataclass(frozen=True)
@@ -50,45 +47,126 @@ class Task:
         return self.schema.model_json_schema() if isinstance(self.schema, type) else self.schema
 
 
-def build_models(specs: dict) -> dict[str, type[BaseModel]]:
-    """Pydantic models from their specs, {model: {field: spec}} in order (a model names only the ones before it).
-
-    A field's spec is a type ("str", "int", "float", "bool") or a model's name; {"enum": [...]}, a Literal; or
-    {"type": ..., constraints} / {"list": item type, constraints}, the constraints those of `pydantic.Field`.
-    """
-    models: dict[str, type[BaseModel]] = {}
-
-    def field(spec):
-        if isinstance(spec, str):
-            return TYPES.get(spec) or models[spec], ...
-        if "enum" in spec:
-            return Literal[tuple(spec["enum"])], ...
-        constraints = {k: v for k, v in spec.items() if k not in ("type", "list")}
-        kind = list[TYPES.get(spec["list"]) or models[spec["list"]]] if "list" in spec else TYPES[spec["type"]]
-        return kind, Field(**constraints)
-
-    for name, fields in specs.items():
-        models[name] = create_model(name, **{key: field(spec) for key, spec in fields.items()})
-    return models
+def _model(model_name: str, /, **fields) -> type[BaseModel]:
+    """A pydantic model from {field: annotation or (annotation, Field(...))}."""
+    from pydantic import create_model
+    return create_model(model_name, **{k: v if isinstance(v, tuple) else (v, ...) for k, v in fields.items()})
 
 
-def _load(path: Path = TASK_FILE) -> dict:
-    """{group: tuple of tasks} of the task file; a group's entry that is a name is that task of an earlier group."""
-    data = json.loads(path.read_text())
-    models, found, groups = build_models(data["models"]), {}, {}
-    for group in ("structured", "held_out", "budget", "ticket"):
-        entries = data[group] if isinstance(data[group], list) else [data[group]]
-        for entry in entries:
-            if isinstance(entry, dict):
-                found[entry["name"]] = Task(entry["name"], entry["kind"], models[entry["schema"]], entry["user"])
-        groups[group] = tuple(found[e if isinstance(e, str) else e["name"]] for e in entries)
-    return groups
+def _short(n: int):
+    return str, Field(max_length=n)
 
 
-_GROUPS = _load()
-STRUCTURED, HELD_OUT, BUDGET, (TICKET,) = (_GROUPS[g] for g in ("structured", "held_out", "budget", "ticket"))
-CHARACTER, EMPLOYEE, ORDER, EVENT = STRUCTURED
+def _pattern(regex: str):
+    return str, Field(pattern=regex)
+
+
+DATE = _pattern(r"^\d{4}-\d{2}-\d{2}$")
+IATA = _pattern(r"^[A-Z]{3}$")
+
+# ---------------------------------------------------------------- seed tasks (the demo, the first benchmarks)
+Character = _model("Character", name=_short(10), age=int, armor=Literal["leather", "chainmail", "plate"],
+                   strength=int)  # the seed's Character example (.txt "Coalescence" post)
+Office = _model("Office", city=_short(24), country=_short(24))
+Employee = _model("Employee", name=_short(32), age=int, role=_short(32), remote=bool, office=Office)
+Item = _model("Item", product=_short(24), quantity=int, unit_price=float)
+Order = _model("Order", order_id=_short(12), customer=_short(32),
+               items=(list[Item], Field(min_length=1, max_length=3)), express=bool)
+Venue = _model("Venue", name=_short(32), city=_short(24))
+Event = _model("Event", title=_short(40), date=DATE, venue=Venue, attendees=int,
+               speakers=(list[str], Field(min_length=1, max_length=3)))
+
+CHARACTER = Task("character", "seed", Character,
+                 "Create a fantasy character as JSON with the fields name, age, armor (leather, chainmail "
+                 "or plate) and strength.")
+EMPLOYEE = Task("employee", "extraction", Employee,
+                "Extract the employee described below as JSON with name, age, role, remote (true/false) and "
+                "office (city, country).\n\n"
+                "Maria Lopez, 34, joined Northwind last spring as a senior data engineer. She works from the "
+                "company's office in Lisbon, Portugal, three days a week and is not a remote employee.")
+ORDER = Task("order", "extraction", Order,
+             "Extract the order below as JSON with order_id, customer, items (product, quantity, unit_price) "
+             "and express (true/false).\n\n"
+             "Order A-1042 was placed by Tom Becker: 2 USB-C cables at 9.5 each and 1 laptop stand at 39.0. "
+             "He paid for express shipping.")
+EVENT = Task("event", "extraction", Event,
+             "Extract the event below as JSON with title, date (YYYY-MM-DD), venue (name, city), attendees "
+             "and speakers.\n\n"
+             "The Open Data Summit takes place on 2026-05-14 at the Palais des Congres in Paris. About 800 "
+             "people are expected, and the keynotes are given by Ada Chen and Omar Haddad.")
+
+# ---------------------------------------------------------------- held-out extractions (vs XGrammar, figures)
+LineItem = _model("LineItem", description=_short(40), quantity=(int, Field(ge=1)), unit_price=float)
+Invoice = _model("Invoice", invoice_number=_short(20), vendor=_short(40), date=DATE,
+                 items=(list[LineItem], Field(min_length=1, max_length=4)), currency=IATA)
+Patient = _model("Patient", name=_short(40), age=(int, Field(ge=0, le=130)), allergies=(list[str], Field(max_length=4)),
+                 blood_type=_pattern(r"^(A|B|AB|O)[+-]$"))
+Flight = _model("Flight", passenger=_short(40), flight_number=_pattern(r"^[A-Z]{2}[0-9]{2,4}$"), origin=IATA,
+                destination=IATA, seat=_short(4), checked_bags=(int, Field(ge=0, le=5)))
+Review = _model("Review", product=_short(40), rating=(int, Field(ge=1, le=5)), pros=(list[str], Field(max_length=3)),
+                cons=(list[str], Field(max_length=3)), would_recommend=bool)
+
+HELD_OUT = (
+    Task("invoice", "extraction", Invoice,
+         "Extract the invoice below as JSON with invoice_number, vendor, date (YYYY-MM-DD), items (description, "
+         "quantity, unit_price) and currency.\n\nInvoice INV-2291 from Baltic Office Supply, dated 2026-03-02: "
+         "3 desk lamps at 24.90 EUR each, 10 packs of printer paper at 4.50 EUR and one 27-inch monitor at "
+         "219.00 EUR. All prices in EUR."),
+    Task("patient", "extraction", Patient,
+         "Extract the patient record below as JSON with name, age, allergies and blood_type.\n\nJonas Weber, "
+         "58 years old, was admitted on Tuesday. He is allergic to penicillin and peanuts. Blood type: A negative."),
+    Task("flight", "extraction", Flight,
+         "Extract the booking below as JSON with passenger, flight_number, origin and destination (IATA codes), "
+         "seat and checked_bags.\n\nBooking confirmed for Aiko Yamamoto on LH1234 from Frankfurt (FRA) to "
+         "Lisbon (LIS), seat 14C, with two checked bags."),
+    Task("review", "extraction", Review,
+         "Extract the product review below as JSON with product, rating (1-5), pros, cons and would_recommend."
+         "\n\nI have used the Trailblazer 2 hiking boots for a month. Very comfortable and fully waterproof, "
+         "but they are heavy and the laces keep coming loose. Four stars; I would still buy them again."),
+)
+
+# ---------------------------------------------------------------- tight budgets (close_within_budget)
+Package = _model("Package", weight_kg=float, fragile=bool)
+Address = _model("Address", city=_short(30), country=_short(30))
+Shipment = _model("Shipment", tracking_number=_pattern(r"^[A-Z]{2}[0-9]{6,9}$"), carrier=_short(20), sender=Address,
+                  recipient=Address, packages=(list[Package], Field(min_length=1, max_length=4)))
+Ingredient = _model("Ingredient", name=_short(30), amount=_short(16))
+Recipe = _model("Recipe", title=_short(40), servings=(int, Field(ge=1, le=20)), minutes=int,
+                ingredients=(list[Ingredient], Field(min_length=1, max_length=8)), vegetarian=bool)
+Meeting = _model("Meeting", title=_short(40), date=DATE, start=_pattern(r"^\d{2}:\d{2}$"),
+                 attendees=(list[str], Field(min_length=1, max_length=6)), room=_short(20),
+                 decisions=(list[str], Field(max_length=4)))
+
+BUDGET = (
+    Task("shipment", "extraction", Shipment,
+         "Extract the shipment below as JSON with tracking_number, carrier, sender and recipient (city, country) "
+         "and packages (weight_kg, fragile).\n\nParcel DE48213377 went out with DHL from Hamburg, Germany to Porto, "
+         "Portugal: a 2.4 kg box of glassware (fragile) and a 7.9 kg box of books."),
+    Task("recipe", "extraction", Recipe,
+         "Extract the recipe below as JSON with title, servings, minutes, ingredients (name, amount) and "
+         "vegetarian.\n\nLentil soup for four, ready in 45 minutes: 250 g red lentils, 1 onion, 2 carrots, "
+         "1 litre vegetable stock, 1 tsp cumin and a squeeze of lemon. No meat at all."),
+    Task("meeting", "extraction", Meeting,
+         "Extract the meeting notes below as JSON with title, date, start (HH:MM), attendees, room and "
+         "decisions.\n\nBudget review, 2026-04-09 at 14:30 in room B12. Present: Ana Silva, Ken Ito and Lea "
+         "Brandt. Decided: freeze travel spending until June; move the offsite to September."),
+    HELD_OUT[0],
+)
+
+# ---------------------------------------------------------------- support tickets (throughput; documents in prompts/)
+Customer = _model("Customer", name=_short(40), account_tier=Literal["free", "pro", "enterprise"])
+Product = _model("Product", product=_short(32), quantity=(int, Field(ge=1, le=500)))
+Ticket = _model("Ticket", customer=Customer,
+                category=Literal["billing", "shipping", "technical", "account", "feedback", "other"],
+                priority=Literal["low", "medium", "high", "urgent"], products=(list[Product], Field(max_length=4)),
+                sentiment=Literal["negative", "neutral", "positive"], summary=_short(80))
+TICKET = Task("ticket", "extraction", Ticket,
+              "Extract the support ticket below as JSON: the customer (name, and account_tier: free, pro or "
+              "enterprise; free when not said), category, priority, the products it mentions with quantities "
+              "(an empty list if none), the customer's sentiment and a one-line summary.\n\n")
+
 DEMO = (CHARACTER, EMPLOYEE)
+STRUCTURED = (CHARACTER, EMPLOYEE, ORDER, EVENT)
 TASKS = {t.name: t for t in (*STRUCTURED, *HELD_OUT, *BUDGET, TICKET)}
 
 
