@@ -30,7 +30,7 @@ import fsm
 from assisted import generate
 from experiments.lib import cli
 from experiments.lib.intervals import paired_ratio
-from experiments.lib.report import run_lines, write_rows
+from experiments.lib.report import run_lines, table, write_rows
 from experiments.lib.tasks import BUDGET as TASKS, Task
 
 FIELDS = ("task", "budget", "temperature", "seed", "shortest", "valid_room", "valid_off", "valid_on", "stop_on",
@@ -50,8 +50,6 @@ def parse_args(argv: list[str]):
     cli.add_run(parser, repeats=None, max_new_tokens=None, seed=False, temperatures=[0.0, 0.7, 1.5])
     return parser.parse_args(argv)
 
-
-# ---------------------------------------------------------------- one case
 
 def run_case(model, tokenizer, assistant, task: Task, budget: int, temperature: float, seed: int, roomy,
              timed: bool, order: int) -> dict:
@@ -166,33 +164,31 @@ def check_cut(model, tokenizer, assistant, task: Task, budget: int) -> None:
         raise RuntimeError(f"{task.name}: the run at {budget} tokens is not the longer run cut there")
 
 
-# ---------------------------------------------------------------- report
-
 def validity_table(rows: list[dict]) -> list[str]:
     """Valid objects without and with the option, per task and budget (all temperatures and seeds)."""
-    lines = ["| task | shortest | budget | runs | valid without | valid with | closed by the budget | "
-             "leaves kept | strings cut | lists cut |", "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["task"], r["budget"]), []).append(r)
+    cells = []
     for (task, budget), group in groups.items():
         kept = [r["kept"] for r in group if r["kept"] != ""]
-        shown = f"{statistics.mean(kept):.2f} ({len(kept)})" if kept else "-"
-        lines.append(f"| {task} | {group[0]['shortest']} | {budget} | {len(group)} | "
-                     f"{sum(r['valid_off'] for r in group)} | {sum(r['valid_on'] for r in group)} | "
-                     f"{sum(r['stop_on'] == 'closed' for r in group)} | {shown} | "
-                     f"{sum(int(r['cut_strings'] or 0) for r in group)} | "
-                     f"{sum(int(r['cut_lists'] or 0) for r in group)} |")
-    return lines
+        cells.append([task, group[0]["shortest"], budget, *_validity(group),
+                      f"{statistics.mean(kept):.2f} ({len(kept)})" if kept else "-",
+                      sum(int(r["cut_strings"] or 0) for r in group), sum(int(r["cut_lists"] or 0) for r in group)])
+    return table(["task", "shortest", "budget", "runs", "valid without", "valid with", "closed by the budget",
+                  "leaves kept", "strings cut", "lists cut"], cells)
 
 
 def per_temperature(rows: list[dict]) -> list[str]:
-    lines = ["| temperature | runs | valid without | valid with | closed |", "|---|---|---|---|---|"]
-    for t in sorted({r["temperature"] for r in rows}):
-        group = [r for r in rows if r["temperature"] == t]
-        lines.append(f"| {t} | {len(group)} | {sum(r['valid_off'] for r in group)} | "
-                     f"{sum(r['valid_on'] for r in group)} | {sum(r['stop_on'] == 'closed' for r in group)} |")
-    return lines
+    return table(["temperature", "runs", "valid without", "valid with", "closed"],
+                 [[t, *_validity([r for r in rows if r["temperature"] == t])]
+                  for t in sorted({r["temperature"] for r in rows})])
+
+
+def _validity(group: list[dict]) -> list[int]:
+    """Runs, valid without and with the option, and closed by the budget."""
+    return [len(group), sum(r["valid_off"] for r in group), sum(r["valid_on"] for r in group),
+            sum(r["stop_on"] == "closed" for r in group)]
 
 
 def cost_lines(rows: list[dict]) -> list[str]:
@@ -231,10 +227,7 @@ def readme(args, argv: list[str], rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv, args = cli.begin(parse_args, argv)
-    loaded = cli.load(args)
-    if loaded is None:
-        return 2
-    model, tokenizer, assistant = loaded
+    model, tokenizer, assistant = cli.load(args)
     rows = measure(model, tokenizer, assistant, args)
     args.out.mkdir(parents=True, exist_ok=True)
     write_rows(args.out / "results.csv", rows, FIELDS)

@@ -14,11 +14,12 @@ instance), summary.json, summary.md and coverage.png (see experiments/lib/covera
 
 from __future__ import annotations
 
-import os
 import hashlib
+import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +33,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # children are forked
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "jsonschemabench"
 SCHEMA_COLUMNS = (
-    "file subset status keyword pointer error_type message where stage n_valid n_invalid valid_accepted "
-    "false_rejects false_rejects_regex false_rejects_token invalid_rejected false_accepts false_accepts_regex_only "
+    "file subset status keyword pointer error_type message where stage n_valid n_invalid valid_accepted false_rejects "
+    "false_rejects_regex false_rejects_token invalid_rejected false_accepts false_accepts_regex_only "
     "tokenization_mismatch walk_errors compile_ms compile_cpu_ms regex_ms dfa_ms index_ms first_mask_ms regex_chars "
     "dfa_states states_visited first_n first_median_us first_p99_us revisit_n revisit_median_us revisit_p99_us "
-    "tokens_valid walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load"
-).split()
+    "tokens_valid walk_max_ms forced_tokens peak_rss_mb rss_growth_mb wall_s cpu_s load").split()
 FAILURE_COLUMNS = "file subset test kind description path detail text".split()
 
 
@@ -51,19 +51,15 @@ def subset_of(name: str) -> str:
 
 def select_files(data: Path, subsets: list[str] | None = None, limit: int | None = None) -> list[Path]:
     """The schema files, filtered by subset names; with `limit`, the first `limit` of each subset."""
-    files = sorted(p for p in Path(data).glob("*.json"))
+    files = sorted(Path(data).glob("*.json"))
     if subsets:
-        wanted = {s.lower() for s in subsets}
-        files = [f for f in files if subset_of(f.name).lower() in wanted]
-    if limit is not None:
-        taken: dict[str, int] = {}
-        kept = []
-        for f in files:
-            taken[subset_of(f.name)] = taken.get(subset_of(f.name), 0) + 1
-            if taken[subset_of(f.name)] <= limit:
-                kept.append(f)
-        files = kept
-    return files
+        files = [f for f in files if subset_of(f.name).lower() in {s.lower() for s in subsets}]
+    kept, taken = [], Counter()
+    for f in files:
+        taken[subset_of(f.name)] += 1
+        if limit is None or taken[subset_of(f.name)] <= limit:
+            kept.append(f)
+    return kept
 
 
 def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers: int = 2,
@@ -79,10 +75,8 @@ def run_coverage(files: list[Path], tokenizer, *, timeout: float = 30.0, workers
 
     from experiments.lib import coverage_worker
     from experiments.lib.coverage_pool import run_pool
-
     _warm(tokenizer, second_opinion)
-    by_name = {str(f): f for f in files}
-    order = sorted(by_name, key=lambda f: -os.path.getsize(f))  # big ones first: no long tail
+    order = sorted(map(str, files), key=lambda f: -os.path.getsize(f))  # big ones first: no long tail
     work = lambda task, report: coverage_worker.check_file(task, tokenizer, report, second_opinion, options)  # noqa: E731
     totals = {"rows": [], "failures": [], "hist_first": np.zeros(len(coverage_worker.STEP_BINS) - 1, np.int64)}
     totals["hist_revisit"] = totals["hist_first"].copy()
@@ -106,10 +100,8 @@ def _warm(tokenizer, second_opinion: bool) -> None:
     import torch
 
     import fsm
-
     if second_opinion:
         import jsonschema  # noqa: F401
-
     torch.set_num_threads(1)
     fsm.vocabulary_from_tokenizer(tokenizer).walk_layout
 
@@ -120,9 +112,8 @@ def _row(outcome, totals: dict) -> tuple[dict, list]:
            "cpu_s": round(outcome.cpu_seconds, 3), "load": round(os.getloadavg()[0], 2)}
     if outcome.kind != "done":
         status = {"timeout": "timeout", "memory": "memory", "died": "error"}[outcome.kind]
-        row.update(
-            status=status, stage=outcome.stage, message=outcome.detail, peak_rss_mb=round(outcome.peak_rss_mb, 1)
-        )
+        row.update(status=status, stage=outcome.stage, message=outcome.detail,
+                   peak_rss_mb=round(outcome.peak_rss_mb, 1))
         if outcome.kind == "died":
             row["error_type"] = "WorkerDied"
         return row, []
@@ -140,7 +131,6 @@ def _row(outcome, totals: dict) -> tuple[dict, list]:
 def fsm_provenance() -> dict:
     """Which fsm this run measures: its folder, a hash of its sources, and whether HEAD has them."""
     import fsm
-
     folder = Path(fsm.__file__).parent
     names = sorted(p.name for p in folder.glob("*.py"))
     digest = lambda texts: hashlib.sha1(b"".join(texts)).hexdigest()[:12]  # noqa: E731
@@ -165,25 +155,22 @@ def _checkpoint(rows_path: Path, failures_path: Path):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = cli.parser("coverage", __doc__)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of MaskBench *.json files")
-    parser.add_argument("--tokenizer", default="qwen2.5-coder-0.5b", help="named source, hub id or folder")
-    cli.add_pool(parser, timeout=30.0, rebuilds="summary.md/png")
-    parser.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
-    parser.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
-    parser.add_argument("--limit", type=int, help="at most this many schemas per subset")
-    parser.add_argument(
-        "--policy",
-        choices=("compact", "spec"),
-        help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)",
-    )
-    parser.add_argument("--open-objects", action="store_true",
-                        help="read an absent additionalProperties as validators do (any extra key), not closed")
-    parser.add_argument("--property-order", choices=("schema", "any"),
-                        help="members in schema order (the default policy) or in any order")
-    cli.add_out(parser, required=False, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
-    parser.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
-    args = parser.parse_args(argv)
+    p = cli.parser("coverage", __doc__)
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of MaskBench *.json files")
+    p.add_argument("--tokenizer", default="qwen2.5-coder-0.5b", help="named source, hub id or folder")
+    cli.add_pool(p, timeout=30.0, rebuilds="summary.md/png")
+    p.add_argument("--memory-mb", type=float, default=6000.0, help="kill a worker above this RSS (MB)")
+    p.add_argument("--subset", action="append", help="only this subset (repeatable), e.g. Handwritten")
+    p.add_argument("--limit", type=int, help="at most this many schemas per subset")
+    p.add_argument("--policy", choices=("compact", "spec"),
+                   help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)")
+    p.add_argument("--open-objects", action="store_true",
+                   help="read an absent additionalProperties as validators do (any extra key), not closed")
+    p.add_argument("--property-order", choices=("schema", "any"),
+                   help="members in schema order (the default policy) or in any order")
+    cli.add_out(p, required=False, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
+    p.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
+    args = p.parse_args(argv)
     if args.fsm_from:
         sys.path.insert(0, str(args.fsm_from.resolve()))
     options = {"policy": args.policy} if args.policy else {}
@@ -196,17 +183,15 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or REPO / "experiments" / "results" / "coverage" / (Path(str(args.tokenizer)).name + policy)
     out.mkdir(parents=True, exist_ok=True)
     from experiments.lib import coverage_report
-
     if args.report_only:
         coverage_report.rebuild(out)
         return
     from experiments.models import load_tokenizer
-
     provenance = fsm_provenance()  # now: the working tree may change during a long run
     tokenizer = load_tokenizer(args.tokenizer)
     files = select_files(args.data, args.subset, args.limit)
     if not files:
-        parser.error(f"no schema files in {args.data} match the filters")
+        p.error(f"no schema files in {args.data} match the filters")
     partial = out / "schemas.partial.csv", out / "failures.partial.csv"
     totals = run_coverage(files, tokenizer, timeout=args.timeout, workers=args.workers, memory_mb=args.memory_mb,
                           on_row=_checkpoint(*partial), options=options)

@@ -22,17 +22,11 @@ from experiments.lib.tasks import DEMO, Task, extract_json, validate
 
 SMALL = "smollm2-135m"
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-BASE_MODES = ("unconstrained", "constrained", "constrained+forced", "constrained+forced+lookup")
-ASSISTANT_MODES = ("constrained+assistant", "full")
 # mode -> (needs assistant, schema?, coalesce forced tokens, prompt lookup); "full" is everything we have
-MODES = {
-    "unconstrained": (False, False, False, False),
-    "constrained": (False, True, False, False),
-    "constrained+forced": (False, True, True, False),
-    "constrained+forced+lookup": (False, True, True, True),
-    "constrained+assistant": (True, True, False, False),
-    "full": (True, True, True, True),
-}
+MODES = {"unconstrained": (False, False, False, False), "constrained": (False, True, False, False),
+         "constrained+forced": (False, True, True, False), "constrained+forced+lookup": (False, True, True, True),
+         "constrained+assistant": (True, True, False, False), "full": (True, True, True, True)}
+BASE_MODES, ASSISTANT_MODES = tuple(MODES)[:4], tuple(MODES)[4:]
 
 
 @dataclass(frozen=True)
@@ -80,10 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def table(task: Task, runs: list[Run]) -> str:
     """A fixed-width table of the runs of one task."""
     base = next(r for r in runs if r.mode == "constrained").seconds
-    head = (
-        f"{'mode':<26} {'valid':>5} {'tokens':>6} {'wall s':>7} {'target fwd':>10} {'forced':>6} {'tok/s':>6} "
-        f"{'speedup':>7}"
-    )
+    head = (f"{'mode':<26} {'valid':>5} {'tokens':>6} {'wall s':>7} {'target fwd':>10} {'forced':>6} {'tok/s':>6} "
+            f"{'speedup':>7}")
     lines = [head, "-" * len(head)]
     for r in runs:
         ok = validate(task, extract_json(r.text))
@@ -101,15 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cli.set_threads(args)
     start = time.perf_counter()
-    loaded = cli.load(argparse.Namespace(target=PAIR[0] if args.assistant else SMALL,
-                                         assistant=PAIR[1] if args.assistant else None))
-    if loaded is None:
-        return 1
-    model, tokenizer, helper = loaded
+    model, tokenizer, helper = cli.load(argparse.Namespace(target=PAIR[0] if args.assistant else SMALL,
+                                                           assistant=PAIR[1] if args.assistant else None))
     names = f"{PAIR[0]} + assistant {PAIR[1]}" if args.assistant else SMALL
-    print(
-        f"models: {names} (loaded in {time.perf_counter() - start:.1f} s); greedy, max {args.max_new_tokens} new tokens"
-    )
+    print(f"models: {names} (loaded in {time.perf_counter() - start:.1f} s); greedy, max {args.max_new_tokens} new "
+          "tokens")
     modes = BASE_MODES + (ASSISTANT_MODES if args.assistant else ())
     start = time.perf_counter()
     for task in DEMO:

@@ -70,11 +70,9 @@ def _judge_policy(schema, verdicts: dict, policy: str) -> dict:
     except Exception as error:  # noqa: BLE001 - a crash of the compiler is a finding, not a reason to stop
         return {"schema_error": "crash", "message": f"{type(error).__name__}: {str(error)[:200]}"}
     accepted = {t: dfa.fullmatch(t.encode()) for t in verdicts}
-    return {
-        "false_accepts": [t for t, ok in verdicts.items() if accepted[t] and not ok],
-        "valid_rejected": [t for t, ok in verdicts.items() if ok and not accepted[t]],
-        "cpu_s": round(time.process_time() - start, 3),
-    }
+    return {"false_accepts": [t for t, ok in verdicts.items() if accepted[t] and not ok],
+            "valid_rejected": [t for t, ok in verdicts.items() if ok and not accepted[t]],
+            "cpu_s": round(time.process_time() - start, 3)}
 
 
 def schema_files(per_subset: int, seed: int) -> list[Path]:
@@ -111,17 +109,13 @@ def summarize(rows: list[dict]) -> dict:
     for policy in POLICIES:
         done = [r[policy] for r in judged if "false_accepts" in r[policy]]
         summary[policy] = {
-            "compiled": len(done),
-            "schema_error": sum("schema_error" in r[policy] for r in judged),
+            "compiled": len(done), "schema_error": sum("schema_error" in r[policy] for r in judged),
             "false_accepts": sum(len(d["false_accepts"]) for d in done),
             "schemas_with_false_accepts": sum(bool(d["false_accepts"]) for d in done),
             "valid_rejected": sum(len(d["valid_rejected"]) for d in done),
-            "valid_rejected_shallow": sum(
-                sum(depth(json.loads(t)) <= SHALLOW for t in d["valid_rejected"]) for d in done
-            ),
+            "valid_rejected_shallow": sum(depth(json.loads(t)) <= SHALLOW for d in done for t in d["valid_rejected"]),
             "schemas_with_valid_rejected": sum(bool(d["valid_rejected"]) for d in done),
-            "crashes": sum(r[policy].get("schema_error") == "crash" for r in judged),
-        }
+            "crashes": sum(r[policy].get("schema_error") == "crash" for r in judged)}
     return summary
 
 
@@ -151,29 +145,20 @@ def main(argv: list[str] | None = None) -> None:
         write_subset_csv(rows, args.out / "by_subset.csv")
         write_rows_csv(rows, args.out / "schemas.csv")
         return
-    tasks = [f"file:{p}" for p in schema_files(args.per_subset, args.seed)] + [
-        f"combo:{args.seed * 100_000 + i}" for i in range(args.combos)
-    ]
+    tasks = [f"file:{p}" for p in schema_files(args.per_subset, args.seed)]
+    tasks += [f"combo:{args.seed * 100_000 + i}" for i in range(args.combos)]
     args.out.mkdir(parents=True, exist_ok=True)
     rows, start = [], time.time()
-    for outcome in run_pool(
-        tasks, lambda task, report: run_one(task, args, report), workers=args.workers, timeout=args.timeout
-    ):
+    work = lambda task, report: run_one(task, args, report)  # noqa: E731
+    for outcome in run_pool(tasks, work, workers=args.workers, timeout=args.timeout):
         row = outcome.result if outcome.kind == "done" else {"status": f"{outcome.kind}:{outcome.stage}"}
-        row = (
-            {"task": outcome.task, **row}
-            if "runner_error" not in row
-            else {"task": outcome.task, "status": row["runner_error"][:200]}
-        )
+        row = {"task": outcome.task, **({"status": row["runner_error"][:200]} if "runner_error" in row else row)}
         rows.append(row)
         print(json.dumps(_brief(row)), flush=True)
     rows.sort(key=lambda r: r["task"])
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    summary = {
-        **summarize(rows),
-        "wall_s": round(time.time() - start),
-        "args": {k: str(v) for k, v in vars(args).items()},
-    }
+    summary = {**summarize(rows), "wall_s": round(time.time() - start),
+               "args": {k: str(v) for k, v in vars(args).items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_subset_csv(rows, args.out / "by_subset.csv")
     write_rows_csv(rows, args.out / "schemas.csv")

@@ -31,10 +31,9 @@ import torch
 from experiments import speedup, vs_xgrammar
 from experiments.lib import cli, runner
 from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
 from experiments.lib.report import STARTED_AT, machine_lines, write_rows
 from experiments.lib.systems import XGRAMMAR_MISSING, Systems, xgrammar_version
-from experiments.lib.tasks import HELD_OUT, chat_ids
+from experiments.lib.tasks import HALVES, HELD_OUT, SPLIT_PROMPTS, chat_ids, load_prompts
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
@@ -179,10 +178,7 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
         if args.structured and xgrammar_version() is None:  # its reference system: refused before any model loads
             print(f"{XGRAMMAR_MISSING}; or --no-structured", file=sys.stderr)
             return 2
-        if pair is None:
-            pair = cli.load(args)
-            if pair is None:
-                return 1
+        pair = pair or cli.load(args)
         out.mkdir(parents=True, exist_ok=True)
         info_path = out / "run.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else describe(args, argv)

@@ -2,31 +2,22 @@
 
     python -m experiments.foreign_assistant --threads 1 --out experiments/results/foreign-assistant-qwen-smollm2-...
 
-(XGrammar: the `compare` extra, or the CPU install in `experiments.vs_xgrammar`; without it the structured part runs
-without the xgrammar systems.)
-Two parts; the system order rotates per unit; greedy outputs are checked against the target's own (free text:
-transformers' plain greedy; structured: ours without an assistant), every object is validated:
-
-  free text   validation-half prompts (experiments/prompts/split.json), greedy and T = 0.7, no top-k/top-p:
+Without XGrammar (the `compare` extra, or `experiments.vs_xgrammar`'s CPU install) its systems are left out. The
+system order rotates per unit; greedy outputs are checked against the target's own (free text: transformers' greedy;
+structured: ours without an assistant); every object is validated. A is the foreign assistant.
+  free text (validation-half prompts of experiments/prompts/split.json, greedy and T = 0.7, no top-k/top-p):
     target            model.generate, no assistant
-    hf-uag            model.generate(assistant_model=A, tokenizer=, assistant_tokenizer=): transformers' universal
-                      assisted generation (greedy: re-tokenized candidates; sampling: USD over the vocabularies'
-                      intersection), the library's defaults (a copy of A: USD prunes the assistant's head in place)
-    hf-uag-heuristic  the same with num_assistant_tokens=5, schedule "heuristic"
-    ours-foreign      assisted.generate(A, assistant_tokenizer=A's), defaults (`auto`, prompt lookup)
-    ours-same         assisted.generate with the same-vocabulary assistant (Qwen 0.5B), defaults
-  structured  experiments.vs_xgrammar's four extraction tasks, greedy, compact JSON:
-    xgrammar          model.generate + XGrammar's logits processor, no assistant
-    xgrammar+uag      the same with A through UAG: recorded as it happens (it fails: transformers also hands the
-                      target's processors to the assistant's own generate, over A's vocabulary, and XGrammar's
-                      processor follows the order of calls)
-    processor+uag     model.generate + assisted.logits_processor (each row's state from its own prefix) with A through
-                      UAG, applied to the target's logits only (A drafts unconstrained): the working transformers
-                      baseline with that assistant (under transformers 5.25 UAG can fail where a committed target
+    hf-uag            transformers' universal assisted generation with A (assistant_tokenizer=; greedy: re-tokenized
+                      candidates; sampling: USD over the vocabularies' intersection), its defaults, on a copy of A
+                      (USD prunes the assistant's head in place); hf-uag-heuristic: 5 tokens, schedule "heuristic"
+    ours-foreign      assisted.generate(A, assistant_tokenizer=A's), defaults; ours-same: the Qwen 0.5B assistant
+  structured (experiments.vs_xgrammar's four extraction tasks, greedy, compact JSON):
+    xgrammar          model.generate + XGrammar's logits processor; xgrammar+uag: with A through UAG (it fails:
+                      transformers hands the target's processors to A's own generate too; recorded as it happens)
+    processor+uag     model.generate + assisted.logits_processor on the target's logits only, A through UAG: the
+                      working transformers baseline (under transformers 5.25 UAG can fail where a committed target
                       token adds no assistant token: recorded as it happens)
-    ours-plain        assisted.generate, no assistant (forced tokens coalesced)
-    ours-same, ours-foreign  as above, with the schema
-
+    ours-plain        assisted.generate, no assistant; ours-same, ours-foreign as above, with the schema
 Writes results.csv and README.md (paired ratios per unit: seconds per token in free text, per object structured).
 """
 
@@ -38,15 +29,12 @@ import json
 import statistics
 import sys
 
-import torch
-
 from assisted import generate, logits_processor
 from assisted.models.loading import load_model, load_pair, load_tokenizer, set_eos
 from experiments.lib import cli, report, runner
-from experiments.lib.intervals import paired_ratio
-from experiments.lib.prompt_split import load_prompts
-from experiments.lib.systems import xgrammar_compiler, xgrammar_processor, xgrammar_version
-from experiments.lib.tasks import HELD_OUT as TASKS, validate
+from experiments.lib.systems import (DRAFTING_SETTINGS, drafting_settings, transformers_tokens, xgrammar_compiler,
+                                     xgrammar_processor, xgrammar_version)
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, load_prompts, validate
 
 FREE = ("target", "hf-uag", "hf-uag-heuristic", "ours-foreign", "ours-same")
 STRUCTURED = ("xgrammar", "xgrammar+uag", "processor+uag", "ours-plain", "ours-same", "ours-foreign")
@@ -74,16 +62,10 @@ class Models:
         self.model, self.tokenizer, self.foreign = load_pair(args.target, args.assistant, pack=args.pack)
         self.foreign_tokenizer = load_tokenizer(args.assistant)
         self.hf = {sample: (copy.deepcopy(self.foreign), load_tokenizer(args.assistant)) for sample in (False, True)}
-        self.defaults = {k: getattr(self.foreign.generation_config, k) for k in
-                         ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+        self.defaults = {k: getattr(self.foreign.generation_config, k) for k in DRAFTING_SETTINGS}
         self.same = None if args.same_assistant == "none" else load_model(args.same_assistant)
         set_eos(self.tokenizer, self.model, self.same)
         self.eos = list(self.model.generation_config.eos_token_id)
-
-    def ids(self, messages: list[dict]) -> list[int]:
-        """The target's prompt ids, as `generate(messages=...)` makes them."""
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def ours(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
@@ -98,27 +80,15 @@ def ours(m: Models, system: str, messages, task, max_new: int, temperature: floa
 
 
 def transformers_run(m: Models, system: str, messages, task, max_new: int, temperature: float, seed: int) -> dict:
-    ids, sample = m.ids(messages), temperature > 0
-    kwargs = dict(do_sample=sample, max_new_tokens=max_new, top_k=0, top_p=1.0, repetition_penalty=1.0,
-                  eos_token_id=m.eos, pad_token_id=m.model.generation_config.pad_token_id)
-    if sample:
-        kwargs["temperature"] = temperature
+    kwargs = {}
     if "uag" in system:
-        helper, helper_tok = m.hf[sample]
-        config = helper.generation_config
-        for key, value in m.defaults.items():
-            setattr(config, key, value)
-        if system == "hf-uag-heuristic":
-            config.num_assistant_tokens, config.num_assistant_tokens_schedule = 5, "heuristic"
-        kwargs |= dict(assistant_model=helper, tokenizer=m.tokenizer, assistant_tokenizer=helper_tok)
+        helper, helper_tokenizer = m.hf[temperature > 0]
+        drafting_settings(helper, m.defaults, heuristic=system == "hf-uag-heuristic")
+        kwargs |= dict(assistant_model=helper, tokenizer=m.tokenizer, assistant_tokenizer=helper_tokenizer)
     if task is not None:
         kwargs["logits_processor"] = [_processor(m, system, task)]
-    torch.manual_seed(seed)
-    x = torch.tensor([ids])
-    with torch.inference_mode():
-        emitted = m.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[0, len(ids):].tolist()
-    stop = next((i for i, t in enumerate(emitted) if t in m.eos), None)  # EOS, then padding
-    emitted = emitted if stop is None else emitted[: stop + 1]
+    emitted = transformers_tokens(m.model, chat_ids(m.tokenizer, messages), m.eos, max_new, temperature, seed,
+                                  **kwargs)
     return {"tokens": emitted, "text": m.tokenizer.decode(emitted, skip_special_tokens=True)}
 
 
@@ -175,20 +145,18 @@ def warm_up(args, m: Models, has_xgrammar: bool) -> None:
     generates more than once)."""
     seen = set()
     for part, name, messages, task, temperature, _ in units(args):
-        if (part, name if task is not None else "", temperature) in seen:
-            continue
-        seen.add((part, name if task is not None else "", temperature))
-        for system in systems_of(part, m, has_xgrammar):
-            timed(m, system, messages, task, 8, temperature, args.seed)
+        if (part, name if task is not None else "", temperature) not in seen:
+            seen.add((part, name if task is not None else "", temperature))
+            for system in systems_of(part, m, has_xgrammar):
+                timed(m, system, messages, task, 8, temperature, args.seed)
 
 
 def measure(args, m: Models, has_xgrammar: bool) -> list[dict]:
     warm_up(args, m, has_xgrammar)
     rows = []
     for i, (part, name, messages, task, temperature, repeat) in enumerate(units(args)):
-        names = systems_of(part, m, has_xgrammar)
         max_new = args.max_new_tokens if part == "free" else args.structured_max_new_tokens
-        for system in runner.rotated(names, i):
+        for system in runner.rotated(systems_of(part, m, has_xgrammar), i):
             row = {"part": part, "unit": name, "temperature": temperature, "repeat": repeat, "system": system,
                    **timed(m, system, messages, task, max_new, temperature, args.seed + repeat)}
             row["valid"] = "" if task is None else (not row["error"] and validate(task, row["text"]))
@@ -211,14 +179,11 @@ def part_table(rows: list[dict], part: str, judged: str = "ours-foreign") -> lis
              f"{judged} is faster by |", "|---" * 9 + "|"]
     for t in sorted({r["temperature"] for r in rows if r["part"] == part}):
         mine = [r for r in rows if r["part"] == part and r["temperature"] == t]
-        cost = {(r["unit"], r["repeat"], r["system"]): r["seconds"] / max(r["new_tokens"], 1) if per_token
-                else r["seconds"] for r in mine if not r["error"]}
-        order = FREE if per_token else STRUCTURED
-        for system in sorted({r["system"] for r in mine}, key=order.index):
+        cost = (lambda r: r["seconds"] / max(r["new_tokens"], 1)) if per_token else (lambda r: r["seconds"])
+        ratios = runner.paired([r for r in mine if not r["error"]], judged, ("unit", "repeat"), cost)
+        for system in sorted({r["system"] for r in mine}, key=(FREE if per_token else STRUCTURED).index):
             runs = [r for r in mine if r["system"] == system]
-            pairs = [(cost[(u, k, system)], cost[(u, k, judged)]) for (u, k, s) in cost
-                     if s == system and (u, k, judged) in cost]
-            ratio = "{:.2f}x [{:.2f}, {:.2f}]".format(*paired_ratio(pairs)) if pairs and system != judged else ""
+            ratio = runner.span(ratios[system]) if system in ratios else ""
             ok = [r for r in runs if not r["error"]]
             rate = statistics.median(r["new_tokens"] / r["seconds"] for r in ok) if ok else float("nan")
             seconds = statistics.median(r["seconds"] for r in ok) if ok else float("nan")
@@ -240,18 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(r["new_tokens"] for r in rows if r["system"] == "ours-foreign")
     spent = sum(r["assistant_tokenizer_s"] for r in rows if r["system"] == "ours-foreign")
     head = [*report.run_lines("experiments.foreign_assistant", argv, f"xgrammar {'yes' if has_xgrammar else 'absent'}"),
-              f"- target {args.target}{' (packed)' if args.pack else ''}, assistant of another family "
-              f"{args.assistant}, same-vocabulary assistant {args.same_assistant}; free text: {args.per_class} "
-              f"validation prompt(s) per class, {args.max_new_tokens} new tokens; structured: {args.tasks} task(s), "
-              f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)"]
+            f"- target {args.target}{' (packed)' if args.pack else ''}, assistant of another family "
+            f"{args.assistant}, same-vocabulary assistant {args.same_assistant}; free text: {args.per_class} "
+            f"validation prompt(s) per class, {args.max_new_tokens} new tokens; structured: {args.tasks} task(s), "
+            f"{args.structured_max_new_tokens}; {args.repeats} repeat(s)"]
     body = ["## Free text (seconds per token, paired per prompt and repeat)", "", *part_table(rows, "free"), "",
-              "## Structured extraction (seconds per object, paired per task and repeat)", "",
-              *part_table(rows, "structured"), "",
-              f"ours-foreign's tokenizer calls: {spent:.2f} s over {tokens} tokens "
-              f"({1000 * spent / max(tokens, 1):.2f} ms per token).",
-              "\"is faster by\": geometric mean over units of the system's cost / ours-foreign's, 90% t-interval. "
-              "\"same tokens\": greedy outputs equal to the target's own (free: transformers' greedy; structured: "
-              "ours without an assistant); float32 verification can differ from one-token steps at near-ties."]
+            "## Structured extraction (seconds per object, paired per task and repeat)", "",
+            *part_table(rows, "structured"), "",
+            f"ours-foreign's tokenizer calls: {spent:.2f} s over {tokens} tokens "
+            f"({1000 * spent / max(tokens, 1):.2f} ms per token).",
+            "\"is faster by\": geometric mean over units of the system's cost / ours-foreign's, 90% t-interval. "
+            "\"same tokens\": greedy outputs equal to the target's own (free: transformers' greedy; structured: "
+            "ours without an assistant); float32 verification can differ from one-token steps at near-ties."]
     report.write_run(args.out, f"An assistant of another family: {args.out.name}", head, body, rows, FIELDS)
     print("\n".join(body[-8:]))
     return 0

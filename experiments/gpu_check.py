@@ -10,6 +10,7 @@ one that would start past --budget-s is skipped):
   costs     seconds of a target forward over n = 1..32 new tokens after 200 and 1,000 cached ones (bf16 and
             fp16), of one assistant token, and of SmolLM2's; `costs.csv` is a forward-cost table (model, dtype,
             context, layout, n, repeat, seconds) that `experiments.policy_replay --timings` (at ae05ac6) replays.
+  graphs    the same forward on a static KV cache, eager and replayed from a captured CUDA graph (CUDA only).
   generate  per-token latency of the target alone (transformers), our loop without an assistant, and with three
             assistants (the target itself: every draft accepted; its first 4 layers; the random 0.5B: none
             accepted) against transformers' assisted generation with the same models; our loop's own
@@ -19,13 +20,6 @@ one that would start past --budget-s is skipped):
             margin there (batched verification rounds differently from one-token steps).
   masks     a JSON Schema guide over the Qwen tokenizer (152k ids): building it, first visits of its states
             against a GPU step, and a step's (k+1, V) masks stacked on the host and copied vs kept on the device.
-  extraction, steps, captured_identity
-            captured steps (static caches + CUDA graphs) against eager ones, transformers + XGrammar (eager and
-            static + torch.compile) and a 7B target's step costs: see `experiments.lib.gpu_engine`.
-
-The prepared run for captured steps (xgrammar and its tvm-ffi travel as wheels in .whl, the tokenizers in .gpu):
-    python -m experiments.gpu_check --out $OUT/gpu-check --tokenizers .gpu/tokenizers --commit <hash> \
-        --sections steps extraction captured_identity generate --budget-s 380
 """
 
 from __future__ import annotations
@@ -46,17 +40,38 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from assisted import generate  # noqa: E402
 from drafting.kv_cache import cache_argument, forward, new_cache  # noqa: E402
 from drafting.static_cache import cuda_capture  # noqa: E402
 from experiments.lib import cli  # noqa: E402
-from experiments.lib.gpu_engine import (INVOICE, ours, readme_lines, section_captured_identity,  # noqa: E402
-                                    section_extraction, section_steps)
 from experiments.lib.gpu_models import build, random_prompt  # noqa: E402
-from experiments.lib.report import table, write_rows  # noqa: E402
+from experiments.lib.report import pyplot, save_figure, table, write_rows  # noqa: E402
+from experiments.lib.systems import transformers_tokens  # noqa: E402
 from experiments.lib.timing import Prefixed  # noqa: E402
 from experiments.models import truncated  # noqa: E402
 
 TARGET, ASSISTANT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"
+INVOICE = {"type": "object", "properties": {
+    "customer": {"type": "string", "maxLength": 16}, "quantity": {"type": "integer", "minimum": 1, "maximum": 999},
+    "status": {"enum": ["draft", "sent", "paid", "overdue"]}, "paid": {"type": "boolean"},
+    "lines": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
+        "sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+        "cents": {"type": "integer", "minimum": 0, "maximum": 99999}}, "required": ["sku", "cents"]}}},
+    "required": ["customer", "quantity", "status", "paid", "lines"]}
+
+
+def ours(model, assistant, tokenizer, ids: list[int], new: int, schedule: str = "auto", **options):
+    """`assisted.generate` on prompt `ids` with `new` tokens at most."""
+    return generate(model, assistant, tokenizer=tokenizer, input_ids=ids, max_new_tokens=new,
+                    num_assistant_tokens_schedule=schedule, **options)
+
+
+def medians(rows: list[dict], label) -> dict:
+    """{label(row): {n: median seconds}} over `rows`."""
+    found = {}
+    for r in rows:
+        found.setdefault(label(r), {}).setdefault(r["n"], []).append(r["seconds"])
+    return {key: {n: statistics.median(v) for n, v in by_n.items()} for key, by_n in found.items()}
 
 
 class Check:
@@ -101,8 +116,6 @@ class Check:
                      smoke=self.args.smoke)
 
 
-# ---- costs ---------------------------------------------------------------------------------------------------
-
 def cost_rows(check: Check, model, label: str, dtype: str, context: int, ns: list[int]) -> list[dict]:
     """Seconds of a forward over n new tokens after `context` cached ones, n interleaved, repeats after a warm-up."""
     tokenizer = check.tokenizers["qwen2" if label.startswith("qwen") else "smollm2"]
@@ -128,33 +141,20 @@ def section_costs(check: Check) -> None:
     for name in (ASSISTANT, SMOL):
         rows += cost_rows(check, check.model(name), name, "bfloat16", contexts[0], ns)
     check.write_csv("costs.csv", rows)
-    medians = {}
-    for r in rows:
-        medians.setdefault((r["model"], r["dtype"], r["context"]), {}).setdefault(r["n"], []).append(r["seconds"])
-    check.summary["costs"] = {f"{m} {d} ctx {c}": {n: statistics.median(v) for n, v in by_n.items()}
-                              for (m, d, c), by_n in medians.items()}
+    check.summary["costs"] = medians(rows, lambda r: f"{r['model']} {r['dtype']} ctx {r['context']}")
     plot_costs(check)
 
 
 def plot_costs(check: Check) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for label, by_n in check.summary["costs"].items():
         ns = sorted(by_n)
         ax.plot(ns, [1e3 * by_n[n] for n in ns], marker=".", label=label)
-    ax.set_xlabel("tokens per forward (n)")
-    ax.set_ylabel("median ms per forward")
-    ax.set_title(f"Forward cost on {check.summary['device']}")
-    ax.set_ylim(bottom=0)
+    ax.set(xlabel="tokens per forward (n)", ylabel="median ms per forward", ylim=(0, None),
+           title=f"Forward cost on {check.summary['device']}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(check.out / "costs.png", dpi=120)
-    plt.close(fig)
+    save_figure(fig, check.out / "costs.png", dpi=120)
 
-
-# ---- graphs --------------------------------------------------------------------------------------------------
 
 def section_graphs(check: Check) -> None:
     """Forward cost with a static KV cache, eager and replayed from a captured CUDA graph (no launch overhead)."""
@@ -165,10 +165,7 @@ def section_graphs(check: Check) -> None:
             rows += graph_rows(check, model, name, context, n)
         del model
     check.write_csv("graphs.csv", rows)
-    medians = {}
-    for r in rows:
-        medians.setdefault(f"{r['model']} {r['layout']}", {}).setdefault(r["n"], []).append(r["seconds"])
-    check.summary["graphs"] = {k: {n: statistics.median(v) for n, v in by_n.items()} for k, by_n in medians.items()}
+    check.summary["graphs"] = medians(rows, lambda r: f"{r['model']} {r['layout']}")
 
 
 def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dict]:
@@ -201,14 +198,11 @@ def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dic
              "seconds": sec} for layout, values in timings.items() for r, sec in enumerate(values, start=1)]
 
 
-# ---- generate ------------------------------------------------------------------------------------------------
-
 def hf_generate(model, ids: list[int], new: int, assistant=None) -> int:
-    """transformers' greedy generate (assisted with its defaults when `assistant` is given); new tokens."""
-    x = torch.tensor([ids], device=model.device)
+    """transformers' greedy generate (assisted with its defaults when `assistant` is given); new tokens (EOS rows are
+    zeroed: never the argmax, so every call writes `new`)."""
     kwargs = {} if assistant is None else {"assistant_model": assistant}
-    out = model.generate(x, do_sample=False, max_new_tokens=new, **kwargs)  # EOS rows are zeroed: never argmax
-    return out.shape[1] - len(ids)
+    return len(transformers_tokens(model, ids, [model.generation_config.eos_token_id], new, **kwargs))
 
 
 def section_generate(check: Check) -> None:
@@ -221,10 +215,8 @@ def section_generate(check: Check) -> None:
     for name, helper in helpers.items():
         systems[f"transformers assisted, {name}"] = lambda ids, h=helper: (hf_generate(target, ids, new, h), None)
         systems[f"ours auto, {name}"] = lambda ids, h=helper: (None, ours(target, h, tokenizer, ids, new))
-    systems["ours heuristic, self"] = lambda ids: (
-        None,
-        ours(target, helpers["self"], tokenizer, ids, new, "heuristic"),
-    )
+    systems["ours heuristic, self"] = lambda ids: (None, ours(target, helpers["self"], tokenizer, ids, new,
+                                                              "heuristic"))
     prompts = [random_prompt(tokenizer, check.contexts[0], seed=100 + r) for r in range(check.args.repeats + 1)]
     rows = []
     with torch.inference_mode():
@@ -244,14 +236,10 @@ def generate_row(system: str, repeat: int, seconds: float, hf_new: int | None, o
         s = out.stats
         drafted, accepted = s.drafted_by_source["assistant"], s.accepted_by_source["assistant"]
         steps = max(1, len(s.steps))
-        row.update(
-            new_tokens=s.new_tokens,
-            target_forwards=s.target_forward_passes,
-            mean_k=statistics.fmean(s.k_trace) if s.k_trace else 0.0,
-            acceptance=accepted / drafted if drafted else "",
-            overhead_ms_per_step=1e3 * s.seconds.overhead / steps,
-            fsm_ms_per_step=1e3 * s.seconds.fsm / steps,
-        )
+        row.update(new_tokens=s.new_tokens, target_forwards=s.target_forward_passes,
+                   mean_k=statistics.fmean(s.k_trace) if s.k_trace else 0.0,
+                   acceptance=accepted / drafted if drafted else "", fsm_ms_per_step=1e3 * s.seconds.fsm / steps,
+                   overhead_ms_per_step=1e3 * s.seconds.overhead / steps)
     return row
 
 
@@ -270,8 +258,6 @@ def summarize_generate(rows: list[dict]) -> dict:
                             for k in ("overhead_ms_per_step", "mean_k") if any(r[k] != "" for r in extra)}
     return out
 
-
-# ---- identity ------------------------------------------------------------------------------------------------
 
 def section_identity(check: Check) -> None:
     tokenizer, new, rows = check.tokenizers["qwen2"], check.new_tokens // 2, []
@@ -304,8 +290,6 @@ def identity_row(model, ids: list[int], plain: list[int], drafted: list[int], dt
         row["top2_margin_there"] = margins[first]
     return row
 
-
-# ---- masks ---------------------------------------------------------------------------------------------------
 
 def section_masks(check: Check) -> None:
     import fsm
@@ -358,8 +342,6 @@ def constrained_rows(check: Check, target, tokenizer) -> list[dict]:
     return rows
 
 
-# ---- report --------------------------------------------------------------------------------------------------
-
 def environment(args) -> dict:
     import transformers
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else f"CPU ({platform.processor()})"
@@ -395,7 +377,6 @@ def write_readme(check: Check) -> None:
                   *(f"- {k}: {v}" for k, v in s["identity"].items()), ""]
     if "masks" in s:
         lines += ["## Masks over the Qwen tokenizer", "", *table(["what", "ms"], list(s["masks"].items())), ""]
-    lines += readme_lines(s)
     (check.out / "README.md").write_text("\n".join(lines))
     (check.out / "summary.json").write_text(json.dumps(s, indent=1, default=str))
 
@@ -434,16 +415,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SECTIONS = {
-    "costs": section_costs,
-    "graphs": section_graphs,
-    "generate": section_generate,
-    "identity": section_identity,
-    "masks": section_masks,
-    "extraction": section_extraction,
-    "steps": section_steps,
-    "captured_identity": section_captured_identity,
-}
+SECTIONS = {"costs": section_costs, "graphs": section_graphs, "generate": section_generate,
+            "identity": section_identity, "masks": section_masks}
 
 
 def main(argv: list[str] | None = None) -> int:

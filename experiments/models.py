@@ -12,11 +12,8 @@ import os
 
 import torch
 
-from assisted.models.loading import (  # noqa: F401  (re-exported)
-    QUANTIZED_COPIES, int8_copy, load_model, load_pair, load_tokenizer)
-from assisted.models.sources import (  # noqa: F401  (re-exported)
-    SOURCES, ChecksumError, NotPreparedError, Source, assemble, installed_gguf, publish, cache_root,
-    convert_gguf, model_dir, prepare, status, tokenizer_dir)
+from assisted.models.loading import load_model, load_tokenizer
+from assisted.models.sources import SOURCES, NotPreparedError, installed_gguf  # noqa: F401  (re-exported)
 
 
 def load(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",

@@ -29,7 +29,7 @@ import itertools
 import math
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
@@ -253,15 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=160)
     cli.add_out(p, required=False, help="write README.md with every cell here")
     args = p.parse_args(argv)
-    scores = [score(c, args.steps) for c in grid()]
+    scores = sorted((score(c, args.steps) for c in grid()), key=lambda s: s.ratio)
     best = lambda s: "plain" if s.plain >= max(s.fixed.values()) else f"k={s.best_k}"  # noqa: E731
-    lines = table(["acceptance", "T", "ratio", "rows", "source", "curve", "auto / best", "best", "plain tok/s",
-                   "auto tok/s"],
-                  [[s.cell.acceptance, s.cell.temperature, s.cell.ratio, s.cell.rows, s.cell.source, s.cell.curve,
-                    f"{s.ratio:.3f}", best(s), f"{s.plain:.2f}", f"{s.auto:.2f}"]
-                   for s in sorted(scores, key=lambda s: s.ratio)])
-    low = [s for s in scores if s.ratio < 0.97]
-    lines = [f"{len(scores)} cells, {len(low)} below 0.97x; worst {min(s.ratio for s in scores):.3f}", "", *lines]
+    lines = [f"{len(scores)} cells, {sum(s.ratio < 0.97 for s in scores)} below 0.97x; worst {scores[0].ratio:.3f}",
+             "", *table(["acceptance", "T", "ratio", "rows", "source", "curve", "auto / best", "best", "plain tok/s",
+                         "auto tok/s"], [[*astuple(s.cell), f"{s.ratio:.3f}", best(s), f"{s.plain:.2f}",
+                                          f"{s.auto:.2f}"] for s in scores])]
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

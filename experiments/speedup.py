@@ -2,7 +2,7 @@
 
     python -m experiments.speedup --target qwen2.5-coder-1.5b --assistant qwen2.5-coder-0.5b --half validation
 
-Prompts: `experiments/prompts/split.json`, one half of it (`experiments.lib.prompt_split`: methods are tuned on the
+Prompts: `experiments/prompts/split.json`, one half of it (`experiments.lib.tasks`: methods are tuned on the
 "tuning" half, headline numbers come from the "validation" half).
 
 Systems per (prompt, temperature, repeat) cell, interleaved (the order rotates per cell):
@@ -29,15 +29,15 @@ from pathlib import Path
 
 import torch
 
-from experiments.lib import cli, report, runner, shards
+from experiments.lib import cli, report, runner
 from experiments.lib.intervals import grouped, paired_ratio, table
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, load_prompts
 from experiments.lib.systems import Systems
-from experiments.lib.tasks import chat_ids
+from experiments.lib.tasks import HALVES, SPLIT_PROMPTS, chat_ids, load_prompts
 
 SYSTEMS = ("target", "hf-default", "hf-heuristic", "ours", "ours-auto")
 OURS = ("ours", "ours-auto")
 RATIOS = [(o, hf) for o in OURS for hf in ("hf-default", "hf-heuristic")] + [("ours-auto", "target")]  # y per token / x
+INTERVAL = "{:.2f} [{:.2f}, {:.2f}]"  # a paired ratio and its interval
 FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
           "tokens_per_forward", "acceptance_rate", "mean_k")
 
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prompts", type=Path, default=SPLIT_PROMPTS)
     p.add_argument("--half", choices=[*HALVES, "all"], default="validation",
-                   help="which half of the prompt set (experiments.lib.prompt_split; 'all': every prompt of --prompts)")
+                   help="which half of the prompt set (experiments.lib.tasks; 'all': every prompt of --prompts)")
     p.add_argument("--per-class", type=int, default=None, help="use only the first N prompts of each class")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                    help="systems to run (the target alone and ours-auto always run: every ratio is paired with them)")
@@ -129,43 +129,28 @@ def _per_token(row: dict) -> float:
 
 def _speedup(rows: list[dict], row: dict) -> float:
     """Speedup of `row` over the target alone in the same cell, per new token."""
-    base = next(
-        r for r in rows if r["system"] == "target" and all(r[k] == row[k] for k in ("prompt", "temperature", "repeat"))
-    )
+    cell = ("prompt", "temperature", "repeat")
+    base = next(r for r in rows if r["system"] == "target" and all(r[k] == row[k] for k in cell))
     return _per_token(base) / _per_token(row)
 
 
 def plot(summary: dict, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    classes = sorted({c for c, _, _ in summary})
-    temps = sorted({t for _, t, _ in summary})
+    """greedy.png (latency per class at the first temperature) and sampling.png (speedup against temperature)."""
+    classes, temps = sorted({c for c, _, _ in summary}), sorted({t for _, t, _ in summary})
     systems = chosen_systems({s for _, _, s in summary})
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(systems)
-    for j, s in enumerate(systems):
-        ax.bar([i + j * width for i in range(len(classes))],
-               [1000 * summary[(c, temps[0], s)]["per_token"] for c in classes], width, label=s)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(classes))], classes)
-    ax.set_ylabel("median latency per new token (ms)")
-    ax.set_title(f"greedy latency per prompt class (T={temps[0]})"), ax.legend()
-    fig.tight_layout(), fig.savefig(out / "greedy.png", dpi=110), plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = report.pyplot().subplots(figsize=(7, 4))
+    report.bar_groups(ax, classes, systems, lambda c, s: 1000 * summary[(c, temps[0], s)]["per_token"])
+    ax.set(ylabel="median latency per new token (ms)", title=f"greedy latency per prompt class (T={temps[0]})")
+    ax.legend(), report.save_figure(fig, out / "greedy.png")
+    fig, ax = report.pyplot().subplots(figsize=(7, 4))
     for s in systems[1:]:
         values = [[x for c in classes for x in summary[(c, t, s)]["speedups"]] for t in temps]
         med = [statistics.median(v) for v in values]
-        ax.errorbar(
-            temps,
-            med,
-            yerr=[[m - min(v) for m, v in zip(med, values)], [max(v) - m for m, v in zip(med, values)]],
-            marker="o",
-            capsize=3,
-            label=s,
-        )
+        ax.errorbar(temps, med, yerr=[[m - min(v) for m, v in zip(med, values)],
+                                      [max(v) - m for m, v in zip(med, values)]], marker="o", capsize=3, label=s)
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("temperature"), ax.set_ylabel("speedup over target alone (median, min-max)"), ax.legend()
-    fig.tight_layout(), fig.savefig(out / "sampling.png", dpi=110), plt.close(fig)
+    ax.set(xlabel="temperature", ylabel="speedup over target alone (median, min-max)")
+    ax.legend(), report.save_figure(fig, out / "sampling.png")
 
 
 def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: list[str] | None = None) -> None:
@@ -175,28 +160,24 @@ def write(rows: list[dict], summary: dict, args, out: Path, command: str, kept: 
     out.mkdir(parents=True, exist_ok=True)
     report.write_rows(out / "results.csv", rows, FIELDS)
     plot(summary, out)
-    run = [
-        f"- date: {datetime.date.today()}",
-        *report.machine_lines(),
-        f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
-        f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
-        f"- target {args.target}{f' ({args.quantize_target})' if args.quantize_target else ''}, "
-        f"assistant {cli.assistant_label(args)}, max_new_tokens {args.max_new_tokens}, "
-        f"repeats {args.repeats}",
-    ]
+    run = [f"- date: {datetime.date.today()}", *report.machine_lines(),
+           f"- device: {args.device}, dtype: {args.dtype}, torch threads: {torch.get_num_threads()}",
+           f"- torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}",
+           f"- target {args.target}{f' ({args.quantize_target})' if args.quantize_target else ''}, "
+           f"assistant {cli.assistant_label(args)}, max_new_tokens {args.max_new_tokens}, repeats {args.repeats}"]
+    systems = systems_in(rows)
     lines = [f"# Speedup run {out.name}", "", f"- command: `{command}`", *(kept or run),
              "", "Medians over prompts and repeats; systems interleaved within each cell. The CPU was shared "
              "with other engineers' jobs, so timings are noisy.", "",
-             _table_header(systems_in(rows))]
-    for c in sorted({c for c, _, _ in summary}):
-        for t in sorted({t for _, t, _ in summary}):
-            lines.append(_table_row(c, t, {s: summary[(c, t, s)] for s in systems_in(rows)}))
-    lines += ["", "Latency is per new token (sampled systems write texts of different lengths); x/y = y's seconds "
-              "per token / x's (> 1: x faster). hf acceptance is estimated as "
-              "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
-              "over steps (ours-auto: its window, at most 20, while drafting, each draft cut by its confidences; 0 for "
-              "plain decoding).", "", *_against_table(rows, summary), "",
-              "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
+             *report.table(_columns(systems), [_cells(c, t, {s: summary[(c, t, s)] for s in systems})
+                                               for c in sorted({c for c, _, _ in summary})
+                                               for t in sorted({t for _, t, _ in summary})]),
+             "", "Latency is per new token (sampled systems write texts of different lengths); x/y = y's seconds "
+             "per token / x's (> 1: x faster). hf acceptance is estimated as "
+             "(new tokens - target forwards) / assistant forwards. mean k: the draft cap our policy chose, averaged "
+             "over steps (ours-auto: its window, at most 20, while drafting, each draft cut by its confidences; 0 for "
+             "plain decoding).", "", *_against_table(rows, summary), "",
+             "![greedy](greedy.png)", "![sampling](sampling.png)", ""]
     (out / "README.md").write_text("\n".join(lines))
 
 
@@ -204,21 +185,19 @@ def _ratios(systems: tuple[str, ...]) -> list[tuple[str, str]]:
     return [(o, x) for o, x in RATIOS if o in systems and x in systems]
 
 
-def _table_header(systems: tuple[str, ...]) -> str:
+def _columns(systems: tuple[str, ...]) -> list[str]:
     drafted, ours = systems[1:], [o for o in OURS if o in systems]
-    cols = (["class", "T"] + [f"{s} ms/tok" for s in systems] + [f"{o}/{hf}" for o, hf in _ratios(systems)]
+    return (["class", "T"] + [f"{s} ms/tok" for s in systems] + [f"{o}/{hf}" for o, hf in _ratios(systems)]
             + [f"tok/fwd {s}" for s in drafted] + [f"accept {s}" for s in drafted] + [f"mean k {o}" for o in ours])
-    return "| " + " | ".join(cols) + " |\n" + "|---" * len(cols) + "|"
 
 
-def _table_row(c: str, t: float, g: dict) -> str:
+def _cells(c: str, t: float, g: dict) -> list[str]:
     systems = tuple(g)
-    cells = ([c, str(t)] + [f"{1000 * g[s]['per_token']:.0f}" for s in systems]
-             + [f"{g[hf]['per_token'] / g[o]['per_token']:.2f}" for o, hf in _ratios(systems)]
-             + [f"{g[s]['tokens_per_forward']:.2f}" for s in systems[1:]]
-             + [f"{g[s]['acceptance_rate']:.2f}" for s in systems[1:]]
-             + [f"{g[o]['mean_k']:.1f}" for o in OURS if o in systems])
-    return "| " + " | ".join(cells) + " |"
+    return ([c, str(t)] + [f"{1000 * g[s]['per_token']:.0f}" for s in systems]
+            + [f"{g[hf]['per_token'] / g[o]['per_token']:.2f}" for o, hf in _ratios(systems)]
+            + [f"{g[s]['tokens_per_forward']:.2f}" for s in systems[1:]]
+            + [f"{g[s]['acceptance_rate']:.2f}" for s in systems[1:]]
+            + [f"{g[o]['mean_k']:.1f}" for o in OURS if o in systems])
 
 
 def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -> list[str]:
@@ -236,30 +215,21 @@ def _against_table(rows: list[dict], summary: dict, system: str = "ours-auto") -
     for (c, t), cell in sorted(cells.items()):
         best = min(drafting, key=lambda s: summary[(c, t, s)]["per_token"])
         pairs = {s: [(u[s], u[system]) for u in cell.values()] for s in others}
-        spans = [paired_ratio(pairs[s]) for s in others]
         r, lo, hi = paired_ratio(pairs[best])
         verdicts.append(1 if lo > 1 else -1 if hi < 1 else 0)
         for s in others:
             pooled[s] += pairs[s]
         pooled["best other"] += pairs[best]
-        lines.append(f"| {c} | {t} | {len(cell)} | " + " | ".join(f"{x:.2f} [{a:.2f}, {b:.2f}]" for x, a, b in spans)
-                     + f" | {best} {r:.2f} [{lo:.2f}, {hi:.2f}] |")
-    overall = ", ".join(f"{s} {r:.2f} [{lo:.2f}, {hi:.2f}]" for s, (r, lo, hi) in
-                        ((s, paired_ratio(v)) for s, v in pooled.items()))
-    return lines + [
-        "",
-        f"Against the best other drafting system, {system}'s interval lies above 1 in {verdicts.count(1)} "
-        f"of {len(cells)} cells and below 1 in {verdicts.count(-1)}. Over all "
-        f"{len(pooled['best other'])} units: {overall}.",
-        "",
-        *_pooled_table(rows, system),
-    ]
-
-
-def _pooled_table(rows: list[dict], system: str) -> list[str]:
-    """Markdown: `system` paired with each other system, pooled per class, per temperature and overall."""
-    return [f"Pooled: {system} paired with each system over all units, the units of a class (all temperatures) "
-            "and of a temperature (all classes).", "", *table(*grouped(units(rows), SYSTEMS, system))]
+        lines.append(f"| {c} | {t} | {len(cell)} | " + " | ".join(INTERVAL.format(*paired_ratio(pairs[s]))
+                                                                   for s in others)
+                     + f" | {best} {INTERVAL.format(r, lo, hi)} |")
+    overall = ", ".join(f"{s} {INTERVAL.format(*paired_ratio(v))}" for s, v in pooled.items())
+    return lines + ["", f"Against the best other drafting system, {system}'s interval lies above 1 in "
+                    f"{verdicts.count(1)} of {len(cells)} cells and below 1 in {verdicts.count(-1)}. Over all "
+                    f"{len(pooled['best other'])} units: {overall}.", "",
+                    f"Pooled: {system} paired with each system over all units, the units of a class (all "
+                    "temperatures) and of a temperature (all classes).", "",
+                    *table(*grouped(units(rows), SYSTEMS, system))]
 
 
 def units(rows: list[dict]) -> dict:
@@ -293,8 +263,8 @@ def read_rows(path: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     argv, args = cli.begin(parse_args, argv)
     out = args.out or default_out()
-    if args.report_only:
-        paths = shards.results(out)
+    if args.report_only:  # the run's results, or every shard's together
+        paths = sorted(out.glob("shard-*/results.csv")) or [out / "results.csv"]
         rows = [r for path in paths for r in read_rows(path)]
         sharded = [path for path in paths if path.parent != out]
         command = "python -m experiments.speedup " + " ".join(a for a in argv if a != "--report-only")
@@ -303,16 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         write(rows, summarize(rows), args, out, command, kept)
         print(f"rewrote {out}/README.md and plots from {len(paths)} results file(s)")
         return 0
-    shards.check(args.shard)
-    out = shards.folder(out, args.shard)
-    loaded = cli.load(args)
-    if loaded is None:
-        return 1
-    model, tokenizer, assistant = loaded
-    half = None if args.half == "all" else args.half
-    rows = run(
-        args, model, assistant, tokenizer, shards.pick(load_prompts(args.prompts, half, args.per_class), args.shard)
-    )
+    first, every = args.shard or (0, 1)  # shard I of N: prompts I, I+N, I+2N, ... into out/shard-I
+    if not 0 <= first < every:
+        raise ValueError(f"--shard {first} {every}: need 0 <= I < N")
+    out = out / f"shard-{first}" if args.shard else out
+    model, tokenizer, assistant = cli.load(args)
+    prompts = load_prompts(args.prompts, None if args.half == "all" else args.half, args.per_class)[first::every]
+    rows = run(args, model, assistant, tokenizer, prompts)
     write(rows, summarize(rows), args, out, "python -m experiments.speedup " + " ".join(argv))
     print(f"wrote {out}")
     return 0

@@ -24,6 +24,7 @@ import torch
 from experiments.kernel_paths import read_bandwidth
 from experiments.lib import cli, report
 from experiments.lib.intervals import paired_ratio
+from experiments.lib.runner import rotated
 from experiments.lib.timing import Prefixed
 
 
@@ -81,11 +82,11 @@ class Variant:
     def __init__(self, timer: Prefixed, model: torch.nn.Module, *swaps: dict[str, torch.nn.Module]):
         self.timer, self.model, self.swaps = timer, model, swaps
 
-    def seconds(self, token: int, call=None):
-        """One timed step (or `call(timer, token)`'s result) with the swaps in place, undone after."""
+    def apply(self, call):
+        """`call(timer)`'s result with the swaps in place, undone after."""
         undo = [swapped(self.model, s) for s in self.swaps]  # unfused layers first, then their Q6_K Linears
         try:
-            return self.timer.seconds([token]) if call is None else call(self.timer, token)
+            return call(self.timer)
         finally:
             for old in reversed(undo):
                 swapped(self.model, old)
@@ -119,10 +120,10 @@ PAIRS = (("target", "target-before"), ("target", "target-unfused"), ("assistant"
 
 def measure(found: dict[str, Variant], token: int, repeats: int) -> dict[str, list[float]]:
     """Seconds of `repeats` steps of each variant, interleaved in an order rotated per round (one round of warm-up)."""
-    names, seconds = list(found), {name: [] for name in found}
+    seconds = {name: [] for name in found}
     for r in range(repeats + 1):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            spent = found[name].seconds(token)
+        for name in rotated(list(found), r):
+            spent = found[name].apply(lambda timer: timer.seconds([token]))
             if r:
                 seconds[name].append(spent)
     return seconds
@@ -132,10 +133,7 @@ def rows_of(found: dict[str, Variant], seconds: dict[str, list[float]], threads:
             bandwidth: float) -> list[dict]:
     rows = []
     for name, variant in found.items():
-        undo = [swapped(variant.model, s) for s in variant.swaps]
-        weight = weight_bytes(variant.model)
-        for old in reversed(undo):
-            swapped(variant.model, old)
+        weight = variant.apply(lambda _: weight_bytes(variant.model))
         median = statistics.median(seconds[name])
         rows.append({"threads": threads, "variant": name, "ms": median * 1e3, "bytes": weight,
                      "read_gb_s": bandwidth / 1e9, "floor_ms": weight / bandwidth * 1e3,
@@ -158,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true")
     args = p.parse_args(argv)
     args.quantize_target, args.assistant_int4 = "int4", True
-    loaded = cli.load(args)
-    if loaded is None:
-        return 1
-    model, tokenizer, assistant = loaded
+    model, tokenizer, assistant = cli.load(args)
     prefix = tokenizer("def quicksort(items):\n" * 40)["input_ids"][: args.prefix]
     found = variants(model, assistant, prefix)
     rows, profiles = [], []
@@ -173,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
         if args.profile:
             for name in ("target", "target-before", "assistant", "assistant-unfused"):
-                table = found[name].seconds(prefix[-1], call=lambda timer, token: profile(timer, token))
+                table = found[name].apply(lambda timer: profile(timer, prefix[-1]))
                 profiles += [f"### {name}, {threads} thread(s)", "",
                              *report.table(["op", "calls a step", "ms a step (profiled)", "share"], table), ""]
     if args.out:

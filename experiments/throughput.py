@@ -27,7 +27,6 @@ wall time for transformers, the row's time in the batch for ours; queueing exclu
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -40,10 +39,10 @@ import torch
 
 from assisted import generate, generate_batch, logits_processor
 from experiments.lib import cli
-from experiments.lib.report import cpu_name, read_rows, run_lines, write_rows
+from experiments.lib.report import cpu_name, pyplot, read_rows, run_lines, save_figure, write_rows
 from experiments.lib.runner import interleaved, paired, timed
 from experiments.lib.systems import xgrammar_compiler, xgrammar_processor
-from experiments.lib.tasks import TICKET
+from experiments.lib.tasks import TICKET, chat_ids
 
 DOCUMENTS = Path(__file__).parent / "prompts" / "support_tickets.jsonl"
 OURS = {"ours": (True, False), "shared": (True, True), "forced": (False, False), "forced-shared": (False, True)}
@@ -52,6 +51,9 @@ RERUN = ["single", "ours:1", *(f"{kind}:{b}" for b in (4, 8, 16) for kind in OUR
 UNIT_FIELDS = ("unit", "repeat", "system", "documents", "seconds", "new_tokens", "valid", "errors",
                "latency_p50", "latency_p95", "padding_share", "target_forwards")
 DOC_FIELDS = ("unit", "repeat", "system", "id", "latency", "new_tokens", "valid", "error", "text")
+LABELS = {"ours": "ours: generate_batch", "shared": "ours: generate_batch, shared prefixes",
+          "forced": "ours without the assistant", "forced-shared": "the same, shared prefixes",
+          "hf-xgrammar": "transformers + XGrammar (compact)", "hf-ours": "transformers + our logits_processor"}
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,7 @@ class Runner:
         self._xgrammar = None
 
     def ids(self, doc: Document) -> list[int]:
-        text = self.tokenizer.apply_chat_template(doc.messages(), tokenize=False, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return chat_ids(self.tokenizer, doc.messages())
 
     def run(self, system: str, docs: list[Document]) -> Pass:
         kind, size = parse_system(system)
@@ -115,10 +116,9 @@ class Runner:
             return self._single(docs)
         if kind in OURS:
             return self._ours(docs, size, *OURS[kind])
-        batches = [docs[i : i + size] for i in range(0, len(docs), size)]
-        passes = [self._hf(kind, batch) for batch in batches]
-        positions = [len(p.outputs) for p in passes]  # weight each batch's padding by its rows
-        share = sum(p.padding_share * n for p, n in zip(passes, positions)) / sum(positions)
+        passes = [self._hf(kind, docs[i : i + size]) for i in range(0, len(docs), size)]
+        rows = [len(p.outputs) for p in passes]  # weight each batch's padding by its rows
+        share = sum(p.padding_share * n for p, n in zip(passes, rows)) / sum(rows)
         return Pass([o for p in passes for o in p.outputs], share, sum(p.target_forwards for p in passes))
 
     def _single(self, docs: list[Document]) -> Pass:
@@ -136,8 +136,7 @@ class Runner:
                                  input_ids=[self.ids(d) for d in docs], schema=TICKET.schema, batch_size=size,
                                  max_new_tokens=self.max_new, share_prefix=share_prefix)
         outputs = [Output(r.text, r.stats.new_tokens, r.stats.latency_seconds, r.error or "") for r in results]
-        batch = results[0].batch
-        return Pass(outputs, batch.padding_share, batch.target_forwards)
+        return Pass(outputs, results[0].batch.padding_share, results[0].batch.target_forwards)
 
     def _hf(self, kind: str, docs: list[Document]) -> Pass:
         ids = [self.ids(d) for d in docs]
@@ -150,22 +149,19 @@ class Runner:
             out = self.model.generate(input_ids, attention_mask=attention, logits_processor=[processor],
                                       do_sample=False, max_new_tokens=self.max_new, pad_token_id=self.pad,
                                       eos_token_id=self.eos)
-        seconds = time.perf_counter() - start
-        outputs, real = [], sum(map(len, ids))
+        seconds, outputs, real = time.perf_counter() - start, [], sum(map(len, ids))
         for row in out[:, width:].tolist():
             stop = next((i for i, t in enumerate(row) if t in self.eos), None)  # EOS, then padding
             tokens = len(row) if stop is None else stop + 1
             outputs.append(Output(self.tokenizer.decode(row[: stop], skip_special_tokens=True), tokens, seconds))
             real += tokens
         steps = out.shape[1] - width
-        computed = len(ids) * (width + steps)  # every row takes part in every forward to the longest row's end
-        return Pass(outputs, 1 - real / computed, steps)
+        return Pass(outputs, 1 - real / (len(ids) * (width + steps)), steps)  # every row runs to the longest's end
 
     def _processor(self, kind: str):
         if kind == "hf-ours":
             return logits_processor(self.tokenizer, schema=TICKET.schema)
-        if self._xgrammar is None:
-            self._xgrammar = xgrammar_compiler(self.model, self.tokenizer, self.eos)
+        self._xgrammar = self._xgrammar or xgrammar_compiler(self.model, self.tokenizer, self.eos)
         return xgrammar_processor(self._xgrammar, TICKET.json_schema(), compact=True)
 
 
@@ -182,14 +178,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def measure(
-    runner: Runner, docs: list[Document], systems: list[str], chunk: int, repeats: int, out: Path
-) -> list[dict]:
+def measure(runner: Runner, docs: list[Document], systems: list[str], chunk: int, repeats: int,
+            out: Path) -> list[dict]:
     """Every (chunk, repeat) unit runs every system in rotated order; rows are appended to the CSVs as they come."""
-    warm = docs[:2]
     budget, runner.max_new = runner.max_new, 12
     for system in systems:  # untimed: grammars compiled, allocators warm, `auto` has costs
-        runner.run(system, warm)
+        runner.run(system, docs[:2])
     runner.max_new = budget
     chunks = [docs[i : i + chunk] for i in range(0, len(docs), chunk)]
     rows = []
@@ -198,15 +192,14 @@ def measure(
         if error:  # a system failing is a result, not a crash
             print(f"unit {unit} {system}: {error}", file=sys.stderr)
             continue
-        row = unit_row(unit, repeat, system, chunks[unit], result, seconds)
-        rows.append(row)
-        write_rows(out / "units.csv", [row], UNIT_FIELDS, append=True)
+        rows.append(unit_row(unit, repeat, system, chunks[unit], result, seconds))
+        write_rows(out / "units.csv", rows[-1:], UNIT_FIELDS, append=True)
         write_rows(out / "documents.csv", [
             {"unit": unit, "repeat": repeat, "system": system, "id": d.id, "latency": o.latency,
              "new_tokens": o.new_tokens, "valid": valid(o.text), "error": o.error, "text": o.text}
             for d, o in zip(chunks[unit], result.outputs)], DOC_FIELDS, append=True)
-        print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * row['documents'] / seconds:6.1f} doc/min "
-              f"valid {row['valid']}/{row['documents']}", file=sys.stderr, flush=True)
+        print(f"unit {unit} r{repeat} {system:15} {seconds:7.1f} s {60 * len(chunks[unit]) / seconds:6.1f} doc/min "
+              f"valid {rows[-1]['valid']}/{len(chunks[unit])}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -229,16 +222,12 @@ def summary(rows: list[dict]) -> dict[str, dict]:
     for system in dict.fromkeys(r["system"] for r in rows):
         mine = [r for r in rows if r["system"] == system]
         seconds, docs = sum(r["seconds"] for r in mine), sum(r["documents"] for r in mine)
-        out[system] = {
-            "docs_per_min": 60 * docs / seconds,
-            "tokens_per_s": sum(r["new_tokens"] for r in mine) / seconds,
-            "p50": statistics.median(r["latency_p50"] for r in mine),
-            "p95": statistics.median(r["latency_p95"] for r in mine),
-            "padding": statistics.mean(r["padding_share"] for r in mine),
-            "valid": sum(r["valid"] for r in mine),
-            "documents": docs,
-            "units": len(mine),
-        }
+        out[system] = {"docs_per_min": 60 * docs / seconds,
+                       "tokens_per_s": sum(r["new_tokens"] for r in mine) / seconds,
+                       "p50": statistics.median(r["latency_p50"] for r in mine),
+                       "p95": statistics.median(r["latency_p95"] for r in mine),
+                       "padding": statistics.mean(r["padding_share"] for r in mine),
+                       "valid": sum(r["valid"] for r in mine), "documents": docs, "units": len(mine)}
     return out
 
 
@@ -256,9 +245,8 @@ def report(rows: list[dict], header: list[str]) -> list[str]:
     stats = summary(rows)
     lines = [*header, "", "| system | documents/min | new tokens/s | latency p50 s | p95 s | padding | valid | units |",
              "|---|---|---|---|---|---|---|---|"]
-    for system, s in stats.items():
-        lines.append(f"| {system} | {s['docs_per_min']:.1f} | {s['tokens_per_s']:.1f} | {s['p50']:.2f} | "
-                     f"{s['p95']:.2f} | {s['padding']:.0%} | {s['valid']}/{s['documents']} | {s['units']} |")
+    lines += [f"| {system} | {s['docs_per_min']:.1f} | {s['tokens_per_s']:.1f} | {s['p50']:.2f} | {s['p95']:.2f} | "
+              f"{s['padding']:.0%} | {s['valid']}/{s['documents']} | {s['units']} |" for system, s in stats.items()]
     lines += ["", "Paired per unit (documents per minute, geometric mean, 90% interval):", ""]
     pairs = [(top, other) for top in (best(stats, kind) for kind in OURS)
              for other in ("single", best(stats, "hf-xgrammar"), best(stats, "hf-ours"))]
@@ -271,17 +259,11 @@ def report(rows: list[dict], header: list[str]) -> list[str]:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Documents per minute against the batch size, one line per kind of system (the one-by-one loop flat)."""
     import matplotlib.ticker
-
     stats = summary(rows)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for kind, label in (("ours", "ours: generate_batch"), ("shared", "ours: generate_batch, shared prefixes"),
-                        ("forced", "ours without the assistant"), ("forced-shared", "the same, shared prefixes"),
-                        ("hf-xgrammar", "transformers + XGrammar (compact)"),
-                        ("hf-ours", "transformers + our logits_processor")):
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
+    for kind, label in LABELS.items():
         sizes = sorted(int(s.split(":")[1]) for s in stats if s.startswith(kind + ":"))
         if sizes:
             ax.plot(sizes, [stats[f"{kind}:{b}"]["docs_per_min"] for b in sizes], marker="o", label=label)
@@ -289,16 +271,12 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ax.axhline(stats["single"]["docs_per_min"], color="gray", linestyle="--", label="ours: generate, one by one")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("batch size B")
-    ax.set_ylabel("documents per minute (validity: README)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.set(xlabel="batch size B", ylabel="documents per minute (validity: README)")
+    ax.set_title(title, fontsize=9), ax.legend(fontsize=8), ax.grid(alpha=0.3)
+    save_figure(fig, path, dpi=120)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None):
     p = cli.parser("throughput", __doc__)
     cli.add_models(p)
     p.add_argument("--systems", nargs="+", type=str, default=RERUN)
@@ -324,10 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if (args.out / "units.csv").exists():
             print(f"error: {args.out / 'units.csv'} exists: use another --out or --report-only", file=sys.stderr)
             return 2
-        loaded = cli.load(args)
-        if loaded is None:
-            return 1
-        model, tokenizer, assistant = loaded
+        model, tokenizer, assistant = cli.load(args)
         docs = load_documents(args.documents)[args.skip :][: args.limit]
         header = [f"# Throughput over many documents: {args.out.name}", "", *run_lines("experiments.throughput", argv),
                   f"- {title}; {len(docs)} documents (`{args.documents.name}`), units of {args.chunk}, "
@@ -336,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(Runner(model, tokenizer, assistant, args.max_new_tokens), docs, args.systems, args.chunk,
                 args.repeats, args.out)
     rows = read_units(args.out / "units.csv")
-    header = (args.out / "header.md").read_text().splitlines()
-    lines = report(rows, header) + ["", __doc__.split("\n\n", 2)[2].strip()]
+    lines = report(rows, (args.out / "header.md").read_text().splitlines()) + ["", __doc__.split("\n\n", 2)[2].strip()]
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     documents = sum(r["documents"] for r in rows if r["system"] == rows[0]["system"]) // args.repeats
     plot(rows, args.out / "throughput.png", f"{title}\n{documents} documents x {args.repeats} repeat(s), "

@@ -26,11 +26,9 @@ field with the float32 target.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -39,11 +37,9 @@ from assisted.models.int4_models import linear_kernels
 from assisted.models.loading import QUANTIZED_COPIES, load_model, load_pair
 from assisted.models.sources import gguf_file
 from experiments.lib import cli, runner
-from experiments.lib.intervals import paired_ratio
 from experiments.lib.llamacpp import LlamaCpp
-from experiments.lib.report import run_lines, write_rows
-from experiments.lib.prompt_split import load_prompts
-from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, validate
+from experiments.lib.report import run_lines, table as table_of, write_run
+from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, load_prompts, validate
 from experiments.lib.timing import Prefixed
 
 TARGETS = ("int4", "int8")  # --quantize-target's choices
@@ -51,26 +47,25 @@ FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens"
 COST_KS = (1, 2, 4, 8, 16)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = cli.parser("vs_llamacpp", __doc__)
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--assistant", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--quantize-target", nargs="+", choices=TARGETS, default=list(TARGETS),
-                        help="our targets, each a system of its own in the same run")
-    parser.add_argument("--assistant-copy", choices=sorted(QUANTIZED_COPIES), default="int4",
-                        help="the quantized copy of the assistant that drafts")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1])
-    parser.add_argument("--per-class", type=int, default=2, help="free prompts per class (validation half)")
-    parser.add_argument("--max-new-tokens", type=int, default=160, help="budget of an extraction (per object)")
-    parser.add_argument("--free-max-new-tokens", type=int, default=64, help="budget of a free prompt (per token)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--costs", action="store_true", help="also time single forwards of k new tokens")
-    parser.add_argument("--quality", action="store_true", help="also compare each target with float32")
-    parser.add_argument("--out", type=Path, required=True)
-    return parser.parse_args(argv)
+def parse_args(argv: list[str] | None):
+    p = cli.parser("vs_llamacpp", __doc__)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b")
+    p.add_argument("--quantize-target", nargs="+", choices=TARGETS, default=list(TARGETS),
+                   help="our targets, each a system of its own in the same run")
+    p.add_argument("--assistant-copy", choices=sorted(QUANTIZED_COPIES), default="int4",
+                   help="the quantized copy of the assistant that drafts")
+    p.add_argument("--threads", type=int, nargs="+", default=[1])
+    p.add_argument("--per-class", type=int, default=2, help="free prompts per class (validation half)")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="budget of an extraction (per object)")
+    p.add_argument("--free-max-new-tokens", type=int, default=64, help="budget of a free prompt (per token)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--costs", action="store_true", help="also time single forwards of k new tokens")
+    p.add_argument("--quality", action="store_true", help="also compare each target with float32")
+    cli.add_out(p)
+    return p.parse_args(argv)
 
 
-# ---------------------------------------------------------------- ours
 def systems(kind: str, targets) -> tuple[str, ...]:
     """The systems a unit of `kind` runs: llama.cpp's, then ours on each target."""
     if kind == "free":
@@ -79,6 +74,8 @@ def systems(kind: str, targets) -> tuple[str, ...]:
 
 
 class Ours:
+    """Our generation on each target (plain, speculative, or with the schema: the system's name says)."""
+
     def __init__(self, models: dict, tokenizer, assistant, max_new: int, free_max_new: int):
         self.models, self.tokenizer, self.assistant = models, tokenizer, assistant  # models: target -> model
         self.max_new, self.free_max_new = max_new, free_max_new
@@ -130,7 +127,6 @@ def measure(ours: Ours, llama: LlamaCpp, all_units, threads, repeats: int) -> li
     return [{k: r[k] for k in FIELDS if k in r} for r in rows]
 
 
-# ---------------------------------------------------------------- tables
 def _per(row: dict) -> float:
     """Seconds per token for free prompts, per object for extraction tasks."""
     return row["seconds"] / max(row["new_tokens"], 1) if row["kind"] == "free" else row["seconds"]
@@ -143,15 +139,13 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
     lines = [f"| threads | system | median {unit} | tokens | valid | {ours} faster by [90% CI] |", "|---" * 6 + "|"]
     for t in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["kind"] == kind and r["threads"] == t]
-        base = {(r["unit"], r["repeat"]): _per(r) for r in mine if r["system"] == ours}
+        ratios = runner.paired(mine, ours, ("unit", "repeat"), _per)
         for system in [s for s in systems(kind, TARGETS) if any(r["system"] == s for r in mine)]:
             runs = [r for r in mine if r["system"] == system]
-            scale = 1e3 if kind == "free" else 1.0
-            ratio, low, high = paired_ratio([(_per(r), base[(r["unit"], r["repeat"])]) for r in runs])
+            scale, ratio = 1e3 if kind == "free" else 1.0, ratios.get(system, (1.0, 1.0, 1.0))
             valid = "" if kind == "free" else f"{sum(r['valid'] is True for r in runs)}/{len(runs)}"
             lines.append(f"| {t} | {system} | {scale * statistics.median(_per(r) for r in runs):.1f} | "
-                         f"{statistics.median(r['new_tokens'] for r in runs):.0f} | {valid} | "
-                         f"{ratio:.2f}x [{low:.2f}, {high:.2f}] |")
+                         f"{statistics.median(r['new_tokens'] for r in runs):.0f} | {valid} | {runner.span(ratio)} |")
     return lines
 
 
@@ -168,13 +162,9 @@ def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]
                 spent["llama.cpp target (its GGUF)"] = llama.forward_cost(t, ids, k)
                 for name, seconds in spent.items():
                     times.setdefault((t, name, k), []).append(seconds) if repeat else None
-    names = [*models, "llama.cpp target (its GGUF)"]
-    lines = ["| threads | model | " + " | ".join(f"k={k}" for k in COST_KS) + " |", "|---" * (len(COST_KS) + 2) + "|"]
-    for t in threads:
-        for name in names:
-            lines.append(f"| {t} | {name} | " + " | ".join(f"{1e3 * statistics.median(times[(t, name, k)]):.1f}"
-                                                          for k in COST_KS) + " |")
-    return lines
+    return table_of(["threads", "model", *(f"k={k}" for k in COST_KS)],
+                    [[t, name, *(f"{1e3 * statistics.median(times[(t, name, k)]):.1f}" for k in COST_KS)]
+                     for t in threads for name in [*models, "llama.cpp target (its GGUF)"]])
 
 
 def quality(models: dict, tokenizer, assistant, args, all_units) -> list[str]:
@@ -226,14 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     all_units = units(tokenizer, args.per_class)
     ours = Ours(models, tokenizer, assistant, args.max_new_tokens, args.free_max_new_tokens)
     rows = measure(ours, llama, all_units, args.threads, args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_rows(args.out / "results.csv", rows, FIELDS)
-    readme = [f"# Ours ({', '.join(models)} targets) vs llama.cpp on the same GGUF: {args.out.name}", "",
-              *run_lines("experiments.vs_llamacpp", argv, f"llama-cpp-python {llama_cpp.__version__}"),
-              f"- target {args.target}, assistant {args.assistant} ({args.assistant_copy} copy); llama.cpp: the "
-              f"target's GGUF; greedy, max_new_tokens {args.free_max_new_tokens} (free prompts) and "
-              f"{args.max_new_tokens} (extraction), {args.repeats} repeats, systems rotated per unit",
-              *(f"- our {t} target's Linear layers: {linear_kernels(m)}" for t, m in models.items()), ""]
+    head = [*run_lines("experiments.vs_llamacpp", argv, f"llama-cpp-python {llama_cpp.__version__}"),
+            f"- target {args.target}, assistant {args.assistant} ({args.assistant_copy} copy); llama.cpp: the "
+            f"target's GGUF; greedy, max_new_tokens {args.free_max_new_tokens} (free prompts) and "
+            f"{args.max_new_tokens} (extraction), {args.repeats} repeats, systems rotated per unit",
+            *(f"- our {t} target's Linear layers: {linear_kernels(m)}" for t, m in models.items())]
+    readme = []
     for t in models:
         readme += [f"## Plain decoding, free prompts (per token), against ours-spec-{t}", "",
                    *table(rows, "free", f"ours-spec-{t}"), "",
@@ -249,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quality:
         readme += ["## Quality note (each target against the float32 model)", "",
                    *quality(models, tokenizer, assistant, args, all_units), ""]
-    (args.out / "README.md").write_text("\n".join(readme) + "\n")
-    print("\n".join(readme))
+    title = f"Ours ({', '.join(models)} targets) vs llama.cpp on the same GGUF: {args.out.name}"
+    write_run(args.out, title, head, readme, rows, FIELDS)
+    print((args.out / "README.md").read_text())
     return 0
 
 

@@ -74,7 +74,7 @@ def table(rows: list[dict]) -> list[str]:
         shown = [f"{sec:.2f} ({statistics.median(r['new_tokens'] for r in runs):.0f})"
                  if not any(r["error"] for r in runs) else "error" for sec, runs in zip(seconds, mine)]
         ratio = ratios.get(system, (1.0, 1.0, 1.0))
-        faster = "error" if "error" in shown else "{:.2f}x [{:.2f}, {:.2f}]".format(*ratio)
+        faster = "error" if "error" in shown else runner.span(ratio)
         valid = sum(r["valid"] for runs in mine for r in runs)
         lines.append(f"| {system} | " + " | ".join(shown) + f" | {valid}/{sum(map(len, mine))} | "
                      f"{sum(seconds):.2f} | {faster} |")
@@ -84,16 +84,10 @@ def table(rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv, args = cli.begin(parse_args, argv)
-    version = xgrammar_version()
-    if version is None:
+    if (version := xgrammar_version()) is None:
         print(XGRAMMAR_MISSING, file=sys.stderr)
         return 2
-    loaded = cli.load(args)
-    if loaded is None:
-        return 1
-    model, tokenizer, assistant = loaded
-    rows = measure(Systems(model, tokenizer, assistant, max_new_tokens=args.max_new_tokens), TASKS, args.systems,
-                   args.repeats)
+    rows = measure(Systems(*cli.load(args), max_new_tokens=args.max_new_tokens), TASKS, args.systems, args.repeats)
     head = [*report.run_lines("experiments.vs_xgrammar", argv, f"xgrammar {version}"),
             f"- target {cli.target_label(args)}, assistant {cli.assistant_label(args)}, greedy, "
             f"max_new_tokens {args.max_new_tokens}",

@@ -104,9 +104,10 @@ def begin(parse_args, argv: list[str] | None) -> tuple[list[str], argparse.Names
     return argv, args
 
 
-def load(args, assistant: str | None | bool = True) -> tuple | None:
-    """(target, tokenizer, assistant or None) as `add_models`'s flags ask; None, after printing why, when a model is
-    not prepared or cannot be loaded. `assistant=False`: no assistant; a string: that source instead of --assistant."""
+def load(args, assistant: str | None | bool = True) -> tuple:
+    """(target, tokenizer, assistant or None) as `add_models`'s flags ask; exits with status 1, after printing why,
+    when a model is not prepared or cannot be loaded. `assistant=False`: no assistant; a string: that source instead
+    of --assistant."""
     from assisted.models.loading import QUANTIZED_COPIES, describe_load, load_pair, set_eos
     from assisted.models.sources import NotPreparedError
     from experiments.models import random_like
@@ -119,7 +120,7 @@ def load(args, assistant: str | None | bool = True) -> tuple | None:
                            quantize_assistant=None if source == "random" else quantize, **options)
     except (NotPreparedError, OSError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return None
+        raise SystemExit(1) from None
     print(f"models {describe_load()}", file=sys.stderr)
     if source != "random":
         return loaded

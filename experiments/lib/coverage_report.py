@@ -5,25 +5,21 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+import os
 import platform
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from experiments.lib.report import table
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+from experiments.lib.report import cpu_name, git, pyplot, save_figure, table
 
 
 # Published on JSONSchemaBench (Geng et al. 2025, 11,306 schemas; MaskBench is a 2,778-schema sample).
 ANCHORS = {"llguidance": {"covered": 0.79}, "XGrammar": {"covered": 0.72},
            "outlines-core": {"covered": 0.62, "p50_ms": 588.0, "p90_ms": 26_700.0}}
 GOALS = {"covered": 0.80, "p50_ms": 100.0, "p90_ms": 2000.0, "revisit_us": 50.0, "first_ms": 20.0, "walk_s": 2.0}
-FAILED = ("unsupported", "error", "timeout", "memory")
+SUMMED = {"valid_instances": "n_valid", "invalid_instances": "n_invalid"}  # summary key -> schemas.csv column
 
 
 def _num(value) -> float | None:
@@ -56,7 +52,7 @@ def summarize_group(rows: list[dict], timeout: float) -> dict:
     n = len(rows)
     status = Counter(r["status"] for r in rows)
     compiled = [r for r in rows if r["status"] in ("covered", "not_covered")]
-    ints = lambda key: sum(int(float(r.get(key) or 0)) for r in compiled)  # noqa: E731
+    ints = lambda key, chosen=compiled: sum(int(float(r.get(key) or 0)) for r in chosen)  # noqa: E731
     compile_ms = [float(r["compile_ms"]) for r in compiled]
     compile_cpu = [float(r["compile_cpu_ms"]) for r in compiled if _num(r.get("compile_cpu_ms")) is not None]
     loads = [float(r["load"]) for r in rows if _num(r.get("load")) is not None]
@@ -64,38 +60,20 @@ def summarize_group(rows: list[dict], timeout: float) -> dict:
         r["status"] == "timeout" and str(r.get("stage")).startswith("compile") for r in rows
     )
     tokens, forced = ints("tokens_valid"), ints("forced_tokens")
-    return {
-        "schemas": n,
-        "covered": status["covered"],
-        "covered_share": status["covered"] / n if n else 0.0,
-        "compiled": len(compiled),
-        "not_covered": status["not_covered"],
-        "unsupported": status["unsupported"],
-        "errors": status["error"],
-        "timeouts": status["timeout"] + status["memory"],
-        "covered_without_tests": sum(
-            r["status"] == "covered" and int(float(r["n_valid"] or 0)) + int(float(r["n_invalid"] or 0)) == 0
-            for r in compiled
-        ),
-        "valid_instances": ints("n_valid"),
-        "invalid_instances": ints("n_invalid"),
-        "false_reject_schemas": sum(int(float(r["false_rejects"] or 0)) > 0 for r in compiled),
-        "false_rejects": ints("false_rejects"),
-        "false_rejects_regex": ints("false_rejects_regex"),
-        "false_rejects_token": ints("false_rejects_token"),
-        "false_accept_schemas": sum(int(float(r["false_accepts"] or 0)) > 0 for r in compiled),
-        "false_accepts": ints("false_accepts"),
-        "false_accepts_regex_only": ints("false_accepts_regex_only"),
-        "walk_errors": ints("walk_errors"),
-        "tokenization_mismatch": ints("tokenization_mismatch"),
-        "compile_ms": _quantiles(compile_ms),
-        "compile_ms_with_timeouts": _quantiles(with_timeouts),
-        "compile_cpu_ms": _quantiles(compile_cpu),
-        "load_mean": float(np.mean(loads)) if loads else None,
-        "tokens_valid": tokens,
-        "forced_tokens": forced,
-        "forced_share": forced / tokens if tokens else None,
-    }
+    group = {"schemas": n, "covered": status["covered"], "covered_share": status["covered"] / n if n else 0.0,
+             "compiled": len(compiled), "not_covered": status["not_covered"], "unsupported": status["unsupported"],
+             "errors": status["error"], "timeouts": status["timeout"] + status["memory"],
+             "covered_without_tests": sum(r["status"] == "covered" and not ints("n_valid", [r]) + ints("n_invalid", [r])
+                                          for r in compiled)}
+    # summed over the compiled schemas; "..._schemas": how many of them have any
+    for key in ("valid_instances", "invalid_instances", "false_reject_schemas", "false_rejects", "false_rejects_regex",
+                "false_rejects_token", "false_accept_schemas", "false_accepts", "false_accepts_regex_only",
+                "walk_errors", "tokenization_mismatch"):
+        column = SUMMED.get(key, key.replace("_schemas", "s"))
+        group[key] = sum(ints(column, [r]) > 0 for r in compiled) if key.endswith("_schemas") else ints(column)
+    return {**group, "compile_ms": _quantiles(compile_ms), "compile_ms_with_timeouts": _quantiles(with_timeouts),
+            "compile_cpu_ms": _quantiles(compile_cpu), "load_mean": float(np.mean(loads)) if loads else None,
+            "tokens_valid": tokens, "forced_tokens": forced, "forced_share": forced / tokens if tokens else None}
 
 
 def _longest_walk(rows: list[dict]) -> dict:
@@ -123,47 +101,30 @@ def summarize(rows: list[dict], failures: list[dict], hist_first, hist_revisit, 
     growth = [float(r["rss_growth_mb"]) for r in rows if _num(r.get("rss_growth_mb")) is not None]
     steps = {name: {"n": int(np.sum(h)), "median_us": hist_quantile(h, 0.5), "p99_us": hist_quantile(h, 0.99)}
              for name, h in (("first_visit", hist_first), ("revisit", hist_revisit))}
-    return {
-        "setup": setup, "environment": environment(),
-        "overall": summarize_group(rows, timeout),
+    return {"setup": setup, "environment": environment(), "overall": summarize_group(rows, timeout),
         "subsets": {s: summarize_group([r for r in rows if r["subset"] == s], timeout) for s in subsets},
         "unsupported_keywords": unsupported.most_common(),
         "errors": [{k: r.get(k, "") for k in ("file", "status", "error_type", "message", "where", "stage")}
                    for r in rows if r["status"] in ("error", "timeout", "memory")],
         "false_accepts": [f for f in failures if f["kind"] in ("false_accept", "false_accept_regex_only")],
-        "false_reject_causes": _causes(failures, setup),
         "mask_advance": steps,
         "longest_walk": _longest_walk(rows),
         "memory_mb": {"worker_peak_rss_max": max(peak, default=None),
                       "growth_p50": _quantiles(growth)["p50"], "growth_max": max(growth, default=None)},
-        "histograms": {"first_visit": np.asarray(hist_first).tolist(), "revisit": np.asarray(hist_revisit).tolist()},
-    }
-
-
-def _causes(failures: list[dict], setup: dict) -> list[dict]:
-    from experiments.lib.coverage_causes import false_reject_causes
-
-    return false_reject_causes(failures, Path(setup.get("data", "")))
+        "histograms": {"first_visit": np.asarray(hist_first).tolist(), "revisit": np.asarray(hist_revisit).tolist()}}
 
 
 def environment() -> dict:
-    import os
-
+    """The run's date, machine, versions and commit."""
     import torch
     import transformers
-
-    from experiments.lib.report import cpu_name, git
-
     return {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "numpy": np.__version__,
-            "commit": git("rev-parse", "--short", "HEAD")}
-
-
-# -- writing ----------------------------------------------------------------------------------------
+            "numpy": np.__version__, "commit": git("rev-parse", "--short", "HEAD")}
 
 
 def write_report(out: Path, totals: dict, setup: dict) -> dict:
+    """summary.json, summary.md, coverage.png and README.md of a run's `totals` (`experiments.coverage`)."""
     summary = summarize(totals["rows"], totals["failures"], totals["hist_first"], totals["hist_revisit"], setup)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     (out / "summary.md").write_text(markdown(summary))
@@ -177,19 +138,22 @@ def write_report(out: Path, totals: dict, setup: dict) -> dict:
         f"{setup.get('options') or 'default (closed objects, schema order)'}; Python {env['python']}, torch "
         f"{env['torch']}, transformers {env['transformers']}, numpy {env['numpy']}; {fsm_note(setup)}. Files: "
         "summary.md (tables), coverage.png, schemas.csv (one row per schema), failures.csv (false rejects/accepts per "
-        "instance), summary.json.\n"
-    )
+        "instance), summary.json.\n")
     return summary
 
 
 def rebuild(out: Path) -> dict:
     """Re-render summary.md/png/json from schemas.csv, failures.csv and the old summary.json."""
-
     old = json.loads((out / "summary.json").read_text())
-    totals = {"rows": read_csv(out / "schemas.csv"), "failures": read_csv(out / "failures.csv"),
+    totals = {"rows": _read(out / "schemas.csv"), "failures": _read(out / "failures.csv"),
               "hist_first": np.asarray(old["histograms"]["first_visit"]),
               "hist_revisit": np.asarray(old["histograms"]["revisit"])}
     return write_report(out, totals, old["setup"])
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def fsm_note(setup: dict) -> str:
@@ -220,15 +184,13 @@ def _us(x) -> str:
 def headline(summary: dict) -> str:
     o, steps = summary["overall"], summary["mask_advance"]
     c = o["compile_ms"]
-    return (
-        f"covered {o['covered']}/{o['schemas']} ({_pct(o['covered_share'])}); unsupported {o['unsupported']}, "
+    return (f"covered {o['covered']}/{o['schemas']} ({_pct(o['covered_share'])}); unsupported {o['unsupported']}, "
         f"errors {o['errors']}, timeouts {o['timeouts']}; false rejects {o['false_rejects']} instances in "
         f"{o['false_reject_schemas']} schemas; false accepts {o['false_accepts']} in {o['false_accept_schemas']} "
         f"schemas; compile p50 {_ms(c['p50'])} ms, p90 {_ms(c['p90'])} ms, max {_ms(c['max'])} ms; "
         f"mask+advance first visit {_us(steps['first_visit']['median_us'])} (p99 "
         f"{_us(steps['first_visit']['p99_us'])}), revisit {_us(steps['revisit']['median_us'])} (p99 "
-        f"{_us(steps['revisit']['p99_us'])}); forced share {_pct(o['forced_share'])}"
-    )
+        f"{_us(steps['revisit']['p99_us'])}); forced share {_pct(o['forced_share'])}")
 
 
 def _subset_cells(name: str, g: dict) -> list:
@@ -243,100 +205,62 @@ def _subset_cells(name: str, g: dict) -> list:
 def markdown(summary: dict) -> str:
     s, o, env, steps = summary["setup"], summary["overall"], summary["environment"], summary["mask_advance"]
     c, ct = o["compile_ms"], o["compile_ms_with_timeouts"]
-    lines = [
-        f"# JSONSchemaBench (MaskBench) coverage — tokenizer `{s['tokenizer']}`",
-        "",
-        f"{env['date']}, {env['cores']}-core {env['cpu']}, {s['workers']} workers, timeout {s['timeout_s']:g} s per "
-        f"stage, {s['files']} schema files, {o['valid_instances']} valid + {o['invalid_instances']} invalid instances "
-        f"(compact JSON, key order kept, tokenized by the tokenizer); {fsm_note(s)}.",
-        "",
-        "## Against the anchors",
-        "",
-        "| | covered | compile p50 | compile p90 | false accepts |",
-        "|---|---|---|---|---|",
-        f"| **this run** | **{_pct(o['covered_share'])}** | **{_ms(c['p50'])} ms** | **{_ms(c['p90'])} ms** "
-        f"({_ms(ct['p90'])} ms counting compile timeouts as {s['timeout_s']:g} s) | **{o['false_accepts']}** in "
-        f"{o['false_accept_schemas']} schemas |",
-        f"| this run, worker CPU time | | {_ms(o['compile_cpu_ms']['p50'])} ms | {_ms(o['compile_cpu_ms']['p90'])} ms "
-        "| |",
-        f"| goal (issue 5) | >= {_pct(GOALS['covered'])} | <= {GOALS['p50_ms']:g} ms | <= {GOALS['p90_ms']:,.0f} ms | "
-        "0 |",
-    ]
-    for name, a in ANCHORS.items():
-        lines.append(
-            f"| {name} | {_pct(a['covered'])} | {_ms(a.get('p50_ms'))}{' ms' if 'p50_ms' in a else ''} | "
-            f"{_ms(a.get('p90_ms'))}{' ms' if 'p90_ms' in a else ''} | "
-            f"{'drops constraints' if name == 'outlines-core' else ''} |"
-        )
+    lines = [f"# JSONSchemaBench (MaskBench) coverage — tokenizer `{s['tokenizer']}`", "",
+             f"{env['date']}, {env['cores']}-core {env['cpu']}, {s['workers']} workers, timeout {s['timeout_s']:g} s "
+             f"per stage, {s['files']} schema files, {o['valid_instances']} valid + {o['invalid_instances']} invalid "
+             f"instances (compact JSON, key order kept, tokenized by the tokenizer); {fsm_note(s)}.", "",
+             "## Against the anchors", "", "| | covered | compile p50 | compile p90 | false accepts |",
+             "|---|---|---|---|---|",
+             f"| **this run** | **{_pct(o['covered_share'])}** | **{_ms(c['p50'])} ms** | **{_ms(c['p90'])} ms** "
+             f"({_ms(ct['p90'])} ms counting compile timeouts as {s['timeout_s']:g} s) | **{o['false_accepts']}** in "
+             f"{o['false_accept_schemas']} schemas |",
+             f"| this run, worker CPU time | | {_ms(o['compile_cpu_ms']['p50'])} ms | "
+             f"{_ms(o['compile_cpu_ms']['p90'])} ms | |",
+             f"| goal (issue 5) | >= {_pct(GOALS['covered'])} | <= {GOALS['p50_ms']:g} ms | "
+             f"<= {GOALS['p90_ms']:,.0f} ms | 0 |"]
+    lines += [f"| {name} | {_pct(a['covered'])} | {_ms(a.get('p50_ms'))}{' ms' if 'p50_ms' in a else ''} | "
+              f"{_ms(a.get('p90_ms'))}{' ms' if 'p90_ms' in a else ''} | "
+              f"{'drops constraints' if name == 'outlines-core' else ''} |" for name, a in ANCHORS.items()]
     lines += [
-        "",
-        "Anchors: published JSONSchemaBench numbers (Geng et al. 2025, 11,306 schemas, other hardware); this run uses "
-        "the 2,778-schema MaskBench sample. Compile time is schema -> ready guide (regex, DFA, token index, first "
+        "", "Anchors: published JSONSchemaBench numbers (Geng et al. 2025, 11,306 schemas, other hardware); this run "
+        "uses the 2,778-schema MaskBench sample. Compile time is schema -> ready guide (regex, DFA, token index, first "
         "mask), wall clock in the worker; the CPU-time row is what it costs on an idle core (the machine was shared: "
         f"mean 1-min load average {_load(o['load_mean'])} on {env['cores']} cores during the run). Time limits are "
-        f"{s['timeout_s']:g} s of worker CPU time per stage (compile, walk), at most 10x that in wall time.",
-        "",
-        "## Per subset",
-        "",
+        f"{s['timeout_s']:g} s of worker CPU time per stage (compile, walk), at most 10x that in wall time.", "",
+        "## Per subset", "",
         *table(["subset", "schemas", "covered", "covered %", "unsupported", "timeout", "error",
                 "false rejects (schemas)", "false accepts (schemas)", "compile p50 ms", "p90 ms", "max ms",
                 "forced share"],
                [*(_subset_cells(name, g) for name, g in summary["subsets"].items()), _subset_cells("**all**", o)]),
-        "",
-        f"Covered counts {o['covered_without_tests']} compiled schemas that have no test instances. False rejects "
+        "", f"Covered counts {o['covered_without_tests']} compiled schemas that have no test instances. False rejects "
         f"split into {o['false_rejects_regex']} regex-level (the byte DFA rejects the text) and "
         f"{o['false_rejects_token']} token-level (the DFA accepts the text but the tokenizer's own token sequence "
         "cannot be walked). Invalid instances that only the tokenization kept out (the DFA accepts them): "
         f"{o['false_accepts_regex_only']}. Instances whose tokens do not spell the text: {o['tokenization_mismatch']}.",
-        "",
-        "## Speed along the valid instances",
-        "",
-        "| | median | p99 | steps | goal |",
-        "|---|---|---|---|---|",
+        "", "## Speed along the valid instances", "", "| | median | p99 | steps | goal |", "|---|---|---|---|---|",
         f"| mask()+advance(), first visit of a state | {_us(steps['first_visit']['median_us'])} | "
         f"{_us(steps['first_visit']['p99_us'])} | {steps['first_visit']['n']:,} | < {GOALS['first_ms']:g} ms |",
         f"| mask()+advance(), revisit | {_us(steps['revisit']['median_us'])} | {_us(steps['revisit']['p99_us'])} | "
-        f"{steps['revisit']['n']:,} | < {GOALS['revisit_us']:g} µs |",
-        _longest_walk_row(summary["longest_walk"]),
-        "",
-        f"Forced tokens: {o['forced_tokens']:,} of {o['tokens_valid']:,} tokens of the accepted valid instances "
+        f"{steps['revisit']['n']:,} | < {GOALS['revisit_us']:g} µs |", _longest_walk_row(summary["longest_walk"]),
+        "", f"Forced tokens: {o['forced_tokens']:,} of {o['tokens_valid']:,} tokens of the accepted valid instances "
         f"({_pct(o['forced_share'])}) equal the first token `guide.forced()` proposes at their position. Memory: "
         f"worker peak RSS max {_ms(summary['memory_mb']['worker_peak_rss_max'])} MB (includes the shared tokenizer); "
         f"growth per schema median {_ms(summary['memory_mb']['growth_p50'])} MB, max "
-        f"{_ms(summary['memory_mb']['growth_max'])} MB.",
-        "",
-        "## Top unsupported keywords",
-        "",
-        *table(["keyword", "schemas"], [[f"`{k}`", n] for k, n in summary["unsupported_keywords"][:20]]),
-        "",
-    ]
+        f"{_ms(summary['memory_mb']['growth_max'])} MB.", "", "## Top unsupported keywords", "",
+        *table(["keyword", "schemas"], [[f"`{k}`", n] for k, n in summary["unsupported_keywords"][:20]]), ""]
     lines += _problem_lists(summary)
     return "\n".join(lines) + "\n"
 
 
 def _problem_lists(summary: dict) -> list[str]:
-    causes = summary.get("false_reject_causes", [])
-    lines = ["## False rejects by cause (heuristic, experiments/lib/coverage_causes.py)", "",
-             *table(["cause", "instances", "schemas", "shortest example"],
-                    [[c["cause"], c["count"], c["schemas"], _example(c["example"])] for c in causes])]
-    lines += ["", f"## False accepts ({len(summary['false_accepts'])})", ""]
-    lines += [
-        f"- `{f['file']}` test {f['test']} ({f['kind']}): `{_cell(f['text'][:120])}` — {f['detail']}"
-        for f in summary["false_accepts"][:100]
-    ]
+    lines = [f"## False accepts ({len(summary['false_accepts'])})", ""]
+    lines += [f"- `{f['file']}` test {f['test']} ({f['kind']}): `{_cell(f['text'][:120])}` — {f['detail']}"
+              for f in summary["false_accepts"][:100]]
     lines += ["", f"## Errors and timeouts ({len(summary['errors'])})", ""]
-    lines += [
-        f"- `{e['file']}` {e['status']} {e.get('error_type') or ''} {('at ' + e['where']) if e.get('where') else ''}: "
-        f"{str(e.get('message') or '')[:160]}"
-        for e in summary["errors"][:200]
-    ]
+    lines += [f"- `{e['file']}` {e['status']} {e.get('error_type') or ''} "
+              f"{('at ' + e['where']) if e.get('where') else ''}: {str(e.get('message') or '')[:160]}"
+              for e in summary["errors"][:200]]
     return lines + [""]
-
-
-def _example(example: dict) -> str:
-    """A cause's shortest example: file, test, the text and what went wrong, cut to fit a table cell."""
-    return (f"`{example['file']}` #{example['test']}: `{_cell(example['text'][:90])}` — "
-            f"{_cell(example['detail'][:110])}")
 
 
 def _cell(text: str) -> str:
@@ -344,12 +268,8 @@ def _cell(text: str) -> str:
 
 
 def plot(summary: dict, rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (bars, cdf) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [1.3, 1]})
+    """Coverage per subset (stacked bars, the anchors marked) and the compile time's distribution."""
+    fig, (bars, cdf) = pyplot().subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [1.3, 1]})
     groups = {**summary["subsets"], "ALL": summary["overall"]}
     names = list(groups)[::-1]
     parts = [("covered", "#2a9d4b"), ("false reject", "#e9c46a"), ("false accept", "#d62828"),
@@ -362,33 +282,25 @@ def plot(summary: dict, rows: list[dict], path: Path) -> None:
     for name, a in ANCHORS.items():
         bars.axvline(100 * a["covered"], ls="--", lw=1, color="grey")
         bars.text(100 * a["covered"], len(names) - 0.4, name, rotation=90, va="top", ha="right", fontsize=7)
-    bars.set_xlabel("% of schemas")
-    bars.set_xlim(0, 100)
+    bars.set(xlabel="% of schemas", xlim=(0, 100), title=f"MaskBench coverage per subset "
+                                                           f"({summary['setup']['tokenizer']})")
     bars.legend(loc="lower left", fontsize=7, ncol=3)
-    bars.set_title(f"MaskBench coverage per subset ({summary['setup']['tokenizer']})")
     for key, label in (("compile_ms", "wall clock"), ("compile_cpu_ms", "worker CPU time")):
-        values = np.sort(
-            [float(r[key]) for r in rows if r["status"] in ("covered", "not_covered") and _num(r.get(key)) is not None]
-        )
+        values = np.sort([float(r[key]) for r in rows
+                          if r["status"] in ("covered", "not_covered") and _num(r.get(key)) is not None])
         if len(values):
             cdf.step(values, np.arange(1, len(values) + 1) / len(rows) * 100, where="post", label=f"this run, {label}")
     cdf.plot([588, 26_700], [50, 90], "x", color="#d62828", label="outlines-core p50 / p90")
-    cdf.set_xscale("log")
-    cdf.set_xlabel("schema -> ready guide (ms)")
-    cdf.set_ylabel("% of all schemas compiled within")
-    cdf.set_ylim(0, 100)
-    cdf.grid(True, which="both", alpha=0.3)
-    cdf.legend(fontsize=8)
-    cdf.set_title("Compile time CDF (failed compiles never reach the top)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    cdf.set(xscale="log", xlabel="schema -> ready guide (ms)", ylabel="% of all schemas compiled within",
+            ylim=(0, 100), title="Compile time CDF (failed compiles never reach the top)")
+    cdf.grid(True, which="both", alpha=0.3), cdf.legend(fontsize=8)
+    save_figure(fig, path)
 
 
 def _share(g: dict, label: str) -> float:
     n = g["schemas"] or 1
     fa = g["false_accept_schemas"]
-    fr_only = sum([g["not_covered"]]) - fa  # not covered without false accepts: false rejects / walk errors
+    fr_only = g["not_covered"] - fa  # not covered without false accepts: false rejects / walk errors
     value = {"covered": g["covered"], "false reject": max(fr_only, 0), "false accept": fa,
              "unsupported": g["unsupported"], "timeout": g["timeouts"], "error": g["errors"]}[label]
     return 100 * value / n

@@ -57,9 +57,6 @@ def check_schema(schema, tests: list[dict], tokenizer, report=lambda stage: None
     return out
 
 
-# -- compilation ----------------------------------------------------------------------------------
-
-
 def _compile(schema, tokenizer, row: dict, report, options: dict):
     """Schema -> ready guide (first mask built), timing each stage; None when it fails."""
     times, cpu_start = [time.perf_counter()], time.process_time()
@@ -77,9 +74,8 @@ def _compile(schema, tokenizer, row: dict, report, options: dict):
         times.append(time.perf_counter())
         cpu_ms = (time.process_time() - cpu_start) * 1000
     except fsm.SchemaError as error:
-        row.update(
-            status="unsupported", keyword=error.keyword or "(none)", pointer=error.pointer, message=str(error)[:300]
-        )
+        row.update(status="unsupported", keyword=error.keyword or "(none)", pointer=error.pointer,
+                   message=str(error)[:300])
         return None
     except fsm.RegexError as error:
         row.update(status="unsupported", keyword="(regex)", pointer="", message=str(error)[:300])
@@ -88,30 +84,20 @@ def _compile(schema, tokenizer, row: dict, report, options: dict):
         row.update(status="error", error_type=type(error).__name__, message=str(error)[:300], where=_where(error))
         return None
     stages = np.diff(times) * 1000
-    row.update(
-        status="compiled",
-        compile_ms=round(times[-1] * 1000 - times[0] * 1000, 3),
-        compile_cpu_ms=round(cpu_ms, 3),
-        regex_ms=round(stages[0], 3),
-        dfa_ms=round(stages[1], 3),
-        index_ms=round(stages[2], 3),
-        first_mask_ms=round(stages[3], 3),
-        regex_chars=rx.size(term),
-        dfa_states=dfa.n_states,
-    )
+    row.update(status="compiled", compile_ms=round(times[-1] * 1000 - times[0] * 1000, 3),
+               compile_cpu_ms=round(cpu_ms, 3), **{f"{name}_ms": round(ms, 3) for name, ms in
+                                                  zip(("regex", "dfa", "index", "first_mask"), stages)},
+               regex_chars=rx.size(term), dfa_states=dfa.n_states)
     return guide
 
 
 def _where(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     inside = [f for f in frames if "/fsm/" in f.filename] or frames
-    frame = inside[-1] if inside else None
-    return (
-        f"{Path(frame.filename).parent.name}/{Path(frame.filename).name}:{frame.lineno} {frame.name}" if frame else ""
-    )
-
-
-# -- walking instances ----------------------------------------------------------------------------
+    if not inside:
+        return ""
+    path = Path(inside[-1].filename)
+    return f"{path.parent.name}/{path.name}:{inside[-1].lineno} {inside[-1].name}"
 
 
 def _walk_tests(guide, schema, tests: list[dict], tokenizer, row: dict, out: dict) -> None:
@@ -195,9 +181,8 @@ def _count(counts, out, number, test, text, ids, verdict, regex_ok, guide, schem
         counts["invalid_rejected"] += 1
         if regex_ok:
             counts["false_accepts_regex_only"] += 1
-            out["failures"].append(
-                _failure(number, test, text, "false_accept_regex_only", _jsonschema_verdict(schema, test["data"]))
-            )
+            out["failures"].append(_failure(number, test, text, "false_accept_regex_only",
+                                            _jsonschema_verdict(schema, test["data"])))
 
 
 def _forced_count(guide, ids: list[int]) -> int:
@@ -216,9 +201,6 @@ def _step_stats(name: str, samples: list[float]) -> dict:
     values = np.asarray(samples)
     return {f"{name}_n": len(values), f"{name}_median_us": round(float(np.median(values)), 2),
             f"{name}_p99_us": round(float(np.percentile(values, 99)), 2)}
-
-
-# -- failure records ------------------------------------------------------------------------------
 
 
 def _failure(number: int, test: dict, text: str, kind: str, detail: str, path: str = "") -> dict:

@@ -22,13 +22,8 @@ def valid_instances(schema, n: int, seed: int) -> list:
         strategy = from_schema(schema)
 
         @fixed_seed(seed)
-        @settings(
-            max_examples=n,
-            database=None,
-            deadline=None,
-            phases=[Phase.generate],
-            suppress_health_check=list(HealthCheck),
-        )
+        @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
         @given(strategy)
         def collect(value):
             found.append(value)
@@ -44,7 +39,6 @@ def _patch_many() -> None:
     by `with many(...) as elements: for _ in elements`: give it the old interface on the new one."""
     import hypothesis.internal.conjecture.utils as cu
     import hypothesis_jsonschema._from_schema as generator
-
     if hasattr(cu.many, "more") or getattr(generator.cu, "patched", False):
         return
 
@@ -64,8 +58,6 @@ def _patch_many() -> None:
 
     generator.cu = type("cu", (), {"many": OldMany, "patched": True})
 
-
-# -- mutants ---------------------------------------------------------------------------------------
 
 def mutants(value, rng: random.Random, k: int) -> list:
     """`k` mutants of `value`: a key dropped or added, a type changed, a number moved, keys shuffled, an item added
@@ -159,8 +151,6 @@ def _resize_array(root, nodes, rng):
 MUTATIONS = (_drop_key, _add_key, _change_type, _out_of_range, _shuffle_keys, _resize_array)
 
 
-# -- generated combinations ------------------------------------------------------------------------
-
 def combination_schema(rng: random.Random) -> dict:
     """A small schema mixing allOf/anyOf/oneOf/$ref/unevaluated*/prefixItems/dependentSchemas/contains."""
     defs = {f"d{i}": _node(rng, 1, defs_count=0) for i in range(2)}
@@ -185,72 +175,47 @@ def _node(rng: random.Random, depth: int, defs_count: int) -> dict:
     if kind == "unevaluatedItems":
         return {**sub(), "unevaluatedItems": rng.choice([False, {"type": "string"}])}
     if kind == "prefixItems":
-        return {
-            "prefixItems": [sub() for _ in range(rng.randint(1, 2))],
-            **({"items": sub()} if rng.random() < 0.5 else {}),
-        }
+        items = [sub() for _ in range(rng.randint(1, 2))]
+        return {"prefixItems": items, **({"items": sub()} if rng.random() < 0.5 else {})}
     if kind == "dependentSchemas":
         return {"dependentSchemas": {rng.choice(ATOM_KEYS): sub()}, **(_atom(rng) if rng.random() < 0.5 else {})}
     if kind == "not":
         return {"not": _atom(rng)}
     if kind == "if":
         return {"if": _atom(rng), "then": sub(), **({"else": sub()} if rng.random() < 0.5 else {})}
-    return {
-        "contains": _atom(rng),
-        "minContains": rng.choice([0, 1, 2]),
-        **({"maxContains": 2} if rng.random() < 0.3 else {}),
-    }
+    return {"contains": _atom(rng), "minContains": rng.choice([0, 1, 2]),
+            **({"maxContains": 2} if rng.random() < 0.3 else {})}
 
 
 def _split_siblings(rng: random.Random, sub) -> dict:
     key = rng.choice(ATOM_KEYS)
-    return rng.choice(
-        [
-            {"allOf": [{"properties": {key: sub()}}, {"unevaluatedProperties": rng.choice([False, sub()])}]},
-            {"properties": {key: sub()}, "allOf": [sub(), {"unevaluatedProperties": False}]},
-            {"allOf": [{"prefixItems": [sub()]}], "items": sub()},
-            {"allOf": [{"prefixItems": [sub()]}, {"items": sub()}]},
-            {"allOf": [{"prefixItems": [sub()]}, {"unevaluatedItems": rng.choice([False, sub()])}]},
-            {"allOf": [{"contains": _atom(rng), "minContains": rng.choice([0, 2])}, {"contains": _atom(rng)}]},
-            {"allOf": [{"patternProperties": {"^x": sub()}}, {"additionalProperties": sub()}]},
-            {
-                "allOf": [
-                    {"required": [key]},
-                    {"properties": {"a": sub()}, rng.choice(["additionalProperties", "unevaluatedProperties"]): False},
-                ]
-            },
-            {"$ref": "#/$defs/d0", "properties": {key: sub()}, "unevaluatedProperties": rng.choice([False, sub()])},
-            {"allOf": [{"if": _atom(rng), "then": sub()}, {"if": _atom(rng), "else": sub()}]},
-        ]
-    )
+    return rng.choice([
+        {"allOf": [{"properties": {key: sub()}}, {"unevaluatedProperties": rng.choice([False, sub()])}]},
+        {"properties": {key: sub()}, "allOf": [sub(), {"unevaluatedProperties": False}]},
+        {"allOf": [{"prefixItems": [sub()]}], "items": sub()},
+        {"allOf": [{"prefixItems": [sub()]}, {"items": sub()}]},
+        {"allOf": [{"prefixItems": [sub()]}, {"unevaluatedItems": rng.choice([False, sub()])}]},
+        {"allOf": [{"contains": _atom(rng), "minContains": rng.choice([0, 2])}, {"contains": _atom(rng)}]},
+        {"allOf": [{"patternProperties": {"^x": sub()}}, {"additionalProperties": sub()}]},
+        {"allOf": [{"required": [key]},
+                   {"properties": {"a": sub()}, rng.choice(["additionalProperties", "unevaluatedProperties"]): False}]},
+        {"$ref": "#/$defs/d0", "properties": {key: sub()}, "unevaluatedProperties": rng.choice([False, sub()])},
+        {"allOf": [{"if": _atom(rng), "then": sub()}, {"if": _atom(rng), "else": sub()}]}])
 
 
 def _atom(rng: random.Random) -> dict:
     key, k = rng.choice(ATOM_KEYS), rng.randint(0, 3)
-    return rng.choice(
-        [
-            {"type": "object"},
-            {"type": "array"},
-            {"type": "integer", "minimum": k},
-            {"type": "string", "maxLength": k},
-            {"properties": {key: rng.choice([{"type": "integer"}, {"type": "string"}, True])}},
-            {"required": [key]},
-            {"patternProperties": {"^x": {"type": "integer"}}},
-            {"additionalProperties": rng.choice([False, {"type": "string"}])},
-            {"items": {"type": "integer"}},
-            {"minItems": k},
-            {"maxItems": k},
-            {"const": rng.choice([1, "a", None])},
-            {"enum": [1, 2.0, "a"]},
-            {"properties": {key: {"type": "integer"}}, "additionalProperties": False},
-            {"prefixItems": [{"type": "integer", "minimum": k}]},
-            {"items": {"type": "integer", "minimum": k}},
-            {"unevaluatedProperties": False},
-            {"unevaluatedItems": False},
-            {"contains": {"type": "string"}, "minContains": k % 2},
-            {"patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
-        ]
-    )
+    return rng.choice([
+        {"type": "object"}, {"type": "array"}, {"type": "integer", "minimum": k}, {"type": "string", "maxLength": k},
+        {"properties": {key: rng.choice([{"type": "integer"}, {"type": "string"}, True])}}, {"required": [key]},
+        {"patternProperties": {"^x": {"type": "integer"}}},
+        {"additionalProperties": rng.choice([False, {"type": "string"}])},
+        {"items": {"type": "integer"}}, {"minItems": k}, {"maxItems": k}, {"const": rng.choice([1, "a", None])},
+        {"enum": [1, 2.0, "a"]}, {"properties": {key: {"type": "integer"}}, "additionalProperties": False},
+        {"prefixItems": [{"type": "integer", "minimum": k}]}, {"items": {"type": "integer", "minimum": k}},
+        {"unevaluatedProperties": False}, {"unevaluatedItems": False},
+        {"contains": {"type": "string"}, "minContains": k % 2},
+        {"patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": {"type": "string"}}])
 
 
 def value_pool(rng: random.Random, n: int) -> list:

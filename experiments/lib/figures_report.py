@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from experiments.lib.intervals import paired_ratio
-from experiments.lib.report import read_rows
+from experiments.lib.report import bar_groups, pyplot, read_rows, save_figure
 
 PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")  # speedup.SYSTEMS' names; "target" is the reference
 STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # vs_xgrammar.SYSTEMS' names; first: the reference
@@ -81,39 +81,38 @@ def _errorbar(ax, x, stats, **kw) -> None:
 
 
 def _save(fig, info: dict, view: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
     fig.text(0.01, 0.005, footer(info, view), fontsize=6.5, va="bottom", ha="left", color="0.25")
-    fig.tight_layout(rect=(0, 0.1, 1, 1)), fig.savefig(path, dpi=110), plt.close(fig)
+    save_figure(fig, path, rect=(0, 0.1, 1, 1))
 
 
 def greedy_figure(rows: list[dict], info: dict, out: Path, order, base: str, group: str, item: str,
                   name: str, title: str) -> None:
     """Left: median latency per new token per group at T = 0; right: speedup over `base` per group, with intervals."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     greedy = [r for r in rows if r["temperature"] == 0]
     systems, groups = _systems(greedy, order), sorted({r[group] for r in greedy})
     of = {r[item]: r[group] for r in greedy}
     u = units(greedy, item)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    width = 0.8 / len(systems)
-    for j, s in enumerate(systems):
-        ms = [1000 * _median([r["seconds"] / max(r["new_tokens"], 1) for r in greedy
-                              if r[group] == g and r["system"] == s]) for g in groups]
-        left.bar([i + j * width for i in range(len(groups))], ms, width, label=LABELS[s])
-    left.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups)
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4.2))
+    bar_groups(left, groups, systems, lambda g, s: 1000 * _median([r["seconds"] / max(r["new_tokens"], 1) for r in
+                                                                   greedy if r[group] == g and r["system"] == s]),
+               LABELS.get)
     left.set_ylabel("median latency per new token (ms)"), left.set_title(f"{title}: latency (greedy)")
     left.legend(fontsize=7)
-    names = [*groups, "all"]
-    members = {g: [v for k, v in u.items() if g == "all" or of[k[0]] == g] for g in names}
-    for j, s in enumerate(x for x in systems if x != base):
-        stats = [speedup(members[g], base, s) for g in names]
-        _errorbar(right, [i + 0.12 * (j - 1) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+    group_axes(right, {g: [v for k, v in u.items() if g == "all" or of[k[0]] == g] for g in [*groups, "all"]},
+               systems, base, systems[-1], 1)
     _ratio_axis(right, f"speedup over the {LABELS[base]}")
-    right.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, systems[-1])[3]})" for g in names])
     right.set_title(f"{title}: speedup (greedy)"), right.legend(fontsize=7)
     _save(fig, info, f"greedy, {len(u)} units", out / name)
+
+
+def group_axes(ax, members: dict, systems: list[str], base: str, counted: str, shift: float) -> None:
+    """Per group (`members`: name -> its units), each system's speedup over `base` with its interval, side by side
+    (`shift`: the first system's offset); the ticks name the units `counted` holds."""
+    names = list(members)
+    for j, s in enumerate(x for x in systems if x != base):
+        stats = [speedup(members[g], base, s) for g in names]
+        _errorbar(ax, [i + 0.12 * (j - shift) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+    ax.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, counted)[3]})" for g in names])
 
 
 def temperature_axes(ax, rows: list[dict], order, base: str, item: str, valid: dict | None = None) -> int:
@@ -130,10 +129,7 @@ def temperature_axes(ax, rows: list[dict], order, base: str, item: str, valid: d
 
 
 def sampling_figure(rows: list[dict], info: dict, out: Path, order) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
     n = temperature_axes(ax, rows, order, "target", "prompt")
     ax.set_title("plain text: speedup over the target alone as the temperature rises")
     view = f"{n} units (prompts x repeats) per temperature, {info['max_new_tokens']} new tokens"
@@ -148,21 +144,14 @@ def validity(rows: list[dict], order) -> dict:
 
 def structured_figure(rows: list[dict], info: dict, out: Path, order) -> None:
     """Left: per-task greedy speedup over transformers + XGrammar; right: speedup against temperature."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     base, valid = order[0], validity(rows, order)
     greedy = [r for r in rows if r["temperature"] == 0]
     u = units(greedy, "task")
     tasks = sorted({k[0] for k in u})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    names = [*tasks, "all"]
-    members = {g: [v for k, v in u.items() if g in ("all", k[0])] for g in names}
-    for j, s in enumerate(x for x in _systems(rows, order) if x != base):
-        stats = [speedup(members[g], base, s) for g in names]
-        _errorbar(left, [i + 0.12 * (j - 0.5) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4.2))
+    group_axes(left, {g: [v for k, v in u.items() if g in ("all", k[0])] for g in [*tasks, "all"]},
+               _systems(rows, order), base, "full", 0.5)
     _ratio_axis(left, "speedup over XGrammar's processor")
-    left.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, 'full')[3]})" for g in names])
     left.set_title("JSON extraction, greedy, per task"), left.legend(fontsize=7)
     n = temperature_axes(right, rows, order, base, "task", valid)
     right.set_title("JSON extraction against temperature\n(reference: transformers + XGrammar, target alone)",

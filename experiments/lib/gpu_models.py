@@ -1,9 +1,8 @@
 """Random-weight models with the published architectures of the project's real models, for device checks.
 
 Weights cannot travel to a lent GPU, configs can: timing a forward needs the architecture, not trained weights.
-`build` makes Qwen2.5-Coder-1.5B (the target), Qwen2.5-Coder-0.5B (the assistant), Qwen2.5-7B (a larger target
-with the same tokenizer) or SmolLM2-135M from their configs with seeded random weights, directly on the device.
-Random heads give nearly flat next-token
+`build` makes Qwen2.5-Coder-1.5B (the target), Qwen2.5-Coder-0.5B (the assistant) or SmolLM2-135M from their
+configs with seeded random weights, directly on the device. Random heads give nearly flat next-token
 distributions (logit spread ~0.8 over 152k ids), so no draft would pass transformers' 0.4 confidence stop:
 `head_scale` multiplies the output head to give them a trained model's peaks. `smoke` shrinks every model to
 two tiny layers (the vocabulary stays), so the same code runs on a CPU in seconds.
@@ -20,9 +19,6 @@ ARCHITECTURES = {  # the published configs (hub config.json) of the models in ..
     "qwen2.5-coder-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                                rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
-                       rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False),
     "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                          rope_theta=1e5, rms_norm_eps=1e-5, tie_word_embeddings=True),

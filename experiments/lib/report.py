@@ -97,6 +97,30 @@ def write_run(out: Path, title: str, head: list[str], body: list[str], rows: lis
     (out / "README.md").write_text("\n".join([f"# {title}", "", *head, "", *body]) + "\n")
 
 
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 110, rect=None) -> None:
+    """Lay `fig` out (within `rect` of the figure when given), write it to `path` and close it."""
+    fig.tight_layout(**({} if rect is None else {"rect": rect}))
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def bar_groups(ax, groups: list, systems: list, height, label=str) -> None:
+    """Side-by-side bars on `ax`: per group one bar per system, `height(group, system)` high, named `label(system)`."""
+    width = 0.8 / len(systems)
+    for j, system in enumerate(systems):
+        ax.bar([i + j * width for i in range(len(groups))], [height(g, system) for g in groups], width,
+               label=label(system))
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups)
+
+
 def table(header: list[str], rows: list[list]) -> list[str]:
     """A markdown table."""
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|",

@@ -109,39 +109,21 @@ class Systems:
                       statistics.fmean(s.k_trace) if s.k_trace else math.nan)
 
     def _transformers(self, name: str, ids, task, temperature: float, seed: int, counter, helper) -> Output:
-        sample = temperature > 0
-        kwargs = dict(do_sample=sample, max_new_tokens=self.max_new, top_k=0, top_p=1.0, repetition_penalty=1.0,
-                      eos_token_id=self.eos, pad_token_id=self.model.generation_config.pad_token_id)
-        kwargs |= {"temperature": temperature} if sample else {}
-        drafting = name.startswith("hf-") or name.endswith("+assistant")
+        kwargs, drafting = {}, name.startswith("hf-") or name.endswith("+assistant")
         if drafting:
-            self.drafting_settings(name)
+            drafting_settings(self.assistant, self.defaults, heuristic=name == "hf-heuristic")
             kwargs["assistant_model"] = self.assistant
         base = name.removesuffix("+assistant")
         if base != "target" and not base.startswith("hf-"):
             kwargs["logits_processor"] = [self.processor(base, task)]
-        torch.manual_seed(seed)
-        x = torch.tensor([ids], device=self.model.device)
         try:
-            with torch.inference_mode():
-                emitted = self.model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[0, len(ids):].tolist()
+            emitted = transformers_tokens(self.model, ids, self.eos, self.max_new, temperature, seed, **kwargs)
         finally:
             if drafting:
-                self.drafting_settings("hf-default")
-        stop = next((i for i, t in enumerate(emitted) if t in self.eos), None)  # EOS, then padding
-        emitted = emitted if stop is None else emitted[: stop + 1]
+                drafting_settings(self.assistant, self.defaults)
         # every target forward commits one token of its own; the rest were accepted drafts
         acceptance = (len(emitted) - counter.n) / helper.n if drafting and helper.n else math.nan
         return Output(self.tokenizer.decode(emitted, skip_special_tokens=True), tuple(emitted), counter.n, acceptance)
-
-    def drafting_settings(self, name: str) -> None:
-        """The assistant's drafting settings of `name` (transformers reads them from its generation config):
-        loaded ones, or 5 tokens "heuristic" for hf-heuristic."""
-        config = self.assistant.generation_config
-        for key, value in self.defaults.items():
-            setattr(config, key, value)
-        if name == "hf-heuristic":
-            config.num_assistant_tokens, config.num_assistant_tokens_schedule = 5, "heuristic"
 
     def processor(self, name: str, task):
         """The logits processor of `name` for `task`: XGrammar's (compiled here, in the timed call) or ours."""
@@ -150,6 +132,32 @@ class Systems:
         if self._compiler is None:
             self._compiler = xgrammar_compiler(self.model, self.tokenizer, self.eos)
         return xgrammar_processor(self._compiler, task.json_schema(), compact=name == "xgrammar-compact")
+
+
+def drafting_settings(assistant, loaded: dict, heuristic: bool = False) -> None:
+    """The assistant's drafting settings (transformers reads them from its generation config): the `loaded` ones, or
+    5 tokens "heuristic" (transformers' assisted generation with its heuristic)."""
+    config = assistant.generation_config
+    for key, value in loaded.items():
+        setattr(config, key, value)
+    if heuristic:
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = 5, "heuristic"
+
+
+def transformers_tokens(model, ids: list[int], eos: list[int], max_new: int, temperature: float = 0.0, seed: int = 0,
+                        **kwargs) -> list[int]:
+    """transformers' `generate` on prompt `ids` (greedy at temperature 0, else sampled with `seed`; no top-k, top-p
+    or repetition penalty), `kwargs` added: the new ids up to the first of `eos`, with it."""
+    sample = temperature > 0
+    kwargs |= dict(do_sample=sample, max_new_tokens=max_new, top_k=0, top_p=1.0, repetition_penalty=1.0,
+                   eos_token_id=eos, pad_token_id=model.generation_config.pad_token_id)
+    kwargs |= {"temperature": temperature} if sample else {}
+    torch.manual_seed(seed)
+    x = torch.tensor([ids], device=model.device)
+    with torch.inference_mode():
+        emitted = model.generate(x, attention_mask=torch.ones_like(x), **kwargs)[0, len(ids):].tolist()
+    stop = next((i for i, t in enumerate(emitted) if t in eos), None)  # EOS, then padding
+    return emitted if stop is None else emitted[: stop + 1]
 
 
 def xgrammar_compiler(model, tokenizer, eos: list[int]):

@@ -1,21 +1,32 @@
 """The benchmarks' one task registry: every structured task (schema and the message that asks for it), the free
-prompts of the speedup set, and the checks of an output.
+prompts of the speedup set and their fixed split, and the checks of an output.
 
-Groups: `DEMO` (the demo), `STRUCTURED` (the seed tasks), `HELD_OUT` (four extractions written for the comparison
-with XGrammar: invoice, patient, flight, review), `BUDGET` (the tight-budget tasks), `TICKET` (the throughput
-documents' instruction and schema). `task(name)` finds any of them.
+Groups: `DEMO` (the demo: the seed's Character example, from .txt's "Coalescence" post, and an employee),
+`STRUCTURED` (the seed tasks), `HELD_OUT` (four extractions written for the comparison with XGrammar: invoice,
+patient, flight, review), `BUDGET` (the tight-budget tasks, the invoice last), `TICKET` (the throughput documents'
+instruction and schema). `task(name)` finds any of them.
+
+Free prompts: `experiments/prompts/split.json`, 70 prompts in five classes (code in eight languages, extraction, prose,
+chat instructions, math). Each prompt's half is decided once, by a hash of its name (`half_of`): a policy or drafting
+change is tuned on the "tuning" half (replay traces included) and reported on the "validation" half only. The hash,
+not a person, decides, so the validation half cannot be picked to flatter a method. The older `prompts/speedup.json`
+(12 prompts, the set the policy was first tuned on) is tuning material.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from assisted.models.loading import set_eos  # noqa: F401  (every system compared stops on one set)
-from experiments.lib.prompt_split import HALVES, SPLIT_PROMPTS, half_of, load_prompts  # noqa: F401  (free prompts)
+
+SPLIT_PROMPTS = Path(__file__).parents[1] / "prompts" / "split.json"
+HALVES = ("tuning", "validation")
 
 
 @dataclass(frozen=True)
@@ -156,7 +167,6 @@ TICKET = Task("ticket", "extraction", Ticket,
 
 DEMO = (CHARACTER, EMPLOYEE)
 STRUCTURED = (CHARACTER, EMPLOYEE, ORDER, EVENT)
-DEMO_TASKS, STRUCTURED_TASKS = DEMO, STRUCTURED  # the names older callers used
 TASKS = {t.name: t for t in (*STRUCTURED, *HELD_OUT, *BUDGET, TICKET)}
 
 
@@ -181,6 +191,26 @@ def extract_json(text: str) -> str:
     """The first {...} block of a free-form answer (code fences and chatter removed), else the text."""
     start, end = text.find("{"), text.rfind("}")
     return text[start : end + 1] if 0 <= start < end else text
+
+
+def half_of(name: str) -> str:
+    """The half a free prompt belongs to: the parity of the first byte of the SHA-256 of its name."""
+    return HALVES[hashlib.sha256(name.encode()).digest()[0] % 2]
+
+
+def load_prompts(path: Path = SPLIT_PROMPTS, half: str | None = None, per_class: int | None = None) -> list[dict]:
+    """The free prompts of `path` (a list of {"class", "name", "prompt"}) in file order, those of `half` only when
+    given (None: all), and at most `per_class` of each class."""
+    if half is not None and half not in HALVES:
+        raise ValueError(f"half must be one of {HALVES}, got {half!r}")
+    seen: dict[str, int] = {}
+    keep = []
+    for prompt in json.loads(Path(path).read_text()):
+        if half is None or half_of(prompt["name"]) == half:
+            seen[prompt["class"]] = seen.get(prompt["class"], 0) + 1
+            if per_class is None or seen[prompt["class"]] <= per_class:
+                keep.append(prompt)
+    return keep
 
 
 def chat_ids(tokenizer, prompt: dict | list[dict]) -> list[int]:

@@ -4,7 +4,6 @@ flat for small k)."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -35,15 +34,3 @@ class Prefixed:
         crop_to(self.cache, self.length)
         return spent
 
-
-def forward_costs(model, prefix: list[int], ks, repeats: int = 5, warmup: bool = True) -> dict[int, float]:
-    """{k: median seconds of a forward over the first k ids of `prefix` after all of `prefix` is cached}, the k
-    interleaved over `repeats` rounds (after one untimed round when `warmup`)."""
-    timer = Prefixed(model, prefix)
-    seconds: dict[int, list[float]] = {k: [] for k in ks}
-    for round_ in range(repeats + int(warmup)):
-        for k in ks:
-            spent = timer.seconds(prefix[:k])
-            if round_ or not warmup:
-                seconds[k].append(spent)
-    return {k: statistics.median(v) for k, v in seconds.items()}

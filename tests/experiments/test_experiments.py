@@ -9,8 +9,7 @@ import hashlib
 import pytest
 
 from experiments import demo, speedup
-from experiments.lib.prompt_split import half_of, load_prompts
-from experiments.lib.tasks import set_eos
+from experiments.lib.tasks import half_of, load_prompts, set_eos
 from tests.helpers_models import threads, tiny_llama
 
 

@@ -21,9 +21,7 @@ def test_smoke_run_writes_every_section(tmp_path):
     assert all(v.startswith("done") for v in summary["sections"].values()), summary["sections"]
     with open(tmp_path / "costs.csv") as f:
         costs = list(csv.DictReader(f))
-    assert {r["model"] for r in costs} == set(ARCHITECTURES) - {"qwen2.5-7b"} and {r["layout"] for r in costs} == {
-        "dense"
-    }
+    assert {r["model"] for r in costs} == set(ARCHITECTURES) and {r["layout"] for r in costs} == {"dense"}
     assert all(float(r["seconds"]) > 0 for r in costs)
     with open(tmp_path / "generate.csv") as f:
         systems = {r["system"]: r for r in csv.DictReader(f)}
@@ -32,20 +30,6 @@ def test_smoke_run_writes_every_section(tmp_path):
     assert float(systems["ours auto, self"]["acceptance"]) == 1.0  # self-drafting in float32 on the CPU
     with open(tmp_path / "identity.csv") as f:
         assert all(r["identical"] == "True" for r in csv.DictReader(f) if r["dtype"] == "float32")
-    with open(tmp_path / "steps.csv") as f:
-        steps = list(csv.DictReader(f))
-    assert {(r["model"], r["layout"]) for r in steps} == {
-        (m, layout) for m in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-7b")
-        for layout in ("captured", "bare replay", "eager")}
-    with open(tmp_path / "captured_identity.csv") as f:
-        identity = list(csv.DictReader(f))
-    assert len(identity) == 16 and all(r["static identical"] == "True" for r in identity)  # 2 dtypes x 2 prompts x 4
-    with open(tmp_path / "extraction.csv") as f:
-        extraction = list(csv.DictReader(f))
-    ours = [r for r in extraction if r["system"].startswith("ours")]
-    assert {r["system"] for r in ours} == {f"ours {e}{h}" for e in ("eager", "captured")
-                                           for h in ("", " + random-0.5b", " + self")}
-    assert all(r["cache"] == "dynamic" and r["text"].startswith('{"customer":"') for r in ours)  # the CPU default
     for name in ("README.md", "costs.png", "masks.csv"):
         assert (tmp_path / name).stat().st_size > 0
 
