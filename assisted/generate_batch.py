@@ -138,6 +138,6 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
     if share_prefix is not None and not isinstance(share_prefix, bool):
         raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
     exact = getattr(model.config, "_attn_implementation", None) == ATTENTION  # row-invariant: a shared prefix is exact
-    helper = None if call.same is None else BatchKV(call.same)
+    helper = None if call.same is None else BatchKV(call.same, lazy=True)  # a row's context fed when it first drafts
     return call.engine(BatchKV(model), helper, batch_size=batch_size, memory=ENGINE, prefix_cache=prefix_cache,
                        share_prefix=exact if share_prefix is None else share_prefix)

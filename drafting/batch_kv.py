@@ -98,13 +98,19 @@ class RaggedBatch:
 class BatchKV:
     """The cache of one model for B rows; `lengths[r]` tokens of row r are cached."""
 
-    prefills = True  # `place` runs a newcomer's prompt alone
-
-    def __init__(self, model):
-        self.model, self.cache, self.lengths = model, DynamicCache(), []
+    def __init__(self, model, lazy: bool = False):
+        self.model, self.cache, self.lengths, self.lazy = model, DynamicCache(), [], lazy
         self.device = input_device(model)
         dtype = model.get_input_embeddings().weight.dtype
         self.dtype = dtype if dtype.is_floating_point else torch.float32
+
+    @property
+    def prefills(self) -> bool:
+        """Whether `place` runs a newcomer's prompt alone. A `lazy` cache on the ragged path only copies a shared
+        prefix there: the row's first `run` feeds the rest of its context, packed beside the other rows' tokens (no
+        padding, so a long feed widens no other row), and a row that never runs costs nothing (an assistant whose
+        policy never drafts for it)."""
+        return not (self.lazy and self.ragged() is not None)
 
     @property
     def width(self) -> int:
@@ -244,7 +250,8 @@ class BatchKV:
 
         With `source`, the first `shared` entries are copied from row `source`, which caches the same first `shared`
         tokens (a shared instruction), or from a cache holding them (`assisted.PrefixCache`), and only the rest of
-        `ids` is run. The caller never adds a row beyond its batch size: the cache holds at most that many rows.
+        `ids` is run (not at all where `prefills` is False: `lengths[slot]` then says what is cached). The caller never
+        adds a row beyond its batch size: the cache holds at most that many rows.
         """
         prefix = None if source is None or shared <= 0 else self._prefix(source, shared)  # taken before `slot` goes
         if slot == len(self.lengths):
@@ -255,6 +262,10 @@ class BatchKV:
             return self._crop_width()
         small = DynamicCache()
         small.layers.extend(_layer(keys, values) for keys, values in prefix or ())
+        if not self.prefills:
+            ids = ids[:shared] if prefix else []
+            if not ids:
+                return self._crop_width()
         rest = ids[shared:] if prefix else ids
         if rest:
             x = torch.tensor([rest], dtype=torch.long, device=self.device)  # (1, n - shared)

@@ -252,6 +252,24 @@ def _wait(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
     return max(1, math.ceil(state.probe_loss / (cfg.probe_budget * step))) if step > 0 else 1
 
 
+def can_pay(state: AutoState, width: int = 1) -> bool:
+    """Whether drafting could beat plain decoding at all in a forward over `width` > 1 rows, every draft accepted:
+    only where a drafted position costs less than a plain token, T(w) / w. A drafted position costs the target's added
+    seconds per added position, the slope from T(w) to the widest forward timed, plus its share of an assistant round
+    (the round's seconds / w). Where the forward is bound by its arithmetic (many rows on a CPU) the slope is about
+    T(w) / w and no draft can pay, however good: such a batch decodes plainly and never probes. One row's forward
+    is bound by its weights' bytes, its cost curve concave (the first added position is the dearest), so a straight
+    line through it would shut out drafts that pay: there, and where costs are unknown, it stays open."""
+    costs = state.costs
+    at = {n: seconds for n, seconds, _ in costs.target}
+    wider = [n for n in at if n > width]
+    if width == 1 or width not in at or not wider or costs.draft_per_token is None:
+        return True
+    n = max(wider)
+    per_position = (at[n] - at[width]) / (n - width) + costs.draft_per_token / width
+    return per_position < at[width] / width
+
+
 def warmed_up(state: AutoState, width: int = 1) -> bool:
     """The cost table holds a forward that verified drafts and one that verified none (of `width` rows)."""
     measured = state.costs.measured()
@@ -263,14 +281,15 @@ def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
     "draft" (up to the window, cut by `Estimates.cut`).
 
     Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
-    verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Then each
-    call drafts until its drafting rate is measured over `min_drafting_steps` steps, and keeps drafting
-    while that rate is at least plain decoding's, probing again after a budgeted loss.
+    verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Where the costs
+    say no draft can pay (`can_pay`), plain decoding from then on. Otherwise each call drafts until its drafting
+    rate is measured over `min_drafting_steps` steps, and keeps drafting while that rate is at least plain
+    decoding's, probing again after a budgeted loss.
     """
     measured = state.costs.measured()
     if not any(n > width for n in measured):
         return "warm-up"
-    if width not in measured:
+    if width not in measured or not can_pay(state, width):
         return "plain"
     if _drafting_pays(state, cfg, width) or state.idle >= _wait(state, cfg, width):
         return "draft"
@@ -382,5 +401,6 @@ class Auto:
         """Decide the next step from the current beliefs and prices (`SharedPrices` asks again once it has timed a
         step)."""
         width, state = (1 if self.prices is None else self.prices.width), self.priced
-        self.k = cap(state, self.config, mode(state, self.config, width) if self.prices is None else self.prices.mode)
+        self.k = cap(state, self.config, mode(state, self.config, width) if self.prices is None else
+                     self.prices.mode_for(self))
         self._estimates, self._cuts = estimate(state, self.config, width), warmed_up(state, width)

@@ -49,6 +49,14 @@ class SharedPrices:
             self.width = len(policies)
             self._decide()
 
+    def mode_for(self, row: Auto) -> str:
+        """The step's mode for `row`: the batch's, except that in a warm-up only the first priced row drafts. Its k0
+        drafts make the forward wider than the batch's rows, which is all the warm-up has to time; every other row's
+        would cost positions, dear where the forward is bound by its arithmetic."""
+        if self.mode != "warm-up":
+            return self.mode
+        return self.mode if row is next((p for p in self.members if p is not None), row) else "plain"
+
     def cut(self, row: Auto, confidence: tuple[float, ...], proposals: Sequence) -> int | None:
         """`row`'s cut after drafts of these confidences, decided for the batch: None to draft on, else how many of
         them to verify (`shared_cut` over every row's drafts so far, `proposals`: per slot, its

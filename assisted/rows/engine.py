@@ -153,7 +153,8 @@ class Engine:
             kv.place(slot, ids, shared, source)
             if kv is self.target:
                 row.prefilled = len(row.prompt) - shared
-        self.stats.prefill_forwards += self.target.prefills * (len(row.prompt) > 1) * (1 + (self.assistant is not None))
+        prefilled = self.target.prefills + (helper is not None and helper.prefills)  # a lazy cache's row waits
+        self.stats.prefill_forwards += (len(row.prompt) > 1) * prefilled
         if refill:
             self.rows[slot] = row
         else:

@@ -18,6 +18,7 @@ from assisted import PrefixCache, generate, generate_batch, generate_batch_iter
 from assisted.models.int4_models import int4_copy, quantize_int4
 from assisted.models.int8 import int8_copy, quantize_int8
 from tests.assisted.test_generate_batch import POINT, REGEX, V, nudged
+from tests.helpers_clock import pin_clock
 from tests.helpers_models import smollm2_tokenizer, tiny_llama
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
@@ -141,8 +142,10 @@ def test_each_row_of_a_batch_equals_the_row_alone_with_every_option(tok, pairs, 
 def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs, kind, monkeypatch):
     """Rows with different constraints under one batch's options: some take a draft tree's leaf, some close within
     the budget, some stop at a string; each is what `generate` gives it alone, on the int8 and int4 targets exactly
-    (int4: ragged forwards, a leaf row among them)."""
+    (int4: ragged forwards, a leaf row among them). A first batch call times the pair's costs (its warm-up drafts with
+    one row), so that the measured one drafts with every row from its first step."""
     target, helper = pairs[kind]
+    pin_clock(monkeypatch)  # every forward one tick: the batch's policy drafts whatever the machine's load
     ragged, drafting = counted_ragged_forwards(monkeypatch, target), counted_ragged_forwards(monkeypatch, helper)
     words, text, yes_no = r"[a-z]+( [a-z]+)*\.", r"[ -~]{0,200}", REGEX
     free = generate(target, helper, tokenizer=tok, prompt=PROMPTS[1], regex=text, max_new_tokens=8)
@@ -150,6 +153,8 @@ def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs, kind, monkeypat
     regexes = [words, text, yes_no, text, words, yes_no]
     kw = dict(tree=True, close_within_budget=True, stop_strings=[stop], max_new_tokens=8)
     alone = [generate(target, helper, tokenizer=tok, prompt=p, regex=r, **kw) for p, r in zip(PROMPTS, regexes)]
+    generate_batch(target, helper, tokenizer=tok, prompts=PROMPTS, regex=regexes, batch_size=4, **kw)  # warm-up
+    ragged[0] = drafting[0] = 0  # count the measured batch's forwards only
     batched = generate_batch(target, helper, tokenizer=tok, prompts=PROMPTS, regex=regexes, batch_size=4, **kw)
     same(alone, batched)
     reasons = {r.stop_reason for r in batched}

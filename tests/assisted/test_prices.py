@@ -153,3 +153,30 @@ def test_the_cut_chooses_one_width_for_the_batch_and_a_row_may_draft_nothing():
     assert cut_width([sure, unsure], seconds, 1.0, 0.0) == 4  # ... at a token a second: the sure row's 3 drafts
     assert cut_width([unsure], seconds, 1.0, 0.0) == 1  # alone, the unsure row drafts nothing
     assert cut_width([sure, RowDrafts(np.array([0.99]), 0.9, 8)], seconds, 1.0, 0.0) is None  # a sure row may go on
+
+
+@pytest.mark.parametrize("slope, pays", [(0.0094, False), (0.0001, True)])
+def test_a_batch_whose_positions_cost_what_its_rows_do_decodes_plainly(slope, pays):
+    """16 rows: where each added position costs about what a row's plain token does (T(16) / 16 = 9.4 ms: a CPU's
+    arithmetic-bound forward), no draft can pay even if every one is accepted, so after the warm-up the batch decodes
+    plainly and never probes; where positions are nearly free (a GPU), it drafts. One row stays open either way."""
+    from assisted.policy.auto import AutoState, can_pay, mode
+    rows, step = 16, 0.150
+    table = CostTable(tuple((n, step + slope * (n - rows), 1.0) for n in (rows, 2 * rows, 4 * rows)), 0.040)
+    state, cfg = AutoState(k0=4, costs=table), AutoConfig()
+    assert can_pay(state, rows) == pays and can_pay(state, 1)
+    assert (mode(state, cfg, rows) == "plain") == (not pays) and mode(replace(state, idle=10**6), cfg, rows) == (
+        "plain" if not pays else "draft")
+
+
+def test_in_a_batch_warm_up_only_the_first_row_drafts():
+    """The warm-up times a forward wider than the batch's rows: one row's k0 drafts make it, the others decode plainly
+    (each of their drafts would cost a position); once timed, every row drafts by the batch's mode again."""
+    prices = SharedPrices(AutoConfig(), prefilled=True)
+    policies = [Auto(4, prices=prices) for _ in range(3)]
+    prices.begin(policies)
+    assert prices.mode == "warm-up" and [p.k for p in policies] == [4, 0, 0]
+    prices.mode = "draft"
+    for p in policies:
+        p.refresh()
+    assert [p.k for p in policies] == [policies[0].k] * 3 and policies[0].k > 0

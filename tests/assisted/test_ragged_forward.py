@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from assisted import generate_batch
 from assisted.models.fused_layers import fused_layer_count, ragged_forward
 from assisted.models.int4_models import int4_copy, quantize_int4
+from assisted.policy import prices
 from assisted.policy.prices import SharedPrices
 from drafting.batch_kv import BatchKV
 from drafting.kv_cache import forward
@@ -204,3 +205,37 @@ def test_the_batch_reports_the_positions_computed_and_used_and_prices_what_was_c
         assert batch.padding == 0 and batch.padding_share == 0 and batch.positions_computed == batch.positions_used
     else:
         assert batch.padding > 0 and batch.positions_computed == batch.positions_used + batch.padding
+
+
+def test_a_lazy_cache_places_only_the_shared_prefix_and_its_first_run_feeds_the_rest_bitwise(model):
+    """A lazy cache (the batch's assistant) copies a shared prefix and runs nothing at `place`; the row's first `run`
+    feeds its whole context beside the other rows' tokens, with logits bitwise those of a cache that prefilled it."""
+    eager, lazy = placed(model, PROMPTS[:2]), BatchKV(model, lazy=True)
+    assert eager.prefills and not lazy.prefills
+    with torch.inference_mode():
+        lazy.place(0, PROMPTS[0])
+        lazy.place(1, PROMPTS[1][:3] + [99], shared=3, source=eager.row_cache(1))
+        assert lazy.lengths == [0, 3]
+        feeds = [PROMPTS[0] + FEEDS[0], PROMPTS[1][3:] + FEEDS[1]]
+        got = lazy.run(feeds, [1, 1])
+        want = eager.run([FEEDS[0], FEEDS[1]], [1, 1])
+    assert lazy.lengths == eager.lengths and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_batch_whose_assistant_never_drafts_never_runs_the_assistant(monkeypatch):
+    """Rows admitted into a batch leave the assistant's cache empty until they draft: where the batch's policy keeps
+    to plain decoding, the assistant runs no forward at all, and the outputs are the target's; where it drafts, the
+    assistant's first forwards feed the rows' contexts."""
+    target, assistant = PAIRS["ragged"]()
+    calls = []
+    monkeypatch.setattr(assistant, "ragged_forward", lambda m, batch: calls.append(batch) or ragged_forward(m, batch))
+    assistant.register_forward_pre_hook(lambda module, args: calls.append("prefill"))  # `place`'s own forwards
+    kwargs = dict(tokenizer=smollm2_tokenizer(), prompts=PROMPT_TEXTS, batch_size=3, max_new_tokens=12)
+    drafting = generate_batch(target, assistant, **kwargs)
+    assert "prefill" not in calls and max(len(batch.ids) for batch in calls) > 1  # first drafts fed the contexts
+    calls.clear()
+    monkeypatch.setattr(prices, "mode", lambda *args: "plain")
+    out = generate_batch(target, assistant, **kwargs)
+    plain = generate_batch(target, **kwargs)
+    assert not calls and out[0].batch.prefill_forwards == plain[0].batch.prefill_forwards  # the target's only
+    assert [r.token_ids for r in out] == [r.token_ids for r in drafting] == [r.token_ids for r in plain]
