@@ -25,6 +25,7 @@ ALL_BYTES = (1 << 256) - 1
 _ids = itertools.count()
 _ID = operator.attrgetter("id")
 _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_UNKNOWN = object()  # `Rx._impure` not computed yet
 _interned_refs: dict = _interned.data  # key -> weak reference (a dead one reads None until it is removed)
 
 
@@ -39,7 +40,7 @@ class Rx:
     """
 
     __slots__ = ("id", "kind", "args", "nullable", "plain", "_classes", "_derivatives", "_empty", "_expansion",
-                 "_witness", "_holes", "_gave_up", "_pending", "__weakref__")
+                 "_witness", "_holes", "_gave_up", "_pending", "_impure", "__weakref__")
 
     def __init__(self, kind: str, args: tuple, nullable: bool, plain: bool):
         self.id, self.kind, self.args, self.nullable, self.plain = next(_ids), kind, args, nullable, plain
@@ -51,6 +52,7 @@ class Rx:
         self._witness = None  # a string of the term found by structure, or _NO_WITNESS (see `witness`)
         self._gave_up = 0  # the largest limit an emptiness search of this term went past (see `_decide`)
         self._pending = None  # a string of it whose derivatives are marked live as they are built (`_mark_live`)
+        self._impure = _UNKNOWN  # a sequence link: its first link or last part that is not plain (see `_impure_parts`)
 
     def __repr__(self) -> str:
         return f"Rx#{self.id}({self.kind})"
@@ -429,6 +431,35 @@ def _chain(term: Rx) -> list[Rx]:
     return parts
 
 
+def _impure_parts(term: Rx):
+    """The parts of a sequence chain that are not plain, in order (`_chain` without the plain ones: a plain part
+    is never empty, so emptiness asks only these). Each link memoizes where the next one is, so the derivatives of
+    a long chain, which share its tail, skip its plain parts in one step."""
+    link = _first_impure(term)
+    while link is not None:
+        if link.kind != "seq":
+            yield link
+            return
+        yield link.args[0]
+        link = _first_impure(link.args[1])
+
+
+def _first_impure(term: Rx) -> Rx | None:
+    """The first link of `term`'s chain whose head is not plain, else its last part where that is not plain, else
+    None (memoized on every link walked)."""
+    links = []
+    while term.kind == "seq" and term._impure is _UNKNOWN and term.args[0].plain:
+        links.append(term)
+        term = term.args[1]
+    if term.kind == "seq":
+        found = term if term._impure is _UNKNOWN else term._impure
+    else:
+        found = None if term.plain else term
+    for link in links:
+        link._impure = found
+    return found
+
+
 def _holes_in(term: Rx) -> frozenset:
     """The items whose hole ends a branch of `term` (holes only ever end the chains of a universe's
     branches). Memoized on every chain link, so a derivative's new head costs one step."""
@@ -755,7 +786,7 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     kind, args = term.kind, term.args
     decide = functools.partial(_decide, limit=limit)
     if kind == "seq":  # heads are never sequences: walk the chain instead of recursing on tails
-        return _some(map(decide, _chain(term)))
+        return _some(map(decide, _impure_parts(term)))
     if kind == "alt":  # the easy alternatives first: one live without a search settles it
         cheap = [_decide(t, CHEAP_SEARCH) for t in args]
         if False in cheap:

@@ -85,10 +85,10 @@ def char_ends(dfa: LazyDFA, state: int) -> np.ndarray:
         row = dfa.row(state)
         found = np.full(256, MIXED, dtype=np.int32)
         found[:0x80] = row[:0x80]
-        for leads in _LEAD_GROUPS:  # leads alike: one computation per state they lead to
-            after, where = np.unique(row[leads], return_inverse=True)
-            ends = [_char_end(dfa, a, int(leads[0]), memo) for a in after.tolist()]
-            found[leads] = np.asarray(ends, dtype=np.int32)[where]
+        for leads in _LEAD_GROUPS:  # leads alike: one computation per state they lead to, in state order
+            after = row[leads].tolist()  # a list and a set: np.unique costs more on so few bytes
+            ends = {a: _char_end(dfa, a, int(leads[0]), memo) for a in sorted(set(after))}
+            found[leads] = [ends[a] for a in after]
         memo[state] = found
     return found
 

@@ -237,6 +237,21 @@ def test_long_sequences_concatenate_without_recursion():
     assert not rx.matches(joined, "x" * 4999 + "y" * 5001)
 
 
+def test_emptiness_of_a_long_sequence_asks_only_its_parts_that_are_not_plain(monkeypatch):
+    """A plain part is never empty, so deciding a sequence asks only its other parts: a derivative of a chain of
+    thousands of literal bytes around two intersections (a document around two `not`s) asks a few questions, not
+    one per byte (counted)."""
+    negated = lambda text: rx.inter(rx.literal(text), rx.complement(rx.literal("zz")))  # noqa: E731
+    term = rx.seq(negated("ab"), rx.literal("x" * 2000), negated("cd"), rx.literal("y" * 2000))
+    assert not rx.is_empty(term)
+    later = rx.derivative(term, ord("a"))  # a new head before the same tail
+    asked = []
+    real = rx._decide
+    monkeypatch.setattr(rx, "_decide", lambda t, limit: asked.append(t) or real(t, limit))
+    assert not rx.is_empty(later) and not rx.is_empty(rx.seq(rx.literal("x"), later))
+    assert len(asked) <= 6
+
+
 def test_witness_proves_an_intersection_non_empty_without_a_search(monkeypatch):
     """`L ∩ ¬U` (how `not`, `oneOf` and `if` compile) is non-empty when the shortest string of L avoids U:
     one membership check instead of a search of the intersection's derivatives."""
