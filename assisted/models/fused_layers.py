@@ -37,6 +37,16 @@ def _weight(linear: torch.nn.Module) -> decoder.Weight:
     return decoder.Weight(linear.packed, linear.bias, linear.out_features, groups)
 
 
+def _merged(*inputs: list[torch.nn.Module]) -> decoder.Weights:
+    """The layer op's weights of `inputs` (lists of Linears that read one input), adjacent 4-bit ones merged
+    (`decoder.merged`); each module then holds its packed bytes as a view into the merged tensor, so the model keeps
+    one copy of them."""
+    weights, views = decoder.merged(*([_weight(m) for m in linears] for linears in inputs))
+    for linear, view in zip((m for linears in inputs for m in linears), views):
+        linear.packed = view
+    return decoder.Weights.of(*weights)
+
+
 def fusable(layer: torch.nn.Module) -> bool:
     """Whether `layer` is a decoder layer of a known family whose seven Linears run the 4-bit or 6-bit kernels."""
     if type(layer).__name__ not in FAMILIES:
@@ -79,9 +89,8 @@ class FusedDecoderLayer(torch.nn.Module):
         self.attention_type = getattr(layer, "attention_type", "full_attention")
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.layer_idx, self.scaling = attn.head_dim, attn.layer_idx, attn.scaling
-        self.ins = decoder.Weights.of(*(_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
-        self.outs = decoder.Weights.of(*(_weight(m) for m in (attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                                                                mlp.down_proj)))
+        self.ins = _merged([attn.q_proj, attn.k_proj, attn.v_proj])  # q|k|v, or q|k and v where v is Q6_K
+        self.outs = _merged([attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])  # o, gate|up, down
         self.rotary, self.last = rotary, False  # `fuse_layers` marks the model's last fused layer
         self.cache_keyword = _cache_keyword(type(layer))
         self.__dict__["_replaced"] = layer  # not a submodule: it shares this one's submodules and state dict

@@ -3,6 +3,10 @@
 //   decoder_attention_in:   h = RMSNorm(x); q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv; q, k rotated (RoPE)
 //   decoder_attention_out:  x' = x + a Wo^T; h = RMSNorm(x'); y = x' + (silu(h Wg^T) * (h Wu^T)) Wd^T
 //
+// Weights that read the same input may come merged, their output columns side by side (q|k|v or q|k, v; gate|up):
+// one kernel call quantizes the input once and forks once. A column's value does not depend on which other columns
+// its call computes, so merging changes no bit.
+//
 // Between them the caller writes k and v into its cache and runs the row-invariant attention over it (a). Every step
 // here works on one row at a time in a fixed order, and the linears are row-invariant (int4_linear, q6k_linear), so
 // a row's output is bitwise the same whatever other rows the call holds: one forward over n positions is bitwise n
@@ -13,7 +17,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -79,6 +85,23 @@ void rotate(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t
   });
 }
 
+// The (n, sum of widths) side by side outputs `parts` cut into (n, width) tensors, in order: the parts themselves
+// where they already have those widths.
+std::vector<at::Tensor> columns(std::vector<at::Tensor> parts, std::initializer_list<int64_t> widths) {
+  bool same = parts.size() == widths.size();
+  for (size_t j = 0; same && j < parts.size(); ++j) same = parts[j].size(1) == widths.begin()[j];
+  if (same) return parts;
+  const at::Tensor all = parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+  std::vector<at::Tensor> cut;
+  int64_t start = 0;
+  for (int64_t width : widths) {
+    cut.push_back(all.narrow(1, start, width).contiguous());
+    start += width;
+  }
+  TORCH_CHECK(start == all.size(1), "decoder layer: merged weights give ", all.size(1), " columns, expected ", start);
+  return cut;
+}
+
 void check_rows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
               "decoder layer: ", what, " must be a contiguous 2-D float32 CPU tensor");
@@ -86,7 +109,8 @@ void check_rows(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
-// x (n, hidden); norm_weight (hidden,); packed, biases, out_features, groups: q, k, v in that order; cos, sin
+// x (n, hidden); norm_weight (hidden,); packed, biases, out_features, groups: q, k, v in that order, adjacent ones
+// possibly merged (1 to 3 weights whose columns together are q|k|v); cos, sin
 // (n, head_dim). Returns [q (n, heads * head_dim) rotated, k (n, kv_heads * head_dim) rotated, v].
 std::vector<at::Tensor> decoder_attention_in(const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                              at::TensorList packed, const Biases& biases,
@@ -96,46 +120,61 @@ std::vector<at::Tensor> decoder_attention_in(const at::Tensor& x, const at::Tens
   check_rows(x, "x");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
-  TORCH_CHECK(packed.size() == 3 && biases.size() == 3 && out_features.size() == 3 && groups.size() == 3,
-              "decoder_attention_in: three weights (q, k, v)");
-  TORCH_CHECK(out_features[0] == heads * head_dim && out_features[1] == kv_heads * head_dim &&
-                  out_features[2] == kv_heads * head_dim && cos.size(0) == x.size(0) && cos.size(1) == head_dim &&
-                  sin.sizes() == cos.sizes() && head_dim % 2 == 0,
+  const size_t count = packed.size();
+  TORCH_CHECK(count >= 1 && count <= 3 && biases.size() == count && out_features.size() == count &&
+                  groups.size() == count,
+              "decoder_attention_in: one to three weights (q, k, v, adjacent ones merged)");
+  int64_t columns_in_all = 0;
+  for (int64_t width : out_features) columns_in_all += width;
+  TORCH_CHECK(columns_in_all == (heads + 2 * kv_heads) * head_dim && cos.size(0) == x.size(0) &&
+                  cos.size(1) == head_dim && sin.sizes() == cos.sizes() && head_dim % 2 == 0,
               "decoder_attention_in: shapes do not fit heads ", heads, ", kv_heads ", kv_heads, ", head_dim ",
-              head_dim, " (q, k, v ", out_features[0], ", ", out_features[1], ", ", out_features[2], " columns; x ",
-              x.size(0), " rows; cos ", cos.sizes(), ", sin ", sin.sizes(), ")");
+              head_dim, " (q, k, v ", out_features, " columns; x ", x.size(0), " rows; cos ", cos.sizes(), ", sin ",
+              sin.sizes(), ")");
   const at::Tensor h = rms_norm(x, norm_weight, eps);
-  at::Tensor q = linear(h, packed, biases, out_features, groups, 0, path);
-  at::Tensor k = linear(h, packed, biases, out_features, groups, 1, path);
-  at::Tensor v = linear(h, packed, biases, out_features, groups, 2, path);
+  std::vector<at::Tensor> parts;
+  for (size_t j = 0; j < count; ++j) parts.push_back(linear(h, packed, biases, out_features, groups, j, path));
+  const std::vector<at::Tensor> qkv = columns(parts, {heads * head_dim, kv_heads * head_dim, kv_heads * head_dim});
+  at::Tensor q = qkv[0], k = qkv[1], v = qkv[2];
   rotate(q, cos, sin, heads, head_dim);
   rotate(k, cos, sin, kv_heads, head_dim);
   return {q, k, v};
 }
 
 // a (n, heads * head_dim): the attention's output; x (n, hidden): the layer's input; packed, biases, out_features,
-// groups: o, gate, up, down. Returns the layer's output (n, hidden).
+// groups: o, gate, up, down, or o, gate|up merged, down. Returns the layer's output (n, hidden).
 at::Tensor decoder_attention_out(const at::Tensor& a, const at::Tensor& x, const at::Tensor& norm_weight, double eps,
                                  at::TensorList packed, const Biases& biases, c10::IntArrayRef out_features,
                                  c10::IntArrayRef groups, c10::string_view path) {
   check_rows(a, "a");
   check_rows(x, "x");
-  TORCH_CHECK(packed.size() == 4 && biases.size() == 4 && out_features.size() == 4 && groups.size() == 4,
-              "decoder_attention_out: four weights (o, gate, up, down)");
-  TORCH_CHECK(a.size(0) == x.size(0) && out_features[0] == x.size(1) && out_features[3] == x.size(1) &&
-                  out_features[1] == out_features[2],
+  const size_t count = packed.size(), down = count - 1;
+  TORCH_CHECK((count == 3 || count == 4) && biases.size() == count && out_features.size() == count &&
+                  groups.size() == count,
+              "decoder_attention_out: four weights (o, gate, up, down) or three (o, gate|up, down)");
+  const int64_t intermediate = count == 4 ? out_features[1] : out_features[1] / 2;
+  TORCH_CHECK(a.size(0) == x.size(0) && out_features[0] == x.size(1) && out_features[down] == x.size(1) &&
+                  (count == 3 ? out_features[1] % 2 == 0 : out_features[1] == out_features[2]),
               "decoder_attention_out: shapes do not fit");
   at::Tensor after = linear(a, packed, biases, out_features, groups, 0, path);  // (n, hidden)
   after.add_(x);  // the attention's residual, element by element
   const at::Tensor h = rms_norm(after, norm_weight, eps);
-  at::Tensor gate = linear(h, packed, biases, out_features, groups, 1, path);  // (n, intermediate)
-  const at::Tensor up = linear(h, packed, biases, out_features, groups, 2, path);
-  float* g = gate.data_ptr<float>();
-  const float* u = up.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), kElementsPerTask, [&](int64_t begin, int64_t end) {  // element by element
-    for (int64_t i = begin; i < end; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  std::vector<at::Tensor> parts;  // gate, up (n, intermediate) each, or gate|up (n, 2 intermediate)
+  for (size_t j = 1; j < down; ++j) parts.push_back(linear(h, packed, biases, out_features, groups, j, path));
+  const int64_t n = h.size(0), stride = count == 4 ? intermediate : 2 * intermediate;
+  const float* g = parts[0].data_ptr<float>();
+  const float* u = count == 4 ? parts[1].data_ptr<float>() : g + intermediate;
+  at::Tensor act = at::empty({n, intermediate}, h.options());  // silu(gate) * up
+  float* out = act.data_ptr<float>();
+  at::parallel_for(0, n * intermediate, kElementsPerTask, [&](int64_t begin, int64_t end) {  // element by element
+    for (int64_t i = begin; i < end;) {  // the stretch of [begin, end) within row r
+      const int64_t r = i / intermediate, column = i - r * intermediate;
+      const int64_t length = std::min(end - i, intermediate - column), at = r * stride + column;
+      for (int64_t j = 0; j < length; ++j) out[i + j] = g[at + j] / (1.f + std::exp(-g[at + j])) * u[at + j];
+      i += length;
+    }
   });
-  at::Tensor y = linear(gate, packed, biases, out_features, groups, 3, path);
+  at::Tensor y = linear(act, packed, biases, out_features, groups, down, path);
   y.add_(after);
   return y;
 }

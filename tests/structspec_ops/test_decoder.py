@@ -135,3 +135,51 @@ def test_shapes_that_do_not_fit_are_refused():
     with pytest.raises(RuntimeError, match="do not fit"):
         decoder.attention_in(torch.randn(2, HIDDEN), torch.ones(HIDDEN), 1e-6, decoder.Weights.of(wq, wk, wv), cos,
                              sin, HEADS + 1, KV_HEADS, DIM)
+
+
+def _all_int4_layer():
+    """q, k, v and o, gate, up, down, every one 4-bit (as in the assistant's copy)."""
+    ins = [_int4(HEADS * DIM, HIDDEN, 1, True)[0], _int4(KV_HEADS * DIM, HIDDEN, 2, True)[0],
+           _int4(KV_HEADS * DIM, HIDDEN, 3, True)[0]]
+    outs = [_int4(HIDDEN, HEADS * DIM, 5)[0], _int4(INTER, HIDDEN, 6)[0], _int4(INTER, HIDDEN, 7)[0],
+            _int4(HIDDEN, INTER, 8)[0]]
+    return ins, outs
+
+
+def test_merged_weights_give_bitwise_the_same_layer():
+    ins, outs = _all_int4_layer()
+    merged_ins, in_views = decoder.merged(ins)
+    merged_outs, out_views = decoder.merged(outs[:1], outs[1:3], outs[3:])
+    assert [w.out_features for w in merged_ins] == [(HEADS + 2 * KV_HEADS) * DIM]  # q|k|v
+    assert [w.out_features for w in merged_outs] == [HIDDEN, 2 * INTER, HIDDEN]  # o, gate|up, down
+    assert all(torch.equal(v, w.packed) for v, w in zip(in_views + out_views, ins + outs))  # each module's bytes
+    torch.manual_seed(11)
+    x, a, norm, (cos, sin) = torch.randn(7, HIDDEN), torch.randn(7, HEADS * DIM), torch.rand(HIDDEN) + 0.5, _rotary(7)
+    for n in (1, 7):
+        separate = decoder.attention_in(x[:n], norm, 1e-6, decoder.Weights.of(*ins), cos[:n], sin[:n], HEADS,
+                                        KV_HEADS, DIM)
+        together = decoder.attention_in(x[:n], norm, 1e-6, decoder.Weights.of(*merged_ins), cos[:n], sin[:n], HEADS,
+                                        KV_HEADS, DIM)
+        assert all(torch.equal(s, t) for s, t in zip(separate, together))
+        assert torch.equal(decoder.attention_out(a[:n], x[:n], norm, 1e-6, decoder.Weights.of(*outs)),
+                           decoder.attention_out(a[:n], x[:n], norm, 1e-6, decoder.Weights.of(*merged_outs)))
+
+
+def test_only_weights_of_one_kind_merge():
+    (wq, _), (wk, _), (wv, _) = _int4(HEADS * DIM, HIDDEN, 1, True), _int4(KV_HEADS * DIM, HIDDEN, 2, True), \
+        _q6(KV_HEADS * DIM, HIDDEN, 3)
+    assert [w.out_features for w in decoder.merged([wq, wk, wv])[0]] == [(HEADS + KV_HEADS) * DIM, KV_HEADS * DIM]
+    (no_bias, _), (ragged, _) = _int4(KV_HEADS * DIM, HIDDEN, 2), _int4(40, HIDDEN, 4)  # 40: a part-filled block
+    assert len(decoder.merged([wq, no_bias])[0]) == 2  # a bias and none
+    assert len(decoder.merged([ragged, no_bias])[0]) == 2  # the first's last block is part padding
+    assert len(decoder.merged([no_bias, ragged])[0]) == 1  # the last may end mid-block
+    assert len(decoder.merged([no_bias], [ragged])[0]) == 2  # two inputs never merge
+
+
+def test_a_merged_gate_up_of_odd_width_is_refused():
+    ins, outs = _all_int4_layer()
+    o, gate, up, down = outs
+    odd = decoder.Weight(gate.packed, None, gate.out_features - 1, gate.groups_per_block)
+    with pytest.raises(RuntimeError):
+        decoder.attention_out(torch.randn(1, HEADS * DIM), torch.randn(1, HIDDEN), torch.ones(HIDDEN), 1e-6,
+                              decoder.Weights.of(o, odd, down))
