@@ -93,8 +93,10 @@ class BatchGenerator:
     prefix_cache : bool
         Reuse the KV cache of the prompt prefix shared with the previous document (`assisted.PrefixCache`).
     loader : callable, optional
-        ``loader(model, assistant, **load_options) -> (model, tokenizer, assistant)``; default
-        `assisted.models.loading.load_pair`.
+        ``loader(model, assistant, **load_options) -> (model, tokenizer, assistant[, the assistant's own
+        tokenizer])``; default `assisted.models.loading.load_pair`, with the assistant's own tokenizer loaded from
+        its source as `structspec batch` does (an assistant of another vocabulary drafts text, as with
+        `generate(assistant_tokenizer=)`).
 
     Raises
     ------
@@ -112,7 +114,8 @@ class BatchGenerator:
             torch.set_num_threads(threads)
         device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         load_options = recommended_load_options(device, assistant) if load_options is None else load_options
-        self.target, self.tokenizer, self.assistant = _load(loader, model, assistant, load_options)
+        self.target, self.tokenizer, self.assistant, self.assistant_tokenizer = _load(loader, model, assistant,
+                                                                                     load_options)
         self.constraint = {"schema": schema} if schema is not None else {"regex": regex} if regex is not None else {}
         self.options, self.chat = dict(options or {}), chat
         self.prefix_cache = PrefixCache() if prefix_cache else None
@@ -136,15 +139,19 @@ class BatchGenerator:
         from assisted.generate import generate
         prompt = ({"messages": [{"role": "user", "content": document.prompt}]} if self.chat else
                   {"prompt": document.prompt}) if document.prompt is not None else {"messages": document.messages}
-        return generate(self.target, self.assistant, tokenizer=self.tokenizer, **self.constraint, **self.options,
+        return generate(self.target, self.assistant, tokenizer=self.tokenizer,
+                        assistant_tokenizer=self.assistant_tokenizer, **self.constraint, **self.options,
                         prefix_cache=self.prefix_cache, **prompt)
 
 
-def _load(loader: Callable | None, model, assistant, load_options: dict):
-    if loader is None:
-        from assisted.models.loading import load_pair as loader
+def _load(loader: Callable | None, model, assistant, load_options: dict) -> tuple:
+    """(target, tokenizer, assistant or None, the assistant's own tokenizer or None)."""
+    from assisted.models.loading import load_pair, load_tokenizer
     try:
-        return loader(model, assistant, **load_options)
+        target, tokenizer, helper, *own = (loader or load_pair)(model, assistant, **load_options)
+        if loader is None and helper is not None and str(assistant) != str(model):
+            own = [load_tokenizer(assistant)]  # as the CLI's `load_models`
+        return target, tokenizer, helper, own[0] if own else None
     except Exception as error:  # noqa: BLE001  whatever the loader raises, the run stops with its one line
         raise LoadError(f"cannot load --model {model}" + (f" / --assistant {assistant}" if assistant else "")
                         + f": {one_line(error)}") from None

@@ -70,6 +70,21 @@ def test_a_batch_of_rows_becomes_batch_output_lines():
     assert rows[2] == {"id": "c", "line": 3, "error": '"prompt" must be a string, got int'}
 
 
+def test_a_worker_drafts_with_an_assistant_of_another_tokenizer(sentencepiece_tokenizer):
+    """A loader that gives the assistant's own tokenizer: the worker drafts across vocabularies, and its greedy output
+    is plain decoding of the target (before, `generate` was called without it and every row was an error)."""
+    from assisted import generate
+    tok, target = smollm2_tokenizer(), tiny_llama(V, seed=0)
+    helper = tiny_llama(len(sentencepiece_tokenizer), seed=5)
+    worker = BatchGenerator("tiny", "other", schema=POINT, options=OPTIONS, threads=1,
+                            loader=lambda model, assistant, **_: (target, tok, helper, sentencepiece_tokenizer))
+    [row] = [output_record(r) for r in worker({"id": ["a"], "prompt": ["Point number 1:"]}).to_dict(orient="records")]
+    plain = generate(target, tokenizer=tok, prompt="Point number 1:", schema=POINT, **OPTIONS)
+    assert "error" not in row, row
+    assert (row["text"], row["stop_reason"]) == (plain.text, plain.stop_reason)
+    assert row["stats"]["assistant_forward_passes"] > 0
+
+
 def test_numpy_and_arrow_batches_read_as_the_same_rows():
     numpy, pyarrow = pytest.importorskip("numpy"), pytest.importorskip("pyarrow")
     messages = [[{"role": "user", "content": "hi", "name": None}], None]
