@@ -11,7 +11,7 @@ an `Output`. Names:
   xgrammar, xgrammar-compact    model.generate + XGrammar's processor (its defaults: any whitespace; or compact JSON)
   ours-processor                model.generate + assisted.logits_processor
   <any of those>+assistant      the same with the assistant (transformers' assisted generation, loaded settings)
-  ours, ours-auto, constrained, constrained+forced, full-no-lookup, full
+  ours-auto, constrained, constrained+forced, full-no-lookup, full
                                 assisted.generate under the options of `OURS`
 
 All systems stop on the same EOS set and sample with no top-k / top-p / repetition penalty.
@@ -31,7 +31,6 @@ from drafting.kv_cache import logits_size
 
 # preset -> (drafts with the assistant, options of assisted.generate)
 OURS = {
-    "ours": (True, {"num_assistant_tokens_schedule": "heuristic"}),
     "ours-auto": (True, {"num_assistant_tokens_schedule": "auto"}),
     "constrained": (False, {"coalesce": False, "prompt_lookup_num_tokens": 0}),
     "constrained+forced": (False, {"coalesce": True, "prompt_lookup_num_tokens": 0}),
