@@ -28,6 +28,7 @@ import torch
 
 from assisted import generate, logits_processor
 from drafting.kv_cache import logits_size
+from experiments.lib.report import package_version
 
 # preset -> (drafts with the assistant, options of assisted.generate)
 OURS = {
@@ -184,8 +185,4 @@ def xgrammar_version() -> str | None:
         import xgrammar
     except ImportError:
         return None
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return getattr(xgrammar, "__version__", None) or version("xgrammar")
-    except PackageNotFoundError:
-        return "unknown"
+    return getattr(xgrammar, "__version__", None) or package_version("xgrammar") or "unknown"

@@ -2,8 +2,9 @@
 prompts of the speedup set and their fixed split, and the checks of an output.
 
 Groups: `DEMO` (the demo: the seed's Character example, from .txt's "Coalescence" post, and an employee),
-`HELD_OUT` (four extractions written for the comparison with XGrammar: invoice, patient, flight, review), `BUDGET` (the tight-budget tasks, the invoice last), `TICKET` (the throughput documents'
-instruction and schema). `task(name)` finds any of them.
+`HELD_OUT` (four extractions written for the comparison with XGrammar: invoice, patient, flight, review), `BUDGET`
+(the tight-budget tasks, the invoice last), `TICKET` (the throughput documents' instruction and schema). `task(name)`
+finds any of them.
 
 Free prompts: `experiments/prompts/split.json`, 70 prompts in five classes (code in eight languages, extraction, prose,
 chat instructions, math). Each prompt's half is decided once, by a hash of its name (`half_of`): a policy or drafting
