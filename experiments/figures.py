@@ -149,8 +149,9 @@ def structured_cell(args, systems: Systems, task, t: float, r: int, i: int, sink
 def warm_up(args, plain: Systems, prompts: list[dict], structured: Systems, tasks) -> None:
     """Untimed: every plain system once on the first prompt (ours-auto learns the pair's costs, as in any
     process that generates twice), every structured system briefly on every task (grammars compiled)."""
-    for system in PLAIN if prompts else ():
-        plain_run(plain, system, chat_ids(plain.tokenizer, prompts[0]), 0.0, 0)
+    if prompts:
+        for system in PLAIN:
+            plain_run(plain, system, chat_ids(plain.tokenizer, prompts[0]), 0.0, 0)
     budget, structured.max_new = structured.max_new, 8
     for task in tasks:
         for system in args.structured_systems:

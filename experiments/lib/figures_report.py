@@ -1,8 +1,9 @@
 """The figures and README of an `experiments.figures` run, drawn from its CSVs and run.json alone.
 
 Every ratio is paired per unit (a prompt or task and a repeat, at one temperature): the geometric mean over units
-of the reference's seconds per new token / the system's (> 1: the system is faster), with a 90% Student-t
-interval (`experiments.lib.intervals.paired_ratio`; one unit: no interval). Each PNG carries a footer naming the
+of the reference's seconds per new token / the system's (> 1: the system is faster; ours full against each system:
+seconds per object), with a 90% Student-t interval (`experiments.lib.intervals.paired_ratio`; one unit: no
+interval). A system that raised is listed, never timed. Each PNG carries a footer naming the
 model pair, setup, machine, date, commit and the number of units, so the picture alone does not mislead.
 """
 
