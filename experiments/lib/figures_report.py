@@ -215,8 +215,9 @@ def finished(rows: list[dict], item: str) -> str:
 def readme(info: dict, plain: list[dict], structured: list[dict]) -> list[str]:
     lines = [f"# Headline figures: {info['setup']}", "", f"- command: `{info['command']}`", f"- date: {info['date']}",
              *info["machine"], f"- {info['versions']}, torch threads {info['threads']}",
-             f"- plain view: the {info['half']} half of experiments/prompts/split.json, {info['per_class']} prompt(s) "
-             f"per class, {info['repeats']} repeat(s), {info['max_new_tokens']} new tokens; structured view: "
+             f"- plain view: the {info['half']} half of experiments/prompts/split.json, "
+             f"{info['per_class'] or 'all'} prompt(s) per class, {info['repeats']} repeat(s), "
+             f"{info['max_new_tokens']} new tokens; structured view: "
              f"at most {info['structured_max_new_tokens']} new tokens", f"- {info['llama_cpp']}",
              f"- finished: {finished(plain, 'prompt')} (plain), {finished(structured, 'task')} (structured)",
              *(f"- resumed (the cells not yet written): {x}" for x in info.get("resumed", [])),
