@@ -209,10 +209,10 @@ def readme(args, argv: list[str], rows: list[dict]) -> str:
     helper = cli.assistant_label(args) if args.assistant else "none"
     lines = [f"# Valid within the token budget: {args.out.name}", "",
              *run_lines("experiments.close_within_budget", argv),
-             f"- target {args.target}{' (packed)' if args.pack else ''}, assistant {helper}, heuristic schedule, "
+             f"- target {cli.target_label(args)}, assistant {helper}, heuristic schedule, "
              f"coalesced forced tokens; room run max_new_tokens {args.room}",
              f"- tasks {', '.join(args.tasks)} (the first three written for this run, invoice from "
-             "experiments/vs_xgrammar.py); temperatures " + ", ".join(map(str, args.temperatures)) +
+             "experiments.lib.tasks.HELD_OUT); temperatures " + ", ".join(map(str, args.temperatures)) +
              f", {args.seeds} seed(s) per sampled temperature", "",
              "## Validity", "", *validity_table(rows), "", *per_temperature(rows), "",
              "\"valid without\": the run at the budget without the option (cut objects are invalid); \"valid with\": "

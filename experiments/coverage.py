@@ -164,22 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, help="at most this many schemas per subset")
     p.add_argument("--policy", choices=("compact", "spec"),
                    help="fsm's object policy: compact (closed, schema order; the default) or spec (open, any order)")
-    p.add_argument("--open-objects", action="store_true",
-                   help="read an absent additionalProperties as validators do (any extra key), not closed")
-    p.add_argument("--property-order", choices=("schema", "any"),
-                   help="members in schema order (the default policy) or in any order")
     cli.add_out(p, required=False, help="default: experiments/results/coverage/<tokenizer>[-<policy>]")
-    p.add_argument("--fsm-from", type=Path, help="import fsm from this folder (e.g. a `git archive` of a commit)")
     args = p.parse_args(argv)
-    if args.fsm_from:
-        sys.path.insert(0, str(args.fsm_from.resolve()))
     options = {"policy": args.policy} if args.policy else {}
-    if args.open_objects:
-        options["additional_properties"] = True
-    if args.property_order:
-        options["property_order"] = args.property_order
-    policy = (f"-{args.policy}" if args.policy else "") + ("-open-objects" if args.open_objects else "")
-    policy += f"-{args.property_order}-order" if args.property_order else ""
+    policy = f"-{args.policy}" if args.policy else ""
     out = args.out or REPO / "experiments" / "results" / "coverage" / (Path(str(args.tokenizer)).name + policy)
     out.mkdir(parents=True, exist_ok=True)
     from experiments.lib import coverage_report

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import fsm
 from assisted.inputs import validator_class
+from experiments.coverage import DEFAULT_DATA
 from experiments.lib import cli
 from experiments.lib.report import write_rows
 from experiments.lib.coverage_worker import compact
 from experiments.lib.differential_cases import combination_schema, mutants, valid_instances, value_pool
 
 POLICIES = ("compact", "spec")
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
 SUBSETS = ("Handwritten", "Github", "Kubernetes")
 
 
@@ -79,7 +79,7 @@ def schema_files(per_subset: int, seed: int) -> list[Path]:
     """A seeded sample of `per_subset` files from each subset (all of Handwritten when it has fewer)."""
     rng, chosen = random.Random(seed), []
     for subset in SUBSETS:
-        names = sorted(p for p in DATA.iterdir() if p.name.startswith(subset))
+        names = sorted(p for p in DEFAULT_DATA.iterdir() if p.name.startswith(subset))
         chosen += sorted(rng.sample(names, min(per_subset, len(names))))
     return chosen
 

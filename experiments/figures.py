@@ -1,21 +1,24 @@
 """The headline figures in one run: greedy and sampled speedups, plain text and schema-constrained.
 
-    python -m experiments.figures --assistant-int4 --packed-target --threads 1 \\
-        --out experiments/results/figures-qwen-int4-packed-xeon-<date>
+    python -m experiments.figures --quantize-target int4 --assistant-int4 --threads 1 --per-class 2 \\
+        --out experiments/results/figures-qwen-int4-epyc-<date>
 
-Plain view (prompts of `experiments/prompts/split.json`, the validation half, `--per-class` of each class):
-the systems of `experiments.speedup` (target alone, transformers' assisted generation with its defaults and
-with its heuristic, ours = `assisted.generate`'s default `auto` schedule) at every temperature of
-`--temperatures` (0: greedy; else do_sample with that temperature, no top-k/top-p).
-Structured view (the held-out extraction tasks of `experiments.vs_xgrammar`): transformers + XGrammar's
-logits processor (compact JSON, the target alone: the reference), ours plain constrained (no assistant,
-forced tokens coalesced) and ours full (assistant, `auto`), every object validated with jsonschema.
+Plain view (prompts of `experiments/prompts/split.json`, the --half half, `--per-class` of each class), the systems
+of `experiments.lib.systems` at every temperature of `--temperatures` (0: greedy; else do_sample with that
+temperature, no top-k/top-p): the target alone (the reference), transformers' assisted generation with its defaults
+(20 tokens, "constant") and with its heuristic (5 tokens), and ours-auto (`assisted.generate`'s default `auto`).
+Structured view (the held-out extraction tasks of `experiments.lib.tasks.HELD_OUT`, every object validated with
+jsonschema): transformers + XGrammar's logits processor with compact JSON (the target alone: the reference), then
+`--structured-systems` (default: ours plain constrained, forced tokens coalesced, and ours full: assistant, `auto`,
+prompt lookup; also XGrammar's defaults, transformers' assisted generation with a processor, ...).
 llama.cpp runs nowhere here (see `llama_cpp_note`); the figures say so.
 
 One unit = one prompt (or task) and repeat, run at every temperature; units of the two views alternate and
 the systems' order rotates per cell, so a run cut short still covers every temperature and both views.
 Rows are appended to plain.csv / structured.csv as they finish; a rerun with the same --out skips the
 cells already there; --report-only redraws greedy.png, sampling.png, structured.png and README.md.
+One view alone (`--views plain` or `--views structured`) is how the speedup and XGrammar comparisons are rerun
+(`docs/results.md`; their own scripts, `experiments.speedup` and `experiments.vs_xgrammar`, are in git at 408e960).
 """
 
 from __future__ import annotations
@@ -28,15 +31,17 @@ from pathlib import Path
 
 import torch
 
-from experiments import speedup, vs_xgrammar
 from experiments.lib import cli, runner
-from experiments.lib.figures_report import PLAIN, STRUCTURED, read_csv, report
+from experiments.lib.figures_report import PLAIN, STRUCTURED, STRUCTURED_ORDER, read_csv, report
 from experiments.lib.report import STARTED_AT, machine_lines, write_rows
 from experiments.lib.systems import XGRAMMAR_MISSING, Systems, xgrammar_version
-from experiments.lib.tasks import HALVES, HELD_OUT, SPLIT_PROMPTS, chat_ids, load_prompts
+from experiments.lib.tasks import HALVES, HELD_OUT, SPLIT_PROMPTS, chat_ids, load_prompts, validate
 
 TEMPERATURES = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]
+PLAIN_FIELDS = ("class", "prompt", "temperature", "repeat", "system", "seconds", "new_tokens", "target_forwards",
+                "tokens_per_forward", "acceptance_rate", "mean_k")
 STRUCTURED_FIELDS = ("task", "temperature", "repeat", "system", "seconds", "new_tokens", "valid", "error", "text")
+VIEWS = ("plain", "structured")
 
 
 def parse_args(argv: list[str] | None = None):
@@ -45,12 +50,17 @@ def parse_args(argv: list[str] | None = None):
     cli.add_run(p, threads=None, out_required=False, max_new_tokens=32, temperatures=TEMPERATURES)
     p.add_argument("--structured-max-new-tokens", type=int, default=96)
     p.add_argument("--half", choices=[*HALVES, "all"], default="validation")
-    p.add_argument("--per-class", type=int, default=2, help="prompts of each class (plain view)")
-    p.add_argument("--tasks", nargs="+", default=["patient", "flight", "review"],
+    p.add_argument("--per-class", type=int, default=2, help="prompts of each class (plain view; 0: all)")
+    p.add_argument("--tasks", nargs="+", choices=[t.name for t in HELD_OUT], default=["patient", "flight", "review"],
                    help="held-out extraction tasks (structured view)")
-    p.add_argument("--no-structured", dest="structured", action="store_false", help="plain view only")
+    p.add_argument("--structured-systems", nargs="+", choices=STRUCTURED_ORDER, default=list(STRUCTURED),
+                   help="structured view: the systems besides its reference, transformers + XGrammar (compact)")
+    p.add_argument("--views", nargs="+", choices=VIEWS, default=list(VIEWS))
     p.add_argument("--report-only", action="store_true", help="redraw the figures and README.md from --out's CSVs")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    kept = {*args.structured_systems, STRUCTURED[0], STRUCTURED[-1]}  # the reference and ours full always run
+    args.structured_systems = [s for s in STRUCTURED_ORDER if s in kept]
+    return args
 
 
 def llama_cpp_note() -> str:
@@ -101,49 +111,69 @@ class Appender:
         self.done.add(self.key(row))
 
 
+def plain_run(systems: Systems, system: str, ids: list[int], temperature: float, seed: int) -> dict:
+    """One timed generation of a plain system: seconds, new tokens, target forwards, acceptance and (ours) mean k."""
+    seconds, out, error = runner.timed(lambda: systems.run(system, ids, None, temperature, seed))
+    if error:
+        raise RuntimeError(f"{system}: {error}")
+    return {"seconds": seconds, "new_tokens": out.new_tokens, "target_forwards": out.target_forwards,
+            "tokens_per_forward": out.new_tokens / max(out.target_forwards, 1), "acceptance_rate": out.acceptance,
+            "mean_k": out.mean_k}
+
+
+def structured_run(systems: Systems, system: str, task, temperature: float = 0.0, seed: int = 0) -> dict:
+    """One timed object of a structured system: seconds, new tokens, validity, the error it raised (a system that
+    fails is a result: transformers' assisted generation fails with XGrammar's processor) and the text."""
+    ids = chat_ids(systems.tokenizer, task.messages())
+    seconds, out, error = runner.timed(lambda: systems.run(system, ids, task, temperature, seed))
+    text = "" if out is None else out.text
+    return {"task": task.name, "seconds": seconds, "new_tokens": 0 if out is None else out.new_tokens,
+            "valid": not error and validate(task, text), "error": error, "text": text}
+
+
 def plain_cell(args, systems: Systems, prompt: dict, t: float, r: int, i: int, sink: Appender) -> None:
     ids = chat_ids(systems.tokenizer, prompt)
     for system in runner.rotated(PLAIN, i):
         if (prompt["name"], t, r, system) not in sink.done:
             sink.add({"class": prompt["class"], "prompt": prompt["name"], "temperature": t, "repeat": r,
-                      "system": system, **speedup.run_one(systems, system, ids, t, args.seed + r)})
+                      "system": system, **plain_run(systems, system, ids, t, args.seed + r)})
 
 
 def structured_cell(args, systems: Systems, task, t: float, r: int, i: int, sink: Appender) -> None:
-    for system in runner.rotated(STRUCTURED, i):
+    for system in runner.rotated(args.structured_systems, i):
         if (task.name, t, r, system) not in sink.done:
             sink.add({"temperature": t, "repeat": r, "system": system,
-                      **vs_xgrammar.timed(systems, system, task, t, args.seed + r)})
+                      **structured_run(systems, system, task, t, args.seed + r)})
 
 
-def warm_up(plain: Systems, prompt: dict, structured: Systems | None, tasks) -> None:
+def warm_up(args, plain: Systems, prompts: list[dict], structured: Systems, tasks) -> None:
     """Untimed: every plain system once on the first prompt (ours-auto learns the pair's costs, as in any
     process that generates twice), every structured system briefly on every task (grammars compiled)."""
-    for system in PLAIN:
-        speedup.run_one(plain, system, chat_ids(plain.tokenizer, prompt), 0.0, 0)
-    if structured is not None:
-        budget, structured.max_new = structured.max_new, 8
-        for task in tasks:
-            for system in STRUCTURED:
-                vs_xgrammar.timed(structured, system, task)
-        structured.max_new = budget
+    if prompts:
+        for system in PLAIN:
+            plain_run(plain, system, chat_ids(plain.tokenizer, prompts[0]), 0.0, 0)
+    budget, structured.max_new = structured.max_new, 8
+    for task in tasks:
+        for system in args.structured_systems:
+            structured_run(structured, system, task)
+    structured.max_new = budget
 
 
 def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[dict]]:
     """Every unit at every temperature, rows appended to out/plain.csv and out/structured.csv."""
     from tqdm.auto import tqdm
     half = None if args.half == "all" else args.half
-    prompts = load_prompts(SPLIT_PROMPTS, half, args.per_class)
-    tasks = [t for t in HELD_OUT if t.name in args.tasks] if args.structured else []
+    prompts = load_prompts(SPLIT_PROMPTS, half, args.per_class or None) if "plain" in args.views else []
+    tasks = [t for t in HELD_OUT if t.name in args.tasks] if "structured" in args.views else []
     plain_systems = Systems(*pair, max_new_tokens=args.max_new_tokens)
-    structured_systems = Systems(*pair, max_new_tokens=args.structured_max_new_tokens) if tasks else None
-    plain = Appender(out / "plain.csv", speedup.FIELDS,
+    structured_systems = Systems(*pair, max_new_tokens=args.structured_max_new_tokens)
+    plain = Appender(out / "plain.csv", PLAIN_FIELDS,
                      lambda r: (r["prompt"], r["temperature"], r["repeat"], r["system"]))
     structured = Appender(out / "structured.csv", STRUCTURED_FIELDS,
                           lambda r: (r["task"], r["temperature"], r["repeat"], r["system"]))
     cells = [(u, t) for u in schedule(args, prompts, tasks) for t in args.temperatures]
-    if not all(_done(plain if v == "plain" else structured, v, item, t, r) for (v, item, r), t in cells):
-        warm_up(plain_systems, prompts[0], structured_systems, tasks)
+    if not all(_done(args, plain if v == "plain" else structured, v, item, t, r) for (v, item, r), t in cells):
+        warm_up(args, plain_systems, prompts, structured_systems, tasks)
     for i, ((view, item, r), t) in enumerate(tqdm(cells, disable=not progress, desc="figures")):
         if view == "plain":
             plain_cell(args, plain_systems, item, t, r, i, plain)
@@ -152,9 +182,9 @@ def run(args, pair, out: Path, progress: bool = True) -> tuple[list[dict], list[
     return plain.rows, structured.rows
 
 
-def _done(sink: Appender, view: str, item, t: float, r: int) -> bool:
+def _done(args, sink: Appender, view: str, item, t: float, r: int) -> bool:
     """Has every system of the cell a row already?"""
-    name, systems = (item["name"], PLAIN) if view == "plain" else (item.name, STRUCTURED)
+    name, systems = (item["name"], PLAIN) if view == "plain" else (item.name, args.structured_systems)
     return all((name, t, r, s) in sink.done for s in systems)
 
 
@@ -175,8 +205,8 @@ def main(argv: list[str] | None = None, pair: tuple | None = None) -> int:
     argv, args = cli.begin(parse_args, argv)
     out = args.out or Path("experiments/results") / f"figures-{platform.node() or 'machine'}-{datetime.date.today()}"
     if not args.report_only:
-        if args.structured and xgrammar_version() is None:  # its reference system: refused before any model loads
-            print(f"{XGRAMMAR_MISSING}; or --no-structured", file=sys.stderr)
+        if "structured" in args.views and xgrammar_version() is None:  # its reference: refused before models load
+            print(f"{XGRAMMAR_MISSING}; or --views plain", file=sys.stderr)
             return 2
         pair = pair or cli.load(args)
         out.mkdir(parents=True, exist_ok=True)

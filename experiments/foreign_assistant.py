@@ -2,16 +2,16 @@
 
     python -m experiments.foreign_assistant --threads 1 --out experiments/results/foreign-assistant-qwen-smollm2-...
 
-Without XGrammar (the `compare` extra, or `experiments.vs_xgrammar`'s CPU install) its systems are left out. The
-system order rotates per unit; greedy outputs are checked against the target's own (free text: transformers' greedy;
-structured: ours without an assistant); every object is validated. A is the foreign assistant.
+Without XGrammar (the `compare` extra; on a CPU `pip install --no-deps xgrammar apache-tvm-ffi`) its systems are left
+out. The system order rotates per unit; greedy outputs are checked against the target's own (free text: transformers'
+greedy; structured: ours without an assistant); every object is validated. A is the foreign assistant.
   free text (validation-half prompts of experiments/prompts/split.json, greedy and T = 0.7, no top-k/top-p):
     target            model.generate, no assistant
     hf-uag            transformers' universal assisted generation with A (assistant_tokenizer=; greedy: re-tokenized
                       candidates; sampling: USD over the vocabularies' intersection), its defaults, on a copy of A
                       (USD prunes the assistant's head in place); hf-uag-heuristic: 5 tokens, schedule "heuristic"
     ours-foreign      assisted.generate(A, assistant_tokenizer=A's), defaults; ours-same: the Qwen 0.5B assistant
-  structured (experiments.vs_xgrammar's four extraction tasks, greedy, compact JSON):
+  structured (the four held-out extraction tasks, `experiments.lib.tasks.HELD_OUT`, greedy, compact JSON):
     xgrammar          model.generate + XGrammar's logits processor; xgrammar+uag: with A through UAG (it fails:
                       transformers hands the target's processors to A's own generate too; recorded as it happens)
     processor+uag     model.generate + assisted.logits_processor on the target's logits only, A through UAG: the

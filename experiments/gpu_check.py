@@ -10,7 +10,6 @@ one that would start past --budget-s is skipped):
   costs     seconds of a target forward over n = 1..32 new tokens after 200 and 1,000 cached ones (bf16 and
             fp16), of one assistant token, and of SmolLM2's; `costs.csv` is a forward-cost table (model, dtype,
             context, layout, n, repeat, seconds) that `experiments.policy_replay --timings` (at ae05ac6) replays.
-  graphs    the same forward on a static KV cache, eager and replayed from a captured CUDA graph (CUDA only).
   generate  per-token latency of the target alone (transformers), our loop without an assistant, and with three
             assistants (the target itself: every draft accepted; its first 4 layers; the random 0.5B: none
             accepted) against transformers' assisted generation with the same models; our loop's own
@@ -20,6 +19,8 @@ one that would start past --budget-s is skipped):
             margin there (batched verification rounds differently from one-token steps).
   masks     a JSON Schema guide over the Qwen tokenizer (152k ids): building it, first visits of its states
             against a GPU step, and a step's (k+1, V) masks stacked on the host and copied vs kept on the device.
+The `graphs` section (a forward on a static cache, eager and replayed from a CUDA graph) is in git at 408e960: the
+engine now replays a CUDA graph by default on a CUDA target, so `generate` times ours on it.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from assisted import generate  # noqa: E402
-from drafting.kv_cache import cache_argument, forward, new_cache  # noqa: E402
-from drafting.static_cache import cuda_capture  # noqa: E402
+from drafting.kv_cache import forward, new_cache  # noqa: E402
 from experiments.lib import cli  # noqa: E402
 from experiments.lib.gpu_models import build, random_prompt  # noqa: E402
 from experiments.lib.report import pyplot, save_figure, table, write_rows  # noqa: E402
@@ -154,48 +154,6 @@ def plot_costs(check: Check) -> None:
            title=f"Forward cost on {check.summary['device']}")
     ax.legend(fontsize=7)
     save_figure(fig, check.out / "costs.png", dpi=120)
-
-
-def section_graphs(check: Check) -> None:
-    """Forward cost with a static KV cache, eager and replayed from a captured CUDA graph (no launch overhead)."""
-    rows = []
-    for name in (TARGET, ASSISTANT):
-        model, context = check.model(name), check.contexts[0]
-        for n in (1, 2, 4, 8, 16, 32) if not check.args.smoke else (1, 2):
-            rows += graph_rows(check, model, name, context, n)
-        del model
-    check.write_csv("graphs.csv", rows)
-    check.summary["graphs"] = medians(rows, lambda r: f"{r['model']} {r['layout']}")
-
-
-def graph_rows(check: Check, model, name: str, context: int, n: int) -> list[dict]:
-    """Timings of one n: "static" (eager forward into a StaticCache) and, on CUDA, "graph" (its captured replay)."""
-    from transformers import StaticCache
-    tokenizer = check.tokenizers["qwen2"]
-    cache, argument = StaticCache(config=model.config, max_cache_len=context + 64), cache_argument(type(model))
-    prompt = torch.tensor([random_prompt(tokenizer, context, seed=n)], device=check.device)
-    ids = torch.tensor([random_prompt(tokenizer, n, seed=1000 + n)], device=check.device)  # (1, n)
-    positions = torch.arange(context, context + n, device=check.device)  # (n,)
-    with torch.inference_mode():
-        model(input_ids=prompt, cache_position=torch.arange(context, device=check.device), **{argument: cache},
-              use_cache=True, logits_to_keep=1)
-
-    def step():  # rewinds the cache's own write counters (newer StaticCache layers keep one on the device) first
-        for layer in getattr(cache, "layers", ()):
-            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-                layer.cumulative_length.fill_(context)
-        return model(input_ids=ids, cache_position=positions, **{argument: cache}, use_cache=True,
-                     logits_to_keep=n).logits
-    rounds = 2 * check.args.repeats + 1
-    with torch.inference_mode():
-        step()
-        timings = {"static": [check.timed(step)[0] for _ in range(rounds)]}
-        if check.device.type == "cuda":
-            replay = cuda_capture(step)
-            replay()
-            timings["graph"] = [check.timed(replay)[0] for _ in range(rounds)]
-    return [{"model": name, "dtype": "bfloat16", "context": context, "layout": layout, "n": n, "repeat": r,
-             "seconds": sec} for layout, values in timings.items() for r, sec in enumerate(values, start=1)]
 
 
 def hf_generate(model, ids: list[int], new: int, assistant=None) -> int:
@@ -362,11 +320,6 @@ def write_readme(check: Check) -> None:
                   *table(["model, dtype, context", *(f"n={n}" for n in ns)],
                          [[label, *(f"{1e3 * by_n[n]:.2f}" for n in ns)] for label, by_n in s["costs"].items()]),
                   "", "![costs](costs.png)", ""]
-    if "graphs" in s:
-        lines += ["## Static cache: eager forward vs CUDA graph replay (median ms)", "",
-                  *table(["model, layout", *(f"n={n}" for n in next(iter(s["graphs"].values())))],
-                         [[label, *(f"{1e3 * v:.2f}" for v in by_n.values())] for label, by_n in s["graphs"].items()]),
-                  ""]
     if "generate" in s:
         lines += ["## Greedy generation, target Qwen2.5-Coder-1.5B architecture (bf16)", "",
                   *table(["system", "ms per token", "x target", "mean k", "loop overhead ms/step"],
@@ -415,8 +368,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SECTIONS = {"costs": section_costs, "graphs": section_graphs, "generate": section_generate,
-            "identity": section_identity, "masks": section_masks}
+SECTIONS = {"costs": section_costs, "generate": section_generate, "identity": section_identity,
+            "masks": section_masks}
 
 
 def main(argv: list[str] | None = None) -> int:

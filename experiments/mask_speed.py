@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from experiments.coverage import DEFAULT_DATA, subset_of
 from experiments.lib import cli, report
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "jsonschemabench"
 SLOW_MS = 3.0  # a position slower than this is one the issue counts
 WARM_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}}
 FIELDS = ["subset", "schema", "tokens", "system", "status", "compile_s", "walk_s", "max_position_ms", "slow_positions"]
@@ -106,9 +106,8 @@ class XGrammar:
 SYSTEMS = {s.name: s for s in (Ours, LLGuidance, XGrammar)}
 
 
-def sample(per_subset: int, seed: int, data: Path = DATA) -> list[tuple[str, str, dict, object]]:
+def sample(per_subset: int, seed: int, data: Path = DEFAULT_DATA) -> list[tuple[str, str, dict, object]]:
     """(subset, file name, schema, first valid instance) for `per_subset` files of each JSONSchemaBench subset."""
-    from experiments.coverage import subset_of
     by_subset: dict[str, list[Path]] = {}
     for path in sorted(data.glob("*.json")):
         by_subset.setdefault(subset_of(path.name), []).append(path)
@@ -209,20 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     body = summary(rows, [s.name for s in systems])
     print("\n".join(body))
     if args.out:
-        versions = [f"{m} {_version(m)}" for m in ("llguidance", "xgrammar") if m in args.systems]
+        versions = [f"{m} {report.package_version(m)}" for m in ("llguidance", "xgrammar") if m in args.systems]
         head = [*report.run_lines("experiments.mask_speed", argv, *versions),
                 f"- tokenizer {args.tokenizer} ({len(tokenizer)} tokens); set-up and warm-up, once: {', '.join(setup)}"]
         report.write_run(Path(args.out), "First walks of new schemas: ours, llguidance, XGrammar", head, body, rows,
                          FIELDS)
     return 0
-
-
-def _version(module: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(module)
-    except PackageNotFoundError:
-        return "?"
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ target of --quantize-target (T: int4 keeps the GGUF's own 4-bit groups, the rest
     llama.cpp-grammar-compact  the same grammar with its whitespace rule emptied (compact JSON, as ours writes)
     ours-full-T                `assisted.generate`: T target, assistant, schema, defaults (forced tokens, lookup)
 Every unit runs at each of --threads (torch's threads; one llama.cpp context per count). `--costs` adds the
-forward costs behind the ratios: one forward of k new tokens after 200 cached ones, ours and llama.cpp's.
+forward costs behind the ratios: one forward of k new tokens after 200 cached ones, ours and llama.cpp's, and for ours
+the one-row step (k = 1) over its floor: the weight bytes a step reads / a read loop's bandwidth at that thread count.
 `--quality` adds the quality note per target: its greedy tokens against the float32 model's (top-1 agreement,
 teacher-forced on the float model's own outputs for the held-out free prompts), and ours-full's objects field by
 field with the float32 target.
@@ -45,6 +46,7 @@ from experiments.lib.timing import Prefixed
 TARGETS = ("int4", "int8")  # --quantize-target's choices
 FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens", "valid", "text")
 COST_KS = (1, 2, 4, 8, 16)
+LLAMA = "llama.cpp target (its GGUF)"
 
 
 def parse_args(argv: list[str] | None):
@@ -149,22 +151,54 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
     return lines
 
 
+def read_bandwidth(threads: int, gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of the best of `repeats` full reads (a sum) of a `gib` GiB float32 buffer at `threads`."""
+    torch.set_num_threads(threads)
+    buffer = torch.ones(int(gib * 2**30) // 4)  # float32
+    buffer.sum()  # touch every page
+    return buffer.numel() * 4 / min(runner.timed(buffer.sum)[0] for _ in range(repeats))
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes one decode step reads of `model`'s Linear weights (packed 4-bit and 6-bit, int8, float)."""
+    from assisted.models.int8 import Int8Linear
+    from assisted.models.packed_linear import PackedLinear
+    total = 0
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            total += module.packed.numel()
+        elif isinstance(module, Int8Linear):
+            total += module.in_features * module.out_features + 4 * module.out_features
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
 def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]:
-    """ms of one forward over k new tokens after 200 cached ones: our targets, the assistant copies, llama.cpp."""
+    """ms of one forward over k new tokens after 200 cached ones (our targets, the assistant copies, llama.cpp) and,
+    for ours, the weight bytes a step reads and the one-row step over its floor at each thread count."""
     ids = list(range(1000, 1300))
     timers = {name: Prefixed(m, ids[:200]) for name, m in models.items()}
+    floors = {t: read_bandwidth(t) for t in threads}  # bytes per second of the read loop
+    weights = {name: weight_bytes(m) for name, m in models.items()}
     times: dict = {}
     for repeat in range(repeats + 1):  # repeat 0 warms up
         for t in threads:
             torch.set_num_threads(t)
             for k in COST_KS:
                 spent = {name: timer.seconds(ids[200 : 200 + k]) for name, timer in timers.items()}
-                spent["llama.cpp target (its GGUF)"] = llama.forward_cost(t, ids, k)
+                spent[LLAMA] = llama.forward_cost(t, ids, k)
                 for name, seconds in spent.items():
                     times.setdefault((t, name, k), []).append(seconds) if repeat else None
-    return table_of(["threads", "model", *(f"k={k}" for k in COST_KS)],
-                    [[t, name, *(f"{1e3 * statistics.median(times[(t, name, k)]):.1f}" for k in COST_KS)]
-                     for t in threads for name in [*models, "llama.cpp target (its GGUF)"]])
+    rows = []
+    for t in threads:
+        for name in [*models, LLAMA]:
+            step, mb = statistics.median(times[(t, name, 1)]), weights.get(name, 0) / 1e6
+            rows.append([t, name, *(f"{1e3 * statistics.median(times[(t, name, k)]):.1f}" for k in COST_KS),
+                         f"{mb:.0f}" if mb else "", f"{step * floors[t] / weights[name]:.2f}" if mb else ""])
+    return [*table_of(["threads", "model", *(f"k={k}" for k in COST_KS), "weight MB", "k=1 / floor"], rows), "",
+            "floor: the weight bytes a step reads / a read loop's bandwidth ("
+            + ", ".join(f"{floors[t] / 1e9:.1f} GB/s at {t} thread(s)" for t in threads) + ")"]
 
 
 def quality(models: dict, tokenizer, assistant, args, all_units) -> list[str]:

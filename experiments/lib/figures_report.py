@@ -1,8 +1,9 @@
 """The figures and README of an `experiments.figures` run, drawn from its CSVs and run.json alone.
 
 Every ratio is paired per unit (a prompt or task and a repeat, at one temperature): the geometric mean over units
-of the reference's seconds per new token / the system's (> 1: the system is faster), with a 90% Student-t
-interval (`experiments.lib.intervals.paired_ratio`; one unit: no interval). Each PNG carries a footer naming the
+of the reference's seconds per new token / the system's (> 1: the system is faster; ours full against each system:
+seconds per object), with a 90% Student-t interval (`experiments.lib.intervals.paired_ratio`; one unit: no
+interval). A system that raised is listed, never timed. Each PNG carries a footer naming the
 model pair, setup, machine, date, commit and the number of units, so the picture alone does not mislead.
 """
 
@@ -16,13 +17,21 @@ from pathlib import Path
 from experiments.lib.intervals import paired_ratio
 from experiments.lib.report import bar_groups, pyplot, read_rows, save_figure
 
-PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")  # speedup.SYSTEMS' names; "target" is the reference
-STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # vs_xgrammar.SYSTEMS' names; first: the reference
+# systems of `experiments.lib.systems`, the reference first and ours (judged against every other) last
+PLAIN = ("target", "hf-default", "hf-heuristic", "ours-auto")
+STRUCTURED = ("xgrammar-compact", "constrained+forced", "full")  # the structured view's default
+STRUCTURED_ORDER = ("xgrammar-compact", "xgrammar", "xgrammar+assistant", "ours-processor", "ours-processor+assistant",
+                    "constrained", "constrained+forced", "full-no-lookup", "full")  # every system it can run
 LEVEL = "90%"
 LABELS = {"target": "target alone", "hf-default": "transformers assisted (defaults)",
           "hf-heuristic": "transformers assisted (heuristic)", "ours-auto": "ours (auto)",
-          "xgrammar-compact": "transformers + XGrammar (target alone)",
+          "xgrammar-compact": "transformers + XGrammar (target alone)", "xgrammar": "transformers + XGrammar (its "
+          "defaults: any whitespace)", "xgrammar+assistant": "transformers assisted + XGrammar",
           "constrained+forced": "ours plain constrained (no assistant)", "full": "ours full (assistant, auto)"}
+
+
+def label(system: str) -> str:
+    return LABELS.get(system, system)
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -30,12 +39,14 @@ def read_csv(path: Path) -> list[dict]:
     return read_rows(path, text=("class", "prompt", "system", "task", "error", "text"))
 
 
-def units(rows: list[dict], item: str) -> dict:
-    """{(item, T, repeat): {system: seconds per new token}} over the rows of one view (`item`: "prompt"/"task")."""
+def units(rows: list[dict], item: str, per_token: bool = True) -> dict:
+    """{(item, T, repeat): {system: seconds per new token, or per object}} over the rows of one view (`item`:
+    "prompt"/"task") that ran without an error."""
     out: dict = {}
     for r in rows:
-        per_token = r["seconds"] / max(r["new_tokens"], 1)
-        out.setdefault((r[item], r["temperature"], r["repeat"]), {})[r["system"]] = per_token
+        if not r.get("error"):
+            cost = r["seconds"] / max(r["new_tokens"], 1) if per_token else r["seconds"]
+            out.setdefault((r[item], r["temperature"], r["repeat"]), {})[r["system"]] = cost
     return out
 
 
@@ -85,24 +96,24 @@ def _save(fig, info: dict, view: str, path: Path) -> None:
     save_figure(fig, path, rect=(0, 0.1, 1, 1))
 
 
-def greedy_figure(rows: list[dict], info: dict, out: Path, order, base: str, group: str, item: str,
-                  name: str, title: str) -> None:
-    """Left: median latency per new token per group at T = 0; right: speedup over `base` per group, with intervals."""
+def greedy_figure(rows: list[dict], info: dict, out: Path) -> None:
+    """Plain text: left, median latency per new token per class at T = 0; right, speedup over the target alone per
+    class, with intervals."""
     greedy = [r for r in rows if r["temperature"] == 0]
-    systems, groups = _systems(greedy, order), sorted({r[group] for r in greedy})
-    of = {r[item]: r[group] for r in greedy}
-    u = units(greedy, item)
+    systems, groups = _systems(greedy, PLAIN), sorted({r["class"] for r in greedy})
+    of = {r["prompt"]: r["class"] for r in greedy}
+    u = units(greedy, "prompt")
     fig, (left, right) = pyplot().subplots(1, 2, figsize=(11, 4.2))
     bar_groups(left, groups, systems, lambda g, s: 1000 * _median([r["seconds"] / max(r["new_tokens"], 1) for r in
-                                                                   greedy if r[group] == g and r["system"] == s]),
-               LABELS.get)
-    left.set_ylabel("median latency per new token (ms)"), left.set_title(f"{title}: latency (greedy)")
+                                                                   greedy if r["class"] == g and r["system"] == s]),
+               label)
+    left.set_ylabel("median latency per new token (ms)"), left.set_title("plain text: latency (greedy)")
     left.legend(fontsize=7)
     group_axes(right, {g: [v for k, v in u.items() if g == "all" or of[k[0]] == g] for g in [*groups, "all"]},
-               systems, base, systems[-1], 1)
-    _ratio_axis(right, f"speedup over the {LABELS[base]}")
-    right.set_title(f"{title}: speedup (greedy)"), right.legend(fontsize=7)
-    _save(fig, info, f"greedy, {len(u)} units", out / name)
+               systems, "target", systems[-1], 1)
+    _ratio_axis(right, f"speedup over the {label('target')}")
+    right.set_title("plain text: speedup (greedy)"), right.legend(fontsize=7)
+    _save(fig, info, f"greedy, {len(u)} units", out / "greedy.png")
 
 
 def group_axes(ax, members: dict, systems: list[str], base: str, counted: str, shift: float) -> None:
@@ -111,7 +122,7 @@ def group_axes(ax, members: dict, systems: list[str], base: str, counted: str, s
     names = list(members)
     for j, s in enumerate(x for x in systems if x != base):
         stats = [speedup(members[g], base, s) for g in names]
-        _errorbar(ax, [i + 0.12 * (j - shift) for i in range(len(names))], stats, ls="none", label=LABELS[s])
+        _errorbar(ax, [i + 0.12 * (j - shift) for i in range(len(names))], stats, ls="none", label=label(s))
     ax.set_xticks(range(len(names)), [f"{g}\n(n={speedup(members[g], base, counted)[3]})" for g in names])
 
 
@@ -121,30 +132,31 @@ def temperature_axes(ax, rows: list[dict], order, base: str, item: str, valid: d
     temps = sorted({k[1] for k in u})
     for j, s in enumerate(x for x in _systems(rows, order) if x != base):
         stats = [speedup([v for k, v in u.items() if k[1] == t], base, s) for t in temps]
-        label = LABELS[s] + (f" (valid {valid[s]})" if valid else "")
-        _errorbar(ax, [t + 0.015 * (j - 1) for t in temps], stats, label=label)
+        name = label(s) + (f" (valid {valid[s]})" if valid else "")
+        _errorbar(ax, [t + 0.015 * (j - 1) for t in temps], stats, label=name)
     _ratio_axis(ax, "speedup over " + ("the target alone" if base == "target" else "XGrammar's processor"))
     ax.set_xlabel("sampling temperature (0: greedy)"), ax.set_xticks(temps), ax.legend(fontsize=7)
     return max((sum(1 for k in u if k[1] == t) for t in temps), default=0)
 
 
-def sampling_figure(rows: list[dict], info: dict, out: Path, order) -> None:
+def sampling_figure(rows: list[dict], info: dict, out: Path) -> None:
     fig, ax = pyplot().subplots(figsize=(8, 4.5))
-    n = temperature_axes(ax, rows, order, "target", "prompt")
+    n = temperature_axes(ax, rows, PLAIN, "target", "prompt")
     ax.set_title("plain text: speedup over the target alone as the temperature rises")
     view = f"{n} units (prompts x repeats) per temperature, {info['max_new_tokens']} new tokens"
     _save(fig, info, view, out / "sampling.png")
 
 
-def validity(rows: list[dict], order) -> dict:
+def validity(rows: list[dict]) -> dict:
     """{system: "valid/total"} over every object a system wrote."""
     return {s: f"{sum(r['valid'] for r in rows if r['system'] == s)}/{sum(r['system'] == s for r in rows)}"
-            for s in _systems(rows, order)}
+            for s in _systems(rows, STRUCTURED_ORDER)}
 
 
-def structured_figure(rows: list[dict], info: dict, out: Path, order) -> None:
+def structured_figure(rows: list[dict], info: dict, out: Path) -> None:
     """Left: per-task greedy speedup over transformers + XGrammar; right: speedup against temperature."""
-    base, valid = order[0], validity(rows, order)
+    order = STRUCTURED_ORDER
+    base, valid = order[0], validity(rows)
     greedy = [r for r in rows if r["temperature"] == 0]
     u = units(greedy, "task")
     tasks = sorted({k[0] for k in u})
@@ -161,15 +173,26 @@ def structured_figure(rows: list[dict], info: dict, out: Path, order) -> None:
     _save(fig, info, view, out / "structured.png")
 
 
-def _ratio_table(rows: list[dict], order, base: str, item: str, key: str) -> list[str]:
-    """Markdown: per value of `key` (a group column or "temperature"), each system's speedup over `base`."""
-    u, systems = units(rows, item), [s for s in _systems(rows, order) if s != base]
+def over(rows: list[dict], order, base: str) -> list[tuple[str, str, str]]:
+    """(column, base, system): each system of `rows` against the reference `base`."""
+    return [(label(s), base, s) for s in _systems(rows, order) if s != base]
+
+
+def against(rows: list[dict], order, judged: str) -> list[tuple[str, str, str]]:
+    """(column, base, system): `judged` (ours) against each other system of `rows`."""
+    return [(f"over {label(s)}", s, judged) for s in _systems(rows, order) if s != judged]
+
+
+def _ratio_table(rows: list[dict], item: str, key: str, columns, per_token: bool = True) -> list[str]:
+    """Markdown: per value of `key` (a group column or "temperature") and over all units, one column per
+    (name, base, system) of `columns`: system's paired speedup over base."""
+    u = units(rows, item, per_token)
     of = {r[item]: r[key] for r in rows}
     values = sorted({of[k[0]] if key != "temperature" else k[1] for k in u})
-    lines = [f"| {key} | units | " + " | ".join(LABELS[s] for s in systems) + " |", "|---" * (len(systems) + 2) + "|"]
+    lines = [f"| {key} | units | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 2) + "|"]
     for value in [*values, "all"]:
         chosen = [v for k, v in u.items() if value == "all" or (k[1] if key == "temperature" else of[k[0]]) == value]
-        cells = [speedup(chosen, base, s) for s in systems]
+        cells = [speedup(chosen, base, system) for _, base, system in columns]
         lines.append(f"| {value} | {cells[0][3] if cells else 0} | "
                      + " | ".join(f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi, _ in cells) + " |")
     return lines
@@ -189,11 +212,12 @@ def finished(rows: list[dict], item: str) -> str:
             f"({', '.join(f'{t:g}' for t in temps)}), {len(rows)} generations")
 
 
-def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, structured_order) -> list[str]:
+def readme(info: dict, plain: list[dict], structured: list[dict]) -> list[str]:
     lines = [f"# Headline figures: {info['setup']}", "", f"- command: `{info['command']}`", f"- date: {info['date']}",
              *info["machine"], f"- {info['versions']}, torch threads {info['threads']}",
-             f"- plain view: the {info['half']} half of experiments/prompts/split.json, {info['per_class']} prompt(s) "
-             f"per class, {info['repeats']} repeat(s), {info['max_new_tokens']} new tokens; structured view: "
+             f"- plain view: the {info['half']} half of experiments/prompts/split.json, "
+             f"{info['per_class'] or 'all'} prompt(s) per class, {info['repeats']} repeat(s), "
+             f"{info['max_new_tokens']} new tokens; structured view: "
              f"at most {info['structured_max_new_tokens']} new tokens", f"- {info['llama_cpp']}",
              f"- finished: {finished(plain, 'prompt')} (plain), {finished(structured, 'task')} (structured)",
              *(f"- resumed (the cells not yet written): {x}" for x in info.get("resumed", [])),
@@ -202,22 +226,32 @@ def readme(info: dict, plain: list[dict], structured: list[dict], plain_order, s
              f"seconds per new token / the system's, {LEVEL} t-interval (one unit: none). Systems interleaved per "
              "cell, order rotated. The CPU was shared with other jobs: timings are noisy.", ""]
     if plain:
+        greedy = [r for r in plain if r["temperature"] == 0]
         lines += ["## Plain text, greedy, per class (over the target alone)", "",
-                  *_ratio_table([r for r in plain if r["temperature"] == 0], plain_order, "target", "prompt", "class"),
-                  "", "![greedy](greedy.png)", "", "## Plain text, per temperature (over the target alone)", "",
-                  *_ratio_table(plain, plain_order, "target", "prompt", "temperature"), "",
-                  "![sampling](sampling.png)", ""]
+                  *_ratio_table(greedy, "prompt", "class", over(greedy, PLAIN, "target")), "",
+                  "![greedy](greedy.png)", "", "## Plain text, per temperature (over the target alone)", "",
+                  *_ratio_table(plain, "prompt", "temperature", over(plain, PLAIN, "target")), "",
+                  "![sampling](sampling.png)", "", "Ours (auto) against each system, per class (every temperature):",
+                  "", *_ratio_table(plain, "prompt", "class", against(plain, PLAIN, "ours-auto")), ""]
     if structured:
-        valid = validity(structured, structured_order)
-        lines += ["## JSON extraction (over transformers + XGrammar's processor, the target alone, compact JSON)", "",
-                  *_ratio_table(structured, structured_order, structured_order[0], "task", "temperature"), "",
-                  "Greedy, per task:", "",
-                  *_ratio_table([r for r in structured if r["temperature"] == 0], structured_order,
-                                structured_order[0], "task", "task"), "",
-                  "Valid objects (jsonschema): " + ", ".join(f"{LABELS[s]} {v}" for s, v in valid.items())
-                  + ". " + _invalid(structured, info["structured_max_new_tokens"]), "",
-                  "![structured](structured.png)", ""]
+        lines += structured_lines(structured, info["structured_max_new_tokens"])
     return lines
+
+
+def structured_lines(rows: list[dict], budget: int) -> list[str]:
+    """The structured view's README section: speedups per token over the reference, ours full per object over
+    every system, validity and the errors systems raised."""
+    base, greedy = STRUCTURED_ORDER[0], [r for r in rows if r["temperature"] == 0]
+    errors = sorted({f"{r['system']}: {r['error']}" for r in rows if r["error"]})
+    return ["## JSON extraction (over transformers + XGrammar's processor, the target alone, compact JSON)", "",
+            *_ratio_table(rows, "task", "temperature", over(rows, STRUCTURED_ORDER, base)), "", "Greedy, per task:",
+            "", *_ratio_table(greedy, "task", "task", over(greedy, STRUCTURED_ORDER, base)), "",
+            "Ours full against each system, seconds per object (what an object costs, however many tokens: "
+            "XGrammar's defaults spend more of them on whitespace):", "",
+            *_ratio_table(rows, "task", "temperature", against(rows, STRUCTURED_ORDER, "full"), per_token=False), "",
+            "Valid objects (jsonschema): " + ", ".join(f"{label(s)} {v}" for s, v in validity(rows).items())
+            + ". " + _invalid(rows, budget), *(f"- error, {e}" for e in errors), "",
+            "![structured](structured.png)", ""]
 
 
 def report(out: Path) -> None:
@@ -226,8 +260,8 @@ def report(out: Path) -> None:
     plain = read_csv(out / "plain.csv") if (out / "plain.csv").exists() else []
     structured = read_csv(out / "structured.csv") if (out / "structured.csv").exists() else []
     if plain:
-        greedy_figure(plain, info, out, PLAIN, "target", "class", "prompt", "greedy.png", "plain text")
-        sampling_figure(plain, info, out, PLAIN)
+        greedy_figure(plain, info, out)
+        sampling_figure(plain, info, out)
     if structured:
-        structured_figure(structured, info, out, STRUCTURED)
-    (out / "README.md").write_text("\n".join(readme(info, plain, structured, PLAIN, STRUCTURED)))
+        structured_figure(structured, info, out)
+    (out / "README.md").write_text("\n".join(readme(info, plain, structured)))

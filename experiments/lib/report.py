@@ -51,6 +51,15 @@ def run_lines(module: str, argv: list[str], *versions: str) -> list[str]:
             *machine_lines(), "- " + ", ".join(stack), *load_lines()]
 
 
+def package_version(name: str) -> str | None:
+    """An installed package's version (None where it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 def load_lines() -> list[str]:
     """A README line of what loading the models cost (seconds, the process's peak memory, how each model was
     made: `assisted.models.loading.last_load`), where this process loaded a pair."""

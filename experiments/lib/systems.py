@@ -11,7 +11,7 @@ an `Output`. Names:
   xgrammar, xgrammar-compact    model.generate + XGrammar's processor (its defaults: any whitespace; or compact JSON)
   ours-processor                model.generate + assisted.logits_processor
   <any of those>+assistant      the same with the assistant (transformers' assisted generation, loaded settings)
-  ours, ours-auto, constrained, constrained+forced, full-no-lookup, full
+  ours-auto, constrained, constrained+forced, full-no-lookup, full
                                 assisted.generate under the options of `OURS`
 
 All systems stop on the same EOS set and sample with no top-k / top-p / repetition penalty.
@@ -28,10 +28,10 @@ import torch
 
 from assisted import generate, logits_processor
 from drafting.kv_cache import logits_size
+from experiments.lib.report import package_version
 
 # preset -> (drafts with the assistant, options of assisted.generate)
 OURS = {
-    "ours": (True, {"num_assistant_tokens_schedule": "heuristic"}),
     "ours-auto": (True, {"num_assistant_tokens_schedule": "auto"}),
     "constrained": (False, {"coalesce": False, "prompt_lookup_num_tokens": 0}),
     "constrained+forced": (False, {"coalesce": True, "prompt_lookup_num_tokens": 0}),
@@ -185,8 +185,4 @@ def xgrammar_version() -> str | None:
         import xgrammar
     except ImportError:
         return None
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return getattr(xgrammar, "__version__", None) or version("xgrammar")
-    except PackageNotFoundError:
-        return "unknown"
+    return getattr(xgrammar, "__version__", None) or package_version("xgrammar") or "unknown"

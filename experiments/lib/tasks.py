@@ -2,9 +2,9 @@
 prompts of the speedup set and their fixed split, and the checks of an output.
 
 Groups: `DEMO` (the demo: the seed's Character example, from .txt's "Coalescence" post, and an employee),
-`STRUCTURED` (the seed tasks), `HELD_OUT` (four extractions written for the comparison with XGrammar: invoice,
-patient, flight, review), `BUDGET` (the tight-budget tasks, the invoice last), `TICKET` (the throughput documents'
-instruction and schema). `task(name)` finds any of them.
+`HELD_OUT` (four extractions written for the comparison with XGrammar: invoice, patient, flight, review), `BUDGET`
+(the tight-budget tasks, the invoice last), `TICKET` (the throughput documents' instruction and schema). `task(name)`
+finds any of them.
 
 Free prompts: `experiments/prompts/split.json`, 70 prompts in five classes (code in eight languages, extraction, prose,
 chat instructions, math). Each prompt's half is decided once, by a hash of its name (`half_of`): a policy or drafting
@@ -64,17 +64,11 @@ def _pattern(regex: str):
 DATE = _pattern(r"^\d{4}-\d{2}-\d{2}$")
 IATA = _pattern(r"^[A-Z]{3}$")
 
-# ---------------------------------------------------------------- seed tasks (the demo, the first benchmarks)
+# ---------------------------------------------------------------- the demo's tasks
 Character = _model("Character", name=_short(10), age=int, armor=Literal["leather", "chainmail", "plate"],
                    strength=int)  # the seed's Character example (.txt "Coalescence" post)
 Office = _model("Office", city=_short(24), country=_short(24))
 Employee = _model("Employee", name=_short(32), age=int, role=_short(32), remote=bool, office=Office)
-Item = _model("Item", product=_short(24), quantity=int, unit_price=float)
-Order = _model("Order", order_id=_short(12), customer=_short(32),
-               items=(list[Item], Field(min_length=1, max_length=3)), express=bool)
-Venue = _model("Venue", name=_short(32), city=_short(24))
-Event = _model("Event", title=_short(40), date=DATE, venue=Venue, attendees=int,
-               speakers=(list[str], Field(min_length=1, max_length=3)))
 
 CHARACTER = Task("character", "seed", Character,
                  "Create a fantasy character as JSON with the fields name, age, armor (leather, chainmail "
@@ -84,16 +78,6 @@ EMPLOYEE = Task("employee", "extraction", Employee,
                 "office (city, country).\n\n"
                 "Maria Lopez, 34, joined Northwind last spring as a senior data engineer. She works from the "
                 "company's office in Lisbon, Portugal, three days a week and is not a remote employee.")
-ORDER = Task("order", "extraction", Order,
-             "Extract the order below as JSON with order_id, customer, items (product, quantity, unit_price) "
-             "and express (true/false).\n\n"
-             "Order A-1042 was placed by Tom Becker: 2 USB-C cables at 9.5 each and 1 laptop stand at 39.0. "
-             "He paid for express shipping.")
-EVENT = Task("event", "extraction", Event,
-             "Extract the event below as JSON with title, date (YYYY-MM-DD), venue (name, city), attendees "
-             "and speakers.\n\n"
-             "The Open Data Summit takes place on 2026-05-14 at the Palais des Congres in Paris. About 800 "
-             "people are expected, and the keynotes are given by Ada Chen and Omar Haddad.")
 
 # ---------------------------------------------------------------- held-out extractions (vs XGrammar, figures)
 LineItem = _model("LineItem", description=_short(40), quantity=(int, Field(ge=1)), unit_price=float)
@@ -166,8 +150,7 @@ TICKET = Task("ticket", "extraction", Ticket,
               "(an empty list if none), the customer's sentiment and a one-line summary.\n\n")
 
 DEMO = (CHARACTER, EMPLOYEE)
-STRUCTURED = (CHARACTER, EMPLOYEE, ORDER, EVENT)
-TASKS = {t.name: t for t in (*STRUCTURED, *HELD_OUT, *BUDGET, TICKET)}
+TASKS = {t.name: t for t in (*DEMO, *HELD_OUT, *BUDGET, TICKET)}
 
 
 def task(name: str) -> Task:

@@ -71,3 +71,41 @@ def test_the_setup_label_names_the_target_s_form():
     label = figures.setup_label(figures.parse_args(["--quantize-target", "int4", "--assistant-int4"]))
     assert "(int4)" in label and "float32" not in label
     assert "(float32, packed)" in figures.setup_label(figures.parse_args(["--packed-target"]))
+
+
+def test_the_plain_view_alone_needs_no_xgrammar_and_pairs_ours_with_each_system(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(figures, "xgrammar_version", lambda: None)
+    out = tmp_path / "plain"
+    argv = ["--target", "tiny", "--assistant", "tiny", "--views", "plain", "--per-class", "1", "--temperatures", "0",
+            "--max-new-tokens", "4", "--out", str(out)]
+    with threads(1):
+        assert figures.main(argv, pair=tiny) == 0
+    assert len(_rows(out / "plain.csv")) == 5 * len(figures.PLAIN) and not (out / "structured.csv").exists()
+    readme = (out / "README.md").read_text()
+    assert "Ours (auto) against each system" in readme and "| over target alone | over transformers" in readme
+    assert "| all | 5 |" in readme and "JSON extraction" not in readme
+
+
+def test_the_structured_systems_always_hold_the_reference_and_ours_full():
+    args = figures.parse_args(["--structured-systems", "xgrammar", "xgrammar+assistant"])
+    assert args.structured_systems == ["xgrammar-compact", "xgrammar", "xgrammar+assistant", "full"]
+    assert figures.parse_args([]).structured_systems == list(figures.STRUCTURED)
+    with pytest.raises(SystemExit):
+        figures.parse_args(["--views", "llama"])
+
+
+def test_ours_full_is_paired_per_object_and_a_failing_system_is_listed_not_timed():
+    from experiments.lib import figures_report
+    rows = [{"task": t, "temperature": 0.0, "repeat": r, "system": s, "seconds": sec * (1 + 0.1 * r),
+             "new_tokens": tokens, "valid": not error, "error": error, "text": "{}"}
+            for t in ("a", "b") for r in (0, 1)
+            for s, sec, tokens, error in (("xgrammar", 8.0, 20, ""), ("xgrammar-compact", 4.0, 10, ""),
+                                          ("xgrammar+assistant", 0.1, 0, "AssertionError: "), ("full", 2.0, 10, ""))]
+    assert all("xgrammar+assistant" not in u for u in figures_report.units(rows, "task").values())
+    lines = figures_report.structured_lines(rows, budget=96)
+    per_object = lines[lines.index(next(x for x in lines if x.startswith("Ours full against"))) + 2:]
+    assert per_object[0] == ("| temperature | units | over transformers + XGrammar (target alone) | over transformers "
+                             "+ XGrammar (its defaults: any whitespace) | over transformers assisted + XGrammar |")
+    assert per_object[2].startswith("| 0.0 | 4 | 2.00 [2.00, 2.00] | 4.00 [4.00, 4.00] | nan")  # per token: 2.00
+    assert "- error, xgrammar+assistant: AssertionError: " in lines
+    assert any("transformers assisted + XGrammar 0/4" in x for x in lines)

@@ -3,6 +3,10 @@ is not needed): every unit runs every system of its kind, in rotated order, and 
 
 from __future__ import annotations
 
+import pytest
+import torch
+
+from assisted.models.loading import QUANTIZED_COPIES
 from experiments import vs_llamacpp
 from experiments.lib.tasks import set_eos
 from tests.helpers_models import threads, tiny_llama
@@ -30,14 +34,28 @@ def test_every_unit_runs_its_kind_s_systems_and_the_tables_pair_them(smol_tokeni
     assert any("ours-full-int8" in line for line in vs_llamacpp.table(rows, "structured", "ours-full-int8"))
 
 
-def test_forward_costs_table_names_our_models_and_llama_cpp(smol_tokenizer):
+def test_the_forward_costs_name_our_models_and_llama_cpp_and_set_our_step_against_its_floor(smol_tokenizer,
+                                                                                              monkeypatch):
     class Timed(FakeLlama):
         def forward_cost(self, threads: int, ids: list[int], k: int) -> float:
             return 0.001 * k
 
     model = tiny_llama(len(smol_tokenizer), seed=0)
+    weight = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, torch.nn.Linear))  # float32
+    monkeypatch.setattr(vs_llamacpp, "read_bandwidth", lambda threads: 1000 * weight)  # a floor of 1 ms
     with threads(1):
         lines = vs_llamacpp.costs({"ours int8 target": model}, Timed(), [1], repeats=1)
-    assert lines[0] == "| threads | model | k=1 | k=2 | k=4 | k=8 | k=16 |"
-    assert lines[2].startswith("| 1 | ours int8 target |") and lines[3] == "| 1 | llama.cpp target (its GGUF) | " \
-        "1.0 | 2.0 | 4.0 | 8.0 | 16.0 |"
+    assert lines[0] == "| threads | model | k=1 | k=2 | k=4 | k=8 | k=16 | weight MB | k=1 / floor |"
+    ours = lines[2].removesuffix(" |").split(" | ")
+    assert ours[:2] == ["| 1", "ours int8 target"] and ours[-2] == f"{weight / 1e6:.0f}"
+    assert float(ours[-1]) == pytest.approx(float(ours[2]), abs=0.06)  # the step in ms over a floor of 1 ms
+    assert lines[3] == "| 1 | llama.cpp target (its GGUF) | 1.0 | 2.0 | 4.0 | 8.0 | 16.0 |  |  |"
+    assert lines[-1] == f"floor: the weight bytes a step reads / a read loop's bandwidth ({weight / 1e6:.1f} GB/s at " \
+        "1 thread(s))"
+
+
+def test_the_floor_s_parts_read_memory_and_count_the_packed_bytes(smol_tokenizer):
+    assert vs_llamacpp.read_bandwidth(1, gib=1 / 64, repeats=2) > 1e8  # bytes per second of a 16 MiB read
+    model = tiny_llama(len(smol_tokenizer), seed=0)
+    copy = QUANTIZED_COPIES["int4"](model)
+    assert 0 < vs_llamacpp.weight_bytes(copy) < vs_llamacpp.weight_bytes(model) / 4  # 4-bit groups against float32

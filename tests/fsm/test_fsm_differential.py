@@ -11,7 +11,8 @@ import random
 
 import pytest
 
-from experiments.differential import DATA, judge, texts_for
+from experiments.coverage import DEFAULT_DATA as DATA
+from experiments.differential import judge, texts_for
 from experiments.lib.differential_cases import combination_schema, value_pool
 
 FILES = ("Github_medium---o17648.json", "Github_medium---o52960.json", "Kubernetes---kb_215_Normalized.json",
