@@ -1,9 +1,6 @@
 """The benchmark harness's model loading: the library's loader (`assisted.models.loading`, `assisted.models.sources`)
 re-exported under the names the experiments and tests use, plus drafters made for experiments
-(a truncated copy, a random model of the same vocabulary).
-
-    python -m experiments.models prepare qwen2.5-coder-1.5b qwen2.5-coder-0.5b   # = structspec prepare
-    python -m experiments.models list
+(a truncated copy, a random model of the same vocabulary). Sources are prepared by `structspec prepare NAME ...`.
 """
 
 from __future__ import annotations
@@ -50,12 +47,3 @@ def random_like(model, *, seed: int = 0, layers: int = 2, hidden: int = 128):
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).to(model.dtype).to(model.device).eval()
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``prepare NAME...`` and ``list`` (the same as ``structspec prepare`` / ``structspec list``)."""
-    from assisted.cli import main as structspec
-    return structspec(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,7 +12,8 @@ target of --quantize-target (T: int4 keeps the GGUF's own 4-bit groups, the rest
     ours-full-T                `assisted.generate`: T target, assistant, schema, defaults (forced tokens, lookup)
 Every unit runs at each of --threads (torch's threads; one llama.cpp context per count). `--costs` adds the
 forward costs behind the ratios: one forward of k new tokens after 200 cached ones, ours and llama.cpp's, and for ours
-the one-row step (k = 1) over its floor: the weight bytes a step reads / a read loop's bandwidth at that thread count.
+the one-row step (k = 1) over its floor: the weight bytes a step reads / a read loop's bandwidth at that thread count,
+and where that step's time goes (a profile).
 `--quality` adds the quality note per target: its greedy tokens against the float32 model's (top-1 agreement,
 teacher-forced on the float model's own outputs for the held-out free prompts), and ours-full's objects field by
 field with the float32 target.
@@ -190,15 +191,30 @@ def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]
                 spent[LLAMA] = llama.forward_cost(t, ids, k)
                 for name, seconds in spent.items():
                     times.setdefault((t, name, k), []).append(seconds) if repeat else None
-    rows = []
+    rows, shares = [], []
     for t in threads:
         for name in [*models, LLAMA]:
             step, mb = statistics.median(times[(t, name, 1)]), weights.get(name, 0) / 1e6
             rows.append([t, name, *(f"{1e3 * statistics.median(times[(t, name, k)]):.1f}" for k in COST_KS),
                          f"{mb:.0f}" if mb else "", f"{step * floors[t] / weights[name]:.2f}" if mb else ""])
+        torch.set_num_threads(t)
+        shares += [[t, name, *op] for name, timer in timers.items() for op in step_profile(timer, ids[200])]
     return [*table_of(["threads", "model", *(f"k={k}" for k in COST_KS), "weight MB", "k=1 / floor"], rows), "",
             "floor: the weight bytes a step reads / a read loop's bandwidth ("
-            + ", ".join(f"{floors[t] / 1e9:.1f} GB/s at {t} thread(s)" for t in threads) + ")"]
+            + ", ".join(f"{floors[t] / 1e9:.1f} GB/s at {t} thread(s)" for t in threads) + ")", "",
+            "Where our one-row step goes (torch.profiler over 10 steps, the top ops by own time; the profiler "
+            "inflates small ops, so read the shares):", "",
+            *table_of(["threads", "model", "op", "calls a step", "share"], shares)]
+
+
+def step_profile(timer: Prefixed, token: int, steps: int = 10, top: int = 5) -> list[list]:
+    """The `top` ops of `steps` one-row steps by own time: (op, calls a step, share of all ops' time)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(steps):
+            timer.seconds([token])
+    events = sorted(profile.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [[e.key, f"{e.count / steps:.0f}", f"{e.self_cpu_time_total / total:.0%}"] for e in events[:top]]
 
 
 def quality(models: dict, tokenizer, assistant, args, all_units) -> list[str]:

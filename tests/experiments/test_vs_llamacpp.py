@@ -50,8 +50,13 @@ def test_the_forward_costs_name_our_models_and_llama_cpp_and_set_our_step_agains
     assert ours[:2] == ["| 1", "ours int8 target"] and ours[-2] == f"{weight / 1e6:.0f}"
     assert float(ours[-1]) == pytest.approx(float(ours[2]), abs=0.06)  # the step in ms over a floor of 1 ms
     assert lines[3] == "| 1 | llama.cpp target (its GGUF) | 1.0 | 2.0 | 4.0 | 8.0 | 16.0 |  |  |"
-    assert lines[-1] == f"floor: the weight bytes a step reads / a read loop's bandwidth ({weight / 1e6:.1f} GB/s at " \
+    assert lines[5] == f"floor: the weight bytes a step reads / a read loop's bandwidth ({weight / 1e6:.1f} GB/s at " \
         "1 thread(s))"
+    assert lines[9] == "| threads | model | op | calls a step | share |"  # where our step goes
+    ops = [line.removesuffix(" |").split(" | ") for line in lines[11:]]
+    assert len(ops) == 5 and all(op[:2] == ["| 1", "ours int8 target"] and op[-1].endswith("%") for op in ops)
+    shares = [int(op[-1][:-1]) for op in ops]
+    assert shares == sorted(shares, reverse=True) and sum(shares) <= 101  # of one step's op time, largest first
 
 
 def test_the_floor_s_parts_read_memory_and_count_the_packed_bytes(smol_tokenizer):
