@@ -3,7 +3,8 @@
 Both the target and the assistant keep one cache for the whole generation, behind one interface (`KV`): `run(ids,
 keep)` feeds tokens the cache has not seen and returns the logits of the last `keep`, `crop(length)` keeps the first
 `length` positions, `length` is how many it holds. Two implementations: `DynamicKV`, transformers' `DynamicCache`
-(transformers 5.x: `DynamicCache.crop(-n)` removes n positions), and `drafting.static_cache.StaticKV` (pre-allocated,
+(transformers 5.x: `DynamicCache.crop(-n)` removes n positions) whose layers append into spare room
+(`GrowingLayer`) instead of copying the whole cache at every step, and `drafting.static_cache.StaticKV` (pre-allocated,
 its forwards possibly replayed from CUDA graphs; a crop moves its length). A cache is never rebuilt; the caller tracks
 how many committed tokens each holds. The rows engine's `drafting.batch_kv.BatchKV` is the same for B rows (`run`
 over one feed per row, ragged or padded, `crop_rows`). `forward` and `crop_to` serve code that holds a bare
@@ -19,6 +20,7 @@ from typing import Protocol
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 class KV(Protocol):
@@ -39,7 +41,7 @@ class DynamicKV:
 
     def __init__(self, model, cache: DynamicCache | None = None):
         self._model = weakref.ref(model)  # a kept cache outlives no model
-        self.cache = DynamicCache() if cache is None else cache
+        self.cache = new_cache() if cache is None else cache
 
     @property
     def length(self) -> int:
@@ -53,8 +55,53 @@ class DynamicKV:
 
 
 def new_cache() -> DynamicCache:
-    """An empty cache; layers are created on the first forward."""
-    return DynamicCache()
+    """An empty cache; layers (`GrowingLayer`) are created on the first forward."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are the first L positions of larger buffers (B, H, capacity, D): a
+    forward writes its n new positions into the room after them, and the buffers double when full, so a step copies
+    n positions instead of the L + n that `torch.cat` copies (a long context's cache is no longer read and written
+    at every step). The keys and values it holds and returns are bitwise the concatenation's; `crop` leaves shorter
+    views of the same buffers. Keys or values set from outside are copied into new buffers at the next update."""
+
+    _rooms: tuple[torch.Tensor, torch.Tensor] | None = None  # the buffers, (B, H, capacity, D) each
+    _held: tuple[torch.Tensor, torch.Tensor] | None = None  # the views this layer last set as keys and values
+    _inference = False  # the buffers are inference tensors (written to only in inference mode)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        length, n = self.get_seq_length(), key_states.shape[-2]
+        if not (self._own() and length + n <= self._rooms[0].shape[-2]
+                and (not self._inference or torch.is_inference_mode_enabled())):
+            self._rooms = (_room(self.keys, key_states, length), _room(self.values, value_states, length))
+            self._inference = torch.is_inference_mode_enabled()
+        for room, new in zip(self._rooms, (key_states, value_states)):
+            room[..., length : length + n, :] = new
+        self.keys, self.values = (room[..., : length + n, :] for room in self._rooms)
+        self._held = (self.keys, self.values)
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        own = self._own()
+        super().crop(tokens_to_remove)
+        self._held = (self.keys, self.values) if own else None
+
+    def _own(self) -> bool:
+        """Whether the keys and values held are the views this layer set (nothing replaced them since)."""
+        return self._held is not None and self.keys is self._held[0] and self.values is self._held[1]
+
+
+def _room(held: torch.Tensor, new: torch.Tensor, length: int) -> torch.Tensor:
+    """A buffer (B, H, 2 (length + n), D) whose first `length` positions are `held`'s."""
+    room = new.new_empty((*new.shape[:2], 2 * (length + new.shape[-2]), new.shape[-1]))
+    if length:
+        room[..., :length, :] = held
+    return room
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
