@@ -396,7 +396,7 @@ class Split:
         items, frames = rx.split_pick(term) or (term, ())
         split = rx.split_head(items)
         if split is not None:
-            return cls(split[0], split[1], frames)
+            return cls(*_closed(*split), frames)
         return cls(items, rx.EPSILON, frames) if frames else None
 
     def whole(self, end: rx.Rx) -> rx.Rx:
@@ -418,6 +418,20 @@ class Split:
         if self.frames:  # undecided: forbidden, as the DFA forbids it (fsm.lazy_dfa)
             return not rx.pick_is_empty(items, self.frames[-1][0], rx.WALK_LIMIT, undecided=True)
         return not rx.is_empty(items, rx.WALK_LIMIT, undecided=True)
+
+
+def _closed(head: rx.Rx, tail: rx.Rx) -> tuple[rx.Rx, rx.Rx]:
+    """(head, tail), the head taken on through the tail's first part where it may go on after it could end (a
+    repeat without a fixed count, an intersection: a string with `minLength`, a `pattern`) and that part is one byte
+    set (the string's closing quote). Any head that does not match the empty string splits a state exactly; this one
+    ends where its walk's crossing tokens are those that pass that byte, not every token longer than the minimum."""
+    last = head.args[1] if head.kind == "seq" else head
+    while last.kind == "seq":
+        last = last.args[1]
+    opens = (last.kind == "repeat" and last.args[1] != last.args[2]) or last.kind == "and"
+    if opens and tail.kind == "seq" and tail.args[0].kind == "bytes":
+        return rx.seq(head, tail.args[0]), tail.args[1]
+    return head, tail
 
 
 def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:

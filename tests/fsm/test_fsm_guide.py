@@ -364,6 +364,25 @@ def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
     assert len(resumed[0]) > 10 and (walk.cross_state >= 0).mean() > 0.5
 
 
+@pytest.mark.parametrize("value", [{"type": "string", "minLength": 3}, {"type": "string", "pattern": "^a.+$"}],
+                         ids=["minLength", "pattern"])
+def test_a_head_that_could_end_inside_a_string_ends_at_its_quote(tokenizer, value):
+    """A string that may end after some characters and go on (`minLength`, a `pattern`) is walked as a head up to its
+    closing quote: its crossing tokens all pass that quote (the head that stopped at the characters had every token of
+    more characters crossing), and states that share the head allow exactly what their own walks allow."""
+    from fsm import index as ix
+
+    schema = {"type": "object", "properties": {"s": value, "t": value}, "required": ["s", "t"]}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    states = [index.dfa.walk(prefix) for prefix in (b'{"s":"a', b'{"s":"ab","t":"a')]
+    split = ix.Split.of(index.dfa.term(states[0]))
+    walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
+    crossing = index.vocabulary.walk_layout.order[walk.crossing].tolist()
+    assert crossing and all(b'"' in index.vocabulary.token_bytes[t][:-1] for t in crossing)
+    for state in states * 2:  # the second time round a head met before: shared walks
+        assert index.info(state).token_ids.tolist() == sorted(_plain_walk(index, state))
+
+
 def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, monkeypatch, fresh_fsm_caches):
     """Past EAGER_AFTER_HEADS head walks (a document whose states share heads), a head is walked on its own
     at the first state it starts: no plain walk of that state (work counted)."""
