@@ -570,18 +570,39 @@ def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.nd
 
 
 def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
-    """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart."""
+    """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart. Where no
+    token ends without a walk (`fsm.staying`), by a walk of the token trie that stops at the head's ends (with
+    TRIE_WALK off, or with tokens that stay: the column walk)."""
     layout = vocabulary.walk_layout
-    end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, dfa.state_of(head), track_crossing=True)
-    inside = end_states != DEAD
-    distinct = np.flatnonzero(np.bincount(end_states + 1, minlength=dfa.n_states + 1)[1:])
-    number = np.full(dfa.n_states + 1, -1, dtype=np.int32)  # the last slot: DEAD (-1) reads -1
-    number[distinct] = np.arange(len(distinct), dtype=np.int32)
+    start = dfa.state_of(head)
+    stays = list(staying(dfa, layout, start)) if layout.max_length else []
+    if TRIE_WALK and not stays:
+        rows, ends, crossing, cross_at, cross_state = layout.trie.walk_head(dfa, start)
+    else:
+        end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, start, track_crossing=True, stays=stays)
+        rows = np.flatnonzero(end_states != DEAD)
+        ends = end_states[rows]
+    distinct, end_of = _numbered(ends)
+    end_of_row = np.full(len(layout.order), -1, dtype=np.int32)
+    end_of_row[rows] = end_of
+    ids = layout.order[rows]
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
-    allowed[layout.order_index] = inside
-    longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
-    return HeadWalk(dfa, distinct.astype(np.int64), number.take(end_states), crossing, cross_at, cross_state,
-                    allowed, longest)
+    allowed[ids] = True
+    longest = int(layout.lengths[ids].max(initial=0))
+    return HeadWalk(dfa, distinct.astype(np.int64), end_of_row, crossing, cross_at, cross_state, allowed, longest)
+
+
+def _numbered(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, index): the distinct `values` (n,) ascending and each value's index among them; a sort of few
+    values, a count of many (linear in n and the largest value)."""
+    if len(values) < 4096:
+        distinct, index = np.unique(values, return_inverse=True)
+        return distinct, index.astype(np.int32)
+    counts = np.bincount(values)
+    distinct = np.flatnonzero(counts)
+    number = np.zeros(len(counts), dtype=np.int32)
+    number[distinct] = np.arange(len(distinct), dtype=np.int32)
+    return distinct, number.take(values)
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

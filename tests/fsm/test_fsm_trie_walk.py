@@ -65,6 +65,69 @@ def test_the_trie_walk_ends_tokens_where_the_column_walk_does(smol_tokenizer, pa
         assert len(np.unique(rows)) == len(rows) and np.array_equal(got, reference), state
 
 
+def test_a_nodes_subtree_holds_its_tokens_then_every_longer_token_below_it():
+    words = (b"ab", b"abc", b"ab", b"a\x00", b"a", b"", b"b\xc3\xa9", b"\x00", b"abd", b"", b"abcd")
+    vocabulary = Vocabulary(words, ())
+    layout = vocabulary.walk_layout
+    trie, spelled = layout.trie, _spelled(layout.trie, layout)
+    start, size, rows = trie.subtrees
+    assert sorted(rows.tolist()) == list(range(len(layout.order)))
+    prefixes = [bytes([b]) for b in trie.node_bytes[0].tolist()]
+    for j in range(trie.depth):
+        for node, prefix in enumerate(prefixes):
+            below = rows[start[j][node]: start[j][node] + size[j][node]].tolist()
+            own = trie.end_start[j][node + 1] - trie.end_start[j][node]
+            assert all(spelled[r] == prefix for r in below[:own])
+            assert sorted(below) == sorted(r for r, b in spelled.items() if b.startswith(prefix))
+        if j + 1 < trie.depth:
+            starts, following = trie.child_start[j], trie.node_bytes[j + 1].tolist()
+            prefixes = [prefixes[node] + bytes([following[child]]) for node in range(len(prefixes))
+                        for child in range(starts[node], starts[node + 1])]
+
+
+@pytest.mark.parametrize("pattern", [*REGEXES, r"[a-z]+(,[0-9])*", r"x(ab)+y?\}"])
+def test_the_trie_walks_a_head_as_the_column_walk_does(smol_tokenizer, pattern):
+    """A head's walk (tokens that stay inside, crossing tokens with where they first pass an accepting state) is the
+    same from the trie as from the columns, from every state of the head's DFA that no token stays in."""
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    layout = vocabulary.walk_layout
+    dfa = compile_regex(pattern)
+    dfa.explore_all()
+    compared, crossed = 0, 0
+    for state in range(dfa.n_states):
+        if list(ix.staying(dfa, layout, state)) or dfa.accepting[state]:
+            continue
+        ends, crossing, at, where = ix._walk_rows(dfa, layout, state, track_crossing=True, stays=[])
+        rows, got_ends, got_crossing, got_at, got_where = layout.trie.walk_head(dfa, state)
+        got = np.full(len(layout.order), DEAD, dtype=np.int32)
+        got[rows] = got_ends
+        assert np.array_equal(got, ends) and np.array_equal(got_crossing, crossing), state
+        assert np.array_equal(got_at, at) and np.array_equal(got_where, where), state
+        compared, crossed = compared + 1, crossed + len(crossing)
+    assert compared and (crossed or pattern not in (REGEXES[0], r"[a-z]+(,[0-9])*", r"x(ab)+y?\}"))
+
+
+def test_a_head_walk_steps_no_byte_past_the_heads_end(smol_tokenizer, monkeypatch):
+    """A head of one byte (a key's opening quote) ends after it: the walk reads the first byte of every token and sets
+    the longer tokens that start with it apart as crossing, stepping no cell past it (the column walk stepped each
+    of them on through the head's DFA)."""
+    from fsm import rx
+    from fsm.lazy_dfa import LazyDFA
+
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    head = rx.literal('"')
+    dfa = LazyDFA(head)
+    stepped = []
+    step = LazyDFA.step
+    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or step(self, states,
+                                                                                                          data))
+    walk = ix._walk_head(dfa, head, vocabulary)
+    crossing = vocabulary.walk_layout.order[walk.crossing].tolist()
+    assert sum(stepped) == 0 and len(crossing) > 10
+    assert all(vocabulary.token_bytes[t][:1] == b'"' and len(vocabulary.token_bytes[t]) > 1 for t in crossing)
+    assert walk.allowed.sum() == 1 and (walk.cross_at == 1).all()
+
+
 def _cases() -> list[tuple[str, dict, object]]:
     if not DATA.is_dir():
         return []
