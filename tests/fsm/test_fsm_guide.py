@@ -182,6 +182,19 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
     assert (work < full_work / 2) if free else (work == full_work)
 
 
+def test_a_choice_of_words_derives_no_row_to_look_for_free_text(smol_tokenizer, monkeypatch):
+    """Where each first character leads to its own word (an enum's values), no state after it can loop on enough
+    bytes, nor do enough first characters lead there to count: a derivative or two of each says so, not a row of
+    derivatives (`staying.char_ends`) per word."""
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "iota", "kappa"]
+    guide = fsm.Guide.from_schema({"enum": words}, smol_tokenizer)
+    index, layout = guide.index, guide.index.vocabulary.walk_layout
+    state = index.dfa.walk(b'"')
+    looked, char_ends = [], staying.char_ends
+    monkeypatch.setattr(staying, "char_ends", lambda dfa, s: looked.append(s) or char_ends(dfa, s))
+    assert list(staying.staying(index.dfa, layout, state)) == [] and looked == [state]
+
+
 @pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "pattern": "^[^数]*$"}])
 def test_tokens_of_whole_characters_end_in_place_without_a_walk(tokenizer, monkeypatch, schema):
     """In free text, tokens whose characters are multi-byte (é, 数) end in place like ASCII ones, unwalked,
@@ -374,7 +387,8 @@ def test_a_head_that_could_end_inside_a_string_ends_at_its_quote(tokenizer, valu
 
     schema = {"type": "object", "properties": {"s": value, "t": value}, "required": ["s", "t"]}
     index = fsm.Guide.from_schema(schema, tokenizer).index
-    states = [index.dfa.walk(prefix) for prefix in (b'{"s":"a', b'{"s":"ab","t":"a')]
+    states = [index.dfa.walk(prefix) for prefix in (b'{"s":"a', b'{"s":"abc","t":"a')]
+    assert DEAD not in states
     split = ix.Split.of(index.dfa.term(states[0]))
     walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
     crossing = index.vocabulary.walk_layout.order[walk.crossing].tolist()
