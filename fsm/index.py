@@ -283,8 +283,9 @@ class TokenIndex:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
         token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
-        split = Split.of(self.dfa.term(state))
-        if split is None or not self._met_before(split.head):
+        term = self.dfa.term(state)
+        split = Split.of(term)
+        if split is None or (TRIE_WALK and _starts_literal(term)) or not self._met_before(split.head):
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
         walk = self._head_walk(split.head)
         ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
@@ -448,6 +449,9 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     Where no token ends without a walk (`fsm.staying`), by one walk of the token trie (`fsm.token_trie`), else
     (or with TRIE_WALK off: the reference of the tests) by the column walk."""
     layout = vocabulary.walk_layout
+    if TRIE_WALK and layout.max_length and _starts_literal(dfa.term(state)):
+        rows, end_states = layout.trie.walk_along(dfa, _literal_steps(dfa, state))
+        return layout.order[rows].astype(np.int64), end_states.astype(np.int64)
     stays = list(staying(dfa, layout, state)) if layout.max_length else []
     if TRIE_WALK and not stays:
         rows, end_states = layout.trie.walk(dfa, state)
@@ -455,6 +459,28 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     end_states = _walk_rows(dfa, layout, state, stays=stays)[0]
     rows = np.flatnonzero(end_states != DEAD)
     return layout.order[rows].astype(np.int64), end_states[rows].astype(np.int64)
+
+
+def _literal_steps(dfa: LazyDFA, state: int):
+    """(byte, state after it) along the literal `state`'s term starts with (a chain of one-byte parts: a key,
+    punctuation), read off the terms as far as the caller reads, with one DFA cell per byte."""
+    term = dfa.term(state)
+    while True:
+        first = term.args[0] if term.kind == "seq" else term
+        if first.kind != "bytes" or first.args[0] & (first.args[0] - 1):  # not exactly one byte
+            return
+        byte = rx.lowest_byte(first.args[0])
+        state = dfa.next(state, byte)
+        if state == DEAD:
+            return
+        yield byte, state
+        term = dfa.term(state)
+
+
+def _starts_literal(term: rx.Rx) -> bool:
+    """Whether `term` starts with one possible byte (`_literal_path` walks it)."""
+    first = term.args[0] if term.kind == "seq" else term
+    return first.kind == "bytes" and not first.args[0] & (first.args[0] - 1)
 
 
 def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, stays: list | None = None):

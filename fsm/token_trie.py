@@ -11,6 +11,7 @@ level, so the lazy DFA grows alike.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -76,22 +77,52 @@ class TokenTrie:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
         states = dfa.row(state).take(self.node_bytes[0])  # (n_0,) the state after each first byte
         nodes = np.flatnonzero(states != DEAD)
-        states = states[nodes]
-        out_rows, out_states = [], []
-        for j in range(self.depth):
+        return _joined(self._walk_below(dfa, 0, nodes, states[nodes]))
+
+    def walk_along(self, dfa: LazyDFA, steps) -> tuple[np.ndarray, np.ndarray]:
+        """`walk` from a state whose only live continuations start with a literal (a key, punctuation), given as
+        `steps`, an iterable of (byte, the state after it) read as far as tokens spell it: the tokens that spell a
+        prefix of it (found by bisection, one node per byte, whatever the tokens sharing those bytes), then, where the
+        literal ends inside some token, a walk below its last byte from the state there."""
+        out, lo, hi, node, j = [], 0, len(self.node_bytes[0]), -1, -1
+        for byte, state in steps:
+            if node >= 0:  # the node of the byte before: its tokens end inside the literal
+                rows = self.end_rows[j][self.end_start[j][node]: self.end_start[j][node + 1]]
+                if len(rows):
+                    out.append((rows, np.full(len(rows), before, dtype=np.int32)))
+                lo, hi = int(self.child_start[j][node]), int(self.child_start[j][node + 1])
+            j += 1
+            if j == self.depth or lo == hi:  # no token spells more of it
+                return _joined(out)
+            spelled = self.node_text[j]
+            node = bisect.bisect_left(spelled, byte, lo, hi)
+            if node == hi or spelled[node] != byte:
+                return _joined(out)
+            before = state
+        if node >= 0:  # the literal ends here: its tokens and those below go on from the state after it
+            out.extend(self._walk_below(dfa, j, np.asarray([node]), np.asarray([before], dtype=np.int32)))
+        return _joined(out)
+
+    def _walk_below(self, dfa: LazyDFA, depth: int, nodes: np.ndarray, states: np.ndarray) -> list:
+        """[(rows, ends)] of the tokens ending at or below `nodes` of `depth`, from `states` (the state after each
+        node's bytes)."""
+        out = []
+        for j in range(depth, self.depth):
             rows, owner = _ranges(self.end_start[j], nodes, self.end_rows[j])
             if len(rows):
-                out_rows.append(rows)
-                out_states.append(states[owner])
+                out.append((rows, states[owner]))
             children, owner = _ranges(self.child_start[j], nodes)
             if not len(children):
                 break
             states = dfa.step(states[owner], self.node_bytes[j + 1][children])
             alive = states != DEAD
             nodes, states = children[alive], states[alive]
-        if not out_rows:
-            return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        return np.concatenate(out_rows), np.concatenate(out_states)
+        return out
+
+    @cached_property
+    def node_text(self) -> tuple[bytes, ...]:
+        """node_bytes per depth as bytes, for bisection."""
+        return tuple(b.tobytes() for b in self.node_bytes)
 
     def walk_head(self, dfa: LazyDFA, state: int):
         """A head's walk (`fsm.index.HeadWalk`) from `state`: (rows, ends) of the tokens that survive without passing
@@ -162,6 +193,12 @@ class TokenTrie:
             first = np.repeat(start[j] - self.end_start[j][:-1], own[j])  # (tokens of j + 1 bytes,)
             rows[first + np.arange(len(self.end_rows[j]))] = self.end_rows[j]
         return tuple(start), tuple(size), rows
+
+
+def _joined(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    return np.concatenate([rows for rows, _ in parts]), np.concatenate([ends for _, ends in parts])
 
 
 def _no_crossing() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

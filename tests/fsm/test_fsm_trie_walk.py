@@ -128,6 +128,26 @@ def test_a_head_walk_steps_no_byte_past_the_heads_end(smol_tokenizer, monkeypatc
     assert walk.allowed.sum() == 1 and (walk.cross_at == 1).all()
 
 
+@pytest.mark.parametrize("prefix", [b'{"', b'{"extraordinarily_long_key_na', b'{"extraordinarily_long_key_name"'])
+def test_a_literal_is_walked_along_its_bytes(smol_tokenizer, monkeypatch, prefix):
+    """A state whose term starts with a literal (inside a key, before a value) finds the tokens that spell a prefix of
+    it by bisection in the trie, one DFA cell per byte, and walks only below the literal's end (the tokens that spell
+    it whole): the same tokens and end states as the column walk, and no row of the DFA filled for the literal."""
+    from fsm.lazy_dfa import LazyDFA
+
+    key = "extraordinarily_long_key_name"
+    schema = {"type": "object", "properties": {key: {"type": "integer"}}, "required": [key]}
+    guide = fsm.Guide.from_schema(schema, smol_tokenizer)
+    index, state = guide.index, guide.index.dfa.walk(prefix)
+    rows_filled, row = [], LazyDFA.row
+    monkeypatch.setattr(LazyDFA, "row", lambda self, s: rows_filled.append(s) or row(self, s))
+    ids, ends = ix._walk_all_tokens(index.dfa, index.vocabulary, state)
+    assert rows_filled == []
+    reference = ix._walk_rows(index.dfa, index.vocabulary.walk_layout, state, stays=[])[0]
+    expected = {int(index.vocabulary.walk_layout.order[r]): int(e) for r, e in enumerate(reference) if e != DEAD}
+    assert dict(zip(ids.tolist(), ends.tolist())) == expected and expected
+
+
 def _cases() -> list[tuple[str, dict, object]]:
     if not DATA.is_dir():
         return []
