@@ -82,9 +82,19 @@ class TokenTrie:
     def walk_along(self, dfa: LazyDFA, steps) -> tuple[np.ndarray, np.ndarray]:
         """`walk` from a state whose only live continuations start with a literal (a key, punctuation), given as
         `steps`, an iterable of (byte, the state after it) read as far as tokens spell it: the tokens that spell a
-        prefix of it (found by bisection, one node per byte, whatever the tokens sharing those bytes), then, where the
-        literal ends inside some token, a walk below its last byte from the state there."""
-        out, lo, hi, node, j = [], 0, len(self.node_bytes[0]), -1, -1
+        prefix of it (`descend`), then, where the literal ends inside some token, a walk below its last byte from the
+        state there."""
+        parts, end = self.descend(steps)
+        if end is not None:
+            depth, node, state = end
+            parts.extend(self._walk_below(dfa, depth, np.asarray([node]), np.asarray([state], dtype=np.int32)))
+        return _joined(parts)
+
+    def descend(self, steps) -> tuple[list, tuple[int, int, int] | None]:
+        """([(rows, ends)] of the tokens that end inside a literal, found by bisection, one node per byte, whatever the
+        tokens sharing those bytes; and (depth, node, state) where the literal ends at a node of the trie: the tokens
+        ending there or below go on from `state`, None where no token spells it whole). `steps` as in `walk_along`."""
+        out, lo, hi, node, j, before = [], 0, len(self.node_bytes[0]), -1, -1, DEAD
         for byte, state in steps:
             if node >= 0:  # the node of the byte before: its tokens end inside the literal
                 rows = self.end_rows[j][self.end_start[j][node]: self.end_start[j][node + 1]]
@@ -93,15 +103,19 @@ class TokenTrie:
                 lo, hi = int(self.child_start[j][node]), int(self.child_start[j][node + 1])
             j += 1
             if j == self.depth or lo == hi:  # no token spells more of it
-                return _joined(out)
+                return out, None
             spelled = self.node_text[j]
             node = bisect.bisect_left(spelled, byte, lo, hi)
             if node == hi or spelled[node] != byte:
-                return _joined(out)
+                return out, None
             before = state
-        if node >= 0:  # the literal ends here: its tokens and those below go on from the state after it
-            out.extend(self._walk_below(dfa, j, np.asarray([node]), np.asarray([before], dtype=np.int32)))
-        return _joined(out)
+        return out, ((j, node, before) if node >= 0 else None)
+
+    def below(self, depth: int, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """(own, longer): the rows of the tokens ending at `node` of `depth`, and of those below it (ascending)."""
+        start, size, rows = self.subtrees
+        first, own = start[depth][node], self.end_start[depth][node + 1] - self.end_start[depth][node]
+        return rows[first: first + own], np.sort(rows[first + own: first + size[depth][node]])
 
     def _walk_below(self, dfa: LazyDFA, depth: int, nodes: np.ndarray, states: np.ndarray) -> list:
         """[(rows, ends)] of the tokens ending at or below `nodes` of `depth`, from `states` (the state after each

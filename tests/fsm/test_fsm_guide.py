@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import fsm
-from fsm import rx, staying
+from fsm import crossing, rx, staying
+from fsm import index as ix
 from fsm.lazy_dfa import DEAD
 from fsm.vocabulary import vocabulary_from_tokenizer
 from tests.fsm_walk import random_walk, text_of
@@ -353,7 +354,7 @@ def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer,
             assert nxt == expected[token] or _same_language(index.dfa.term(nxt), index.dfa.term(expected[token]))
     again = [index.dfa.walk(b'alpha":1}', state) for state in states]
     assert again[0] == DEAD and DEAD not in again[1:]
-    assert index._head_bytes[0] == sum(walk.nbytes for walk in index._heads.values())  # masks kept count
+    assert index.heads.head_bytes == sum(walk.nbytes for walk in index.heads.heads.values())  # masks kept count
 
 
 def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
@@ -371,10 +372,64 @@ def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
     split = ix.Split.of(index.dfa.term(state))
     walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
     layout = index.vocabulary.walk_layout
-    resumed = ix._walk_crossing(index.dfa, layout, state, walk, split)
-    from_start = ix._walk_on(index.dfa, layout, walk.crossing, np.full(len(walk.crossing), state, np.int32), 0)
-    assert dict(zip(*(a.tolist() for a in resumed))) == dict(zip(*(a.tolist() for a in from_start)))
-    assert len(resumed[0]) > 10 and (walk.cross_state >= 0).mean() > 0.5
+    crossed, from_start = crossing.Crossed(), crossing.Crossed()
+    crossing.cross_on(walk, split, walk.groups, index.dfa, layout, crossed, ix.Split.of, lambda nbytes: True)
+    crossing._add_walked(from_start, index.dfa, layout, walk.crossing, 0, state)
+    resumed, expected = (_crossed_states(index, c) for c in (crossed, from_start))
+    assert sorted(resumed) == sorted(expected) and len(resumed) > 10 and (walk.cross_state >= 0).mean() > 0.5
+    pairs = {(resumed[t], expected[t]) for t in resumed}  # the same places, told apart by the tokens they allow
+    assert all(a == b or sorted(_plain_walk(index, a)) == sorted(_plain_walk(index, b)) for a, b in pairs)
+
+
+def test_crossing_tokens_go_on_through_the_next_heads_walked_once(tokenizer, monkeypatch, fresh_fsm_caches):
+    """Inside two string values of one object (heads alike, tails that differ: what follows them is another key),
+    the tokens that pass the closing quote go on through the heads that follow it (a comma, a key's quote) as groups
+    walked once and kept: the second state walks fewer of them, grows the whole DFA by no state for its crossing
+    tokens, and allows exactly what a walk of the vocabulary from it allows."""
+    keys = ("alpha", "beta", "gamma")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    states = [index.dfa.walk(prefix) for prefix in (b'{"alpha":"a', b'{"alpha":"a","beta":"b')]
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"b","gamma":"'))  # the string's head met before
+    groups, walk_group = [], crossing.walk_group
+    monkeypatch.setattr(crossing, "walk_group", lambda *args: groups.append(args[3]) or walk_group(*args))
+    counts, grown = [], []
+    for state in states:
+        groups.clear()
+        before = index.dfa.n_states
+        info = index.info(state)
+        counts.append(len(groups))
+        grown.append(index.dfa.n_states - before)
+        assert info.token_ids.tolist() == sorted(_plain_walk(index, state))
+    assert counts[0] >= 2 and counts[1] < counts[0]
+    if isinstance(info, ix.HeadStateInfo):  # every token is token-live: the crossing tokens' states are numbered
+        assert grown[1] == 0  # when a token goes there
+
+
+def test_a_head_is_walked_once_for_every_schema_over_a_vocabulary(smol_tokenizer, monkeypatch, fresh_fsm_caches):
+    """Two schemas with a free string value share its head's walk (a function of the head and the tokens): the
+    second schema's string state walks no token of the vocabulary, plainly or as a head."""
+    walks, walk_head, walk_all = [], ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append("head") or walk_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: walks.append("plain") or walk_all(*args))
+    for key in ("first", "second"):
+        schema = {"type": "object", "properties": {key: {"type": "string"}, "other": {"type": "string"}},
+                  "required": [key, "other"]}
+        index = fsm.Guide.from_schema(schema, smol_tokenizer).index
+        states = [index.dfa.walk(b'{"%s":"a' % key.encode()), index.dfa.walk(b'{"%s":"a","other":"b' % key.encode())]
+        walks.clear()
+        infos = [index.info(state) for state in states]
+        assert walks == ([] if key == "second" else ["plain", "head"])
+        for state, info in zip(states, infos):
+            assert info.token_ids.tolist() == sorted(_plain_walk(index, state))
+
+
+def _crossed_states(index, crossed) -> dict[int, int]:
+    """token -> the state it leads to, of the crossing tokens gathered in `crossed`."""
+    from fsm import index as ix
+
+    ids, slots, _ = ix._crossed_arrays(crossed)
+    return {t: ix._number_target(index.dfa, crossed.targets, s) for t, s in zip(ids.tolist(), slots.tolist())}
 
 
 @pytest.mark.parametrize("value", [{"type": "string", "minLength": 3}, {"type": "string", "pattern": "^a.+$"}],
