@@ -457,6 +457,10 @@ class Split:
         plain = self.head.plain and self.tail.plain and all(owner.plain for owner, _ in self.frames)
         if plain and (not self.frames or self.tail is not rx.EPSILON):
             return np.full(len(ends), self._leads_on(ends[0]) if ends else True)
+        if not self.frames:  # seq(end, tail) is empty where a part of either is: the tail is asked once
+            if _forbidden(self.tail):
+                return np.zeros(len(ends), dtype=bool)
+            return np.fromiter((not _forbidden(end) for end in ends), dtype=bool, count=len(ends))
         return np.fromiter((self._leads_on(end) for end in ends), dtype=bool, count=len(ends))
 
     def _leads_on(self, end: rx.Rx) -> bool:
@@ -464,6 +468,12 @@ class Split:
         if self.frames:  # undecided: forbidden, as the DFA forbids it (fsm.lazy_dfa)
             return not rx.pick_is_empty(items, self.frames[-1][0], rx.WALK_LIMIT, undecided=True)
         return not rx.is_empty(items, rx.WALK_LIMIT, undecided=True)
+
+
+def _forbidden(term: rx.Rx) -> bool:
+    """Whether a walk treats `term` as DEAD (empty, or undecided within rx.WALK_LIMIT: `fsm.lazy_dfa`). A sequence's
+    answer is its parts' (empty where one is, else undecided where one is): seq(end, tail) asks end's and tail's."""
+    return rx.is_empty(term, rx.WALK_LIMIT, undecided=True)
 
 
 def _closed(head: rx.Rx, tail: rx.Rx) -> tuple[rx.Rx, rx.Rx]:
