@@ -74,7 +74,8 @@ class HeadWalk:
 
     dfa: LazyDFA  # the index's DFA of heads (one for all heads: rows filled for one serve the next)
     ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` the tokens that stay inside end in
-    end_of_row: np.ndarray  # (n_tokens,) int32 index into `ends` of each token, -1 for the others
+    inside: np.ndarray  # (k,) int32 rows (ascending) of the tokens that stay inside
+    end_of: np.ndarray  # (k,) int32 index into `ends` of each
     crossing: np.ndarray  # (m,) int64 rows of walk_layout.order (ascending) of the crossing tokens
     cross_at: np.ndarray  # (m,) int32 bytes before each one first passes an end of the head (0: not known)
     cross_state: np.ndarray  # (m,) int32 the state of `dfa` there (-1: not known; walked from the start)
@@ -98,7 +99,7 @@ class HeadWalk:
         if found is None:
             allowed = self.allowed.copy() if len(extra_ids) or dead.any() else self.allowed
             if dead.any():
-                allowed[order[np.append(dead, False).take(self.end_of_row)]] = False  # -1 (not inside) reads False
+                allowed[order[self.inside[dead.take(self.end_of)]]] = False
             allowed[extra_ids] = True
             found = self._masks[key] = torch.from_numpy(allowed)
             self._mask_bytes[0] += found.numel()
@@ -107,8 +108,15 @@ class HeadWalk:
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays and of the masks it keeps for its states."""
-        arrays = (self.ends, self.end_of_row, self.crossing, self.cross_at, self.cross_state, self.allowed)
+        arrays = (self.ends, self.inside, self.end_of, self.crossing, self.cross_at, self.cross_state, self.allowed)
         return sum(a.nbytes for a in arrays) + self._mask_bytes[0]
+
+    def end_index(self, rows: np.ndarray) -> np.ndarray:
+        """(n,) int32: the index into `ends` of the tokens at `rows`, -1 for those that do not stay inside."""
+        at = np.searchsorted(self.inside, rows).clip(max=max(len(self.inside) - 1, 0))
+        if not len(self.inside):
+            return np.full(len(rows), -1, dtype=np.int32)
+        return np.where(self.inside[at] == rows, self.end_of[at], -1).astype(np.int32)
 
 
 UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
@@ -148,7 +156,7 @@ class HeadStateInfo:
             return self._target(int(self.extra_slots[i]))
         if not self.walk.allowed[token_id]:
             return DEAD
-        end = int(self.walk.end_of_row[self.row_of[token_id]])
+        end = int(self.walk.end_index(self.row_of[token_id: token_id + 1])[0])
         if self.mains[end] == UNNUMBERED:
             self.mains[end] = self.number(end)
         return int(self.mains[end])
@@ -164,7 +172,7 @@ class HeadStateInfo:
         ids = self.token_ids
         at = np.searchsorted(self.extra_ids, ids).clip(max=max(len(self.extra_ids) - 1, 0))  # (n,)
         extra = self.extra_ids[at] == ids if len(self.extra_ids) else np.zeros(len(ids), dtype=bool)
-        ends = self.walk.end_of_row[self.row_of[ids]]  # (n,) -1 for the crossing (extra) ids
+        ends = self.walk.end_index(self.row_of[ids])  # (n,) -1 for the crossing (extra) ids
         for end in np.unique(ends[~extra]).tolist():
             if self.mains[end] == UNNUMBERED:
                 self.mains[end] = self.number(end)
@@ -328,9 +336,8 @@ class TokenIndex:
         self.heads.grow(split.head, walk.nbytes - before)
         mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int64)
         more_nexts = np.asarray([number_target(slot) for slot in slots.tolist()], dtype=np.int64)
-        inside = np.flatnonzero(walk.end_of_row >= 0)
-        ids = np.concatenate([layout.order[inside], more_ids]).astype(np.int64)
-        nexts = np.concatenate([mains[walk.end_of_row[inside]], more_nexts])
+        ids = np.concatenate([layout.order[walk.inside], more_ids]).astype(np.int64)
+        nexts = np.concatenate([mains[walk.end_of], more_nexts])
         alive = nexts != DEAD
         return ids[alive], nexts[alive]
 
@@ -646,14 +653,14 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
         end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, start, track_crossing=True, stays=stays)
         rows = np.flatnonzero(end_states != DEAD)
         ends = end_states[rows]
+    order = np.argsort(rows, kind="stable")
+    rows, ends = rows[order].astype(np.int32), ends[order]
     distinct, end_of = _numbered(ends)
-    end_of_row = np.full(len(layout.order), -1, dtype=np.int32)
-    end_of_row[rows] = end_of
     ids = layout.order[rows]
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
     allowed[ids] = True
     longest = int(layout.lengths[ids].max(initial=0))
-    return HeadWalk(dfa, distinct.astype(np.int64), end_of_row, crossing, cross_at, cross_state, allowed, longest)
+    return HeadWalk(dfa, distinct.astype(np.int64), rows, end_of, crossing, cross_at, cross_state, allowed, longest)
 
 
 def _numbered(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

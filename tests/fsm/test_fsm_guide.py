@@ -245,9 +245,8 @@ def test_counted_text_in_a_head_walk_keeps_the_crossing_tokens_apart(tokenizer, 
         monkeypatch.setattr(staying, "MIN_LOOP_BYTES", min_loop_bytes)
         dfa = LazyDFA(head)
         walk = ix._walk_head(dfa, head, vocabulary_from_tokenizer(tokenizer))
-        inside = walk.end_of_row >= 0
-        ends = [dfa.term(end).id for end in walk.ends[walk.end_of_row[inside]].tolist()]
-        walks[min_loop_bytes] = (np.flatnonzero(inside).tolist(), ends, walk.crossing.tolist())
+        ends = [dfa.term(end).id for end in walk.ends[walk.end_of].tolist()]
+        walks[min_loop_bytes] = (walk.inside.tolist(), ends, walk.crossing.tolist())
     assert walks[32] == walks[257]
     assert len(walks[32][0]) > 1000  # tokens of letters and digits stay inside
 

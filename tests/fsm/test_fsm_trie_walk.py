@@ -110,7 +110,7 @@ def test_the_trie_walks_a_head_as_the_column_walk_does(smol_tokenizer, pattern):
 def test_a_head_walk_steps_no_byte_past_the_heads_end(smol_tokenizer, monkeypatch):
     """A head of one byte (a key's opening quote) ends after it: the walk reads the first byte of every token and sets
     the longer tokens that start with it apart as crossing, stepping no cell past it (the column walk stepped each
-    of them on through the head's DFA)."""
+    of them on through the head's DFA), and keeps arrays over its own tokens, not over the vocabulary."""
     from fsm import rx
     from fsm.lazy_dfa import LazyDFA
 
@@ -126,6 +126,7 @@ def test_a_head_walk_steps_no_byte_past_the_heads_end(smol_tokenizer, monkeypatc
     assert sum(stepped) == 0 and len(crossing) > 10
     assert all(vocabulary.token_bytes[t][:1] == b'"' and len(vocabulary.token_bytes[t]) > 1 for t in crossing)
     assert walk.allowed.sum() == 1 and (walk.cross_at == 1).all()
+    assert walk.nbytes < 2 * vocabulary.vocab_size  # arrays over the tokens inside, not over the vocabulary
 
 
 @pytest.mark.parametrize("prefix", [b'{"', b'{"extraordinarily_long_key_na', b'{"extraordinarily_long_key_name"'])
