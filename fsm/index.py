@@ -604,12 +604,12 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, s
         positions, states = positions[:ended], states[:ended]
         if not len(positions):
             break
-        if track_crossing:
+        if track_crossing:  # a token passing an accepting state is set apart there: it walks no further
             accepting = dfa.accepting.take(states)
-            newly = accepting & ~crossed[positions]
-            if newly.any():
-                first_at.append((positions[newly], j, states[newly]))
-                crossed[positions[newly]] = True
+            if accepting.any():
+                first_at.append((positions[accepting], j, states[accepting]))
+                crossed[positions[accepting]] = True
+                positions, states = positions[~accepting], states[~accepting]
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]

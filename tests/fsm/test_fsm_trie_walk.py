@@ -149,6 +149,25 @@ def test_a_literal_is_walked_along_its_bytes(smol_tokenizer, monkeypatch, prefix
     assert dict(zip(ids.tolist(), ends.tolist())) == expected and expected
 
 
+def test_a_column_head_walk_steps_no_token_past_the_heads_end(smol_tokenizer, monkeypatch):
+    """A string's head (its characters and closing quote) is walked by columns, the free text set apart without a
+    walk (`fsm.staying`): a token that passes the quote is set apart there as crossing and stepped no further (no
+    step starts from an accepting state of the head)."""
+    from fsm import rx
+    from fsm.json_terms import QUOTE, STRING_CHAR
+    from fsm.lazy_dfa import LazyDFA
+
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    head = rx.seq(rx.star(STRING_CHAR), QUOTE)
+    dfa = LazyDFA(head)
+    assert list(ix.staying(dfa, vocabulary.walk_layout, dfa.state_of(head)))  # the column walk, not the trie's
+    from_accepting, step = [], LazyDFA.step
+    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: from_accepting.append(
+        int(self.accepting.take(states).sum())) or step(self, states, data))
+    walk = ix._walk_head(dfa, head, vocabulary)
+    assert len(walk.crossing) > 10 and sum(from_accepting) == 0
+
+
 def _cases() -> list[tuple[str, dict, object]]:
     if not DATA.is_dir():
         return []
