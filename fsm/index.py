@@ -462,8 +462,9 @@ class Split:
         terms match something unless they are NOTHING: without a list the answer is yes (a live end and a
         live tail), and behind a tail it is one for every end (the tail's hole decides)."""
         plain = self.head.plain and self.tail.plain and all(owner.plain for owner, _ in self.frames)
-        if plain and (not self.frames or self.tail is not rx.EPSILON):
-            return np.full(len(ends), self._leads_on(ends[0]) if ends else True)
+        if plain and (not self.frames or self.tail is not rx.EPSILON):  # the tail's holes are seq(end, tail)'s
+            live = self.tail is not rx.NOTHING and not (self.frames and rx.pick_is_empty(self.tail, self.frames[-1][0]))
+            return np.fromiter((live and end is not rx.NOTHING for end in ends), dtype=bool, count=len(ends))
         if not self.frames:  # seq(end, tail) is empty where a part of either is: the tail is asked once
             if _forbidden(self.tail):
                 return np.zeros(len(ends), dtype=bool)

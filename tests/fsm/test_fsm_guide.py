@@ -423,21 +423,23 @@ def test_a_head_is_walked_once_for_every_schema_over_a_vocabulary(smol_tokenizer
             assert info.token_ids.tolist() == sorted(_plain_walk(index, state))
 
 
-def test_which_ends_lead_on_asks_the_tail_once_and_builds_no_term(smol_tokenizer, monkeypatch):
-    """Behind a tail that is not plain (a `pattern` later in the document), whether an end of the head leads on is
-    asked of the end and of the tail apart (a sequence is empty where a part is): the same answers as asking each
-    seq(end, tail), without building one."""
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "pattern": "^x+$"}},
-              "required": ["a", "b"]}
+@pytest.mark.parametrize("b", [{"type": "string", "pattern": "^x+$"}, {"type": "integer"}], ids=["pattern", "plain"])
+def test_which_ends_lead_on_asks_the_tail_once_and_builds_no_term(smol_tokenizer, monkeypatch, b):
+    """Whether an end of the head leads on is asked of the end and of the tail apart (a sequence is empty where a
+    part is; behind a plain tail every end that is something does): the same answers as asking each seq(end, tail),
+    without building one, also behind a tail that is not plain (a `pattern` later in the document)."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": b}, "required": ["a", "b"]}
     index = fsm.Guide.from_schema(schema, smol_tokenizer).index
     split = ix.Split.of(index.dfa.term(index.dfa.walk(b'{"a":"q')))
-    assert not split.tail.plain and not split.frames
+    assert split.tail.plain == ("pattern" not in b) and not split.frames
     head_dfa = fsm.regex.LazyDFA(split.head).explore_all()
     ends = [head_dfa.term(s) for s in range(head_dfa.n_states)] + [rx.NOTHING]
     expected = [not rx.is_empty(rx.seq(end, split.tail), rx.WALK_LIMIT, undecided=True) for end in ends]
     built, seq = [], rx.seq
     monkeypatch.setattr(rx, "seq", lambda *parts: built.append(parts) or seq(*parts))
     assert split.leads_on(ends).tolist() == expected and built == [] and any(expected) and not all(expected)
+    if split.tail.plain:
+        assert split.leads_on(ends[:-1]).tolist() == expected[:-1] and built == []
 
 
 def _crossed_states(index, crossed) -> dict[int, int]:
