@@ -108,11 +108,12 @@ class Crossed:
     targets: list = field(default_factory=list)  # slot -> (split, end term) or a numbered state (int)
 
 
-def cross_on(walk, split, groups, dfa: LazyDFA, layout, out: Crossed, split_of, keep) -> None:
+def cross_on(walk, split, groups, dfa: LazyDFA, layout, out: Crossed, split_of, keep, dfa_for) -> None:
     """Add to `out` the tokens of `groups` (((at, state of walk.dfa), rows) of tokens that pass an end of the head
     `split` walked in `walk`) that survive in what follows, walking each group through the next head (a GroupWalk
-    kept on `walk`) or, where what follows has no head, through `dfa` itself. `split_of` is Split.of; `keep(bytes)`
-    counts the bytes of a new group walk kept (it returns False where none may be kept)."""
+    kept on `walk`, walked in `dfa_for(head)`: the DFA of heads) or, where what follows has no head, through `dfa`
+    itself. `split_of` is Split.of; `keep(bytes)` counts the bytes of a new group walk kept (it returns False where
+    none may be kept)."""
     for (at, where), rows in groups:
         follow = split.whole(walk.dfa.term(where))
         if follow is rx.NOTHING or (not follow.plain and rx.is_empty(follow, rx.WALK_LIMIT, undecided=True)):
@@ -125,13 +126,14 @@ def cross_on(walk, split, groups, dfa: LazyDFA, layout, out: Crossed, split_of, 
         key = (at, where, nxt.head)
         group = walk.next.get(key)
         if group is None:
-            group = walk_group(walk.dfa, layout, rows, at, walk.dfa.state_of(nxt.head))
+            head_dfa = dfa_for(nxt.head)
+            group = walk_group(head_dfa, layout, rows, at, head_dfa.state_of(nxt.head))
             if len(walk.next) < MAX_NEXT and keep(group.nbytes):
                 walk.next[key] = group
-        walk_on(group, nxt, dfa, layout, out, split_of, keep)
+        walk_on(group, nxt, dfa, layout, out, split_of, keep, dfa_for)
 
 
-def walk_on(group: GroupWalk, split, dfa: LazyDFA, layout, out: Crossed, split_of, keep) -> None:
+def walk_on(group: GroupWalk, split, dfa: LazyDFA, layout, out: Crossed, split_of, keep, dfa_for) -> None:
     """Add to `out` the tokens of `group` (walked through the head of `split`) that survive in `split`'s state: those
     ending inside the head at an end that leads on (`Split.leads_on`), then those passing it (`cross_on`)."""
     ends = [group.dfa.term(end) for end in group.ends.tolist()]
@@ -143,7 +145,7 @@ def walk_on(group: GroupWalk, split, dfa: LazyDFA, layout, out: Crossed, split_o
             out.ids.append(layout.order[group.inside[kept]])
             out.slots.append(group.end_of[kept] + first)
     if group.groups:
-        cross_on(group, split, group.groups, dfa, layout, out, split_of, keep)
+        cross_on(group, split, group.groups, dfa, layout, out, split_of, keep, dfa_for)
 
 
 def _add_walked(out: Crossed, dfa: LazyDFA, layout, rows: np.ndarray, at: int, there: int) -> None:

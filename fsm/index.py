@@ -324,7 +324,8 @@ class TokenIndex:
         unknown = walk.cross_state < 0  # set apart without a walk (`fsm.staying`): walked from the start
         if unknown.any():
             _add_walked(crossed, self.dfa, layout, walk.crossing[unknown], 0, state)
-        cross_on(walk, split, walk.groups, self.dfa, layout, crossed, Split.of, partial(_keep, walk))
+        cross_on(walk, split, walk.groups, self.dfa, layout, crossed, Split.of, partial(_keep, walk),
+                 self.heads.dfa_for)
         more_ids, slots, targets = _crossed_arrays(crossed)
         number = partial(_number_end, self.dfa, split, ends)
         number_target = partial(_number_target, self.dfa, crossed.targets)
@@ -381,7 +382,7 @@ class TokenIndex:
                 group = walk_group(head_dfa, layout, longer, depth + 1, head_dfa.state_of(split.head))
                 heads.keep_below(key, group)
             crossed = Crossed()
-            walk_on(group, split, self.dfa, layout, crossed, Split.of, heads.count_below)
+            walk_on(group, split, self.dfa, layout, crossed, Split.of, heads.count_below, heads.dfa_for)
             more, slots, _ = _crossed_arrays(crossed)
             states = {slot: _number_target(self.dfa, crossed.targets, slot) for slot in np.unique(slots).tolist()}
             ids.append(more)

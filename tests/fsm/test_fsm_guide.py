@@ -372,7 +372,8 @@ def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
     walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
     layout = index.vocabulary.walk_layout
     crossed, from_start = crossing.Crossed(), crossing.Crossed()
-    crossing.cross_on(walk, split, walk.groups, index.dfa, layout, crossed, ix.Split.of, lambda nbytes: True)
+    crossing.cross_on(walk, split, walk.groups, index.dfa, layout, crossed, ix.Split.of, lambda nbytes: True,
+                      index.heads.dfa_for)
     crossing._add_walked(from_start, index.dfa, layout, walk.crossing, 0, state)
     resumed, expected = (_crossed_states(index, c) for c in (crossed, from_start))
     assert sorted(resumed) == sorted(expected) and len(resumed) > 10 and (walk.cross_state >= 0).mean() > 0.5
@@ -403,6 +404,23 @@ def test_crossing_tokens_go_on_through_the_next_heads_walked_once(tokenizer, mon
     assert counts[0] >= 2 and counts[1] < counts[0]
     if isinstance(info, ix.HeadStateInfo):  # every token is token-live: the crossing tokens' states are numbered
         assert grown[1] == 0  # when a token goes there
+
+
+def test_group_walks_grow_the_current_dfa_of_heads(tokenizer, fresh_fsm_caches):
+    """Once the DFA of heads started over (past half of max_states), the groups of a head walked in the old one are
+    walked on in the new one: an old walk kept in the cache never grows its DFA past the budget."""
+    keys = ("alpha", "beta", "gamma", "delta")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"'))  # the string's head met (a plain walk)
+    index.info(index.dfa.walk(b'{"alpha":"'))  # walked as a head, its groups in the DFA of heads
+    old = index.heads.dfa
+    index.heads.dfa = None  # started over
+    for walk in index.heads.heads.values():
+        walk.next.clear()  # its groups walked again
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"b","gamma":"'))
+    groups = [g for walk in index.heads.heads.values() for g in walk.next.values()]
+    assert groups and index.heads.dfa not in (None, old) and all(g.dfa is index.heads.dfa for g in groups)
 
 
 def test_a_head_is_walked_once_for_every_schema_over_a_vocabulary(smol_tokenizer, monkeypatch, fresh_fsm_caches):
