@@ -121,7 +121,7 @@ def cross_on(walk, split, groups, dfa: LazyDFA, layout, out: Crossed, split_of, 
         nxt = split_of(follow)
         if nxt is None:
             there = dfa.state_of(follow)
-            _add_walked(out, dfa, layout, rows, at, there)
+            add_walked(out, dfa, layout, rows, at, there)
             continue
         key = (at, where, nxt.head)
         group = walk.next.get(key)
@@ -148,7 +148,7 @@ def walk_on(group: GroupWalk, split, dfa: LazyDFA, layout, out: Crossed, split_o
         cross_on(group, split, group.groups, dfa, layout, out, split_of, keep, dfa_for)
 
 
-def _add_walked(out: Crossed, dfa: LazyDFA, layout, rows: np.ndarray, at: int, there: int) -> None:
+def add_walked(out: Crossed, dfa: LazyDFA, layout, rows: np.ndarray, at: int, there: int) -> None:
     """The tokens at `rows` walked on from byte `at` in the whole term's DFA from `there` (a numbered state)."""
     if there == DEAD:
         return

@@ -23,7 +23,7 @@ from fsm.bounded_strings import BoundedStringInfo, bounded_info, unbounded_twin
 from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.closing import Closing
 from fsm.head_cache import HeadCache, head_cache
-from fsm.crossing import Crossed, _add_walked, cross_on, groups_of, walk_group, walk_on
+from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
@@ -323,7 +323,7 @@ class TokenIndex:
         crossed = Crossed()
         unknown = walk.cross_state < 0  # set apart without a walk (`fsm.staying`): walked from the start
         if unknown.any():
-            _add_walked(crossed, self.dfa, layout, walk.crossing[unknown], 0, state)
+            add_walked(crossed, self.dfa, layout, walk.crossing[unknown], 0, state)
         cross_on(walk, split, walk.groups, self.dfa, layout, crossed, Split.of, partial(_keep, walk),
                  self.heads.dfa_for)
         more_ids, slots, targets = _crossed_arrays(crossed)

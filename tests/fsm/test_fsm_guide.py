@@ -374,7 +374,7 @@ def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
     crossed, from_start = crossing.Crossed(), crossing.Crossed()
     crossing.cross_on(walk, split, walk.groups, index.dfa, layout, crossed, ix.Split.of, lambda nbytes: True,
                       index.heads.dfa_for)
-    crossing._add_walked(from_start, index.dfa, layout, walk.crossing, 0, state)
+    crossing.add_walked(from_start, index.dfa, layout, walk.crossing, 0, state)
     resumed, expected = (_crossed_states(index, c) for c in (crossed, from_start))
     assert sorted(resumed) == sorted(expected) and len(resumed) > 10 and (walk.cross_state >= 0).mean() > 0.5
     pairs = {(resumed[t], expected[t]) for t in resumed}  # the same places, told apart by the tokens they allow
