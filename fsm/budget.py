@@ -2,7 +2,9 @@
 under a limit of time.
 
 Work is counted in new `rx` terms (each DFA state, derivative and search step makes some), a
-deterministic proxy for memory; a compile's time is checked every few hundred terms. Past a limit the
+deterministic proxy for memory; a compile's time is checked every few hundred terms. Time is the CPU time of the
+compiling thread (`time.thread_time`): a process paused (SIGSTOP, a suspended laptop) or waiting for a core on a busy
+machine spends none of it, and neither do other threads of the process (a model's forward). Past a limit the
 build stops with `GuideBudgetError` instead of running on. A first visit of a state (during generation,
 after model calls began) is never timed: what it allows must not depend on the machine's load, so only
 work counts there (`metered(..., timed=False)`). Building (term creation, DFA growth, index
@@ -47,15 +49,16 @@ class Budget:
     max_states : int
         DFA states one automaton may grow to over its life (its table costs ~1 KiB per state).
     max_seconds : float
-        Wall-clock seconds one compile may take (first visits are bounded by work alone).
+        Seconds of CPU time one compile may take (first visits are bounded by work alone).
     clock : callable
-        Seconds as a float (injectable for tests).
+        Seconds as a float (injectable for tests); the compiling thread's CPU time by default, so a pause of the
+        process (SIGSTOP) or a wait for a busy core never counts.
     """
 
     max_terms: int = 2_000_000
     max_states: int = 200_000
     max_seconds: float = 60.0
-    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
+    clock: Callable[[], float] = field(default=time.thread_time, compare=False)
 
 
 DEFAULT_BUDGET = Budget()

@@ -22,6 +22,8 @@ from fsm import rx
 from fsm.bounded_strings import BoundedStringInfo, bounded_info, unbounded_twin
 from fsm.budget import DEFAULT_BUDGET, Budget, metered
 from fsm.closing import Closing
+from fsm.head_cache import HeadCache, head_cache
+from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
@@ -30,8 +32,6 @@ from fsm.vocabulary import Vocabulary
 FINISHED = -2  # the state after EOS
 MAX_CACHED_STATES = 4096  # per index
 MAX_CACHED_BYTES = 256 << 20  # per index: a state allowing all of a 49k vocabulary holds ~0.8 MiB
-MAX_CACHED_HEADS = 1024  # per index: head walks kept (see HeadWalk)
-MAX_CACHED_HEAD_BYTES = 512 << 20  # per index: a head allowing all of a 151k vocabulary holds ~1.4 MiB
 EAGER_AFTER_HEADS = 16  # heads walked before any head is walked on its own at its first state
 MAX_HEADS_SEEN = 100_000  # per index: heads remembered as met once, before the memory starts over
 SPARSE_SORT = 64  # a state allowing under vocab_size / SPARSE_SORT tokens sorts them rather than scans the mask
@@ -74,14 +74,22 @@ class HeadWalk:
 
     dfa: LazyDFA  # the index's DFA of heads (one for all heads: rows filled for one serve the next)
     ends: np.ndarray  # (n_ends,) int64 distinct states of `dfa` the tokens that stay inside end in
-    end_of_row: np.ndarray  # (n_tokens,) int32 index into `ends` of each token, -1 for the others
+    inside: np.ndarray  # (k,) int32 rows (ascending) of the tokens that stay inside
+    end_of: np.ndarray  # (k,) int32 index into `ends` of each
     crossing: np.ndarray  # (m,) int64 rows of walk_layout.order (ascending) of the crossing tokens
     cross_at: np.ndarray  # (m,) int32 bytes before each one first passes an end of the head (0: not known)
     cross_state: np.ndarray  # (m,) int32 the state of `dfa` there (-1: not known; walked from the start)
     allowed: np.ndarray  # (vocab_size,) bool by id: the tokens that stay inside
     max_token_length: int  # of those tokens
     _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
-    _mask_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the masks in _masks
+    _mask_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the masks and group walks kept
+    next: dict = field(default_factory=dict, repr=False)  # (at, state, next head) -> GroupWalk (`fsm.crossing`)
+
+    @cached_property
+    def groups(self) -> list:
+        """((at, state), rows) of the crossing tokens whose pass is known, by where they pass (`fsm.crossing`)."""
+        known = self.cross_state >= 0
+        return groups_of(self.crossing[known], self.cross_at[known], self.cross_state[known])
 
     def mask_with(self, dead: np.ndarray, extra_ids: np.ndarray, order: np.ndarray) -> torch.Tensor:
         """(vocab_size,) bool of the tokens that stay inside but those ending in a `dead` end ((n_ends,)
@@ -91,7 +99,7 @@ class HeadWalk:
         if found is None:
             allowed = self.allowed.copy() if len(extra_ids) or dead.any() else self.allowed
             if dead.any():
-                allowed[order[np.append(dead, False).take(self.end_of_row)]] = False  # -1 (not inside) reads False
+                allowed[order[self.inside[dead.take(self.end_of)]]] = False
             allowed[extra_ids] = True
             found = self._masks[key] = torch.from_numpy(allowed)
             self._mask_bytes[0] += found.numel()
@@ -100,8 +108,15 @@ class HeadWalk:
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays and of the masks it keeps for its states."""
-        arrays = (self.ends, self.end_of_row, self.crossing, self.cross_at, self.cross_state, self.allowed)
+        arrays = (self.ends, self.inside, self.end_of, self.crossing, self.cross_at, self.cross_state, self.allowed)
         return sum(a.nbytes for a in arrays) + self._mask_bytes[0]
+
+    def end_index(self, rows: np.ndarray) -> np.ndarray:
+        """(n,) int32: the index into `ends` of the tokens at `rows`, -1 for those that do not stay inside."""
+        at = np.searchsorted(self.inside, rows).clip(max=max(len(self.inside) - 1, 0))
+        if not len(self.inside):
+            return np.full(len(rows), -1, dtype=np.int32)
+        return np.where(self.inside[at] == rows, self.end_of[at], -1).astype(np.int32)
 
 
 UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
@@ -119,8 +134,10 @@ class HeadStateInfo:
     mains: np.ndarray  # (n_ends,) int32 state after walk.ends[i]: DEAD, or UNNUMBERED until asked
     number: Callable[[int], int]  # end index -> its state of the whole DFA
     row_of: np.ndarray  # (vocab_size,) int32 walk_layout.row_of
-    extra_ids: np.ndarray  # (k,) int32 sorted
-    extra_nexts: np.ndarray  # (k,) int32
+    extra_ids: np.ndarray  # (k,) int32 sorted: the crossing tokens that survive
+    extra_slots: np.ndarray  # (k,) int32 where each goes: an index into `targets`
+    targets: np.ndarray  # (n_slots,) int32 the state of each slot, UNNUMBERED until a token goes there
+    number_target: Callable[[int], int]  # slot -> its state of the whole DFA
     mask: torch.Tensor  # (vocab_size,) bool, shared with the head's other states alike
     max_token_length: int  # at least the longest allowed token
 
@@ -136,31 +153,39 @@ class HeadStateInfo:
         """The state after `token_id`, or DEAD when the token is not allowed."""
         i = int(np.searchsorted(self.extra_ids, token_id))
         if i < len(self.extra_ids) and self.extra_ids[i] == token_id:
-            return int(self.extra_nexts[i])
+            return self._target(int(self.extra_slots[i]))
         if not self.walk.allowed[token_id]:
             return DEAD
-        end = int(self.walk.end_of_row[self.row_of[token_id]])
+        end = int(self.walk.end_index(self.row_of[token_id: token_id + 1])[0])
         if self.mains[end] == UNNUMBERED:
             self.mains[end] = self.number(end)
         return int(self.mains[end])
 
+    def _target(self, slot: int) -> int:
+        if self.targets[slot] == UNNUMBERED:
+            self.targets[slot] = self.number_target(slot)
+        return int(self.targets[slot])
+
     def successors(self) -> tuple[np.ndarray, np.ndarray]:
         """(token_ids, next_states) of the allowed tokens, without a call per token: the ends of the head that
-        tokens reach are numbered once each."""
+        tokens reach, and the places crossing tokens go, are numbered once each."""
         ids = self.token_ids
         at = np.searchsorted(self.extra_ids, ids).clip(max=max(len(self.extra_ids) - 1, 0))  # (n,)
         extra = self.extra_ids[at] == ids if len(self.extra_ids) else np.zeros(len(ids), dtype=bool)
-        ends = self.walk.end_of_row[self.row_of[ids]]  # (n,) -1 for the crossing (extra) ids
+        ends = self.walk.end_index(self.row_of[ids])  # (n,) -1 for the crossing (extra) ids
         for end in np.unique(ends[~extra]).tolist():
             if self.mains[end] == UNNUMBERED:
                 self.mains[end] = self.number(end)
-        nexts = np.where(extra, self.extra_nexts[at] if len(self.extra_ids) else 0, self.mains[ends.clip(min=0)])
+        for slot in np.unique(self.extra_slots).tolist():
+            self._target(slot)
+        crossing = self.targets.take(self.extra_slots)[at] if len(self.extra_ids) else 0
+        nexts = np.where(extra, crossing, self.mains[ends.clip(min=0)])
         return ids, nexts.astype(np.int32)
 
     @property
     def nbytes(self) -> int:
         own = self.mask.numel() if (self.mains == DEAD).any() else 0  # a mask of its own (mostly)
-        return self.mains.nbytes + self.extra_ids.nbytes + self.extra_nexts.nbytes + own
+        return self.mains.nbytes + self.extra_ids.nbytes + self.extra_slots.nbytes + self.targets.nbytes + own
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,10 +198,7 @@ class TokenIndex:
     _states: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
     _info_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the infos in _states
-    _heads: dict = field(default_factory=dict, repr=False)  # head term -> HeadWalk
-    _head_dfa: list = field(default_factory=lambda: [None], repr=False)  # the DFA all heads are walked in
     _heads_seen: set = field(default_factory=set, repr=False)  # ids of the heads met once (walked plainly)
-    _head_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the walks in _heads
 
     def __post_init__(self):
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
@@ -215,8 +237,12 @@ class TokenIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the DFA's arrays and the cached states (masks and token arrays)."""
-        head_dfa = self._head_dfa[0]
-        return self.dfa.nbytes + self._info_bytes[0] + self._head_bytes[0] + (head_dfa.nbytes if head_dfa else 0)
+        return self.dfa.nbytes + self._info_bytes[0]  # head walks are the vocabulary's (`fsm.head_cache`)
+
+    @property
+    def heads(self) -> HeadCache:
+        """The head walks shared by the indexes over this vocabulary (`fsm.head_cache`)."""
+        return head_cache(self.vocabulary, self.budget.max_states)
 
     def _first_visit(self, state: int, cache: dict, build):
         with metered(self.budget, f"the first visit of state {state} of {self.dfa.name()}", timed=False):
@@ -283,38 +309,93 @@ class TokenIndex:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
         token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
-        split = Split.of(self.dfa.term(state))
+        term = self.dfa.term(state)
+        if TRIE_WALK and self.vocabulary.walk_layout.max_length and _starts_literal(term):
+            return self._walk_literal(state)
+        split = Split.of(term)
         if split is None or not self._met_before(split.head):
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
         walk = self._head_walk(split.head)
+        before = walk.nbytes
         ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
         live = split.leads_on(ends)
         layout = self.vocabulary.walk_layout
-        more_rows, more_nexts = _walk_crossing(self.dfa, layout, state, walk, split)
-        more_ids = layout.order[more_rows].astype(np.int64)
+        crossed = Crossed()
+        unknown = walk.cross_state < 0  # set apart without a walk (`fsm.staying`): walked from the start
+        if unknown.any():
+            add_walked(crossed, self.dfa, layout, walk.crossing[unknown], 0, state)
+        cross_on(walk, split, walk.groups, self.dfa, layout, crossed, Split.of, partial(_keep, walk),
+                 self.heads.dfa_for)
+        more_ids, slots, targets = _crossed_arrays(crossed)
         number = partial(_number_end, self.dfa, split, ends)
+        number_target = partial(_number_target, self.dfa, crossed.targets)
         if self._live.trivial:  # the head is never nullable: the state does not accept
             mains = np.where(live, UNNUMBERED, DEAD).astype(np.int32)
-            before = walk.nbytes
-            info = _head_state_info(walk, mains, number, more_ids, more_nexts, layout)
-            self._grow_head(split.head, walk.nbytes - before)  # a new mask kept by the walk counts
+            info = _head_state_info(walk, mains, number, more_ids, slots, targets, number_target, layout)
+            self.heads.grow(split.head, walk.nbytes - before)  # a new mask or group walk kept by the walk counts
             return info
+        self.heads.grow(split.head, walk.nbytes - before)
         mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int64)
-        inside = np.flatnonzero(walk.end_of_row >= 0)
-        ids = np.concatenate([layout.order[inside], more_ids]).astype(np.int64)
-        nexts = np.concatenate([mains[walk.end_of_row[inside]], more_nexts])
+        more_nexts = np.asarray([number_target(slot) for slot in slots.tolist()], dtype=np.int64)
+        ids = np.concatenate([layout.order[walk.inside], more_ids]).astype(np.int64)
+        nexts = np.concatenate([mains[walk.end_of], more_nexts])
         alive = nexts != DEAD
         return ids[alive], nexts[alive]
 
+    def _walk_literal(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, end states) from a state that starts with a literal: the tokens spelling a prefix of it (found in the
+        trie, `TokenTrie.descend`), then those that spell it whole and go on, walked below its last byte through what
+        follows it as crossing tokens are (`_below_literal`)."""
+        layout = self.vocabulary.walk_layout
+        parts, end = layout.trie.descend(_literal_steps(self.dfa, state))
+        ids = [layout.order[rows] for rows, _ in parts]
+        nexts = [ends for _, ends in parts]
+        if end is not None:
+            depth, node, there = end
+            found = self._below_literal(depth, node, there)
+            if found is None:
+                found = _joined_ids(layout, layout.trie._walk_below(self.dfa, depth, np.asarray([node]),
+                                                                    np.asarray([there], dtype=np.int32)))
+            ids.append(found[0])
+            nexts.append(found[1])
+        if not ids:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(ids).astype(np.int64), np.concatenate(nexts).astype(np.int64)
+
+    def _below_literal(self, depth: int, node: int, there: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, end states) of the tokens at and below `node` of the trie (they spell a literal whole) from `there`,
+        the state after the literal: the longer ones walked through the head of `there` as a group of crossing tokens
+        (`fsm.crossing.walk_on`, kept per (node, head): what follows a key is shared by every state that writes it),
+        their states numbered. None where `there` has no head."""
+        split = Split.of(self.dfa.term(there))
+        if split is None:
+            return None
+        layout = self.vocabulary.walk_layout
+        own, longer = layout.trie.below(depth, node)
+        ids, nexts = [layout.order[own]], [np.full(len(own), there, dtype=np.int64)]
+        if len(longer):
+            key = (depth, node, split.head)
+            heads = self.heads
+            group = heads.below.get(key)
+            if group is None:
+                head_dfa = heads.dfa_for(split.head)
+                group = walk_group(head_dfa, layout, longer, depth + 1, head_dfa.state_of(split.head))
+                heads.keep_below(key, group)
+            crossed = Crossed()
+            walk_on(group, split, self.dfa, layout, crossed, Split.of, heads.count_below, heads.dfa_for)
+            more, slots, _ = _crossed_arrays(crossed)
+            states = {slot: _number_target(self.dfa, crossed.targets, slot) for slot in np.unique(slots).tolist()}
+            ids.append(more)
+            nexts.append(np.asarray([states[slot] for slot in slots.tolist()], dtype=np.int64))
+        return np.concatenate(ids).astype(np.int64), np.concatenate(nexts)
+
     def _met_before(self, head: rx.Rx) -> bool:
-        """Whether `head` started a state visited before, or an earlier head walk reached it, or heads are
-        shared often here (EAGER_AFTER_HEADS walked): only then is it walked on its own (a head walk costs
-        more than a plain walk where the DFA of heads lacks its rows, and pays off only when states share
-        the head). Term ids are never reused."""
-        head_dfa = self._head_dfa[0]
-        if len(self._heads) >= EAGER_AFTER_HEADS or head in self._heads or head.id in self._heads_seen:
-            return True
-        if head_dfa is not None and head.id in head_dfa.known:
+        """Whether `head` started a state visited before, or was walked or reached for this vocabulary already, or
+        heads are shared often (EAGER_AFTER_HEADS walked): only then is it walked on its own (a head walk costs more
+        than a plain walk where the DFA of heads lacks its rows, and pays off only when states share the head). Term
+        ids are never reused."""
+        heads = self.heads
+        if len(heads.heads) >= EAGER_AFTER_HEADS or head.id in self._heads_seen or heads.knows(head):
             return True
         if len(self._heads_seen) >= MAX_HEADS_SEEN:
             self._heads_seen.clear()
@@ -322,37 +403,10 @@ class TokenIndex:
         return False
 
     def _head_walk(self, head: rx.Rx) -> HeadWalk:
-        found = self._heads.get(head)
-        if found is None:
-            found = _walk_head(self._dfa_for(head), head, self.vocabulary)
-            self._evict_heads(found.nbytes)
-            self._heads[head] = found
-            self._head_bytes[0] += found.nbytes
-        return found
-
-    def _grow_head(self, head: rx.Rx, more: int) -> None:
-        """Count `more` bytes that the walk of `head` now keeps (a mask), the oldest other walks dropped past the
-        bound."""
-        if more and head in self._heads:
-            walk = self._heads.pop(head)  # not evicted by its own growth
-            self._head_bytes[0] -= walk.nbytes - more
-            self._evict_heads(walk.nbytes)
-            self._heads[head] = walk
-            self._head_bytes[0] += walk.nbytes
-
-    def _evict_heads(self, room: int) -> None:
-        """Drop the oldest head walks until one more of `room` bytes fits (MAX_CACHED_HEADS, MAX_CACHED_HEAD_BYTES)."""
-        while self._heads and (len(self._heads) >= MAX_CACHED_HEADS
-                               or self._head_bytes[0] + room > MAX_CACHED_HEAD_BYTES):
-            self._head_bytes[0] -= self._heads.pop(next(iter(self._heads))).nbytes
+        return self.heads.walk(head, lambda dfa, head: _walk_head(dfa, head, self.vocabulary))
 
     def _dfa_for(self, head: rx.Rx) -> LazyDFA:
-        """The DFA heads are walked in: shared, so that a head derived from an earlier one finds its rows
-        filled; started over once it holds half of Budget.max_states (walks made in the old one keep it)."""
-        dfa = self._head_dfa[0]
-        if dfa is None or dfa.n_states > self.budget.max_states // 2:
-            dfa = self._head_dfa[0] = LazyDFA(head, max_states=self.budget.max_states)
-        return dfa
+        return self.heads.dfa_for(head)
 
     def _build_forced(self, state: int) -> tuple[int, ...]:
         forced = _forced_text(self.dfa, state)
@@ -396,7 +450,7 @@ class Split:
         items, frames = rx.split_pick(term) or (term, ())
         split = rx.split_head(items)
         if split is not None:
-            return cls(split[0], split[1], frames)
+            return cls(*_closed(*split), frames)
         return cls(items, rx.EPSILON, frames) if frames else None
 
     def whole(self, end: rx.Rx) -> rx.Rx:
@@ -409,8 +463,13 @@ class Split:
         terms match something unless they are NOTHING: without a list the answer is yes (a live end and a
         live tail), and behind a tail it is one for every end (the tail's hole decides)."""
         plain = self.head.plain and self.tail.plain and all(owner.plain for owner, _ in self.frames)
-        if plain and (not self.frames or self.tail is not rx.EPSILON):
-            return np.full(len(ends), self._leads_on(ends[0]) if ends else True)
+        if plain and (not self.frames or self.tail is not rx.EPSILON):  # the tail's holes are seq(end, tail)'s
+            live = self.tail is not rx.NOTHING and not (self.frames and rx.pick_is_empty(self.tail, self.frames[-1][0]))
+            return np.fromiter((live and end is not rx.NOTHING for end in ends), dtype=bool, count=len(ends))
+        if not self.frames:  # seq(end, tail) is empty where a part of either is: the tail is asked once
+            if _forbidden(self.tail):
+                return np.zeros(len(ends), dtype=bool)
+            return np.fromiter((not _forbidden(end) for end in ends), dtype=bool, count=len(ends))
         return np.fromiter((self._leads_on(end) for end in ends), dtype=bool, count=len(ends))
 
     def _leads_on(self, end: rx.Rx) -> bool:
@@ -420,8 +479,50 @@ class Split:
         return not rx.is_empty(items, rx.WALK_LIMIT, undecided=True)
 
 
+def _forbidden(term: rx.Rx) -> bool:
+    """Whether a walk treats `term` as DEAD (empty, or undecided within rx.WALK_LIMIT: `fsm.lazy_dfa`). A sequence's
+    answer is its parts' (empty where one is, else undecided where one is): seq(end, tail) asks end's and tail's."""
+    return rx.is_empty(term, rx.WALK_LIMIT, undecided=True)
+
+
+def _closed(head: rx.Rx, tail: rx.Rx) -> tuple[rx.Rx, rx.Rx]:
+    """(head, tail), the head taken on through the tail's first part where it may go on after it could end (a
+    repeat without a fixed count, an intersection: a string with `minLength`, a `pattern`) and that part is one byte
+    set (the string's closing quote). Any head that does not match the empty string splits a state exactly; this one
+    ends where its walk's crossing tokens are those that pass that byte, not every token longer than the minimum."""
+    last = head.args[1] if head.kind == "seq" else head
+    while last.kind == "seq":
+        last = last.args[1]
+    opens = (last.kind == "repeat" and last.args[1] != last.args[2]) or last.kind == "and"
+    if opens and tail.kind == "seq" and tail.args[0].kind == "bytes":
+        return rx.seq(head, tail.args[0]), tail.args[1]
+    return head, tail
+
+
 def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:
     return dfa.state_of(split.whole(ends[i]))
+
+
+def _number_target(dfa: LazyDFA, targets: list, slot: int) -> int:
+    """The state of a crossing token's place: numbered already, or a next head's (split, end)."""
+    target = targets[slot]
+    return target if isinstance(target, int) else dfa.state_of(target[0].whole(target[1]))
+
+
+def _keep(walk: HeadWalk, nbytes: int) -> bool:
+    """Count a group walk kept below `walk` in its bytes (the head's cache bound sees it)."""
+    walk._mask_bytes[0] += nbytes
+    return True
+
+
+def _crossed_arrays(crossed: Crossed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, slots, targets): the surviving crossing tokens of a state sorted, where each goes, the slots' states
+    (numbered ones known, the others UNNUMBERED)."""
+    if not crossed.ids:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+    ids, slots = np.concatenate(crossed.ids).astype(np.int64), np.concatenate(crossed.slots).astype(np.int32)
+    targets = np.asarray([t if isinstance(t, int) else UNNUMBERED for t in crossed.targets], dtype=np.int32)
+    return ids, slots, targets
 
 
 def _size(entry) -> int:
@@ -434,6 +535,9 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     Where no token ends without a walk (`fsm.staying`), by one walk of the token trie (`fsm.token_trie`), else
     (or with TRIE_WALK off: the reference of the tests) by the column walk."""
     layout = vocabulary.walk_layout
+    if TRIE_WALK and layout.max_length and _starts_literal(dfa.term(state)):
+        rows, end_states = layout.trie.walk_along(dfa, _literal_steps(dfa, state))
+        return layout.order[rows].astype(np.int64), end_states.astype(np.int64)
     stays = list(staying(dfa, layout, state)) if layout.max_length else []
     if TRIE_WALK and not stays:
         rows, end_states = layout.trie.walk(dfa, state)
@@ -441,6 +545,36 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     end_states = _walk_rows(dfa, layout, state, stays=stays)[0]
     rows = np.flatnonzero(end_states != DEAD)
     return layout.order[rows].astype(np.int64), end_states[rows].astype(np.int64)
+
+
+def _joined_ids(layout, parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, end states) of [(rows, ends)]."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return (layout.order[np.concatenate([rows for rows, _ in parts])],
+            np.concatenate([ends for _, ends in parts]).astype(np.int64))
+
+
+def _literal_steps(dfa: LazyDFA, state: int):
+    """(byte, state after it) along the literal `state`'s term starts with (a chain of one-byte parts: a key,
+    punctuation), read off the terms as far as the caller reads, with one DFA cell per byte."""
+    term = dfa.term(state)
+    while True:
+        first = term.args[0] if term.kind == "seq" else term
+        if first.kind != "bytes" or first.args[0] & (first.args[0] - 1):  # not exactly one byte
+            return
+        byte = rx.lowest_byte(first.args[0])
+        state = dfa.next(state, byte)
+        if state == DEAD:
+            return
+        yield byte, state
+        term = dfa.term(state)
+
+
+def _starts_literal(term: rx.Rx) -> bool:
+    """Whether `term` starts with one possible byte (`_literal_path` walks it)."""
+    first = term.args[0] if term.kind == "seq" else term
+    return first.kind == "bytes" and not first.args[0] & (first.args[0] - 1)
 
 
 def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, stays: list | None = None):
@@ -472,12 +606,12 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, s
         positions, states = positions[:ended], states[:ended]
         if not len(positions):
             break
-        if track_crossing:
+        if track_crossing:  # a token passing an accepting state is set apart there: it walks no further
             accepting = dfa.accepting.take(states)
-            newly = accepting & ~crossed[positions]
-            if newly.any():
-                first_at.append((positions[newly], j, states[newly]))
-                crossed[positions[newly]] = True
+            if accepting.any():
+                first_at.append((positions[accepting], j, states[accepting]))
+                crossed[positions[accepting]] = True
+                positions, states = positions[~accepting], states[~accepting]
         states = dfa.step(states, column[positions])
         alive = states != DEAD
         positions, states = positions[alive], states[alive]
@@ -498,76 +632,50 @@ def _crossings(crossed: np.ndarray | None, first_at: list) -> tuple[np.ndarray, 
     return rows, at[rows], where[rows]
 
 
-def _walk_crossing(dfa: LazyDFA, layout, state: int, walk: HeadWalk, split: Split) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, end states) of the head's crossing tokens that survive from `state`. A token whose first pass
-    of an end of the head is known goes on from there: from the state `split.whole` makes of the head's
-    state at that point (what the state's own DFA reaches after those bytes) through its bytes left, so the
-    bytes inside the head are not walked again in the state's DFA; the others are walked from the start."""
-    known = walk.cross_state >= 0
-    rows, ends = [], []
-    if (~known).any():
-        r, e = _walk_on(dfa, layout, walk.crossing[~known], np.full(int((~known).sum()), state, np.int32), 0)
-        rows.append(r), ends.append(e)
-    for (at, where), group in _groups(walk.cross_at[known], walk.cross_state[known]):
-        there = dfa.state_of(split.whole(walk.dfa.term(where)))
-        if there != DEAD:
-            start = walk.crossing[known][group]
-            r, e = _walk_on(dfa, layout, start, np.full(len(start), there, np.int32), at)
-            rows.append(r), ends.append(e)
-    if not rows:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(rows), np.concatenate(ends).astype(np.int64)
-
-
-def _groups(at: np.ndarray, where: np.ndarray):
-    """((at, where), indices) for each distinct pair."""
-    keys = (at.astype(np.int64) << 32) | where.astype(np.int64)
-    values, inverse = np.unique(keys, return_inverse=True)
-    for i, key in enumerate(values.tolist()):
-        yield (key >> 32, key & 0xFFFFFFFF), np.flatnonzero(inverse == i)
-
-
-def _walk_on(dfa: LazyDFA, layout, start: np.ndarray, states: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, end states) of the tokens at rows `start` of layout.order (ascending, each longer than `skip`
-    bytes) that survive their bytes after the first `skip`, from `states` (one per row)."""
-    positions, done_pos, done_states = start, [], []
-    for j, column in enumerate(layout.columns[skip:], start=skip):
-        ended = int(positions.searchsorted(layout.counts[j]))  # tokens of j bytes have ended
-        done_pos.append(positions[ended:])
-        done_states.append(states[ended:])
-        positions, states = positions[:ended], states[:ended]
-        if not len(positions):
-            break
-        states = dfa.step(states, column[positions])
-        alive = states != DEAD
-        positions, states = positions[alive], states[alive]
-    done_pos.append(positions)
-    done_states.append(states)
-    return np.concatenate(done_pos), np.concatenate(done_states)
-
-
-def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_nexts: np.ndarray,
-                     layout) -> HeadStateInfo:
+def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_slots: np.ndarray,
+                     targets: np.ndarray, number_target, layout) -> HeadStateInfo:
     order = np.argsort(extra_ids)
-    extra_ids, extra_nexts = extra_ids[order].astype(np.int32), extra_nexts[order].astype(np.int32)
+    extra_ids, extra_slots = extra_ids[order].astype(np.int32), extra_slots[order]
     longest = max(walk.max_token_length, int(layout.lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
     mask = walk.mask_with(mains == DEAD, extra_ids, layout.order)
-    return HeadStateInfo(walk, mains, number, layout.row_of, extra_ids, extra_nexts, mask, longest)
+    return HeadStateInfo(walk, mains, number, layout.row_of, extra_ids, extra_slots, targets, number_target, mask,
+                         longest)
 
 
 def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
-    """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart."""
+    """The HeadWalk of `head`: every token through the states of `head` in `dfa`, the crossing ones set apart. Where no
+    token ends without a walk (`fsm.staying`), by a walk of the token trie that stops at the head's ends (with
+    TRIE_WALK off, or with tokens that stay: the column walk)."""
     layout = vocabulary.walk_layout
-    end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, dfa.state_of(head), track_crossing=True)
-    inside = end_states != DEAD
-    distinct = np.flatnonzero(np.bincount(end_states + 1, minlength=dfa.n_states + 1)[1:])
-    number = np.full(dfa.n_states + 1, -1, dtype=np.int32)  # the last slot: DEAD (-1) reads -1
-    number[distinct] = np.arange(len(distinct), dtype=np.int32)
+    start = dfa.state_of(head)
+    stays = list(staying(dfa, layout, start)) if layout.max_length else []
+    if TRIE_WALK and not stays:
+        rows, ends, crossing, cross_at, cross_state = layout.trie.walk_head(dfa, start)
+    else:
+        end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, start, track_crossing=True, stays=stays)
+        rows = np.flatnonzero(end_states != DEAD)
+        ends = end_states[rows]
+    order = np.argsort(rows, kind="stable")
+    rows, ends = rows[order].astype(np.int32), ends[order]
+    distinct, end_of = _numbered(ends)
+    ids = layout.order[rows]
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
-    allowed[layout.order_index] = inside
-    longest = int(layout.lengths[layout.order[int(inside.argmax())]]) if inside.any() else 0  # longest first
-    return HeadWalk(dfa, distinct.astype(np.int64), number.take(end_states), crossing, cross_at, cross_state,
-                    allowed, longest)
+    allowed[ids] = True
+    longest = int(layout.lengths[ids].max(initial=0))
+    return HeadWalk(dfa, distinct.astype(np.int64), rows, end_of, crossing, cross_at, cross_state, allowed, longest)
+
+
+def _numbered(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, index): the distinct `values` (n,) ascending and each value's index among them; a sort of few
+    values, a count of many (linear in n and the largest value)."""
+    if len(values) < 4096:
+        distinct, index = np.unique(values, return_inverse=True)
+        return distinct, index.astype(np.int32)
+    counts = np.bincount(values)
+    distinct = np.flatnonzero(counts)
+    number = np.zeros(len(counts), dtype=np.int32)
+    number[distinct] = np.arange(len(distinct), dtype=np.int32)
+    return distinct, number.take(values)
 
 
 def _forced_text(dfa: LazyDFA, state: int) -> str:

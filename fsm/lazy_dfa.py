@@ -102,6 +102,16 @@ class LazyDFA:
             out = self._table.reshape(-1).take(cells)
         return out
 
+    def next(self, state: int, byte: int) -> int:
+        """The state after `byte` from live `state` (DEAD where it dies): `step` for one cell, without arrays."""
+        found = int(self._table[state, byte])
+        if found == UNFILLED:
+            with BUILD_LOCK:
+                if self._table[state, byte] == UNFILLED:
+                    self._fill_block(state, rx.block_index(self._terms[state], byte))
+            found = int(self._table[state, byte])
+        return found
+
     def walk(self, data: bytes, state: int = 0) -> int:
         """State after reading `data` from `state` (DEAD if it leaves the language)."""
         for byte in data:

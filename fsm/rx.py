@@ -18,15 +18,26 @@ import functools
 import itertools
 import operator
 import weakref
+from _weakref import _remove_dead_weakref  # what WeakValueDictionary removes dead entries with
 
 from fsm import budget as _budget
 
 ALL_BYTES = (1 << 256) - 1
 _ids = itertools.count()
 _ID = operator.attrgetter("id")
-_interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _UNKNOWN = object()  # `Rx._impure` not computed yet
-_interned_refs: dict = _interned.data  # key -> weak reference (a dead one reads None until it is removed)
+_interned_refs: dict = {}  # key -> _Ref to the term (a dead one reads None until its callback removes it)
+
+
+class _Ref(weakref.ref):
+    """A weak reference that knows its key (WeakValueDictionary's KeyedRef, built in C: no Python __init__)."""
+
+    __slots__ = ("key",)
+
+
+def _forget(ref: _Ref) -> None:
+    """A term was freed: drop its key, unless a new term holds it already."""
+    _remove_dead_weakref(_interned_refs, ref.key)
 
 
 class Rx:
@@ -77,11 +88,12 @@ def _term(kind: str, args: tuple, nullable: bool, plain: bool, key: tuple | None
     """The interned term of (kind, args); `key`, where the caller has it at hand: (kind, *ids or values of args)."""
     if key is None:
         key = (kind, *(a.id if isinstance(a, Rx) else a for a in args))
-    ref = _interned_refs.get(key)  # the weak dictionary's own dict: its `get` is a Python call, this the hot path
+    ref = _interned_refs.get(key)
     found = None if ref is None else ref()
     if found is None:
         found = Rx(kind, args, nullable, plain)
-        _interned[key] = found
+        ref = _interned_refs[key] = _Ref(found, _forget)
+        ref.key = key
         if _budget._active:  # a budgeted build is running (under BUILD_LOCK)
             _budget._active[-1].tick()
     return found
@@ -597,7 +609,11 @@ def _range_mask(low: int, high: int) -> int:
 
 def derivative(term: Rx, byte: int) -> Rx:
     """The term for what may follow `byte` (memoized per block of `term.classes`)."""
-    block = _block_of(term.classes, byte)
+    classes, bit, block = term._classes, 1 << byte, 0
+    for mask in term.classes if classes is None else classes:  # `_block_of`, inline: the hot path
+        if mask & bit:
+            break
+        block += 1
     found = term._derivatives.get(block)
     if found is None:
         found = term._derivatives[block] = _derive(term, byte)
@@ -635,6 +651,8 @@ def _derive(term: Rx, byte: int) -> Rx:
         return EPSILON if args[0] >> byte & 1 else NOTHING
     if kind == "seq":
         head, tail = args
+        if head.kind == "bytes":  # a literal's byte (never nullable): the tail or nothing
+            return tail if head.args[0] >> byte & 1 else NOTHING
         out = _seq2(derivative(head, byte), tail)
         return alt(out, derivative(tail, byte)) if head.nullable else out
     if kind == "alt":

@@ -68,6 +68,8 @@ def _declared(c, name: str, subschema, required: bool, patterns, names, pointer:
 
 def _extras(c, declared: list[str], patterns, extra, names, pointer: str) -> rx.Rx:
     """One member whose key is not declared: split by the patterns the key matches."""
+    if not patterns and c.compile(extra, f"{pointer}/additionalProperties") is rx.NOTHING:
+        return rx.NOTHING  # a closed object: no key of the undeclared ones is built
     plain = rx.without_words(rx.star(jt.PLAIN_CHAR), declared)
     options = []
     for chosen in _pattern_cases(len(patterns), _disjoint([p.upper for p in patterns])):

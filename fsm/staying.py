@@ -53,6 +53,8 @@ def staying(dfa: LazyDFA, layout, state: int):
     found = 0
     for target, count in zip(*(a.tolist() for a in _by_count(targets, counts))):
         stay = None
+        if count < MIN_LOOP_BYTES and not _loops_on_enough(dfa, target):
+            continue  # neither loops nor counts: its facts (a row of derivatives) are not needed
         mask = _loop_mask(dfa, target)
         if first_chars is None and (int(mask[:0x80].sum()) >= MIN_LOOP_BYTES or count >= MIN_LOOP_BYTES):
             first_chars = ends.take(layout.columns[0])
@@ -115,6 +117,25 @@ def _char_end(dfa: LazyDFA, after_lead: int, lead: int, memo: dict) -> int:
             frontier = following
         memo[key] = frontier.pop() if len(frontier) == 1 else MIXED
     return memo[key]
+
+
+def _loops_on_enough(dfa: LazyDFA, target: int) -> bool:
+    """Whether at least MIN_LOOP_BYTES ASCII bytes lead from `target` back to it (`_loop_mask`'s count), deriving the
+    blocks of its term's byte classes with the most ASCII bytes first and stopping once the rest cannot make it up:
+    a state that loops on no block (a key, punctuation) costs a derivative or two, not a row of them."""
+    blocks = sorted(((mask & _ASCII).bit_count(), mask) for mask in dfa.term(target).classes if mask & _ASCII)
+    found, left = 0, sum(n for n, _ in blocks)
+    while blocks and MIN_LOOP_BYTES - found <= left:
+        n, mask = blocks.pop()
+        left -= n
+        if dfa.next(target, ((mask & _ASCII) & -(mask & _ASCII)).bit_length() - 1) == target:
+            found += n
+            if found >= MIN_LOOP_BYTES:
+                return True
+    return False
+
+
+_ASCII = (1 << 0x80) - 1
 
 
 def _loop_mask(dfa: LazyDFA, target: int) -> np.ndarray:

@@ -11,7 +11,9 @@ level, so the lazy DFA grows alike.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -75,22 +77,146 @@ class TokenTrie:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
         states = dfa.row(state).take(self.node_bytes[0])  # (n_0,) the state after each first byte
         nodes = np.flatnonzero(states != DEAD)
-        states = states[nodes]
-        out_rows, out_states = [], []
-        for j in range(self.depth):
+        return _joined(self._walk_below(dfa, 0, nodes, states[nodes]))
+
+    def walk_along(self, dfa: LazyDFA, steps) -> tuple[np.ndarray, np.ndarray]:
+        """`walk` from a state whose only live continuations start with a literal (a key, punctuation), given as
+        `steps`, an iterable of (byte, the state after it) read as far as tokens spell it: the tokens that spell a
+        prefix of it (`descend`), then, where the literal ends inside some token, a walk below its last byte from the
+        state there."""
+        parts, end = self.descend(steps)
+        if end is not None:
+            depth, node, state = end
+            parts.extend(self._walk_below(dfa, depth, np.asarray([node]), np.asarray([state], dtype=np.int32)))
+        return _joined(parts)
+
+    def descend(self, steps) -> tuple[list, tuple[int, int, int] | None]:
+        """([(rows, ends)] of the tokens that end inside a literal, found by bisection, one node per byte, whatever the
+        tokens sharing those bytes; and (depth, node, state) where the literal ends at a node of the trie: the tokens
+        ending there or below go on from `state`, None where no token spells it whole). `steps` as in `walk_along`."""
+        out, lo, hi, node, j, before = [], 0, len(self.node_bytes[0]), -1, -1, DEAD
+        for byte, state in steps:
+            if node >= 0:  # the node of the byte before: its tokens end inside the literal
+                rows = self.end_rows[j][self.end_start[j][node]: self.end_start[j][node + 1]]
+                if len(rows):
+                    out.append((rows, np.full(len(rows), before, dtype=np.int32)))
+                lo, hi = int(self.child_start[j][node]), int(self.child_start[j][node + 1])
+            j += 1
+            if j == self.depth or lo == hi:  # no token spells more of it
+                return out, None
+            spelled = self.node_text[j]
+            node = bisect.bisect_left(spelled, byte, lo, hi)
+            if node == hi or spelled[node] != byte:
+                return out, None
+            before = state
+        return out, ((j, node, before) if node >= 0 else None)
+
+    def below(self, depth: int, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """(own, longer): the rows of the tokens ending at `node` of `depth`, and of those below it (ascending)."""
+        start, size, rows = self.subtrees
+        first, own = start[depth][node], self.end_start[depth][node + 1] - self.end_start[depth][node]
+        return rows[first: first + own], np.sort(rows[first + own: first + size[depth][node]])
+
+    def _walk_below(self, dfa: LazyDFA, depth: int, nodes: np.ndarray, states: np.ndarray) -> list:
+        """[(rows, ends)] of the tokens ending at or below `nodes` of `depth`, from `states` (the state after each
+        node's bytes)."""
+        out = []
+        for j in range(depth, self.depth):
             rows, owner = _ranges(self.end_start[j], nodes, self.end_rows[j])
             if len(rows):
-                out_rows.append(rows)
-                out_states.append(states[owner])
+                out.append((rows, states[owner]))
             children, owner = _ranges(self.child_start[j], nodes)
             if not len(children):
                 break
             states = dfa.step(states[owner], self.node_bytes[j + 1][children])
             alive = states != DEAD
             nodes, states = children[alive], states[alive]
-        if not out_rows:
-            return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        return np.concatenate(out_rows), np.concatenate(out_states)
+        return out
+
+    @cached_property
+    def node_text(self) -> tuple[bytes, ...]:
+        """node_bytes per depth as bytes, for bisection."""
+        return tuple(b.tobytes() for b in self.node_bytes)
+
+    def walk_head(self, dfa: LazyDFA, state: int):
+        """A head's walk (`fsm.index.HeadWalk`) from `state`: (rows, ends) of the tokens that survive without passing
+        an accepting state strictly inside their bytes, in no particular order, and (crossing, cross_at,
+        cross_state) of those that do, crossing ascending: the bytes before their first such state and that state.
+        A node at an accepting state hands its whole subtree to the crossing tokens at once (`subtrees`), so the
+        walk steps no byte past a head's end."""
+        if not self.depth:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32), *_no_crossing()
+        states = dfa.row(state).take(self.node_bytes[0])  # (n_0,) the state after each first byte
+        nodes = np.flatnonzero(states != DEAD)
+        states = states[nodes]
+        out_rows, out_states, cross = [], [], []
+        for j in range(self.depth):
+            rows, owner = _ranges(self.end_start[j], nodes, self.end_rows[j])
+            if len(rows):
+                out_rows.append(rows)
+                out_states.append(states[owner])
+            passing = dfa.accepting.take(states)  # their longer tokens pass the head's end here
+            if passing.any():
+                cross.append(self._below(j, nodes[passing], states[passing]))
+                nodes, states = nodes[~passing], states[~passing]
+            children, owner = _ranges(self.child_start[j], nodes)
+            if not len(children):
+                break
+            states = dfa.step(states[owner], self.node_bytes[j + 1][children])
+            alive = states != DEAD
+            nodes, states = children[alive], states[alive]
+        rows = np.concatenate(out_rows) if out_rows else np.zeros(0, np.int64)
+        ends = np.concatenate(out_states) if out_states else np.zeros(0, np.int32)
+        if not cross:
+            return rows, ends, *_no_crossing()
+        crossing, at, where = (np.concatenate(parts) for parts in zip(*cross))
+        order = np.argsort(crossing)
+        return rows, ends, crossing[order], at[order].astype(np.int32), where[order].astype(np.int32)
+
+    def _below(self, j: int, nodes: np.ndarray, states: np.ndarray):
+        """(rows, at, states): the tokens below `nodes` of depth j, not those ending at them, each with j + 1 bytes
+        read and its node's state."""
+        start, size, ending = self.subtrees
+        begin = start[j][nodes] + (self.end_start[j][nodes + 1] - self.end_start[j][nodes])
+        counts = start[j][nodes] + size[j][nodes] - begin  # (len(nodes),)
+        total = int(counts.sum())
+        owner = np.repeat(np.arange(len(nodes)), counts)
+        items = np.arange(total) + np.repeat(begin - (np.cumsum(counts) - counts), counts)
+        return ending[items], np.full(total, j + 1, dtype=np.int32), states[owner]
+
+    @cached_property
+    def subtrees(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.ndarray]:
+        """(start, size, rows): the tokens in pre-order (a node's own tokens, then each child's subtree in byte order),
+        `rows` (n_tokens,) int64; node i of depth j holds rows[start[j][i] : start[j][i] + size[j][i]], its own
+        tokens first. Built once per trie from its arrays."""
+        own = [np.diff(e) for e in self.end_start]  # (n_j,) tokens ending at each node
+        size = [None] * self.depth
+        for j in reversed(range(self.depth)):  # a node's tokens and its children's
+            below = np.zeros(len(own[j]), np.int64)
+            if j + 1 < self.depth and len(size[j + 1]):
+                sums = np.concatenate([[0], np.cumsum(size[j + 1])])
+                below = sums[self.child_start[j][1:]] - sums[self.child_start[j][:-1]]
+            size[j] = own[j] + below
+        start = [np.concatenate([[0], np.cumsum(size[0])[:-1]]).astype(np.int64)]
+        for j in range(self.depth - 1):  # a child starts after its parent's own tokens and its elder siblings
+            parent = np.repeat(np.arange(len(own[j])), np.diff(self.child_start[j]))
+            before = np.concatenate([[0], np.cumsum(size[j + 1])])[:-1]
+            start.append(start[j][parent] + own[j][parent] + before - before[self.child_start[j][parent]])
+        rows = np.zeros(int(size[0].sum()), np.int64)
+        for j in range(self.depth):
+            first = np.repeat(start[j] - self.end_start[j][:-1], own[j])  # (tokens of j + 1 bytes,)
+            rows[first + np.arange(len(self.end_rows[j]))] = self.end_rows[j]
+        return tuple(start), tuple(size), rows
+
+
+def _joined(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    return np.concatenate([rows for rows, _ in parts]), np.concatenate([ends for _, ends in parts])
+
+
+def _no_crossing() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
 
 
 def _ranges(starts: np.ndarray, nodes: np.ndarray, values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

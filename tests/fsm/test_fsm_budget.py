@@ -43,6 +43,22 @@ def test_compile_past_its_time_budget_with_an_injected_clock():
         )
 
 
+def test_a_paused_compile_spends_none_of_its_time_budget():
+    """A compile's time is its thread's CPU time: a pause (SIGSTOP, a wait for a busy core; here a sleep) spends none
+    of it. Control: the same pause on a wall clock goes past the budget."""
+    import time
+
+    from fsm.budget import Meter
+
+    assert Budget().clock is time.thread_time
+    paused = Meter(Budget(max_seconds=0.05), "a paused compile")
+    walled = Meter(Budget(max_seconds=0.05, clock=time.monotonic), "a compile on the wall clock")
+    time.sleep(0.2)  # no CPU spent: the thread is off its core, as a stopped process is
+    paused.check_clock()
+    with pytest.raises(GuideBudgetError, match="longer than 0.05 s"):
+        walled.check_clock()
+
+
 def test_a_hopeless_string_stops_at_its_budget_instead_of_crawling(smol_tokenizer):
     schema = {"type": "string", "pattern": "^[a-z]*$", "minLength": 50_000}  # witnesses 50,000 characters long
     with pytest.raises(GuideBudgetError, match="Budget.max_terms"):

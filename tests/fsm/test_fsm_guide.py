@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import fsm
-from fsm import rx, staying
+from fsm import crossing, rx, staying
+from fsm import index as ix
 from fsm.lazy_dfa import DEAD
 from fsm.vocabulary import vocabulary_from_tokenizer
 from tests.fsm_walk import random_walk, text_of
@@ -182,6 +183,19 @@ def test_free_text_tokens_end_in_place_without_a_walk(smol_tokenizer, monkeypatc
     assert (work < full_work / 2) if free else (work == full_work)
 
 
+def test_a_choice_of_words_derives_no_row_to_look_for_free_text(smol_tokenizer, monkeypatch):
+    """Where each first character leads to its own word (an enum's values), no state after it can loop on enough
+    bytes, nor do enough first characters lead there to count: a derivative or two of each says so, not a row of
+    derivatives (`staying.char_ends`) per word."""
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "iota", "kappa"]
+    guide = fsm.Guide.from_schema({"enum": words}, smol_tokenizer)
+    index, layout = guide.index, guide.index.vocabulary.walk_layout
+    state = index.dfa.walk(b'"')
+    looked, char_ends = [], staying.char_ends
+    monkeypatch.setattr(staying, "char_ends", lambda dfa, s: looked.append(s) or char_ends(dfa, s))
+    assert list(staying.staying(index.dfa, layout, state)) == [] and looked == [state]
+
+
 @pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "pattern": "^[^数]*$"}])
 def test_tokens_of_whole_characters_end_in_place_without_a_walk(tokenizer, monkeypatch, schema):
     """In free text, tokens whose characters are multi-byte (é, 数) end in place like ASCII ones, unwalked,
@@ -231,9 +245,8 @@ def test_counted_text_in_a_head_walk_keeps_the_crossing_tokens_apart(tokenizer, 
         monkeypatch.setattr(staying, "MIN_LOOP_BYTES", min_loop_bytes)
         dfa = LazyDFA(head)
         walk = ix._walk_head(dfa, head, vocabulary_from_tokenizer(tokenizer))
-        inside = walk.end_of_row >= 0
-        ends = [dfa.term(end).id for end in walk.ends[walk.end_of_row[inside]].tolist()]
-        walks[min_loop_bytes] = (np.flatnonzero(inside).tolist(), ends, walk.crossing.tolist())
+        ends = [dfa.term(end).id for end in walk.ends[walk.end_of].tolist()]
+        walks[min_loop_bytes] = (walk.inside.tolist(), ends, walk.crossing.tolist())
     assert walks[32] == walks[257]
     assert len(walks[32][0]) > 1000  # tokens of letters and digits stay inside
 
@@ -340,7 +353,7 @@ def test_members_of_one_object_share_a_walk_whatever_members_are_left(tokenizer,
             assert nxt == expected[token] or _same_language(index.dfa.term(nxt), index.dfa.term(expected[token]))
     again = [index.dfa.walk(b'alpha":1}', state) for state in states]
     assert again[0] == DEAD and DEAD not in again[1:]
-    assert index._head_bytes[0] == sum(walk.nbytes for walk in index._heads.values())  # masks kept count
+    assert index.heads.head_bytes == sum(walk.nbytes for walk in index.heads.heads.values())  # masks kept count
 
 
 def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
@@ -358,10 +371,121 @@ def test_crossing_tokens_resume_where_they_leave_the_head(tokenizer):
     split = ix.Split.of(index.dfa.term(state))
     walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
     layout = index.vocabulary.walk_layout
-    resumed = ix._walk_crossing(index.dfa, layout, state, walk, split)
-    from_start = ix._walk_on(index.dfa, layout, walk.crossing, np.full(len(walk.crossing), state, np.int32), 0)
-    assert dict(zip(*(a.tolist() for a in resumed))) == dict(zip(*(a.tolist() for a in from_start)))
-    assert len(resumed[0]) > 10 and (walk.cross_state >= 0).mean() > 0.5
+    crossed, from_start = crossing.Crossed(), crossing.Crossed()
+    crossing.cross_on(walk, split, walk.groups, index.dfa, layout, crossed, ix.Split.of, lambda nbytes: True,
+                      index.heads.dfa_for)
+    crossing.add_walked(from_start, index.dfa, layout, walk.crossing, 0, state)
+    resumed, expected = (_crossed_states(index, c) for c in (crossed, from_start))
+    assert sorted(resumed) == sorted(expected) and len(resumed) > 10 and (walk.cross_state >= 0).mean() > 0.5
+    pairs = {(resumed[t], expected[t]) for t in resumed}  # the same places, told apart by the tokens they allow
+    assert all(a == b or sorted(_plain_walk(index, a)) == sorted(_plain_walk(index, b)) for a, b in pairs)
+
+
+def test_crossing_tokens_go_on_through_the_next_heads_walked_once(tokenizer, monkeypatch, fresh_fsm_caches):
+    """Inside two string values of one object (heads alike, tails that differ: what follows them is another key),
+    the tokens that pass the closing quote go on through the heads that follow it (a comma, a key's quote) as groups
+    walked once and kept: the second state walks fewer of them, grows the whole DFA by no state for its crossing
+    tokens, and allows exactly what a walk of the vocabulary from it allows."""
+    keys = ("alpha", "beta", "gamma")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    states = [index.dfa.walk(prefix) for prefix in (b'{"alpha":"a', b'{"alpha":"a","beta":"b')]
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"b","gamma":"'))  # the string's head met before
+    groups, walk_group = [], crossing.walk_group
+    monkeypatch.setattr(crossing, "walk_group", lambda *args: groups.append(args[3]) or walk_group(*args))
+    counts, grown = [], []
+    for state in states:
+        groups.clear()
+        before = index.dfa.n_states
+        info = index.info(state)
+        counts.append(len(groups))
+        grown.append(index.dfa.n_states - before)
+        assert info.token_ids.tolist() == sorted(_plain_walk(index, state))
+    assert counts[0] >= 2 and counts[1] < counts[0]
+    if isinstance(info, ix.HeadStateInfo):  # every token is token-live: the crossing tokens' states are numbered
+        assert grown[1] == 0  # when a token goes there
+
+
+def test_group_walks_grow_the_current_dfa_of_heads(tokenizer, fresh_fsm_caches):
+    """Once the DFA of heads started over (past half of max_states), the groups of a head walked in the old one are
+    walked on in the new one: an old walk kept in the cache never grows its DFA past the budget."""
+    keys = ("alpha", "beta", "gamma", "delta")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"'))  # the string's head met (a plain walk)
+    index.info(index.dfa.walk(b'{"alpha":"'))  # walked as a head, its groups in the DFA of heads
+    old = index.heads.dfa
+    index.heads.dfa = None  # started over
+    for walk in index.heads.heads.values():
+        walk.next.clear()  # its groups walked again
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"b","gamma":"'))
+    groups = [g for walk in index.heads.heads.values() for g in walk.next.values()]
+    assert groups and index.heads.dfa not in (None, old) and all(g.dfa is index.heads.dfa for g in groups)
+
+
+def test_a_head_is_walked_once_for_every_schema_over_a_vocabulary(smol_tokenizer, monkeypatch, fresh_fsm_caches):
+    """Two schemas with a free string value share its head's walk (a function of the head and the tokens): the
+    second schema's string state walks no token of the vocabulary, plainly or as a head."""
+    walks, walk_head, walk_all = [], ix._walk_head, ix._walk_all_tokens
+    monkeypatch.setattr(ix, "_walk_head", lambda *args: walks.append("head") or walk_head(*args))
+    monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: walks.append("plain") or walk_all(*args))
+    for key in ("first", "second"):
+        schema = {"type": "object", "properties": {key: {"type": "string"}, "other": {"type": "string"}},
+                  "required": [key, "other"]}
+        index = fsm.Guide.from_schema(schema, smol_tokenizer).index
+        states = [index.dfa.walk(b'{"%s":"a' % key.encode()), index.dfa.walk(b'{"%s":"a","other":"b' % key.encode())]
+        walks.clear()
+        infos = [index.info(state) for state in states]
+        assert walks == ([] if key == "second" else ["plain", "head"])
+        for state, info in zip(states, infos):
+            assert info.token_ids.tolist() == sorted(_plain_walk(index, state))
+
+
+@pytest.mark.parametrize("b", [{"type": "string", "pattern": "^x+$"}, {"type": "integer"}], ids=["pattern", "plain"])
+def test_which_ends_lead_on_asks_the_tail_once_and_builds_no_term(smol_tokenizer, monkeypatch, b):
+    """Whether an end of the head leads on is asked of the end and of the tail apart (a sequence is empty where a
+    part is; behind a plain tail every end that is something does): the same answers as asking each seq(end, tail),
+    without building one, also behind a tail that is not plain (a `pattern` later in the document)."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": b}, "required": ["a", "b"]}
+    index = fsm.Guide.from_schema(schema, smol_tokenizer).index
+    split = ix.Split.of(index.dfa.term(index.dfa.walk(b'{"a":"q')))
+    assert split.tail.plain == ("pattern" not in b) and not split.frames
+    head_dfa = fsm.regex.LazyDFA(split.head).explore_all()
+    ends = [head_dfa.term(s) for s in range(head_dfa.n_states)] + [rx.NOTHING]
+    expected = [not rx.is_empty(rx.seq(end, split.tail), rx.WALK_LIMIT, undecided=True) for end in ends]
+    built, seq = [], rx.seq
+    monkeypatch.setattr(rx, "seq", lambda *parts: built.append(parts) or seq(*parts))
+    assert split.leads_on(ends).tolist() == expected and built == [] and any(expected) and not all(expected)
+    if split.tail.plain:
+        assert split.leads_on(ends[:-1]).tolist() == expected[:-1] and built == []
+
+
+def _crossed_states(index, crossed) -> dict[int, int]:
+    """token -> the state it leads to, of the crossing tokens gathered in `crossed`."""
+    from fsm import index as ix
+
+    ids, slots, _ = ix._crossed_arrays(crossed)
+    return {t: ix._number_target(index.dfa, crossed.targets, s) for t, s in zip(ids.tolist(), slots.tolist())}
+
+
+@pytest.mark.parametrize("value", [{"type": "string", "minLength": 3}, {"type": "string", "pattern": "^a.+$"}],
+                         ids=["minLength", "pattern"])
+def test_a_head_that_could_end_inside_a_string_ends_at_its_quote(tokenizer, value):
+    """A string that may end after some characters and go on (`minLength`, a `pattern`) is walked as a head up to its
+    closing quote: its crossing tokens all pass that quote (the head that stopped at the characters had every token of
+    more characters crossing), and states that share the head allow exactly what their own walks allow."""
+    from fsm import index as ix
+
+    schema = {"type": "object", "properties": {"s": value, "t": value}, "required": ["s", "t"]}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    states = [index.dfa.walk(prefix) for prefix in (b'{"s":"a', b'{"s":"abc","t":"a')]
+    assert DEAD not in states
+    split = ix.Split.of(index.dfa.term(states[0]))
+    walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
+    crossing = index.vocabulary.walk_layout.order[walk.crossing].tolist()
+    assert crossing and all(b'"' in index.vocabulary.token_bytes[t][:-1] for t in crossing)
+    for state in states * 2:  # the second time round a head met before: shared walks
+        assert index.info(state).token_ids.tolist() == sorted(_plain_walk(index, state))
 
 
 def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, monkeypatch, fresh_fsm_caches):

@@ -376,6 +376,18 @@ def test_additional_properties_policy():
     assert not _matches(schema, '{"a":1,"a":"x"}', additional_properties=True)
 
 
+def test_a_closed_object_builds_no_term_of_undeclared_keys(monkeypatch):
+    """Where no undeclared key may appear (no additionalProperties, compact; no patternProperties), the keys that are
+    not declared are never spelled out as a term (the declared names' trie: most of a compile's work before)."""
+    built, without_words = [], rx.without_words
+    monkeypatch.setattr(rx, "without_words", lambda *args: built.append(args[1]) or without_words(*args))
+    schema = {"type": "object", "properties": {"alpha": {"type": "integer"}, "beta": {"type": "string"}}}
+    closed = fsm.compile_schema(schema)
+    assert built == [] and rx.matches(closed, '{"alpha":1,"beta":"x"}') and not rx.matches(closed, '{"gamma":1}')
+    open_ = fsm.compile_schema(schema, additional_properties=True)
+    assert built == [["alpha", "beta"]] and rx.matches(open_, '{"alpha":1,"gamma":[]}')
+
+
 def test_optional_properties_any_subset_in_order():
     term = fsm.compile_schema(SCHEMAS["all_optional"])
     for text in ["{}", '{"a":1}', '{"b":"x"}', '{"a":1,"c":true}', '{"a":1,"b":"x","c":false}']:

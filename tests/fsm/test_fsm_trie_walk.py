@@ -65,6 +65,109 @@ def test_the_trie_walk_ends_tokens_where_the_column_walk_does(smol_tokenizer, pa
         assert len(np.unique(rows)) == len(rows) and np.array_equal(got, reference), state
 
 
+def test_a_nodes_subtree_holds_its_tokens_then_every_longer_token_below_it():
+    words = (b"ab", b"abc", b"ab", b"a\x00", b"a", b"", b"b\xc3\xa9", b"\x00", b"abd", b"", b"abcd")
+    vocabulary = Vocabulary(words, ())
+    layout = vocabulary.walk_layout
+    trie, spelled = layout.trie, _spelled(layout.trie, layout)
+    start, size, rows = trie.subtrees
+    assert sorted(rows.tolist()) == list(range(len(layout.order)))
+    prefixes = [bytes([b]) for b in trie.node_bytes[0].tolist()]
+    for j in range(trie.depth):
+        for node, prefix in enumerate(prefixes):
+            below = rows[start[j][node]: start[j][node] + size[j][node]].tolist()
+            own = trie.end_start[j][node + 1] - trie.end_start[j][node]
+            assert all(spelled[r] == prefix for r in below[:own])
+            assert sorted(below) == sorted(r for r, b in spelled.items() if b.startswith(prefix))
+        if j + 1 < trie.depth:
+            starts, following = trie.child_start[j], trie.node_bytes[j + 1].tolist()
+            prefixes = [prefixes[node] + bytes([following[child]]) for node in range(len(prefixes))
+                        for child in range(starts[node], starts[node + 1])]
+
+
+@pytest.mark.parametrize("pattern", [*REGEXES, r"[a-z]+(,[0-9])*", r"x(ab)+y?\}"])
+def test_the_trie_walks_a_head_as_the_column_walk_does(smol_tokenizer, pattern):
+    """A head's walk (tokens that stay inside, crossing tokens with where they first pass an accepting state) is the
+    same from the trie as from the columns, from every state of the head's DFA that no token stays in."""
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    layout = vocabulary.walk_layout
+    dfa = compile_regex(pattern)
+    dfa.explore_all()
+    compared, crossed = 0, 0
+    for state in range(dfa.n_states):
+        if list(ix.staying(dfa, layout, state)) or dfa.accepting[state]:
+            continue
+        ends, crossing, at, where = ix._walk_rows(dfa, layout, state, track_crossing=True, stays=[])
+        rows, got_ends, got_crossing, got_at, got_where = layout.trie.walk_head(dfa, state)
+        got = np.full(len(layout.order), DEAD, dtype=np.int32)
+        got[rows] = got_ends
+        assert np.array_equal(got, ends) and np.array_equal(got_crossing, crossing), state
+        assert np.array_equal(got_at, at) and np.array_equal(got_where, where), state
+        compared, crossed = compared + 1, crossed + len(crossing)
+    assert compared and (crossed or pattern not in (REGEXES[0], r"[a-z]+(,[0-9])*", r"x(ab)+y?\}"))
+
+
+def test_a_head_walk_steps_no_byte_past_the_heads_end(smol_tokenizer, monkeypatch):
+    """A head of one byte (a key's opening quote) ends after it: the walk reads the first byte of every token and sets
+    the longer tokens that start with it apart as crossing, stepping no cell past it (the column walk stepped each
+    of them on through the head's DFA), and keeps arrays over its own tokens, not over the vocabulary."""
+    from fsm import rx
+    from fsm.lazy_dfa import LazyDFA
+
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    head = rx.literal('"')
+    dfa = LazyDFA(head)
+    stepped = []
+    step = LazyDFA.step
+    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: stepped.append(len(states)) or step(self, states,
+                                                                                                          data))
+    walk = ix._walk_head(dfa, head, vocabulary)
+    crossing = vocabulary.walk_layout.order[walk.crossing].tolist()
+    assert sum(stepped) == 0 and len(crossing) > 10
+    assert all(vocabulary.token_bytes[t][:1] == b'"' and len(vocabulary.token_bytes[t]) > 1 for t in crossing)
+    assert walk.allowed.sum() == 1 and (walk.cross_at == 1).all()
+    assert walk.nbytes < 2 * vocabulary.vocab_size  # arrays over the tokens inside, not over the vocabulary
+
+
+@pytest.mark.parametrize("prefix", [b'{"', b'{"extraordinarily_long_key_na', b'{"extraordinarily_long_key_name"'])
+def test_a_literal_is_walked_along_its_bytes(smol_tokenizer, monkeypatch, prefix):
+    """A state whose term starts with a literal (inside a key, before a value) finds the tokens that spell a prefix of
+    it by bisection in the trie, one DFA cell per byte, and walks only below the literal's end (the tokens that spell
+    it whole): the same tokens and end states as the column walk, and no row of the DFA filled for the literal."""
+    from fsm.lazy_dfa import LazyDFA
+
+    key = "extraordinarily_long_key_name"
+    schema = {"type": "object", "properties": {key: {"type": "integer"}}, "required": [key]}
+    guide = fsm.Guide.from_schema(schema, smol_tokenizer)
+    index, state = guide.index, guide.index.dfa.walk(prefix)
+    rows_filled, row = [], LazyDFA.row
+    monkeypatch.setattr(LazyDFA, "row", lambda self, s: rows_filled.append(s) or row(self, s))
+    ids, ends = ix._walk_all_tokens(index.dfa, index.vocabulary, state)
+    assert rows_filled == []
+    reference = ix._walk_rows(index.dfa, index.vocabulary.walk_layout, state, stays=[])[0]
+    expected = {int(index.vocabulary.walk_layout.order[r]): int(e) for r, e in enumerate(reference) if e != DEAD}
+    assert dict(zip(ids.tolist(), ends.tolist())) == expected and expected
+
+
+def test_a_column_head_walk_steps_no_token_past_the_heads_end(smol_tokenizer, monkeypatch):
+    """A string's head (its characters and closing quote) is walked by columns, the free text set apart without a
+    walk (`fsm.staying`): a token that passes the quote is set apart there as crossing and stepped no further (no
+    step starts from an accepting state of the head)."""
+    from fsm import rx
+    from fsm.json_terms import QUOTE, STRING_CHAR
+    from fsm.lazy_dfa import LazyDFA
+
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    head = rx.seq(rx.star(STRING_CHAR), QUOTE)
+    dfa = LazyDFA(head)
+    assert list(ix.staying(dfa, vocabulary.walk_layout, dfa.state_of(head)))  # the column walk, not the trie's
+    from_accepting, step = [], LazyDFA.step
+    monkeypatch.setattr(LazyDFA, "step", lambda self, states, data: from_accepting.append(
+        int(self.accepting.take(states).sum())) or step(self, states, data))
+    walk = ix._walk_head(dfa, head, vocabulary)
+    assert len(walk.crossing) > 10 and sum(from_accepting) == 0
+
+
 def _cases() -> list[tuple[str, dict, object]]:
     if not DATA.is_dir():
         return []

@@ -1,0 +1,175 @@
+"""Crossing tokens: the tokens that pass an end of a state's head, walked on through the heads that follow it.
+
+A state seq(head, tail) shares the walk of its head with every state of that head (`fsm.index.HeadWalk`). A token
+that passes an end of the head strictly inside its bytes goes on in what follows there, whole(end) = seq(end, tail),
+which is itself a head and a tail (`Split.of`). Such tokens are grouped by where they pass (the bytes read, the
+head's state there), and each group is walked on through the next head alone, in the DFA of heads, once per
+(group, next head) and kept on the walk it came from (`GroupWalk.next`): what the top of the stack allows next,
+shared by every state whose tail starts with that head, whatever lies below it. A state then only asks which ends of
+each next head lead on (`Split.leads_on`), level by level, until no token passes; the DFA of the whole term grows
+only where a token is taken. A continuation that has no head (a union) is walked in the whole term's DFA, as all
+crossing tokens were before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from fsm import rx
+from fsm.lazy_dfa import DEAD, LazyDFA
+
+MAX_NEXT = 256  # group walks kept on one walk (past it, they are walked for each state that needs them)
+
+
+@dataclass(frozen=True, eq=False)
+class GroupWalk:
+    """One group of tokens (rows of walk_layout.order, each read from its byte `at` on) walked through the DFA of
+    heads from a head's state: those that stay inside the head with their ends, those that pass an end of it again."""
+
+    dfa: LazyDFA  # the DFA of heads
+    inside: np.ndarray  # (k,) int64 rows of the tokens that end inside the head, alive
+    ends: np.ndarray  # (n_ends,) int64 the distinct states of `dfa` they end in
+    end_of: np.ndarray  # (k,) int32 index into `ends` of each
+    crossing: np.ndarray  # (m,) int64 rows (ascending) of the tokens that pass an end of the head inside their bytes
+    cross_at: np.ndarray  # (m,) int32 the bytes of each read there
+    cross_state: np.ndarray  # (m,) int32 the state of `dfa` there
+    next: dict = field(default_factory=dict, repr=False)  # (at, state, head) -> GroupWalk of its crossing groups
+    kept: list = field(default_factory=lambda: [0], repr=False)  # bytes of the group walks kept below it
+
+    @cached_property
+    def groups(self) -> list[tuple[tuple[int, int], np.ndarray]]:
+        """((at, state), rows ascending) of the crossing tokens, by where they pass."""
+        return groups_of(self.crossing, self.cross_at, self.cross_state)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.inside, self.ends, self.end_of, self.crossing, self.cross_at, self.cross_state)
+        return sum(a.nbytes for a in arrays)
+
+
+def groups_of(rows: np.ndarray, at: np.ndarray, where: np.ndarray) -> list[tuple[tuple[int, int], np.ndarray]]:
+    """((at, where), rows) for each distinct pair, rows ascending where `rows` is."""
+    if not len(rows):
+        return []
+    keys = (at.astype(np.int64) << 32) | where.astype(np.int64)
+    values, inverse = np.unique(keys, return_inverse=True)
+    if len(values) == 1:
+        return [((int(values[0]) >> 32, int(values[0]) & 0xFFFFFFFF), rows)]
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(values) + 1))
+    return [((key >> 32, key & 0xFFFFFFFF), rows[order[bounds[i]: bounds[i + 1]]])
+            for i, key in enumerate(values.tolist())]
+
+
+def walk_group(dfa: LazyDFA, layout, rows: np.ndarray, at: int, start: int) -> GroupWalk:
+    """The tokens at `rows` (ascending, each longer than `at` bytes) read from byte `at` on through `dfa` from
+    `start` (a head's state, not accepting): a token that reaches an accepting state with bytes left passes an end
+    of the head there (it is not walked further); the others end inside or die."""
+    positions, states = rows, np.full(len(rows), start, dtype=np.int32)
+    done_rows, done_states, crossed = [], [], []
+    for j, column in enumerate(layout.columns[at:], start=at):
+        ended = int(positions.searchsorted(layout.counts[j]))  # tokens of j bytes have ended
+        done_rows.append(positions[ended:])
+        done_states.append(states[ended:])
+        positions, states = positions[:ended], states[:ended]
+        if not len(positions):
+            break
+        passing = dfa.accepting.take(states)
+        if passing.any():
+            crossed.append((positions[passing], np.full(int(passing.sum()), j, np.int32), states[passing]))
+            positions, states = positions[~passing], states[~passing]
+        states = dfa.step(states, column[positions])
+        alive = states != DEAD
+        positions, states = positions[alive], states[alive]
+    done_rows.append(positions)
+    done_states.append(states)
+    inside, ends = np.concatenate(done_rows), np.concatenate(done_states)
+    distinct, end_of = np.unique(ends, return_inverse=True)
+    if crossed:
+        crossing, cross_at, cross_state = (np.concatenate(parts) for parts in zip(*crossed))
+        order = np.argsort(crossing)
+        crossing, cross_at, cross_state = crossing[order], cross_at[order], cross_state[order]
+    else:
+        crossing, cross_at, cross_state = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
+    return GroupWalk(dfa, inside.astype(np.int64), distinct.astype(np.int64), end_of.astype(np.int32),
+                     crossing.astype(np.int64), cross_at, cross_state)
+
+
+@dataclass
+class Crossed:
+    """The crossing tokens of one state that survive: ids with where each goes, `slot` into `targets`, one
+    (split, end) per distinct place (its state numbered when a token goes there) or a state already numbered."""
+
+    ids: list = field(default_factory=list)  # arrays of token ids
+    slots: list = field(default_factory=list)  # arrays of slot indices, one per id
+    targets: list = field(default_factory=list)  # slot -> (split, end term) or a numbered state (int)
+
+
+def cross_on(walk, split, groups, dfa: LazyDFA, layout, out: Crossed, split_of, keep, dfa_for) -> None:
+    """Add to `out` the tokens of `groups` (((at, state of walk.dfa), rows) of tokens that pass an end of the head
+    `split` walked in `walk`) that survive in what follows, walking each group through the next head (a GroupWalk
+    kept on `walk`, walked in `dfa_for(head)`: the DFA of heads) or, where what follows has no head, through `dfa`
+    itself. `split_of` is Split.of; `keep(bytes)` counts the bytes of a new group walk kept (it returns False where
+    none may be kept)."""
+    for (at, where), rows in groups:
+        follow = split.whole(walk.dfa.term(where))
+        if follow is rx.NOTHING or (not follow.plain and rx.is_empty(follow, rx.WALK_LIMIT, undecided=True)):
+            continue  # DEAD: what the whole term's DFA makes of it
+        nxt = split_of(follow)
+        if nxt is None:
+            there = dfa.state_of(follow)
+            add_walked(out, dfa, layout, rows, at, there)
+            continue
+        key = (at, where, nxt.head)
+        group = walk.next.get(key)
+        if group is None:
+            head_dfa = dfa_for(nxt.head)
+            group = walk_group(head_dfa, layout, rows, at, head_dfa.state_of(nxt.head))
+            if len(walk.next) < MAX_NEXT and keep(group.nbytes):
+                walk.next[key] = group
+        walk_on(group, nxt, dfa, layout, out, split_of, keep, dfa_for)
+
+
+def walk_on(group: GroupWalk, split, dfa: LazyDFA, layout, out: Crossed, split_of, keep, dfa_for) -> None:
+    """Add to `out` the tokens of `group` (walked through the head of `split`) that survive in `split`'s state: those
+    ending inside the head at an end that leads on (`Split.leads_on`), then those passing it (`cross_on`)."""
+    ends = [group.dfa.term(end) for end in group.ends.tolist()]
+    if ends:
+        kept = split.leads_on(ends).take(group.end_of)
+        if kept.any():
+            first = len(out.targets)
+            out.targets.extend((split, end) for end in ends)
+            out.ids.append(layout.order[group.inside[kept]])
+            out.slots.append(group.end_of[kept] + first)
+    if group.groups:
+        cross_on(group, split, group.groups, dfa, layout, out, split_of, keep, dfa_for)
+
+
+def add_walked(out: Crossed, dfa: LazyDFA, layout, rows: np.ndarray, at: int, there: int) -> None:
+    """The tokens at `rows` walked on from byte `at` in the whole term's DFA from `there` (a numbered state)."""
+    if there == DEAD:
+        return
+    positions, states = rows, np.full(len(rows), there, dtype=np.int32)
+    done_rows, done_states = [], []
+    for j, column in enumerate(layout.columns[at:], start=at):
+        ended = int(positions.searchsorted(layout.counts[j]))
+        done_rows.append(positions[ended:])
+        done_states.append(states[ended:])
+        positions, states = positions[:ended], states[:ended]
+        if not len(positions):
+            break
+        states = dfa.step(states, column[positions])
+        alive = states != DEAD
+        positions, states = positions[alive], states[alive]
+    done_rows.append(positions)
+    done_states.append(states)
+    ends = np.concatenate(done_states)
+    if len(ends):
+        distinct, slot = np.unique(ends, return_inverse=True)
+        first = len(out.targets)
+        out.targets.extend(distinct.tolist())
+        out.ids.append(layout.order[np.concatenate(done_rows)])
+        out.slots.append(slot.astype(np.int32) + first)
