@@ -125,13 +125,21 @@ class TokenTrie:
             rows, owner = _ranges(self.end_start[j], nodes, self.end_rows[j])
             if len(rows):
                 out.append((rows, states[owner]))
-            children, owner = _ranges(self.child_start[j], nodes)
-            if not len(children):
+            below = self._descend(dfa, j, nodes, states)
+            if below is None:
                 break
-            states = dfa.step(states[owner], self.node_bytes[j + 1][children])
-            alive = states != DEAD
-            nodes, states = children[alive], states[alive]
+            nodes, states = below
         return out
+
+    def _descend(self, dfa: LazyDFA, j: int, nodes: np.ndarray, states: np.ndarray):
+        """(children, their states): the children (depth j + 1) of `nodes` (depth j, after whose bytes the DFA is in
+        `states`) that the DFA does not kill; None where `nodes` have no children."""
+        children, owner = _ranges(self.child_start[j], nodes)
+        if not len(children):
+            return None
+        states = dfa.step(states[owner], self.node_bytes[j + 1][children])
+        alive = states != DEAD
+        return children[alive], states[alive]
 
     @cached_property
     def node_text(self) -> tuple[bytes, ...]:
@@ -159,12 +167,10 @@ class TokenTrie:
             if passing.any():
                 cross.append(self._below(j, nodes[passing], states[passing]))
                 nodes, states = nodes[~passing], states[~passing]
-            children, owner = _ranges(self.child_start[j], nodes)
-            if not len(children):
+            below = self._descend(dfa, j, nodes, states)
+            if below is None:
                 break
-            states = dfa.step(states[owner], self.node_bytes[j + 1][children])
-            alive = states != DEAD
-            nodes, states = children[alive], states[alive]
+            nodes, states = below
         rows = np.concatenate(out_rows) if out_rows else np.zeros(0, np.int64)
         ends = np.concatenate(out_states) if out_states else np.zeros(0, np.int32)
         if not cross:
