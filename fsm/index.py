@@ -334,13 +334,19 @@ class TokenIndex:
             info = _head_state_info(walk, mains, number, more_ids, slots, targets, number_target, layout)
             self.heads.grow(split.head, walk.nbytes - before)  # a new mask or group walk kept by the walk counts
             return info
+        # Not every token is token-live (`fsm.liveness`): the places tokens go are numbered now, and those from which
+        # no tokens finish are DEAD, a few distinct states rather than a state per token.
+        mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int32)
+        targets = np.asarray([number_target(slot) for slot in range(len(targets))], dtype=np.int32)
+        for places in (mains, targets):
+            numbered = places != DEAD
+            keep = self._live.keep(places[numbered])
+            places[np.flatnonzero(numbered)[~keep]] = DEAD
+        kept = targets.take(slots) != DEAD if len(slots) else np.zeros(0, dtype=bool)
+        info = _head_state_info(walk, mains, number, more_ids[kept], slots[kept], targets, number_target, layout,
+                                exact=True)
         self.heads.grow(split.head, walk.nbytes - before)
-        mains = np.asarray([number(i) if alive else DEAD for i, alive in enumerate(live.tolist())], dtype=np.int64)
-        more_nexts = np.asarray([number_target(slot) for slot in slots.tolist()], dtype=np.int64)
-        ids = np.concatenate([layout.order[walk.inside], more_ids]).astype(np.int64)
-        nexts = np.concatenate([mains[walk.end_of], more_nexts])
-        alive = nexts != DEAD
-        return ids[alive], nexts[alive]
+        return info
 
     def _walk_literal(self, state: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, end states) from a state that starts with a literal: the tokens spelling a prefix of it (found in the
@@ -633,10 +639,15 @@ def _crossings(crossed: np.ndarray | None, first_at: list) -> tuple[np.ndarray, 
 
 
 def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_slots: np.ndarray,
-                     targets: np.ndarray, number_target, layout) -> HeadStateInfo:
+                     targets: np.ndarray, number_target, layout, exact: bool = False) -> HeadStateInfo:
+    """The HeadStateInfo of a state; its max_token_length at least the longest allowed token, or, `exact`, that."""
     order = np.argsort(extra_ids)
     extra_ids, extra_slots = extra_ids[order].astype(np.int32), extra_slots[order]
-    longest = max(walk.max_token_length, int(layout.lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
+    inside = walk.max_token_length
+    if exact:  # the longest token inside that ends where it leads on (rows run longest first)
+        alive = mains.take(walk.end_of) != DEAD if len(walk.end_of) else np.zeros(0, dtype=bool)
+        inside = int(layout.lengths[layout.order[walk.inside[alive.argmax()]]]) if alive.any() else 0
+    longest = max(inside, int(layout.lengths[extra_ids].max(initial=0)) if len(extra_ids) else 0)
     mask = walk.mask_with(mains == DEAD, extra_ids, layout.order)
     return HeadStateInfo(walk, mains, number, layout.row_of, extra_ids, extra_slots, targets, number_target, mask,
                          longest)

@@ -423,6 +423,24 @@ def test_group_walks_grow_the_current_dfa_of_heads(tokenizer, fresh_fsm_caches):
     assert groups and index.heads.dfa not in (None, old) and all(g.dfa is index.heads.dfa for g in groups)
 
 
+def test_a_vocabulary_that_lacks_bytes_keeps_a_heads_mask_too(smol_tokenizer, fresh_fsm_caches):
+    """SmolLM2 spells a few bytes with no token of their own, so where a token leads must be token-live
+    (`fsm.liveness`): the few places a head's tokens go are numbered and checked, not a state per token, and the
+    state keeps the head's mask (a HeadStateInfo) with exactly a plain walk's tokens and longest token."""
+    keys = ("alpha", "beta", "gamma")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    index = fsm.Guide.from_schema(schema, smol_tokenizer).index
+    assert not index._live.trivial
+    index.info(index.dfa.walk(b'{"alpha":"a","beta":"'))  # the string's head met before
+    state = index.dfa.walk(b'{"alpha":"')
+    info = index.info(state)
+    expected = _plain_walk(index, state)
+    lengths = index.vocabulary.walk_layout.lengths
+    assert isinstance(info, ix.HeadStateInfo) and info.token_ids.tolist() == sorted(expected)
+    assert info.max_token_length == int(lengths[info.token_ids].max())
+    assert all(index.is_accepting(nxt) or index._live.keep(np.asarray([nxt]))[0] for nxt in info.next_states.tolist())
+
+
 def test_a_head_is_walked_once_for_every_schema_over_a_vocabulary(smol_tokenizer, monkeypatch, fresh_fsm_caches):
     """Two schemas with a free string value share its head's walk (a function of the head and the tokens): the
     second schema's string state walks no token of the vocabulary, plainly or as a head."""
