@@ -38,6 +38,13 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   first token costs one assistant forward and comes back soon, so does a near tie (one unlucky rejection must
   not lock a call into plain decoding); a long draft far behind comes back rarely.
 
+- Per call, when to start the assistant (`catching_up`): it starts lazily, so its first call feeds the whole prompt
+  (its prefill), which a short output may never earn back. Where earlier calls on the pair measured that catch-up
+  (seconds per position, `CostTable.catch_up`), a call decodes plainly (forced runs and prompt-lookup copies are
+  free) until its plain steps have lost, by the estimate, as much as the catch-up would cost: each plain step loses
+  its seconds times the share drafting saves (1 - plain rate / drafting rate, the call's or the pair's remembered;
+  at least `probe_budget`; all of it where neither is known). That is ski rental: a call never pays more than twice
+  what the better of starting at once and never starting would have cost, had it known its length.
 - Per draft tree (`Estimates.leaf_pays`, `generate(tree=True)`): verify the assistant's runner-up as a side
   leaf, or not. The leaf commits one more token when the chain is accepted up to its sibling, the sibling is
   rejected and the target picks the runner-up there: the product of the chain's predicted acceptances before
@@ -62,14 +69,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from assisted.policy.costs import N_MAX, CostTable, StepCost
-from assisted.policy.estimates import CONFIDENCE_BINS, Calibration, Estimates, confidence_bins
+from assisted.policy.estimates import CONFIDENCE_BINS, RUN_BINS, Calibration, Estimates, confidence_bins, run_bins
 
 if TYPE_CHECKING:
     from drafting.base import Draft
     from drafting.tree import Branch
 
-__all__ = ["CONFIDENCE_BINS", "Auto", "AutoConfig", "AutoState", "Calibration", "Estimates", "choose",
-           "confidence_bins", "estimate", "observe", "observe_leaf"]
+__all__ = ["CONFIDENCE_BINS", "Auto", "AutoConfig", "AutoState", "Calibration", "Estimates", "catching_up", "choose",
+           "confidence_bins", "estimate", "observe", "observe_leaf", "paid_rent"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class AutoConfig:
     worth_weight: float = 2.0  # `worth` starts at 1 (the estimates hold), worth this many judged drafts
     worth_max: float = 1.5  # predicted acceptance is scaled by at most this much (and held at most 1)
     worth_noise: float = 2.0  # standard deviations of accepted drafts that `worth` reads as luck
+    catch_up_min: int = 16  # an assistant's first call catching up on fewer positions is not timed as its prefill
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,8 @@ class AutoState:
     costs: CostTable = CostTable()
     judged: float = 0.0  # decayed judged assistant drafts (the prior is added when estimating)
     accepted: float = 0.0  # decayed accepted assistant drafts
-    lookup_judged: float = 0.0  # the same for prompt-lookup drafts
-    lookup_accepted: float = 0.0
+    lookup_judged: tuple[float, ...] = (0.0,) * len(RUN_BINS)  # the same for prompt-lookup drafts, per place in
+    lookup_accepted: tuple[float, ...] = (0.0,) * len(RUN_BINS)  # the copied run (`RUN_BINS`)
     calibration: Calibration = field(default_factory=Calibration)
     drafting_tokens: float = 0.0  # decayed expected tokens of timed drafting steps (forced tokens left out)
     drafting_seconds: float = 0.0  # their decayed seconds, both models
@@ -116,6 +124,8 @@ class AutoState:
     predicted: float = 0.0  # decayed sum of the acceptance estimated for each judged draft (calibration's mean) ...
     realized: float = 0.0  # ... and the decayed drafts the target accepted: `worth` checks one against the other
     spread: float = 0.0  # ... and their variance were the estimates right (decayed sum of a (1 - a))
+    lag: int = 0  # positions of the row the assistant's cache lacks (told by the engine before each step)
+    rent: float = 0.0  # seconds the row's plain steps lost, by the estimate, while its assistant had not started
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
@@ -139,17 +149,25 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
     verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
     judged = estimate(state, cfg).accepts(verified[:drafted], checked=False)  # (drafted,) as estimated
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
-    d, dl = (cfg.acceptance_decay if (~lookup).any() else 1.0), (cfg.acceptance_decay if lookup.any() else 1.0)
+    d = cfg.acceptance_decay if (~lookup).any() else 1.0
+    place = run_bins(np.asarray(verified[:drafted], dtype=float))[lookup]  # each judged copy token's place in its run
+    judged_at = np.bincount(place, minlength=len(RUN_BINS))  # (bins,) judged copy tokens per place
     new = replace(state, judged=d * state.judged + int((~lookup).sum()),
                   accepted=d * state.accepted + int((ok & ~lookup).sum()),
-                  lookup_judged=dl * state.lookup_judged + int(lookup.sum()),
-                  lookup_accepted=dl * state.lookup_accepted + int((ok & lookup).sum()),
+                  lookup_judged=_faded(state.lookup_judged, judged_at, judged_at, cfg.acceptance_decay),
+                  lookup_accepted=_faded(state.lookup_accepted, judged_at,
+                                         np.bincount(place, ok[lookup], minlength=len(RUN_BINS)), cfg.acceptance_decay),
                   calibration=state.calibration.observed(confidence[:drafted], accepted, cfg.calibration_decay))
     if drafted:  # the estimate of each judged draft's acceptance, against the target's verdicts
         new = replace(new, predicted=cfg.worth_decay * state.predicted + float(judged.sum()),
                       realized=cfg.worth_decay * state.realized + accepted,
                       spread=cfg.worth_decay * state.spread + float((judged * (1.0 - judged)).sum()))
     return replace(new, window=cfg.window_growth * (accepted + 1)) if asked and drafted else new
+
+
+def _faded(counts: tuple[float, ...], judged: np.ndarray, new: np.ndarray, decay: float) -> tuple[float, ...]:
+    """Per-place decayed counts plus `new`; only the places this step judged fade."""
+    return tuple((np.where(judged > 0, decay, 1.0) * np.asarray(counts) + new).tolist())
 
 
 def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
@@ -174,6 +192,9 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
         prefilled = True
     if cost is not None and cost.drafted:
         costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
+        lag = sum(row.lag for row, _ in rows)
+        if not drafted_before and lag >= cfg.catch_up_min:  # the assistant's prefill: seconds per position it fed
+            costs = costs.with_catch_up(cost.draft_seconds / (lag + cost.drafted), cfg.cost_decay)
         drafted_before = True
     new = replace(prices, costs=costs, prefilled=prefilled, drafted_before=drafted_before)
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
@@ -220,12 +241,12 @@ def estimate(state: AutoState, cfg: AutoConfig, width: int = 1) -> Estimates:
     forward of `width` rows, the curve at n positions per row and the batch's rates."""
     prior = cfg.acceptance_prior * cfg.prior_weight
     acceptance = (state.accepted + prior) / (state.judged + cfg.prior_weight)
-    lookup = (state.lookup_accepted + prior) / (state.lookup_judged + cfg.prior_weight)
+    lookup = (np.asarray(state.lookup_accepted) + prior) / (np.asarray(state.lookup_judged) + cfg.prior_weight)
     curve = tuple(state.costs.curve(cfg.k_max + 1, width).tolist())
     plain = width / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
-    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting, lookup,
-                     cfg.optimism, max(state.window, state.k0), state.leaf_calibration, worth(state, cfg))
+    return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting,
+                     tuple(lookup.tolist()), cfg.optimism, max(state.window, state.k0), state.leaf_calibration, worth(state, cfg))
 
 
 def worth(state: AutoState, cfg: AutoConfig) -> float:
@@ -239,6 +260,31 @@ def worth(state: AutoState, cfg: AutoConfig) -> float:
     noise = cfg.worth_noise * math.sqrt(state.spread + w / 4)  # `worth_weight` drafts of unknown acceptance add theirs
     excess = math.copysign(max(abs(miss) - noise, 0.0), miss)
     return min((state.predicted + excess + w) / (state.predicted + w), cfg.worth_max)
+
+
+def saving(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
+    """The share of a plain step's seconds drafting is expected to save: 1 - plain rate / drafting rate (the call's
+    measured rate, else the pair's remembered one), at least `probe_budget`; 1 where neither rate is known."""
+    est = estimate(state, cfg, width)
+    rate = est.drafting_rate or state.costs.drafting_rate
+    return 1.0 if not rate else max(cfg.probe_budget, 1.0 - est.plain_rate / rate)
+
+
+def paid_rent(beliefs: AutoState, prices: AutoState, cost: StepCost | None, cfg: AutoConfig) -> AutoState:
+    """The row's beliefs after a step: a plain step taken while its assistant had not started (`prices`: what the row
+    decides by) adds its expected loss against drafting to `rent`."""
+    plain = cost is not None and cost.target_tokens and not cost.drafted
+    if not plain or prices.drafted_before:
+        return beliefs
+    return replace(beliefs, rent=beliefs.rent + float(prices.costs.curve(1)[1]) * saving(prices, cfg))
+
+
+def catching_up(state: AutoState) -> bool:
+    """Whether the row decodes plainly while its assistant waits (the module docstring): the assistant has not run
+    this call, and catching up on the row's `lag` positions would cost more than the `rent` its plain steps paid."""
+    price = state.costs.catch_up
+    return (not state.drafted_before and price is not None and state.costs.curve(1)[1] > 0
+            and state.rent < state.lag * price)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
@@ -343,11 +389,18 @@ class Auto:
 
     def update(self, drafted: int, accepted: int, cost: StepCost | None = None,
                confidence: tuple[float, ...] = ()) -> None:
+        before = self.priced
         if self.prices is None:
             self.state = observe(self.state, drafted, accepted, cost, self.config, confidence)
         else:  # the engine times the shared forward once, after every row has learned (`SharedPrices.observe`)
             self.state = learn(self.state, drafted, accepted, cost is not None and cost.drafted > 0, self.config,
                                confidence)
+        self.state = paid_rent(self.state, before, cost, self.config)
+        self.refresh()
+
+    def assistant_behind(self, positions: int) -> None:
+        """The assistant's cache lacks this many of the row's positions (what its next call would catch up on)."""
+        self.state = replace(self.state, lag=positions)
         self.refresh()
 
     @property
@@ -392,7 +445,11 @@ class Auto:
         return self._estimates
 
     def learned(self) -> CostTable:
-        return self.priced.costs
+        """The costs this row priced by, with the call's drafting rate folded into the pair's."""
+        state = self.priced
+        if state.drafting_seconds <= 0:
+            return state.costs
+        return state.costs.with_drafting_rate(state.drafting_tokens / state.drafting_seconds, self.config.rate_decay)
 
     def calibration(self) -> Calibration:
         return self.state.calibration
@@ -401,6 +458,6 @@ class Auto:
         """Decide the next step from the current beliefs and prices (`SharedPrices` asks again once it has timed a
         step)."""
         width, state = (1 if self.prices is None else self.prices.width), self.priced
-        self.k = cap(state, self.config, mode(state, self.config, width) if self.prices is None else
-                     self.prices.mode_for(self))
+        step = mode(state, self.config, width) if self.prices is None else self.prices.mode_for(self)
+        self.k = cap(state, self.config, "plain" if catching_up(state) else step)
         self._estimates, self._cuts = estimate(state, self.config, width), warmed_up(state, width)

@@ -12,7 +12,9 @@ itself, as the policy then verifies that many tokens and times them again.
 
 Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's
 table for the next call on the same pair (`recall` / `memorize`, for the life of the process): only the
-first call on a pair pays the warm-up. The mean acceptance is not kept: it belongs to the text. How often a
+first call on a pair pays the warm-up. The table also keeps what the assistant's first call in a call costs per
+position it catches up on (its prefill: the assistant starts lazily) and the drafting rate earlier calls measured,
+so that a call can weigh starting the assistant at all. The mean acceptance is not kept: it belongs to the text. How often a
 draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (per confidence
 bin, code, extraction and prose differ little), so the policy's calibration is
 kept per pair and sampling setting (`recall_calibration`). `forget` (public as
@@ -55,6 +57,8 @@ class CostTable:
 
     target: tuple[tuple[int, float, float], ...] = ()  # (n, mean seconds, weight), sorted by n
     draft_per_token: float | None = None  # None: not measured yet
+    catch_up: float | None = None  # assistant seconds per position of its first call in a call (its prefill)
+    drafting_rate: float | None = None  # tokens per second of the drafting steps of earlier calls on the pair
 
     def with_target(self, n: int, seconds: float, decay: float, limit: int = N_MAX) -> CostTable:
         """The table after one forward over n tokens took `seconds` (older timings at n fade by `decay`); forwards
@@ -68,9 +72,13 @@ class CostTable:
         return replace(self, target=tuple((m, *rows[m]) for m in sorted(rows)))
 
     def with_draft(self, seconds_per_token: float, decay: float) -> CostTable:
-        old = self.draft_per_token
-        new = seconds_per_token if old is None else decay * old + (1 - decay) * seconds_per_token
-        return replace(self, draft_per_token=new)
+        return replace(self, draft_per_token=_decayed(self.draft_per_token, seconds_per_token, decay))
+
+    def with_catch_up(self, seconds_per_position: float, decay: float) -> CostTable:
+        return replace(self, catch_up=_decayed(self.catch_up, seconds_per_position, decay))
+
+    def with_drafting_rate(self, tokens_per_second: float, decay: float) -> CostTable:
+        return replace(self, drafting_rate=_decayed(self.drafting_rate, tokens_per_second, decay))
 
     def measured(self) -> tuple[int, ...]:
         """The n with at least one timing."""
@@ -86,6 +94,10 @@ class CostTable:
         out = np.interp(np.arange(n_max + 1, dtype=float) * rows, xs, ys)
         out[0] = 0.0
         return out
+
+
+def _decayed(old: float | None, new: float, decay: float) -> float:
+    return new if old is None else decay * old + (1 - decay) * new
 
 
 # target -> {assistant | _ALONE: (device key, CostTable)}

@@ -38,6 +38,9 @@ class Policy(Protocol):
         """After drafts with these confidences: None to draft on (up to k), else how many of them to verify (an
         `Auto` priced with other rows also takes `peers`, their proposals: `Auto.cut`)."""
 
+    def assistant_behind(self, positions: int) -> None:
+        """The assistant's cache lacks this many of the row's positions (its next call's catch-up)."""
+
     def leaf_pays(self, draft: Draft, branch: Branch, rows: int, feeds: Sequence[int] = ()) -> bool:
         """Whether to verify `branch`, a side leaf of `draft`, in the forward over the draft's `rows` tokens, beside
         the other rows' `feeds` (per slot)."""
@@ -72,6 +75,9 @@ class Constant:
 
     def cut(self, confidence: tuple[float, ...]) -> None:
         return None
+
+    def assistant_behind(self, positions: int) -> None:
+        pass
 
     def leaf_pays(self, draft: Draft, branch: Branch, rows: int, feeds: Sequence[int] = ()) -> bool:
         return True

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 CONFIDENCE_BINS = (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)  # lower edges of the calibration bins
+RUN_BINS = (0, 1, 2, 4)  # lower edges of a prompt-lookup draft's place in its copied run (0: the run's first token)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,15 @@ class Calibration:
 def confidence_bins(confidence: np.ndarray) -> np.ndarray:
     """(j,) index into CONFIDENCE_BINS of each of (j,) confidences."""
     return np.clip(np.searchsorted(CONFIDENCE_BINS, confidence, side="right") - 1, 0, len(CONFIDENCE_BINS) - 1)
+
+
+def run_bins(confidence: np.ndarray) -> np.ndarray:
+    """(j,) index into RUN_BINS of each of (j,) drafts' place in its run of prompt-lookup drafts (NaN confidence):
+    the NaNs right before it; -1 for a draft with a confidence. A copy is accepted more surely the more of it the
+    target has already accepted."""
+    at = np.arange(len(confidence))
+    start = np.maximum.accumulate(np.where(np.isnan(confidence), 0, at + 1))  # (j,) the first index of each run
+    return np.searchsorted(RUN_BINS, at - start, side="right") - 1
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,8 @@ class Estimates:
     calibration: Calibration  # acceptance given the assistant's confidence
     plain_rate: float  # tokens per second of plain decoding, rows / target(1)
     drafting_rate: float | None  # measured tokens per second of this call's drafting steps (None: none yet)
-    lookup_acceptance: float = 0.6  # mean acceptance of prompt-lookup drafts (decayed): they carry no confidence
+    lookup_acceptance: tuple[float, ...] = (0.6,) * len(RUN_BINS)  # prompt-lookup drafts (no confidence): the
+    # decayed acceptance given the copy so far was accepted, per place in the copied run (`RUN_BINS`)
     optimism: float = 0.0  # where the cut would verify nothing, it rereads acceptance this many stds above the mean
     window: int | None = None  # the most drafts of the next step (None: k_max)
     leaf_calibration: Calibration = Calibration()  # P(the target picks the runner-up | the sibling was rejected)
@@ -178,8 +189,9 @@ class Estimates:
     def accepts(self, confidence: tuple[float, ...], optimism: float = 0.0, checked: bool = True) -> np.ndarray:
         """(j,) predicted acceptance of drafts with these confidences; NaN marks a prompt-lookup draft. `checked`:
         scaled by `worth` (what the target accepted over what was predicted), at most 1."""
-        acc = self.calibration.predict(np.asarray(confidence, dtype=float), optimism)
-        acc = np.where(np.isnan(acc), self.lookup_acceptance, acc)
+        conf = np.asarray(confidence, dtype=float)
+        acc = self.calibration.predict(conf, optimism)
+        acc = np.where(np.isnan(acc), np.asarray(self.lookup_acceptance)[run_bins(conf)], acc)
         return np.minimum(acc * self.worth, 1.0) if checked else acc
 
 

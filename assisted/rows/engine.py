@@ -160,6 +160,12 @@ class Engine:
         else:
             self.rows.append(row)
         row.cached = self.target.lengths[slot]
+        self._tell_lag(slot, row)
+
+    def _tell_lag(self, slot: int, row: Row) -> None:
+        """Tell the row's policy how many of its positions the assistant's cache lacks (it starts lazily)."""
+        if self.assistant is not None:
+            row.policy.assistant_behind(len(row.seq) - self.assistant.kv.lengths[slot])
 
     def _shared(self, kv: RowsKV, ids: list[int]) -> tuple[int, int | None]:
         """(tokens, row): the row of `kv` that caches the longest prefix of `ids` (off unless `share_prefix`)."""
@@ -279,6 +285,8 @@ class Engine:
             cost = StepCost(computed, seconds if computed else 0.0, rounds.forwards, rounds.seconds)
             self.prices.observe(cost, [(row.policy, f.draft.model_confidence) for row, f in zip(rows, feeds)
                                        if row.policy in self.prices.members])
+        for slot, row in enumerate(rows):
+            self._tell_lag(slot, row)
 
     def finish(self, row: Row, slot: int | None = None) -> GenerationResult:
         """The row's result (its output validated), its caches kept for a prefix cache; closes its streamer.

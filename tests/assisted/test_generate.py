@@ -201,6 +201,9 @@ class Scripted:
     def cut(self, confidence):
         return None
 
+    def assistant_behind(self, positions):
+        pass
+
     @property
     def lookup_k(self):
         return self.k

@@ -166,7 +166,7 @@ def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decodi
 
 def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
     def beliefs(seconds, draft=0.01, acceptance=0.8, plain=None, lookup=0.8):
-        return Estimates(tuple(seconds), draft, acceptance, Calibration(), plain or 1 / seconds[1], None, lookup)
+        return Estimates(tuple(seconds), draft, acceptance, Calibration(), plain or 1 / seconds[1], None, (lookup,) * 4)
 
     flat = beliefs([0.0] + [0.1] * 21)
     assert flat.cut((0.9, 0.9), 20) is None  # verification is free: draft on
@@ -254,6 +254,59 @@ def test_a_calls_first_drafting_step_counts_at_the_seconds_the_remembered_costs_
     assert choose(unlucky_start, cfg) == 0  # three unlucky steps: plain decoding
 
 
+def test_the_assistants_first_call_is_timed_per_position_it_caught_up_on():
+    cfg = AutoConfig()
+    costs = CostTable().with_target(1, 0.4, 0.9).with_target(6, 0.6, 0.9)
+    state = AutoState(k0=5, costs=costs, prefilled=True, lag=100)  # the assistant lacks the 100-token prompt
+    state = observe(state, 3, 3, StepCost(4, 0.5, 3, 2.06), cfg, (0.9,) * 3)
+    assert state.costs.catch_up == pytest.approx(2.06 / 103) and state.costs.draft_per_token is None
+    state = observe(replace(state, lag=200), 3, 3, StepCost(4, 0.5, 3, 0.3), cfg, (0.9,) * 3)
+    assert state.costs.catch_up == pytest.approx(2.06 / 103)  # only a call's first assistant call is its catch-up
+    short = observe(AutoState(k0=5, costs=costs, lag=cfg.catch_up_min - 1), 3, 3, StepCost(4, 0.5, 3, 0.3), cfg)
+    assert short.costs.catch_up is None  # a few positions: a drafting round, not a prefill
+
+
+def test_a_row_decodes_plainly_until_its_plain_steps_lost_what_the_assistants_catch_up_costs():
+    cfg = AutoConfig()
+    costs = replace(CostTable().with_target(1, 0.4, 0.9).with_target(6, 0.6, 0.9).with_draft(0.1, 0.9),
+                    catch_up=0.01, drafting_rate=4.0)  # drafting: 4 tokens a second against plain decoding's 2.5
+    policy = Auto(5, costs=costs)
+    assert policy.k == 5  # nothing to catch up on
+    policy.assistant_behind(100)  # the prompt: 1 s of catch-up; a plain step loses 0.4 s * (1 - 2.5 / 4) = 0.15 s
+    ks = []
+    for _ in range(8):
+        ks.append(policy.k)
+        policy.update(0, 0, StepCost(1, 0.4, 0, 0.0))
+        policy.assistant_behind(policy.state.lag + 1)
+    assert ks == [0] * 8 and policy.k == 5  # 8 x 0.15 s >= 1.08 s of catch-up (7 x 0.15 s < 1.07 s)
+    assert policy.state.rent == pytest.approx(8 * 0.15)
+    unknown = Auto(5, costs=replace(costs, drafting_rate=None))  # no rate: a plain step loses all of its seconds
+    unknown.assistant_behind(100)
+    for _ in range(3):
+        unknown.update(0, 0, StepCost(1, 0.4, 0, 0.0))
+    assert unknown.k == 5 and unknown.state.rent == pytest.approx(1.2)
+    slow = Auto(5, costs=replace(costs, drafting_rate=2.0))  # drafting slower than plain: probes' budget only
+    slow.assistant_behind(100)
+    slow.update(0, 0, StepCost(1, 0.4, 0, 0.0))
+    assert slow.k == 0 and slow.state.rent == pytest.approx(0.4 * cfg.probe_budget)
+
+
+def test_a_call_hands_its_drafting_rate_to_the_next_call_on_the_pair():
+    costs = CostTable().with_target(1, 0.4, 0.9).with_target(6, 0.6, 0.9).with_draft(0.1, 0.9)
+    policy = Auto(5, costs=costs)
+    assert policy.learned().drafting_rate is None  # no drafting step timed yet
+    policy.update(0, 0, StepCost(1, 0.4, 0, 0.0))  # the prefill
+    policy.update(5, 5, StepCost(6, 0.6, 5, 0.5), (0.99,) * 5)
+    state = policy.state
+    assert state.drafting_steps == 1
+    assert policy.learned().drafting_rate == pytest.approx(state.drafting_tokens / state.drafting_seconds)
+    again = Auto(5, costs=replace(policy.learned(), drafting_rate=10.0))
+    again.update(0, 0, StepCost(1, 0.4, 0, 0.0))
+    again.update(5, 5, StepCost(6, 0.6, 5, 0.5), (0.99,) * 5)
+    rate = again.state.drafting_tokens / again.state.drafting_seconds
+    assert again.learned().drafting_rate == pytest.approx(0.8 * 10.0 + 0.2 * rate)  # decayed like the call's rate
+
+
 def test_acceptance_is_a_decayed_rate_with_a_prior_kept_apart_for_prompt_lookup():
     cfg, state = AutoConfig(), AutoState(k0=4)
     nan = float("nan")
@@ -264,7 +317,26 @@ def test_acceptance_is_a_decayed_rate_with_a_prior_kept_apart_for_prompt_lookup(
     prior = cfg.acceptance_prior * cfg.prior_weight
     est = estimate(state, cfg)
     assert est.acceptance == pytest.approx((weight + prior) / (4 * weight + cfg.prior_weight))
-    assert est.lookup_acceptance == pytest.approx((3 * weight + prior) / (3 * weight + cfg.prior_weight))
+    places = (weight + prior) / (weight + cfg.prior_weight)  # one judged copy token per place of RUN_BINS[:3] a step
+    assert est.lookup_acceptance == pytest.approx((places, places, places, cfg.acceptance_prior))
+
+
+def test_a_copy_is_predicted_by_the_place_of_each_token_in_its_run():
+    cfg, state = AutoConfig(), AutoState(k0=4)
+    nan = float("nan")
+    for _ in range(30):  # copies whose first token is often wrong and whose later tokens hold
+        state = observe(state, 1, 0, None, cfg, (nan,))  # judged up to the first rejection
+        state = observe(state, 5, 5, None, cfg, (nan,) * 5)
+    first, second, third, later = estimate(state, cfg).lookup_acceptance
+    d, prior = cfg.acceptance_decay, cfg.acceptance_prior * cfg.prior_weight  # the accepted copies came last
+    judged, accepted = sum(d**i for i in range(60)), sum(d ** (2 * i) for i in range(30))
+    assert first == pytest.approx((accepted + prior) / (judged + cfg.prior_weight))
+    weight = sum(d**i for i in range(30))  # later places: only the accepted copies reach them, places 2-3 twice
+    assert second == later == pytest.approx((weight + prior) / (weight + cfg.prior_weight))
+    assert third == pytest.approx((2 * weight + prior) / (2 * weight + cfg.prior_weight))
+    accepts = estimate(state, cfg).accepts((0.99, nan, nan, nan, 0.99, nan))  # a model draft starts a new run
+    assert accepts[1] == pytest.approx(first) and accepts[2] == pytest.approx(second)
+    assert accepts[3] == pytest.approx(third) and accepts[5] == pytest.approx(first)
 
 
 def test_auto_warms_up_at_the_starting_k_and_is_a_pure_function_of_its_state():

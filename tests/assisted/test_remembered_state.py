@@ -4,6 +4,7 @@ safe under concurrent `generate` calls from several threads."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -120,3 +121,14 @@ def test_a_target_quantized_in_place_measures_its_own_costs(tok):
     assert recall(target, helper) is None
     run_auto(tok, target, helper)
     assert recall(target, helper) is not None
+
+
+@pytest.mark.parametrize("catch_up, starts", [(1.0, False), (1e-9, True)])
+def test_the_assistant_starts_once_plain_steps_have_lost_what_its_catch_up_costs(tok, pair, catch_up, starts):
+    run_auto(tok, *pair)  # measures the pair's costs
+    costs = recall(*pair)
+    plain_rate = 1 / costs.curve(1)[1]
+    memorize(*pair, replace(costs, catch_up=catch_up, drafting_rate=2 * plain_rate))  # drafting saves half a step
+    out = run_auto(tok, *pair, max_new_tokens=12)
+    assert (out.stats.assistant_forward_passes > 0) == starts
+    assert out.token_ids == run_auto(tok, pair[0], None, max_new_tokens=12).token_ids  # lossless either way
