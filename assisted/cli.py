@@ -187,14 +187,13 @@ def _draft_vocab_size(text: str) -> int | str | None:
 def load_models(args: argparse.Namespace):
     """(model, tokenizer, assistant or None, the assistant's own tokenizer or None) by
     `assisted.models.loading.load_pair`; `generate` drafts across vocabularies with the fourth."""
-    from assisted.models.loading import load_pair, load_tokenizer
+    from assisted.models.loading import assistant_tokenizer, load_pair
     model, tokenizer, assistant = load_pair(args.model, args.assistant, dtype=args.dtype, device=args.device,
                                             quantize_assistant=args.quantize_assistant,
                                             quantize_target=args.quantize_target, pack=args.pack,
                                             draft_vocab_size=getattr(args, "draft_vocab_size", None),
                                             freeze_gc=True)  # the CLI's process is its own: no collection over models
-    own = None if assistant is None or str(args.assistant) == str(args.model) else load_tokenizer(args.assistant)
-    return model, tokenizer, assistant, own
+    return model, tokenizer, assistant, assistant_tokenizer(args.model, args.assistant, assistant)
 
 
 def _loaded(load: Callable, args) -> tuple:

@@ -146,11 +146,11 @@ class BatchGenerator:
 
 def _load(loader: Callable | None, model, assistant, load_options: dict) -> tuple:
     """(target, tokenizer, assistant or None, the assistant's own tokenizer or None)."""
-    from assisted.models.loading import load_pair, load_tokenizer
+    from assisted.models.loading import assistant_tokenizer, load_pair
     try:
         target, tokenizer, helper, *own = (loader or load_pair)(model, assistant, **load_options)
-        if loader is None and helper is not None and str(assistant) != str(model):
-            own = [load_tokenizer(assistant)]  # as the CLI's `load_models`
+        if loader is None:
+            own = [assistant_tokenizer(model, assistant, helper)]
         return target, tokenizer, helper, own[0] if own else None
     except Exception as error:  # noqa: BLE001  whatever the loader raises, the run stops with its one line
         raise LoadError(f"cannot load --model {model}" + (f" / --assistant {assistant}" if assistant else "")

@@ -56,6 +56,14 @@ def load_tokenizer(source: str | os.PathLike):
                       f"named offline sources: {', '.join(SOURCES)}") from error
 
 
+def assistant_tokenizer(target: str | os.PathLike, assistant: str | os.PathLike | None, loaded_assistant):
+    """The assistant's own tokenizer where it comes from another source than the target (`generate`'s
+    ``assistant_tokenizer``, drafting across vocabularies); None without an assistant or where both are one source."""
+    if loaded_assistant is None or assistant is None or str(assistant) == str(target):
+        return None
+    return load_tokenizer(assistant)
+
+
 def load_model(source: str | os.PathLike, *, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu", device_map: str | dict | None = None):
     """Load a causal language model in eval mode.
