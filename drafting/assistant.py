@@ -12,6 +12,7 @@ import torch
 from drafting.base import DeviceMasks, Drafted
 from drafting.draft_head import use_full_head
 from drafting.kv_cache import input_device
+from drafting.masked_head import only_allowed
 from drafting.proposal import Proposal
 from drafting.row_kv import RowsKV
 from drafting.sampling import Warp, confidence, masked, probs, sample
@@ -78,7 +79,8 @@ class Assistant:
             start = time.perf_counter()
             feeds = [proposals[r].tail(n) if r in asking else [] for r, n in enumerate(self.kv.lengths)]
             use_full_head(self.kv.model, [proposals[r].mask for r in asking])  # a draft vocabulary's exceptions
-            logits = self.kv.run(feeds, [1] * len(feeds))  # (1, V) per asking row: after its whole context
+            with only_allowed(self.kv.model, self._masks([proposals[r] for r in asking], processors)):
+                logits = self.kv.run(feeds, [1] * len(feeds))  # (1, V) per asking row: after its whole context
             picks = [self._pick(logits[r], proposals[r], generators[r], processors[r]) for r in asking]
             for r, drafted in zip(asking, settle(picks)):  # the round's one host sync
                 proposals[r].give(drafted)
@@ -87,6 +89,13 @@ class Assistant:
             self.forwards, self.seconds = self.forwards + 1, self.seconds + time.perf_counter() - start
             asking = [r for r in asking if proposals[r].fill()]
         return took
+
+    def _masks(self, asking: list[Proposal], processors: list) -> list[torch.Tensor] | None:
+        """The guide's mask (1, V) at each asking row's next position; None where some row's logits are read
+        unmasked (no guide, or logits processors that run before the mask)."""
+        if any(p.mask is None for p in asking) or any(processors):
+            return None
+        return [self.masks(p.mask)[None] for p in asking]
 
     def _pick(self, logits: torch.Tensor, proposal: Proposal, generator, processors) -> Pick:
         context = proposal.context if processors else None  # built only for processors: no copy per step

@@ -146,13 +146,17 @@ def to_blocks(groups: Groups) -> torch.Tensor:
     return torch.cat([ql.reshape(rows, -1, 128), qh.reshape(rows, -1, 64), sc, d], -1).reshape(rows, -1)
 
 
-def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None,
+           blocks: torch.Tensor | None = None) -> torch.Tensor:
     """(n, in) float32 -> (n, out): x times the packed Q6_K weight, plus `bias`; row-invariant.
 
-    Runs `structspec_ops.int4.path()`. Raises RuntimeError unless `built().ok`.
+    With `blocks` (int64 indices of 16-column blocks), only those blocks are computed: (n, 16 * len(blocks)), block
+    j's columns at 16 j..16 j + 15, each bitwise the full call's. Runs `structspec_ops.int4.path()`. Raises
+    RuntimeError unless `built().ok`.
     """
     if x.shape[-1] != packed.in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes {packed.in_features}")
     if not built().ok:
         raise RuntimeError(f"the Q6_K kernel is not available: {built().reason}")
-    return torch.ops.structspec.q6k_linear(x.contiguous(), packed.data, bias, packed.out_features, int4.path())
+    return torch.ops.structspec.q6k_linear(x.contiguous(), packed.data, bias, packed.out_features, blocks,
+                                           int4.path())

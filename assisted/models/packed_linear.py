@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import torch
 
+from drafting.masked_head import LANES
+
 
 class PackedLinear(torch.nn.Module):
-    """(..., in) -> (..., out) through a packed kernel; row-invariant as its kernel is."""
+    """(..., in) -> (..., out) through a packed kernel; row-invariant as its kernel is.
 
-    kernel = None  # staticmethod: (x, layout, bias) -> y
+    `only_blocks`: (m,) int64 blocks of 16 output columns the forwards compute, every other column -inf
+    (`drafting.masked_head`); None (the default): every column.
+    """
+
+    kernel = None  # staticmethod: (x, layout, bias, blocks=None) -> y
     unpack = None  # staticmethod: layout -> groups
+    only_blocks: torch.Tensor | None = None
 
     @classmethod
     def from_packed(cls, packed, bias: torch.Tensor | None = None):
@@ -36,8 +43,17 @@ class PackedLinear(torch.nn.Module):
     @torch.no_grad()  # an inference kernel: the op has no gradient
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()  # (n, in)
-        y = type(self).kernel(rows, self.layout(), self.bias)  # (n, out)
+        y = type(self).kernel(rows, self.layout(), self.bias) if self.only_blocks is None else self._blocks(rows)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def _blocks(self, rows: torch.Tensor) -> torch.Tensor:
+        """(n, in) -> (n, out): the columns of `only_blocks`, -inf elsewhere."""
+        part = type(self).kernel(rows, self.layout(), self.bias, self.only_blocks)  # (n, 16 m)
+        blocks = -(-self.out_features // LANES)
+        y = rows.new_full((len(rows), blocks, LANES), float("-inf"))  # (n, blocks, 16)
+        y[:, self.only_blocks] = part.view(len(rows), -1, LANES)
+        y = y.view(len(rows), -1)  # (n, 16 blocks)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features].contiguous()
 
     def groups(self):
         return type(self).unpack(self.layout())

@@ -38,6 +38,7 @@ from drafting.assistant import Assistant
 from drafting.draft_head import describe
 from drafting.base import DeviceMasks
 from drafting.kv_cache import input_device, output_device
+from drafting.masked_head import only_allowed
 from drafting.proposal import Proposal
 from drafting.row_kv import RowsKV
 from drafting.tree import grow_branch
@@ -45,10 +46,25 @@ from drafting.tree import grow_branch
 
 def target_forward(target: RowsKV, rows: list[Row], feeds: list[Feed]) -> list[torch.Tensor | None]:
     """The step's one target forward: each row's logits after its committed tokens and each draft prefix, (k+1 (+1),
-    V), None for a row that fed nothing."""
+    V), None for a row that fed nothing. Under the guides' masks the head computes only the blocks of columns they
+    allow (`drafting.masked_head`): the masked logits are the same."""
     keep = [len(f.draft.tokens) + 1 + (f.leaf is not None) for f in feeds]
     leaves = [(len(row.seq), f.leaf) if f.leaf is not None and f.tokens else None for row, f in zip(rows, feeds)]
-    return target.run([list(f.tokens) for f in feeds], keep, leaves if any(leaves) else None)
+    with only_allowed(target.model, kept_masks(rows, feeds)):
+        return target.run([list(f.tokens) for f in feeds], keep, leaves if any(leaves) else None)
+
+
+def kept_masks(rows: list[Row], feeds: list[Feed]) -> list[torch.Tensor] | None:
+    """The guide's mask at each position the forward keeps, (k+1 (+1), V) per row that feeds it; None where some row's
+    logits are read unmasked (no guide, or logits processors that run before the mask)."""
+    masks = []
+    for row, f in zip(rows, feeds):
+        if not f.tokens:
+            continue
+        if f.draft.masks is None or row.opts.processors or (f.leaf is not None and f.leaf.mask_after is None):
+            return None
+        masks.append(f.draft.masks if f.leaf is None else torch.cat([f.draft.masks, f.leaf.mask_after[None]]))
+    return masks
 
 
 def verify(target: RowsKV, rows: list[Row], feeds: list[Feed]) -> list[Verdict]:

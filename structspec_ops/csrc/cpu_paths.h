@@ -3,6 +3,7 @@
 // the same output, so the choice changes speed only.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cstddef>
@@ -63,6 +64,27 @@ class TilePlan {
 
  private:
   int64_t blocks_, half_;
+};
+
+// The 16-column blocks a linear's call computes: `blocks` (int64 indices, each below out_features / 16 rounded up)
+// where given, its output (n, 16 * count) with block j at columns 16 j..; else every block, output (n, out_features).
+struct Blocks {
+  at::Tensor ids;  // (count,) int64
+  const int64_t* data;
+  int64_t count;
+  bool subset;
+
+  Blocks(const c10::optional<at::Tensor>& blocks, int64_t out_features, int64_t lanes, const char* op)
+      : subset(blocks.has_value() && blocks->defined()) {
+    ids = subset ? blocks->to(at::kLong).contiguous() : at::arange((out_features + lanes - 1) / lanes, at::kLong);
+    data = ids.data_ptr<int64_t>();
+    count = ids.numel();
+    for (int64_t j = 0; j < count; ++j)
+      TORCH_CHECK(data[j] >= 0 && data[j] * lanes < out_features, op, ": column block ", data[j], " out of range");
+  }
+
+  int64_t width(int64_t lanes, int64_t out_features) const { return subset ? count * lanes : out_features; }
+  int64_t column(int64_t j, int64_t lanes) const { return (subset ? j : data[j]) * lanes; }  // of block j in y
 };
 
 }  // namespace structspec

@@ -29,7 +29,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
                        int64_t out_features, int64_t groups, const c10::optional<at::Tensor>& blocks,
                        c10::string_view path_name);
 at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                      int64_t out_features, c10::string_view path_name);
+                      int64_t out_features, const c10::optional<at::Tensor>& blocks, c10::string_view path_name);
 
 namespace {
 
@@ -40,7 +40,7 @@ at::Tensor linear(const at::Tensor& x, at::TensorList packed, const Biases& bias
                   c10::IntArrayRef groups, size_t j, c10::string_view path) {
   const c10::optional<at::Tensor> bias = biases.get(j);
   if (groups[j] > 0) return int4_linear(x, packed[j], bias, out_features[j], groups[j], c10::nullopt, path);
-  return q6k_linear(x, packed[j], bias, out_features[j], path);
+  return q6k_linear(x, packed[j], bias, out_features[j], c10::nullopt, path);
 }
 
 constexpr int64_t kRowsPerTask = 8;  // rows of the small steps per thread task (a decode step's one row: no fork)

@@ -465,15 +465,9 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
                 "int4_linear: bias must be (out,) float32");
     bias_data = bias->data_ptr<float>();
   }
-  const bool subset = blocks.has_value() && blocks->defined();
-  at::Tensor chosen = subset ? blocks->to(at::kLong).contiguous()
-                             : at::arange((out_features + kLanes - 1) / kLanes, at::kLong);
-  const int64_t* block_ids = chosen.data_ptr<int64_t>();
-  const int64_t count = chosen.numel();
-  for (int64_t j = 0; j < count; ++j)
-    TORCH_CHECK(block_ids[j] >= 0 && block_ids[j] * kLanes < out_features, "int4_linear: column block ",
-                block_ids[j], " out of range");
-  at::Tensor y = subset ? at::zeros({n, count * kLanes}, x.options()) : at::empty({n, out_features}, x.options());
+  const structspec::Blocks chosen(blocks, out_features, kLanes, "int4_linear");
+  const int64_t ldy = chosen.width(kLanes, out_features);
+  at::Tensor y = chosen.subset ? at::zeros({n, ldy}, x.options()) : at::empty({n, ldy}, x.options());
 
   at::Tensor codes = at::empty({n, k}, x.options().dtype(at::kChar));
   at::Tensor sums = at::empty({n, k / kGroup}, x.options());
@@ -489,17 +483,16 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
 
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* y_data = y.data_ptr<float>();
-  const int64_t ldy = subset ? count * kLanes : out_features;
-  const structspec::TilePlan plan(count);
+  const structspec::TilePlan plan(chosen.count);
   at::parallel_for(0, plan.tiles(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       Tile job{&a, n, supers, groups, {nullptr, nullptr}, 0, {y_data, ldy, {nullptr, nullptr}, {0, 0}, {0, 0}}};
       job.width = plan.width(t);
       for (int c = 0; c < job.width; ++c) {
-        const int64_t j = plan.block(t, c), block = block_ids[j];
+        const int64_t j = plan.block(t, c), block = chosen.data[j];
         job.w[c] = w + block * block_bytes;
         job.out.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
-        job.out.column[c] = subset ? j * kLanes : block * kLanes;
+        job.out.column[c] = chosen.column(j, kLanes);
         job.out.lanes[c] = static_cast<int>(std::min<int64_t>(kLanes, out_features - block * kLanes));
       }
       path.run(job);

@@ -364,16 +364,19 @@ const Path& choose(const std::string& name) { return structspec::choose_path(kPa
 
 std::vector<std::string> q6k_paths() { return structspec::supported_paths(kPaths); }
 
-// x (n, in) float32, in % 256 == 0; packed uint8 (`pack`); bias (out,) float32 or None; path: "auto" or a name.
+// x (n, in) float32, in % 256 == 0; packed uint8 (`pack`); bias (out,) float32 or None; blocks: int64 column blocks
+// to compute (output (n, 16 * len(blocks)), block j at columns 16 j..), or None: all (output (n, out)); path: "auto"
+// or a name.
 at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                      int64_t out_features, c10::string_view path_name) {
+                      int64_t out_features, const c10::optional<at::Tensor>& blocks, c10::string_view path_name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "q6k_linear: x must be a contiguous (n, in) float32 CPU tensor");
   TORCH_CHECK(x.size(1) % kSuper == 0, "q6k_linear: in_features ", x.size(1), " is not a multiple of 256");
-  const int64_t n = x.size(0), k = x.size(1), supers = k / kSuper, blocks = (out_features + kLanes - 1) / kLanes;
+  const int64_t n = x.size(0), k = x.size(1), supers = k / kSuper;
+  const int64_t all_blocks = (out_features + kLanes - 1) / kLanes;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.numel() == blocks * supers * kSuperBytes,
-              "q6k_linear: packed weights of ", packed.numel(), " bytes, expected ", blocks * supers * kSuperBytes);
+                  packed.numel() == all_blocks * supers * kSuperBytes,
+              "q6k_linear: packed weights of ", packed.numel(), " bytes, expected ", all_blocks * supers * kSuperBytes);
   const Path& path = choose(std::string(path_name));
   const float* bias_data = nullptr;
   if (bias.has_value() && bias->defined()) {
@@ -381,7 +384,9 @@ at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::
                 "q6k_linear: bias must be (out,) float32");
     bias_data = bias->data_ptr<float>();
   }
-  at::Tensor y = at::empty({n, out_features}, x.options());
+  const structspec::Blocks chosen(blocks, out_features, kLanes, "q6k_linear");
+  const int64_t ldy = chosen.width(kLanes, out_features);
+  at::Tensor y = chosen.subset ? at::zeros({n, ldy}, x.options()) : at::empty({n, ldy}, x.options());
   at::Tensor codes = at::empty({n, k}, x.options().dtype(at::kChar));
   at::Tensor minus = at::empty({n, k / kGroup}, x.options().dtype(at::kInt));
   at::Tensor scales = at::empty({n}, x.options());
@@ -395,16 +400,16 @@ at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* y_data = y.data_ptr<float>();
   const int64_t block_bytes = supers * kSuperBytes;
-  const structspec::TilePlan plan(blocks);
+  const structspec::TilePlan plan(chosen.count);
   at::parallel_for(0, plan.tiles(), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      Tile job{&a, n, supers, {nullptr, nullptr}, 0, y_data, out_features, {nullptr, nullptr}, {0, 0}, {0, 0}};
+      Tile job{&a, n, supers, {nullptr, nullptr}, 0, y_data, ldy, {nullptr, nullptr}, {0, 0}, {0, 0}};
       job.width = plan.width(t);
       for (int c = 0; c < job.width; ++c) {
-        const int64_t block = plan.block(t, c);
+        const int64_t j = plan.block(t, c), block = chosen.data[j];
         job.w[c] = w + block * block_bytes;
         job.bias[c] = bias_data == nullptr ? nullptr : bias_data + block * kLanes;
-        job.column[c] = block * kLanes;
+        job.column[c] = chosen.column(j, kLanes);
         job.lanes[c] = static_cast<int>(std::min<int64_t>(kLanes, out_features - block * kLanes));
       }
       path.run(job);
@@ -414,7 +419,8 @@ at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::
 }
 
 TORCH_LIBRARY_FRAGMENT(structspec, m) {
-  m.def("q6k_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, str path='auto') -> Tensor");
+  m.def("q6k_linear(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor? blocks=None, str path='auto') "
+        "-> Tensor");
   m.def("q6k_paths() -> str[]", &q6k_paths);
 }
 

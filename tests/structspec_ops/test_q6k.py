@@ -123,6 +123,21 @@ def test_a_row_is_bitwise_the_same_among_other_rows(threads_count):
         assert torch.equal(q6k.linear(x[3:8], packed, bias), together[3:8])
 
 
+def test_a_subset_of_columns_is_bitwise_those_of_the_full_call():
+    out_features = 100  # 7 blocks of 16, the last one of 4 columns
+    packed, bias = q6k.pack(_groups(out_features, 512, seed=3)), torch.randn(out_features)
+    x = _rows(5, 512)
+    full = q6k.linear(x, packed, bias)
+    for blocks in ([6], [0], [3, 1], [6, 2, 0], list(range(7))):
+        part = q6k.linear(x, packed, bias, torch.tensor(blocks))  # (5, 16 * len(blocks))
+        for j, block in enumerate(blocks):
+            columns = range(16 * block, min(16 * block + 16, out_features))
+            assert torch.equal(part[:, 16 * j : 16 * j + len(columns)], full[:, columns.start : columns.stop])
+            assert (part[:, 16 * j + len(columns) : 16 * j + 16] == 0).all()  # lanes past the last column
+    with pytest.raises(RuntimeError, match="column block 7 out of range"):
+        q6k.linear(x, packed, bias, torch.tensor([7]))
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 17])
 def test_every_path_gives_bitwise_the_same_output(n):
     groups, x, bias = _groups(50, 768, seed=7), _rows(n, 768), torch.randn(50)
@@ -131,6 +146,8 @@ def test_every_path_gives_bitwise_the_same_output(n):
     for name in int4.paths():
         with int4.forced_path(name):
             outputs[name] = q6k.linear(x, packed, bias)
+            assert torch.equal(q6k.linear(x, packed, bias, torch.tensor([3, 0])),
+                               torch.cat([outputs[name][:, 48:50], torch.zeros(n, 14), outputs[name][:, :16]], 1))
     best = int4.paths()[0]
     for name, y in outputs.items():
         assert torch.equal(y, outputs[best]), f"{name} differs from {best}"
