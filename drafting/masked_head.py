@@ -3,11 +3,11 @@
 A head over a large vocabulary (Qwen2.5's 151,936 x 1,536, in Q6_K a fifth of the 1.5B's bytes) runs at every kept
 position, yet under a schema most positions allow few tokens (digits, an enum's values, a literal): the other columns
 are masked to -inf before anything reads them. Inside `only_allowed(model, masks)` the head of a 4-bit or Q6_K model
-(`assisted.models.packed_linear.PackedLinear`) computes the blocks of 16 columns that hold a token some row's mask allows, and -inf elsewhere.
-Each computed column is bitwise the full head's (a kernel computes a column from its own weights alone), so the masked
-logits, and everything decoded from them, are unchanged. Where the allowed blocks are more than `FULL_SHARE` of the
-head, the whole head runs. The engine and the assistant ask only where no logits processor reads the logits before the
-mask. A head takes part by its `only_blocks` attribute (`assisted.models.packed_linear.PackedLinear`).
+(`assisted.models.packed_linear.PackedLinear`, by its `only_blocks` attribute) computes the blocks of 16 columns that
+hold a token some row's mask allows, and -inf elsewhere. Each computed column is bitwise the full head's (a kernel
+computes a column from its own weights alone), so the masked logits, and everything decoded from them, are unchanged.
+Where the allowed blocks are more than `FULL_SHARE` of the head, the whole head runs. The engine and the assistant ask
+only where no logits processor reads the logits before the mask.
 """
 
 from __future__ import annotations

@@ -246,7 +246,8 @@ def estimate(state: AutoState, cfg: AutoConfig, width: int = 1) -> Estimates:
     plain = width / curve[1] if curve[1] > 0 else 0.0
     drafting = state.drafting_tokens / state.drafting_seconds if state.drafting_seconds > 0 else None
     return Estimates(curve, state.costs.draft_per_token or 0.0, acceptance, state.calibration, plain, drafting,
-                     tuple(lookup.tolist()), cfg.optimism, max(state.window, state.k0), state.leaf_calibration, worth(state, cfg))
+                     tuple(lookup.tolist()), cfg.optimism, max(state.window, state.k0), state.leaf_calibration,
+                     worth(state, cfg))
 
 
 def worth(state: AutoState, cfg: AutoConfig) -> float:

@@ -14,10 +14,10 @@ Costs belong to a (target, assistant, device) rather than to one call, so `gener
 table for the next call on the same pair (`recall` / `memorize`, for the life of the process): only the
 first call on a pair pays the warm-up. The table also keeps what the assistant's first call in a call costs per
 position it catches up on (its prefill: the assistant starts lazily) and the drafting rate earlier calls measured,
-so that a call can weigh starting the assistant at all. The mean acceptance is not kept: it belongs to the text. How often a
-draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (per confidence
-bin, code, extraction and prose differ little), so the policy's calibration is
-kept per pair and sampling setting (`recall_calibration`). `forget` (public as
+so that a call can weigh starting the assistant at all. The mean acceptance is not kept: it belongs to the text.
+How often a draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (per
+confidence bin, code, extraction and prose differ little), so the policy's calibration is kept per pair and
+sampling setting (`recall_calibration`). `forget` (public as
 `assisted.reset_remembered_state`) clears both. One lock guards both registries: concurrent `generate` calls
 from several threads read and write them safely (the last call to finish on a pair is remembered).
 """

@@ -20,8 +20,7 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not int4.built().ok, reason=f"int4 kernel unavailable: {int4.built().reason}")]
 
 
-@pytest.mark.parametrize("make", [lambda linear: Q6KLinear.quantized(linear), lambda linear: Int4Linear.quantized(linear)],
-                         ids=["q6k", "int4"])
+@pytest.mark.parametrize("make", [Q6KLinear.quantized, Int4Linear.quantized], ids=["q6k", "int4"])
 def test_the_chosen_blocks_are_bitwise_the_full_heads_and_the_rest_is_minus_infinity(make):
     torch.manual_seed(0)
     head = make(torch.nn.Linear(256, 100))  # 7 blocks of 16, the last of 4 columns

@@ -18,6 +18,7 @@ import torch
 from structspec_ops import int4, q6k
 from tests.helpers_models import threads
 from tests.helpers_rounding import U, assert_within, gamma
+from tests.structspec_ops.column_blocks import assert_blocks_are_the_full_calls_columns
 
 pytestmark = pytest.mark.skipif(not q6k.built().ok, reason=f"Q6_K kernel unavailable: {q6k.built().reason}")
 
@@ -127,13 +128,7 @@ def test_a_subset_of_columns_is_bitwise_those_of_the_full_call():
     out_features = 100  # 7 blocks of 16, the last one of 4 columns
     packed, bias = q6k.pack(_groups(out_features, 512, seed=3)), torch.randn(out_features)
     x = _rows(5, 512)
-    full = q6k.linear(x, packed, bias)
-    for blocks in ([6], [0], [3, 1], [6, 2, 0], list(range(7))):
-        part = q6k.linear(x, packed, bias, torch.tensor(blocks))  # (5, 16 * len(blocks))
-        for j, block in enumerate(blocks):
-            columns = range(16 * block, min(16 * block + 16, out_features))
-            assert torch.equal(part[:, 16 * j : 16 * j + len(columns)], full[:, columns.start : columns.stop])
-            assert (part[:, 16 * j + len(columns) : 16 * j + 16] == 0).all()  # lanes past the last column
+    assert_blocks_are_the_full_calls_columns(lambda blocks: q6k.linear(x, packed, bias, blocks), out_features, 7)
     with pytest.raises(RuntimeError, match="column block 7 out of range"):
         q6k.linear(x, packed, bias, torch.tensor([7]))
 
