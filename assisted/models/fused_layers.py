@@ -111,13 +111,18 @@ class FusedDecoderLayer(torch.nn.Module):
         y = self.run(x, cos, sin, self.over_rows(batch, update, attention, attention_mask, kwargs))  # (B n, hidden)
         return y.view(batch, n, hidden).to(hidden_states.dtype)
 
-    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, keep: int | None = None
+            ) -> torch.Tensor:
         """The layer on x (N, hidden) float32 with rotary rows cos, sin (N, D): `attend(q, k, v)` takes this forward's
-        rotated queries (N, H, D), keys and values (N, H_kv, D) and returns the attention's output (N, H D)
-        (`over_rows`, `over_ragged`). Returns the layer's output (N, hidden)."""
+        rotated queries (N or keep, H, D), keys and values (N, H_kv, D) and returns the attention's output (N or keep,
+        H D) (`over_rows`, `over_ragged`). Returns the layer's output (N, hidden), or only its last `keep` rows: the
+        other rows' keys and values are cached all the same (a model's last layer, where only the kept rows' logits
+        are read)."""
         first, second = self.input_layernorm, self.post_attention_layernorm
         q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
                                        self.kv_heads, self.head_dim)
+        if keep is not None:
+            q, x = q[-keep:], x[-keep:]
         a = attend(q.view(-1, self.heads, self.head_dim), *(t.view(-1, self.kv_heads, self.head_dim) for t in (k, v)))
         return decoder.attention_out(a, x, second.weight, second.variance_epsilon, self.outs)
 
@@ -125,13 +130,13 @@ class FusedDecoderLayer(torch.nn.Module):
         """`run`'s attention over B rows of n positions each (x holds them row after row): `update(k, v)` appends this
         forward's keys and values (B, H_kv, n, D) to the cache and returns all of them (None: no cache), `attention` is
         a transformers attention function, `attention_mask` its mask."""
-        def attend(q, k, v):
-            n = q.shape[0] // batch
-            q = q.view(batch, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, n, D)
+        def attend(q, k, v):  # q: the last m of each row's n positions (m = n but in a one-row forward's last layer)
+            m, n = q.shape[0] // batch, k.shape[0] // batch
+            q = q.view(batch, m, self.heads, self.head_dim).transpose(1, 2)  # (B, H, m, D)
             k, v = (t.view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, H_kv, n, D)
             if update is not None:
                 k, v = update(k, v)
-            return self._attention(attention, q, k, v, attention_mask, kwargs).reshape(batch * n, -1).contiguous()
+            return self._attention(attention, q, k, v, attention_mask, kwargs).reshape(batch * m, -1).contiguous()
         return attend
 
     def over_ragged(self, batch: RaggedBatch, attention) -> Attend:
@@ -185,8 +190,8 @@ def one_row_forward(model: torch.nn.Module, cache, ids: list[int], keep: int) ->
     def attend(layer: FusedDecoderLayer) -> Attend:  # one row, appended to `cache`
         return layer.over_rows(1, lambda k, v: cache.update(k, v, layer.layer_idx), attention)
 
-    x = _through_layers(model, layers, torch.tensor(ids, device=model.device), positions, attend)  # (n, hidden)
-    return _head(model, x[-keep:])
+    x = _through_layers(model, layers, torch.tensor(ids, device=model.device), positions, attend, keep)  # (keep, H)
+    return _head(model, x)
 
 
 def ragged_forward(model: torch.nn.Module, batch: RaggedBatch) -> torch.Tensor:
@@ -227,15 +232,17 @@ def _fused_layers(model: torch.nn.Module) -> list[FusedDecoderLayer] | None:
 
 
 def _through_layers(model: torch.nn.Module, layers: list[FusedDecoderLayer], ids: torch.Tensor,
-                    positions: torch.Tensor, attend: Callable[[FusedDecoderLayer], Attend]) -> torch.Tensor:
+                    positions: torch.Tensor, attend: Callable[[FusedDecoderLayer], Attend], keep: int | None = None
+                    ) -> torch.Tensor:
     """The hidden states (N, hidden) float32 after `layers` of the tokens `ids` (N,) at `positions` (N,): the
-    embedding, the rotary embedding at each token's own position, each layer's `run` with `attend(layer)`."""
+    embedding, the rotary embedding at each token's own position, each layer's `run` with `attend(layer)`; with
+    `keep`, the last layer computes past its attention's keys and values only the last `keep` rows (keep, hidden)."""
     inner = model.model
     x = inner.embed_tokens(ids[None])  # (1, N, hidden)
     cos, sin = (t.reshape(len(ids), -1).float().contiguous() for t in inner.rotary_emb(x, positions[None]))  # (N, D)
     x = x[0].float().contiguous()  # (N, hidden)
-    for layer in layers:
-        x = layer.run(x, cos, sin, attend(layer))
+    for i, layer in enumerate(layers):
+        x = layer.run(x, cos, sin, attend(layer), keep if i == len(layers) - 1 else None)
     return x
 
 
