@@ -22,7 +22,9 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from assisted.models.huge_pages import into_huge_pages
 from assisted.models.int4_linear import Int4Linear
+from assisted.models.packed_linear import PackedLinear
 from assisted.models.q6k_linear import Q6KLinear
 from drafting.batch_kv import RaggedBatch
 from structspec_ops import attention, decoder
@@ -254,7 +256,8 @@ def _head(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
     """Replace, in place, every decoder layer of `model` that `fusable` accepts by a `FusedDecoderLayer`. Where all
     are, the model also gets the row-invariant attention, `one_row_forward` (its `drafting.kv_cache.forward` fast path)
-    and `ragged_forward` (`drafting.batch_kv.BatchKV.run`'s)."""
+    and `ragged_forward` (`drafting.batch_kv.BatchKV.run`'s). Last, the packed weights move into huge pages
+    (`assisted.models.huge_pages`)."""
     rotary, fused = RotaryRows(), []  # one RotaryRows for the model's layers
     for _, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
@@ -268,7 +271,22 @@ def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
         attention.built()  # built once per machine now, not inside a timed forward
         model.one_row_forward = one_row_forward  # a function, not a bound method: a deep copy calls it on itself
         model.ragged_forward = ragged_forward  # `drafting.batch_kv.BatchKV.run`'s fast path, the same way
+    into_huge_pages(packed_places(model))  # the packed weights, merged ones included, in one buffer of huge pages
     return model
+
+
+def packed_places(model: torch.nn.Module) -> list[tuple[torch.Tensor, Callable[[torch.Tensor], None]]]:
+    """Every packed weight the kernels read, and how to put another tensor in its place: each `PackedLinear`'s
+    buffer and each fused layer's (merged) weights."""
+    places = []
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            places.append((module.packed, lambda t, m=module: m._buffers.__setitem__("packed", t)))
+        if isinstance(module, FusedDecoderLayer):
+            for weights in (module.ins, module.outs):
+                places += [(t, lambda new, held=weights.packed, i=i: held.__setitem__(i, new))
+                           for i, t in enumerate(weights.packed)]
+    return places
 
 
 def fused_layer_count(model: torch.nn.Module) -> tuple[int, int]:
