@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -275,18 +275,16 @@ def fuse_layers(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def packed_places(model: torch.nn.Module) -> list[tuple[torch.Tensor, Callable[[torch.Tensor], None]]]:
+def packed_places(model: torch.nn.Module) -> Iterator[tuple[torch.Tensor, Callable[[torch.Tensor], None]]]:
     """Every packed weight the kernels read, and how to put another tensor in its place: each `PackedLinear`'s
     buffer and each fused layer's (merged) weights."""
-    places = []
     for module in model.modules():
         if isinstance(module, PackedLinear):
-            places.append((module.packed, lambda t, m=module: m._buffers.__setitem__("packed", t)))
+            yield module.packed, lambda t, m=module: m._buffers.__setitem__("packed", t)
         if isinstance(module, FusedDecoderLayer):
             for weights in (module.ins, module.outs):
-                places += [(t, lambda new, held=weights.packed, i=i: held.__setitem__(i, new))
-                           for i, t in enumerate(weights.packed)]
-    return places
+                for i, t in enumerate(weights.packed):
+                    yield t, lambda new, held=weights.packed, i=i: held.__setitem__(i, new)
 
 
 def fused_layer_count(model: torch.nn.Module) -> tuple[int, int]:

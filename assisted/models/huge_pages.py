@@ -15,13 +15,25 @@ import ctypes
 import ctypes.util
 import sys
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 HUGE_PAGE = 2 << 20  # bytes: x86's transparent huge page
 ALIGN = 64  # bytes: each tensor's start in the buffer (a cache line)
+TRIM_EVERY = 64 << 20  # bytes moved between asks to hand freed memory back to the system
 _MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _hand_back_freed() -> None:
+    """Ask glibc's allocator to return the memory of freed tensors to the system (it keeps it otherwise)."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def huge_buffer(nbytes: int) -> torch.Tensor:
@@ -29,17 +41,18 @@ def huge_buffer(nbytes: int) -> torch.Tensor:
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     start = (-raw.data_ptr()) % HUGE_PAGE
     buffer = raw[start : start + nbytes]  # a view: keeps `raw` alive
-    if sys.platform.startswith("linux") and nbytes >= HUGE_PAGE:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = _libc()
+    if libc is not None and nbytes >= HUGE_PAGE:
         length = -(-nbytes // HUGE_PAGE) * HUGE_PAGE  # within raw: it has HUGE_PAGE bytes to spare
         libc.madvise(ctypes.c_void_p(buffer.data_ptr()), ctypes.c_size_t(length), _MADV_HUGEPAGE)  # best effort
     return buffer
 
 
-def into_huge_pages(places: list[tuple[torch.Tensor, Callable[[torch.Tensor], None]]]) -> int:
+def into_huge_pages(places: Iterator[tuple[torch.Tensor, Callable[[torch.Tensor], None]]]) -> int:
     """Move the tensors of `places` ((a contiguous tensor, a function that puts its replacement where it is held),
     several of them may view one storage) into one `huge_buffer`, each storage whole, its views views into the
-    buffer; returns the buffer's bytes (0: nothing to move)."""
+    buffer; returns the buffer's bytes (0: nothing to move). An iterator, so that nothing else holds the old tensors
+    while they move."""
     refs = defaultdict(list)  # storage address -> its places
     for tensor, put in places:
         if not tensor.is_contiguous():
@@ -51,12 +64,18 @@ def into_huge_pages(places: list[tuple[torch.Tensor, Callable[[torch.Tensor], No
     for storage, held in refs.items():
         layout[storage] = total = -(-total // ALIGN) * ALIGN
         total += held[0][0].untyped_storage().nbytes()
-    buffer = huge_buffer(total)
-    for storage, held in refs.items():
+    buffer, unreturned = huge_buffer(total), 0
+    while refs:
+        storage, held = refs.popitem()
         old = held[0][0].untyped_storage()
-        base = layout[storage]
+        base, unreturned = layout[storage], unreturned + old.nbytes()
         buffer[base : base + old.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(old))
         for tensor, put in held:  # the same bytes, now in the buffer; the old storage goes with its last holder
             start = base + tensor.storage_offset() * tensor.element_size()
             put(buffer[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape))
+        del old, held
+        if unreturned >= TRIM_EVERY:
+            _hand_back_freed()
+            unreturned = 0
+    _hand_back_freed()
     return total
