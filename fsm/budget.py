@@ -2,7 +2,9 @@
 under a limit of time.
 
 Work is counted in new `rx` terms (each DFA state, derivative and search step makes some), a
-deterministic proxy for memory; a compile's time is checked every few hundred terms. Time is the CPU time of the
+deterministic proxy for memory: the task holds the terms it creates until it ends, so a term it dropped and needs again
+is not created twice, whenever the garbage collector runs (terms are interned weakly, and derivatives make cycles that
+only a collection frees); a compile's time is checked every few hundred terms. Time is the CPU time of the
 compiling thread (`time.thread_time`): a process paused (SIGSTOP, a suspended laptop) or waiting for a core on a busy
 machine spends none of it, and neither do other threads of the process (a model's forward). Past a limit the
 build stops with `GuideBudgetError` instead of running on. A first visit of a state (during generation,
@@ -65,16 +67,21 @@ DEFAULT_BUDGET = Budget()
 
 
 class Meter:
-    """Counts the terms created under one budgeted task and, when `timed`, checks its clock."""
+    """Counts (and holds) the terms created under one budgeted task and, when `timed`, checks its clock."""
 
-    __slots__ = ("budget", "what", "terms", "deadline")
+    __slots__ = ("budget", "what", "made", "deadline")
 
     def __init__(self, budget: Budget, what: str, timed: bool = True):
-        self.budget, self.what, self.terms = budget, what, 0
+        self.budget, self.what, self.made = budget, what, []
         self.deadline = budget.clock() + budget.max_seconds if timed else None
 
-    def tick(self) -> None:
-        self.terms += 1
+    @property
+    def terms(self) -> int:
+        return len(self.made)
+
+    def tick(self, term) -> None:
+        """Count and hold a new term: held, it stays interned until the task ends, collected or not."""
+        self.made.append(term)
         if self.terms > self.budget.max_terms:
             raise GuideBudgetError(f"{self.what} needs more than {self.budget.max_terms} terms (Budget.max_terms)")
         if self.terms % CLOCK_EVERY == 0:

@@ -91,8 +91,12 @@ def member(key_term: rx.Rx, value: rx.Rx, ws: rx.Rx) -> rx.Rx:
     return seq(key_term, ws, literal(":"), ws, value)
 
 
+@lru_cache(maxsize=64)
 def any_value(ws: rx.Rx, depth: int | None = None) -> rx.Rx:
-    """Any JSON value (strings with escapes, any key order) with arrays/objects nested <= depth (None: any depth)."""
+    """Any JSON value (strings with escapes, any key order) with arrays/objects nested <= depth (None: any depth).
+
+    Cached, so held: every compile starts from these terms, and a compile's count of new terms (its budget) must not
+    depend on whether a garbage collection freed the last compile's copies (terms are interned weakly)."""
     if depth is None:
         return _any_value(ws)
     if depth <= 0:
@@ -106,7 +110,6 @@ def _container_or_scalar(inner: rx.Rx, ws: rx.Rx) -> rx.Rx:
     return alt(SCALAR, array, obj)
 
 
-@lru_cache(maxsize=64)
 def _any_value(ws: rx.Rx) -> rx.Rx:
     """Any JSON value at any depth: a call of a rule whose body holds calls of itself in its arrays and objects."""
     rule = rx.Rule("any JSON value")

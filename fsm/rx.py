@@ -95,7 +95,7 @@ def _term(kind: str, args: tuple, nullable: bool, plain: bool, key: tuple | None
         ref = _interned_refs[key] = _Ref(found, _forget)
         ref.key = key
         if _budget._active:  # a budgeted build is running (under BUILD_LOCK)
-            _budget._active[-1].tick()
+            _budget._active[-1].tick(found)
     return found
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+_GC_THRESHOLD = gc.get_threshold()  # the process's own, restored after every test
 
 
 def pytest_configure(config):
@@ -45,6 +46,7 @@ def clean_remembered_state():
         assisted.reset_remembered_state()
     yield
     gc.unfreeze()  # what a test's load_pair froze (freeze_loaded_objects) is collected as usual afterwards
+    gc.set_threshold(*_GC_THRESHOLD)  # and at the thresholds it raised
 
 
 @pytest.fixture(scope="session")

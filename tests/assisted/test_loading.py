@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from assisted import generate
-from assisted.models.loading import load_pair, load_tokenizer
+from assisted.models.loading import YOUNG_GC_THRESHOLD, load_pair, load_tokenizer
 from assisted.models.packing import is_packed
 from assisted.models.sources import NotPreparedError
 from tests.helpers_models import save_tiny_llama
@@ -45,10 +45,11 @@ def test_load_pair_from_a_folder_runs_generate(tiny_folder):
 def test_load_pair_freezes_what_it_loaded_and_a_dropped_model_is_still_freed(tiny_folder):
     """Frozen objects are left to reference counting: a model must not sit in a cycle, before or after generate."""
     gc.unfreeze()
+    before = gc.get_threshold()
     model, tokenizer, _ = load_pair(tiny_folder)  # off by default: process-wide
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     model, tokenizer, _ = load_pair(tiny_folder, freeze_gc=True)
-    assert gc.get_freeze_count() > 1000
+    assert gc.get_freeze_count() > 1000 and gc.get_threshold()[0] >= YOUNG_GC_THRESHOLD
     generate(model, tokenizer=tokenizer, prompt="a b", regex="[abcd]{3}", max_new_tokens=5)
     dropped = weakref.ref(model)
     del model

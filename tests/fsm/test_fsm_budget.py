@@ -3,7 +3,9 @@ past their bounds. Work is counted in terms and states, time through an injected
 
 from __future__ import annotations
 
+import gc
 import itertools
+from contextlib import contextmanager
 
 import pytest
 
@@ -31,6 +33,50 @@ def test_compile_past_its_term_budget_names_the_subschema():
         fsm.compile_schema(schema, budget=Budget(max_terms=100))
     assert isinstance(caught.value, fsm.SchemaError) and caught.value.pointer == "#/properties/a"
     assert fsm.compile_schema(schema) is not None  # the default budget is enough
+
+
+@contextmanager
+def _collections(thresholds: tuple | None):
+    """Garbage collections at these thresholds (None: none at all), then as before."""
+    before = gc.get_threshold()
+    gc.set_threshold(*thresholds) if thresholds else gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.set_threshold(*before)
+
+
+def test_the_term_budget_lands_at_the_same_subschema_however_often_garbage_is_collected():
+    """Terms are interned weakly, and a collection decides when dropped ones in cycles are freed: the count of new
+    terms must not depend on it (the compiler's shared terms are cached; a compile holds the terms it makes)."""
+    from fsm.caches import clear_caches
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": _unique_bound(3)}}}
+    pointers = []
+    for thresholds in [(1, 1, 1), None, (700, 10, 10)]:
+        clear_caches()
+        fsm.compile_schema({"type": "object"})  # dropped: garbage until a collection, at each thresholds' pace
+        with _collections(thresholds), pytest.raises(GuideBudgetError, match="more than 100 terms") as caught:
+            fsm.compile_schema(schema, budget=Budget(max_terms=100))
+        pointers.append(caught.value.pointer)
+    assert pointers == ["#/properties/a"] * 3
+
+
+def test_a_budgeted_task_holds_the_terms_it_makes_until_it_ends():
+    """A term the task dropped is the same term when it is built again (counted once), whatever was collected."""
+    from fsm import rx
+    from fsm.budget import metered
+
+    text = f"held {_unique_bound(4)}"
+    with metered(None, "a task") as meter:
+        first = rx.literal(text).id  # the term itself is dropped at once
+        made = meter.terms
+        gc.collect()
+        assert rx.literal(text).id == first and meter.terms == made
+    del meter  # it holds the task's terms
+    gc.collect()
+    assert rx.literal(text).id != first  # after the task, a dropped term is freed as before
 
 
 def test_compile_past_its_time_budget_with_an_injected_clock():
