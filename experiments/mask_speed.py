@@ -5,9 +5,10 @@
 For each sampled JSONSchemaBench schema and its first valid instance (compact JSON, tokenized by the tokenizer), every
 system compiles the schema and walks the instance: at each position a full next-token mask, then the instance's
 token. Each system's tokenizer is set up once beforehand (timed apart) and warmed on one small schema, so every
-schema of the sample is new to every system; then what is loaded is frozen out of garbage collection and young objects are collected
-less often, as the CLI does (`assisted.models.loading.freeze_loaded_objects`); the systems take turns per schema (the order rotated). Per (schema,
-system): compile seconds, walk seconds, the slowest single position (mask and advance) and the positions over 3 ms.
+schema of the sample is new to every system; then what is loaded is frozen out of garbage collection and young
+objects are collected less often, as the CLI does (`assisted.models.loading.freeze_loaded_objects`); the systems
+take turns per schema (the order rotated). Per (schema, system): compile seconds, walk seconds, the slowest single
+position (mask and advance) and the positions over 3 ms.
 A schema counts in the totals only where every system compiled it and accepted its whole instance.
 """
 
