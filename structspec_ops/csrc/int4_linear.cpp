@@ -329,6 +329,12 @@ inline __m512 widen(const uint8_t* p) {  // 16 bytes -> 16 floats
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Two int32 chains a lane (the low and the high nibbles' products) keep 8 products in flight for a small tile; a
+// tile whose three accumulators a lane (float, two chains) and unpacked weights would not fit the 32 registers keeps
+// one chain, which saves the spills and the sum (int32: exact in any order). A 5-row verify tile: 1.04-1.06x faster.
+template <int R, int C>
+constexpr bool kTwoChains = 3 * R * C + 2 * C + 2 <= 32;
+
 // R rows (from r0) times C column blocks, over the whole K.
 template <int R, int C>
 void tile(const Tile& job, int64_t r0) {
@@ -348,7 +354,7 @@ void tile(const Tile& job, int64_t r0) {
     }
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t group = s * groups + g, k0 = group * kGroup;  // in K order
-      __m512i dot[R][C], dot_hi[R][C];  // two chains a lane (low, high nibbles): one row's 8 products in flight
+      __m512i dot[R][C], dot_hi[R][C];  // dot_hi: the high nibbles' chain where kTwoChains
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) dot[r][c] = dot_hi[r][c] = _mm512_setzero_si512();
       for (int i = 0; i < 4; ++i) {
@@ -363,7 +369,8 @@ void tile(const Tile& job, int64_t r0) {
           const __m512i a_lo = broadcast4(row), a_hi = broadcast4(row + 16);
           for (int c = 0; c < C; ++c) {
             dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], lo[c], a_lo);
-            dot_hi[r][c] = _mm512_dpbusd_epi32(dot_hi[r][c], hi[c], a_hi);
+            if constexpr (kTwoChains<R, C>) dot_hi[r][c] = _mm512_dpbusd_epi32(dot_hi[r][c], hi[c], a_hi);
+            else dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], hi[c], a_hi);
           }
         }
       }
@@ -375,7 +382,7 @@ void tile(const Tile& job, int64_t r0) {
       for (int r = 0; r < R; ++r) {
         const __m512 sum = _mm512_set1_ps(a.sums[(r0 + r) * sums_per_row + group]);
         for (int c = 0; c < C; ++c) {
-          const __m512i sum_qa = _mm512_add_epi32(dot[r][c], dot_hi[r][c]);  // exact
+          const __m512i sum_qa = kTwoChains<R, C> ? _mm512_add_epi32(dot[r][c], dot_hi[r][c]) : dot[r][c];  // exact
           acc[r][c] = _mm512_fmadd_ps(scale[c], _mm512_cvtepi32_ps(sum_qa), acc[r][c]);
           acc[r][c] = _mm512_fmadd_ps(offset[c], sum, acc[r][c]);
         }
