@@ -38,9 +38,7 @@ def accept(logits: torch.Tensor, seq: list[int], draft: Draft, leaf: Branch | No
     if opts.processors:  # never with a leaf (generate refuses tree=True with processors)
         logits = opts.processors(seq + list(draft.tokens), logits, len(seq))
     device = logits.device
-    masks = None if draft.masks is None else draft.masks.to(device)  # (k+1, V), already there unless offloaded
-    if masks is not None and leaf is not None:
-        masks = torch.cat([masks, leaf.mask_after.to(device)[None]])  # (k+2, V)
+    masks = position_masks(draft, leaf, device)
     tokens = torch.tensor(draft.tokens, dtype=torch.long, device=device)  # (k,)
     auto = torch.tensor([f and opts.coalesce for f in draft.forced], dtype=torch.bool, device=device)  # (k,)
     if opts.warp.do_sample:
@@ -50,6 +48,15 @@ def accept(logits: torch.Tensor, seq: list[int], draft: Draft, leaf: Branch | No
     scores = masked(logits, masks)  # (k+1 (+1), V)
     return no_leaf(greedy_accept(scores, tokens, auto)) if leaf is None else \
         greedy_tree_accept(scores, tokens, auto, leaf.at, leaf.token)
+
+
+def position_masks(draft: Draft, leaf: Branch | None, device=None) -> torch.Tensor | None:
+    """The guide's mask at each verified position, (k+1 (+1), V) bool: the draft's, then the leaf's (None: the draft has
+    no masks, or the leaf no mask after it); on `device` where given."""
+    if draft.masks is None or (leaf is not None and leaf.mask_after is None):
+        return None
+    masks = draft.masks.to(device) if device is not None else draft.masks  # (k+1, V)
+    return masks if leaf is None else torch.cat([masks, leaf.mask_after.to(masks.device)[None]])  # (k+2, V)
 
 
 def no_leaf(found: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ TRIM_EVERY = 64 << 20  # bytes moved between asks to hand freed memory back to t
 _MADV_HUGEPAGE = 14  # linux/mman.h
 
 
+@functools.cache
 def _libc():
     return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
 

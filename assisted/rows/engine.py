@@ -33,7 +33,7 @@ from assisted.rows.row_inputs import RowError, RowInput
 from assisted.rows.row import Row, Setup, draft_alone, draft_sources
 from assisted.rows.step_records import Committed, Feed, Proposed, Rounds, Verdict
 from assisted.rows.batch_stats import BatchStats
-from assisted.steps import accept, commit, judge, needs_forward
+from assisted.steps import accept, commit, judge, needs_forward, position_masks
 from drafting.assistant import Assistant
 from drafting.draft_head import describe
 from drafting.base import DeviceMasks
@@ -61,9 +61,10 @@ def kept_masks(rows: list[Row], feeds: list[Feed]) -> list[torch.Tensor] | None:
     for row, f in zip(rows, feeds):
         if not f.tokens:
             continue
-        if f.draft.masks is None or row.opts.processors or (f.leaf is not None and f.leaf.mask_after is None):
+        mask = None if row.opts.processors else position_masks(f.draft, f.leaf)
+        if mask is None:
             return None
-        masks.append(f.draft.masks if f.leaf is None else torch.cat([f.draft.masks, f.leaf.mask_after[None]]))
+        masks.append(mask)
     return masks
 
 
