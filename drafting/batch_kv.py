@@ -311,14 +311,29 @@ class BatchKV:
 
     def _grow_width(self, n: int) -> None:
         for layer in self.cache.layers:
-            layer.keys, layer.values = (torch.cat([t, t.new_zeros((*t.shape[:2], n - t.shape[2], t.shape[3]))], 2)
-                                        for t in (layer.keys, layer.values))
+            layer.keys, layer.values = _widened(layer.keys, n), _widened(layer.values, n)
 
     def _grow_rows(self) -> None:
         for layer in self.cache.layers:
             if layer.is_initialized:
                 layer.keys, layer.values = (torch.cat([t, t.new_zeros((1, *t.shape[1:]))])
                                             for t in (layer.keys, layer.values))
+
+
+def _widened(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, H, n, D): `t` (B, H, P, D), P <= n, with n - P more columns, as a view of a buffer with room to spare: of
+    `t`'s own buffer where it has the room (nothing copied), else of a new one of 2n columns, zeros past P. The new
+    columns are holes whatever they hold (zeros, or what a crop left: finite keys and values): every row's mask ends
+    at its length, so the row-invariant attention skips them and a float model's weighs them 0. A step widens the
+    cache without copying it."""
+    b, h, p, d = t.shape
+    viewed = t.stride(2) == d and t.stride(3) == 1 and t.stride(0) == h * t.stride(1) and t.storage_offset() == 0
+    room = t.stride(1) // d if viewed else p  # columns of the buffer `t` views
+    if n <= room and t.untyped_storage().nbytes() >= b * h * room * d * t.element_size():
+        return t.as_strided((b, h, n, d), t.stride())
+    buffer = t.new_zeros((b, h, 2 * n, d))
+    buffer[:, :, :p] = t
+    return buffer[:, :, :n]
 
 
 def _layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:

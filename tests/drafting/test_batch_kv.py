@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from drafting.batch_kv import BatchKV, check_batch_model
+from drafting.batch_kv import BatchKV, _widened, check_batch_model
 from tests.helpers_models import tiny_gpt2, tiny_llama
 from tests.helpers_rounding import assert_same_function, float64_copy
 
@@ -71,6 +71,21 @@ def test_rows_hold_what_they_would_hold_alone(family):
     assert_rows_match(model, kv, logits, cached, feeds)
     assert all(torch.isfinite(layer.keys).all() and torch.isfinite(layer.values).all() for layer in kv.cache.layers)
     assert kv.width == max(kv.lengths)
+
+
+def test_widening_views_a_buffer_with_room_and_copies_nothing_while_the_room_lasts():
+    t = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)  # (B, H, P, D), no room
+    wide = _widened(t, 6)  # a new buffer of 12 columns
+    assert wide.shape == (2, 3, 6, 5) and torch.equal(wide[:, :, :4], t) and not wide[:, :, 4:].any()
+    wider = _widened(wide, 12)  # within the room: the same buffer, nothing copied
+    assert wider.data_ptr() == wide.data_ptr() and torch.equal(wider[:, :, :6], wide)
+    wider[:, :, 11] = 7.0
+    again = _widened(wider[:, :, :8], 12)  # a crop keeps the buffer; widening shows what the crop left (a hole)
+    assert again.data_ptr() == wide.data_ptr() and (again[:, :, 11] == 7.0).all()
+    past = _widened(again, 13)  # past the room: a new buffer holding every column so far
+    assert past.data_ptr() != wide.data_ptr() and torch.equal(past[:, :, :12], again)
+    shifted = _widened(t[:, :, 1:], 5)  # a view that does not start its buffer is copied, not extended
+    assert shifted.data_ptr() != t.data_ptr() and torch.equal(shifted[:, :, :3], t[:, :, 1:])
 
 
 def test_models_whose_attention_ignores_a_4d_mask_are_refused():
