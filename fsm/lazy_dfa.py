@@ -94,6 +94,8 @@ class LazyDFA:
     def is_dead(self, term: rx.Rx) -> bool:
         """Whether `term` is DEAD here, as `state_of` would number it, without numbering a live one (a DEAD one is
         remembered, as `state_of` remembers it)."""
+        if term.plain:  # never forbidden: DEAD only as NOTHING
+            return term is rx.NOTHING
         with BUILD_LOCK:
             found = self._ids.get(term.id)
             if found is None and _dead(term):
