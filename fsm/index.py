@@ -25,6 +25,7 @@ from fsm.closing import Closing
 from fsm.head_cache import HeadCache, head_cache
 from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
+from fsm.literals import UNNUMBERED, LiteralStateInfo, literal_info, literal_places
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
 from fsm.vocabulary import Vocabulary
@@ -118,8 +119,6 @@ class HeadWalk:
             return np.full(len(rows), -1, dtype=np.int32)
         return np.where(self.inside[at] == rows, self.end_of[at], -1).astype(np.int32)
 
-
-UNNUMBERED = -3  # a live end of a HeadStateInfo whose state is numbered when a token first goes there
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,7 +268,7 @@ class TokenIndex:
             if bounded is not None:
                 return bounded
             walked = self._walk_from(state)
-            if isinstance(walked, HeadStateInfo):
+            if isinstance(walked, (HeadStateInfo, LiteralStateInfo)):
                 return walked
             ids, nexts = walked
             keep = self._live.keep(nexts)
@@ -348,37 +347,44 @@ class TokenIndex:
         self.heads.grow(split.head, walk.nbytes - before)
         return info
 
-    def _walk_literal(self, state: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, end states) from a state that starts with a literal: the tokens spelling a prefix of it (found in the
-        trie, `TokenTrie.descend`), then those that spell it whole and go on, walked below its last byte through what
-        follows it as crossing tokens are (`_below_literal`)."""
-        layout = self.vocabulary.walk_layout
-        parts, end = layout.trie.descend(_literal_steps(self.dfa, state))
+    def _walk_literal(self, state: int) -> LiteralStateInfo | tuple[np.ndarray, np.ndarray]:
+        """What a state that starts with a literal allows: the tokens spelling a prefix of it (found in the trie,
+        `TokenTrie.descend`, the literal read off the terms: `fsm.literals`), then those that spell it whole and go on,
+        walked below its last byte through what follows it as crossing tokens are (`_below_literal`). A
+        LiteralStateInfo where every token is token-live, else (ids, end states), every place numbered."""
+        layout, places = self.vocabulary.walk_layout, []
+        parts, end = layout.trie.descend(literal_places(self.dfa, self.dfa.term(state), places))
         ids = [layout.order[rows] for rows, _ in parts]
-        nexts = [ends for _, ends in parts]
+        slots = [at for _, at in parts]
         if end is not None:
             depth, node, there = end
-            found = self._below_literal(depth, node, there)
-            if found is None:
-                found = _joined_ids(layout, layout.trie._walk_below(self.dfa, depth, np.asarray([node]),
-                                                                    np.asarray([there], dtype=np.int32)))
+            found = self._below_literal(depth, node, there, places)
             ids.append(found[0])
-            nexts.append(found[1])
-        if not ids:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(ids).astype(np.int64), np.concatenate(nexts).astype(np.int64)
+            slots.append(found[1])
+        ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
+        slots = np.concatenate(slots).astype(np.int32) if slots else np.zeros(0, np.int32)
+        number = partial(_number_target, self.dfa, places)
+        if self._live.trivial:
+            return literal_info(ids, slots, len(places), number, self.vocab_size, layout.lengths)
+        states = np.asarray([number(place) for place in range(len(places))], dtype=np.int64)
+        return ids, states.take(slots) if len(slots) else np.zeros(0, np.int64)
 
-    def _below_literal(self, depth: int, node: int, there: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(ids, end states) of the tokens at and below `node` of the trie (they spell a literal whole) from `there`,
-        the state after the literal: the longer ones walked through the head of `there` as a group of crossing tokens
+    def _below_literal(self, depth: int, node: int, there: int, places: list) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, places) of the tokens at and below `node` of the trie (they spell a literal whole) from places[there],
+        the term after the literal: the longer ones walked through its head as a group of crossing tokens
         (`fsm.crossing.walk_on`, kept per (node, head): what follows a key is shared by every state that writes it),
-        their states numbered. None where `there` has no head."""
-        split = Split.of(self.dfa.term(there))
-        if split is None:
-            return None
+        their places appended to `places`; where it has no head, walked in the whole DFA from its state."""
         layout = self.vocabulary.walk_layout
+        split = Split.of(places[there])
+        if split is None:
+            start = self.dfa.state_of(places[there])
+            rows, ends = _joined_rows(layout.trie._walk_below(self.dfa, depth, np.asarray([node]),
+                                                              np.asarray([start], dtype=np.int32)))
+            distinct, slots = np.unique(ends, return_inverse=True)
+            places.extend(distinct.tolist())
+            return layout.order[rows], slots.astype(np.int32) + len(places) - len(distinct)
         own, longer = layout.trie.below(depth, node)
-        ids, nexts = [layout.order[own]], [np.full(len(own), there, dtype=np.int64)]
+        ids, slots = [layout.order[own]], [np.full(len(own), there, dtype=np.int32)]
         if len(longer):
             key = (depth, node, split.head)
             heads = self.heads
@@ -389,11 +395,11 @@ class TokenIndex:
                 heads.keep_below(key, group)
             crossed = Crossed()
             walk_on(group, split, self.dfa, layout, crossed, Split.of, heads.count_below, heads.dfa_for)
-            more, slots, _ = _crossed_arrays(crossed)
-            states = {slot: _number_target(self.dfa, crossed.targets, slot) for slot in np.unique(slots).tolist()}
+            more, more_slots, _ = _crossed_arrays(crossed)
             ids.append(more)
-            nexts.append(np.asarray([states[slot] for slot in slots.tolist()], dtype=np.int64))
-        return np.concatenate(ids).astype(np.int64), np.concatenate(nexts)
+            slots.append(more_slots + len(places))
+            places.extend(crossed.targets)
+        return np.concatenate(ids).astype(np.int64), np.concatenate(slots)
 
     def _met_before(self, head: rx.Rx) -> bool:
         """Whether `head` started a state visited before, or was walked or reached for this vocabulary already, or
@@ -510,9 +516,11 @@ def _number_end(dfa: LazyDFA, split: Split, ends: list, i: int) -> int:
 
 
 def _number_target(dfa: LazyDFA, targets: list, slot: int) -> int:
-    """The state of a crossing token's place: numbered already, or a next head's (split, end)."""
+    """The state of a token's place: numbered already, a next head's (split, end), or a term."""
     target = targets[slot]
-    return target if isinstance(target, int) else dfa.state_of(target[0].whole(target[1]))
+    if isinstance(target, int):
+        return target
+    return dfa.state_of(target[0].whole(target[1]) if isinstance(target, tuple) else target)
 
 
 def _keep(walk: HeadWalk, nbytes: int) -> bool:
@@ -533,7 +541,7 @@ def _crossed_arrays(crossed: Crossed) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def _size(entry) -> int:
     """Bytes of a cached StateInfo (0 for forced-token tuples, which are small)."""
-    return entry.nbytes if isinstance(entry, (StateInfo, HeadStateInfo, BoundedStringInfo)) else 0
+    return entry.nbytes if isinstance(entry, (StateInfo, HeadStateInfo, BoundedStringInfo, LiteralStateInfo)) else 0
 
 
 def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
@@ -553,12 +561,11 @@ def _walk_all_tokens(dfa: LazyDFA, vocabulary: Vocabulary, state: int):
     return layout.order[rows].astype(np.int64), end_states[rows].astype(np.int64)
 
 
-def _joined_ids(layout, parts: list) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, end states) of [(rows, ends)]."""
+def _joined_rows(parts: list) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, end states) of [(rows, ends)]."""
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return (layout.order[np.concatenate([rows for rows, _ in parts])],
-            np.concatenate([ends for _, ends in parts]).astype(np.int64))
+    return np.concatenate([rows for rows, _ in parts]), np.concatenate([ends for _, ends in parts]).astype(np.int64)
 
 
 def _literal_steps(dfa: LazyDFA, state: int):

@@ -91,6 +91,17 @@ class LazyDFA:
         with BUILD_LOCK:
             return self._add(term)
 
+    def is_dead(self, term: rx.Rx) -> bool:
+        """Whether `term` is DEAD here, as `state_of` would number it, without numbering a live one (a DEAD one is
+        remembered, as `state_of` remembers it)."""
+        if term.plain:  # never forbidden: DEAD only as NOTHING
+            return term is rx.NOTHING
+        with BUILD_LOCK:
+            found = self._ids.get(term.id)
+            if found is None and _dead(term):
+                found = self._ids[term.id] = DEAD
+            return found == DEAD
+
     def step(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
         """Next states of live `states` (n,) on bytes `data` (n,): (n,) int32, DEAD where it dies."""
         cells = (states.astype(np.int32, copy=False) << 8) | data  # (n,) flat index into the table
@@ -174,7 +185,7 @@ class LazyDFA:
         found = self._ids.get(term.id)
         if found is not None:
             return found
-        if check and (term is rx.NOTHING or (not term.plain and _forbidden(term))):
+        if check and _dead(term):
             self._ids[term.id] = DEAD
             return DEAD
         if len(self._terms) >= self.max_states:
@@ -207,6 +218,11 @@ def _doubled(table: np.ndarray, fill: int) -> np.ndarray:
     out[: len(table)] = table
     out[len(table):] = fill
     return out
+
+
+def _dead(term: rx.Rx) -> bool:
+    """Whether a walk treats `term` as DEAD: NOTHING, or a term that is not plain and `_forbidden`."""
+    return term is rx.NOTHING or (not term.plain and _forbidden(term))
 
 
 def _forbidden(term: rx.Rx) -> bool:

@@ -1,0 +1,96 @@
+"""States that start with a literal (fsm.literals): the literal read off the terms, next states numbered when a token
+goes there. Their masks, and the term every allowed token leads to, are the column walk's (TRIE_WALK off: the
+reference) on keys with escapes and multi-byte UTF-8, literals that end inside a token, and tokens that run past a
+literal's end into what follows, with a byte-level BPE (not every byte a token: places numbered at once) and a
+SentencePiece vocabulary (every byte a token: places numbered late)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import fsm
+from fsm import index as ix
+from fsm.caches import clear_caches
+from fsm.lazy_dfa import UNFILLED
+from fsm.regex import dfa_of
+from fsm.literals import UNNUMBERED, LiteralStateInfo
+from fsm.vocabulary import vocabulary_from_tokenizer
+from tests.fsm_walk import random_walk
+
+KEYS = ['a"b\\c', "clé_🙂_naïve", "extraordinarily_long_key_name", "x", '{"}:,']
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        KEYS[0]: {"type": "string"},
+        KEYS[1]: {"enum": ["été", "🙂🙂", "plain"]},
+        KEYS[2]: {"type": "integer"},
+        KEYS[3]: {"type": "array", "items": {"const": 'quote"d\\'}},
+        KEYS[4]: {"type": "object", "properties": {"in": {"type": "boolean"}}, "required": ["in"]},
+    },
+    "required": KEYS,
+}
+INSTANCE = {KEYS[0]: 'v"\\', KEYS[1]: "été", KEYS[2]: -12, KEYS[3]: ['quote"d\\'] * 2, KEYS[4]: {"in": True}}
+
+
+@pytest.fixture(params=["smol", "sentencepiece"])
+def tokenizer(request, smol_tokenizer, sentencepiece_tokenizer):
+    return smol_tokenizer if request.param == "smol" else sentencepiece_tokenizer
+
+
+def _walks(tokenizer) -> list[list[int]]:
+    """The instance's tokens, and random walks of the reference guide."""
+    clear_caches()
+    guide = fsm.Guide.from_schema(SCHEMA, tokenizer)
+    text = json.dumps(INSTANCE, separators=(",", ":"), ensure_ascii=False)
+    return [vocabulary_from_tokenizer(tokenizer).encode(text)] + [
+        random_walk(guide.copy(), random.Random(seed), budget=60) for seed in range(4)]
+
+
+def _trace(term, tokenizer, walks) -> tuple[list, int, ix.TokenIndex]:
+    """Per position of each walk in a new index of `term`: the packed mask and the term id each allowed token leads
+    to (terms are interned: while both indexes live, a term is one object); how many states were LiteralStateInfos;
+    the index."""
+    index, out, literal = ix.TokenIndex(dfa_of(term), vocabulary_from_tokenizer(tokenizer)), [], 0
+    for tokens in walks:
+        guide = fsm.Guide(index)
+        for token in tokens:
+            info = index.info(guide.state)
+            literal += isinstance(info, LiteralStateInfo)
+            ids, nexts = info.successors()
+            terms = [index.dfa.term(s).id if s >= 0 else s for s in nexts.tolist()]
+            out.append((np.packbits(guide.mask().numpy()).tobytes(), dict(zip(ids.tolist(), terms))))
+            guide.advance(token)
+    return out, literal, index
+
+
+def test_literal_states_give_the_column_walks_masks_and_next_states(tokenizer, monkeypatch):
+    walks, term = _walks(tokenizer), fsm.compile_schema(SCHEMA)
+    monkeypatch.setattr(ix, "TRIE_WALK", False)
+    reference, _, held = _trace(term, tokenizer, walks)
+    monkeypatch.setattr(ix, "TRIE_WALK", True)
+    clear_caches()  # the head walks: first visits again (the term is held)
+    got, literal, _ = _trace(term, tokenizer, walks)
+    assert got == reference and len(reference) > 100 and held
+    every_byte = fsm.Guide.from_schema(SCHEMA, tokenizer).index._live.trivial  # else the places are numbered at once
+    assert (literal > 50) == every_byte
+
+
+def test_a_mask_inside_a_key_numbers_no_state_and_a_step_one(sentencepiece_tokenizer):
+    """Inside a long key the mask reads the key off the terms: no DFA cell or state for its bytes, nor for where the
+    tokens past its end go; advancing numbers the one place the token goes to."""
+    clear_caches()
+    guide = fsm.Guide.from_schema(SCHEMA, sentencepiece_tokenizer)
+    dfa = guide.index.dfa
+    guide.state = dfa.walk(b'{"a\\"b\\\\c":"v\\"\\\\","' + KEYS[1].encode() + b'":"plain","extra')
+    start, states, cells = guide.state, dfa.n_states, int((dfa._table[: dfa.n_states] != UNFILLED).sum())
+    info = guide.index.info(guide.state)
+    assert isinstance(info, LiteralStateInfo) and (info.states == UNNUMBERED).all() and len(info.token_ids) > 3
+    assert (dfa.n_states, int((dfa._table[: dfa.n_states] != UNFILLED).sum())) == (states, cells)
+    token = int(info.token_ids[-1])
+    guide.advance(token)
+    assert dfa.n_states == states + 1 and (info.states != UNNUMBERED).sum() == 1
+    assert guide.state == dfa.walk(guide.index.vocabulary.token_bytes[token], start)
