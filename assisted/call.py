@@ -64,7 +64,8 @@ class Call:
         as for `Engine`; `make_policy` builds a row's policy (`assisted.policy.draft_policy.make_policy`; a seam where
         tests script the policy).
         """
-        prices = SharedPrices(AutoConfig(), recall(self.model, self.assistant_model, memory), prefilled=target.prefills)
+        prices = SharedPrices(AutoConfig(), recall(self.model, self.assistant_model, memory), prefilled=target.prefills,
+                              assistant_prefilled=target.prefills if helper is None else helper.prefills)
 
         def policy_for(opts: Options):
             calibration = recall_calibration(self.model, self.assistant_model, opts.warp)

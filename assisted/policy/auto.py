@@ -44,7 +44,10 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   free) until its plain steps have lost, by the estimate, as much as the catch-up would cost: each plain step loses
   its seconds times the share drafting saves (1 - plain rate / drafting rate, the call's or the pair's remembered;
   at least `probe_budget`; all of it where neither is known). That is ski rental: a call never pays more than twice
-  what the better of starting at once and never starting would have cost, had it known its length.
+  what the better of starting at once and never starting would have cost, had it known its length. Each row of a
+  batch waits alike for its own assistant (filled lazily, it has run for no row yet), paying its share of the
+  shared forward: so a batch's last row, alone in a forward where drafts could pay, does not catch up on its whole
+  context to draft its last few tokens.
 - Per draft tree (`Estimates.leaf_pays`, `generate(tree=True)`): verify the assistant's runner-up as a side
   leaf, or not. The leaf commits one more token when the chain is accepted up to its sibling, the sibling is
   rejected and the target picks the runner-up there: the product of the chain's predicted acceptances before
@@ -126,6 +129,7 @@ class AutoState:
     spread: float = 0.0  # ... and their variance were the estimates right (decayed sum of a (1 - a))
     lag: int = 0  # positions of the row the assistant's cache lacks (told by the engine before each step)
     rent: float = 0.0  # seconds the row's plain steps lost, by the estimate, while its assistant had not started
+    started: bool = False  # the assistant has drafted for this row this call (its catch-up is behind it)
 
 
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
@@ -192,7 +196,8 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
         prefilled = True
     if cost is not None and cost.drafted:
         costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
-        lag = sum(row.lag for row, _ in rows)
+        asked = [row for row, confidence in rows if confidence] or [row for row, _ in rows]  # the rows it drafted for
+        lag = sum(row.lag for row in asked)
         if not drafted_before and lag >= cfg.catch_up_min:  # the assistant's prefill: seconds per position it fed
             costs = costs.with_catch_up(cost.draft_seconds / (lag + cost.drafted), cfg.cost_decay)
         drafted_before = True
@@ -264,27 +269,34 @@ def worth(state: AutoState, cfg: AutoConfig) -> float:
 
 
 def saving(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
-    """The share of a plain step's seconds drafting is expected to save: 1 - plain rate / drafting rate (the call's
-    measured rate, else the pair's remembered one), at least `probe_budget`; 1 where neither rate is known."""
+    """The share of a plain step's seconds drafting is expected to save in a forward over `width` rows: 0 where no
+    draft can pay there (`can_pay`); else 1 - plain rate / drafting rate (the call's measured rate, else for one row
+    the pair's remembered one, a one-row rate), at least `probe_budget`; 1 where no rate is known."""
+    if not can_pay(state, width):
+        return 0.0
     est = estimate(state, cfg, width)
-    rate = est.drafting_rate or state.costs.drafting_rate
+    rate = est.drafting_rate or (state.costs.drafting_rate if width == 1 else None)
     return 1.0 if not rate else max(cfg.probe_budget, 1.0 - est.plain_rate / rate)
 
 
-def paid_rent(beliefs: AutoState, prices: AutoState, cost: StepCost | None, cfg: AutoConfig) -> AutoState:
+def paid_rent(beliefs: AutoState, prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
+              width: int = 1) -> AutoState:
     """The row's beliefs after a step: a plain step taken while its assistant had not started (`prices`: what the row
-    decides by) adds its expected loss against drafting to `rent`."""
+    decided by, before the step) adds its expected loss against drafting to `rent`: its share of a forward over
+    `width` rows, times the share drafting saves."""
     plain = cost is not None and cost.target_tokens and not cost.drafted
-    if not plain or prices.drafted_before:
+    if not plain or prices.started:
         return beliefs
-    return replace(beliefs, rent=beliefs.rent + float(prices.costs.curve(1)[1]) * saving(prices, cfg))
+    share = float(prices.costs.curve(1, width)[1]) / width
+    return replace(beliefs, rent=beliefs.rent + share * saving(prices, cfg, width))
 
 
 def catching_up(state: AutoState) -> bool:
-    """Whether the row decodes plainly while its assistant waits (the module docstring): the assistant has not run
-    this call, and catching up on the row's `lag` positions would cost more than the `rent` its plain steps paid."""
+    """Whether the row decodes plainly while its assistant waits (the module docstring): the assistant has not drafted
+    for it this call, and catching up on the row's `lag` positions would cost more than the `rent` its plain steps
+    paid."""
     price = state.costs.catch_up
-    return (not state.drafted_before and price is not None and state.costs.curve(1)[1] > 0
+    return (not state.started and price is not None and state.costs.curve(1)[1] > 0
             and state.rent < state.lag * price)
 
 
@@ -396,7 +408,10 @@ class Auto:
         else:  # the engine times the shared forward once, after every row has learned (`SharedPrices.observe`)
             self.state = learn(self.state, drafted, accepted, cost is not None and cost.drafted > 0, self.config,
                                confidence)
-        self.state = paid_rent(self.state, before, cost, self.config)
+        width = 1 if self.prices is None else self.prices.width
+        self.state = paid_rent(self.state, before, cost, self.config, width)
+        if cost is not None and cost.drafted and (self.prices is None or confidence):  # it drafted for this row
+            self.state = replace(self.state, started=True)
         self.refresh()
 
     def assistant_behind(self, positions: int) -> None:

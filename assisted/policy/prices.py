@@ -33,11 +33,16 @@ class SharedPrices:
         Costs earlier runs measured on the same pair, device and engine (`assisted.policy.costs.recall`).
     prefilled : bool
         The engine prefills prompts when it admits rows (no decoding step holds a prefill).
+    assistant_prefilled : bool, optional
+        The same for the assistant's cache (default: `prefilled`). A lazy assistant cache is not: its first call
+        catches up on the rows it drafts for, which is timed as the pair's catch-up cost, not as a drafting step.
     """
 
-    def __init__(self, config: AutoConfig, costs: CostTable | None = None, prefilled: bool = False):
+    def __init__(self, config: AutoConfig, costs: CostTable | None = None, prefilled: bool = False,
+                 assistant_prefilled: bool | None = None):
         self.config = config
-        self.state = AutoState(k0=0, costs=costs or CostTable(), prefilled=prefilled, drafted_before=prefilled)
+        drafted_before = prefilled if assistant_prefilled is None else assistant_prefilled
+        self.state = AutoState(k0=0, costs=costs or CostTable(), prefilled=prefilled, drafted_before=drafted_before)
         self.width = 1  # rows in this step's forwards
         self.mode = mode(self.state, config, self.width)  # "warm-up", "plain" or "draft", for every row
         self.members: list[Auto | None] = []  # per slot: the row's policy if it prices here, else None

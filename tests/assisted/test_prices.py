@@ -127,6 +127,39 @@ def test_the_batch_never_drafts_past_the_measured_break_even(rows, target, draft
     assert (widest > 1) == drafts
 
 
+def test_a_batch_row_waits_for_its_own_assistant_and_a_last_row_does_not_catch_up_on_its_whole_context():
+    """Rows of a batch start after the batch's prefills (`prefilled`), but a lazy assistant has run for none of them.
+    Where no draft can pay (an assistant round over 16 rows costs more than a target position saves) a plain step
+    loses nothing against drafting, so a row pays no rent; left alone at the end of the batch, where one row's drafts could pay, it
+    waits like a lone call until its own plain steps have lost what catching up on its context costs."""
+    costs = replace(held(int8_cpu, 16), draft_per_token=0.300, catch_up=0.01, drafting_rate=4.0 / int8_cpu(1))
+    prices = SharedPrices(AutoConfig(), costs, prefilled=True)
+    rows = [Auto(4, prices=prices) for _ in range(16)]
+    for _ in range(5):  # 16 rows: plain, no rent
+        prices.begin(rows)
+        for row in rows:
+            row.assistant_behind(100)
+        assert all(row.k == 0 for row in rows)
+        for row in rows:
+            row.update(0, 0, StepCost(16, int8_cpu(16), 0, 0.0))
+        prices.observe(StepCost(16, int8_cpu(16), 0, 0.0), [(row, ()) for row in rows])
+    assert all(row.state.rent == 0.0 for row in rows)
+    last = rows[0]
+    prices.begin([last])  # alone: a one-row forward, where drafts pay (`can_pay`), but 1 s of catch-up ahead
+    assert prices.mode == "draft" and last.k == 0
+    step, lost = int8_cpu(1), int8_cpu(1) * (1.0 - 1.0 / 4.0)  # drafting 4x plain decoding's rate: 3/4 of a step
+    waited = 0
+    while last.k == 0:
+        last.update(0, 0, StepCost(1, step, 0, 0.0))
+        prices.observe(StepCost(1, step, 0, 0.0), [(last, ())])
+        last.assistant_behind(100)
+        waited += 1
+    assert waited == math.ceil(100 * 0.01 / lost) and last.state.rent == pytest.approx(waited * lost)
+    last.update(2, 2, StepCost(3, int8_cpu(3), 2, 0.6), (0.9, 0.9))  # its assistant drafted for it: no more rent
+    last.update(0, 0, StepCost(1, step, 0, 0.0))
+    assert last.state.started and last.state.rent == pytest.approx(waited * lost)
+
+
 def test_a_batch_priced_as_one_row_would_draft_past_it(monkeypatch):
     """Negative control: the same replay with the batch's forward priced as one row's (its positions as cheap as a
     single row's) drafts where the batch's break-even says not to."""
