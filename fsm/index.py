@@ -25,7 +25,7 @@ from fsm.closing import Closing
 from fsm.head_cache import HeadCache, head_cache
 from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
-from fsm.literals import UNNUMBERED, LiteralStateInfo, literal_info, literal_places
+from fsm.literals import UNNUMBERED, LiteralStateInfo, leading_byte, literal_info, literal_places
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
 from fsm.vocabulary import Vocabulary
@@ -571,17 +571,11 @@ def _joined_rows(parts: list) -> tuple[np.ndarray, np.ndarray]:
 def _literal_steps(dfa: LazyDFA, state: int):
     """(byte, state after it) along the literal `state`'s term starts with (a chain of one-byte parts: a key,
     punctuation), read off the terms as far as the caller reads, with one DFA cell per byte."""
-    term = dfa.term(state)
-    while True:
-        first = term.args[0] if term.kind == "seq" else term
-        if first.kind != "bytes" or first.args[0] & (first.args[0] - 1):  # not exactly one byte
-            return
-        byte = rx.lowest_byte(first.args[0])
+    while (byte := leading_byte(dfa.term(state))) is not None:
         state = dfa.next(state, byte)
         if state == DEAD:
             return
         yield byte, state
-        term = dfa.term(state)
 
 
 def _starts_literal(term: rx.Rx) -> bool:

@@ -21,15 +21,19 @@ from fsm.lazy_dfa import DEAD, LazyDFA
 UNNUMBERED = -3  # a place whose state is numbered when a token first goes there
 
 
+def leading_byte(term: rx.Rx) -> int | None:
+    """The byte `term` starts with where its first part is exactly one byte (a literal goes on), else None."""
+    first = term.args[0] if term.kind == "seq" else term
+    if first.kind != "bytes" or first.args[0] & (first.args[0] - 1):
+        return None
+    return rx.lowest_byte(first.args[0])
+
+
 def literal_places(dfa: LazyDFA, term: rx.Rx, places: list) -> Iterator[tuple[int, int]]:
     """(byte, place) along the literal `term` starts with (a chain of one-byte parts), read as far as the caller
     reads: each term after a byte is appended to `places` and its index yielded. Stops before a byte after which the
     term is DEAD in `dfa` (as a DFA walk stops)."""
-    while True:
-        first = term.args[0] if term.kind == "seq" else term
-        if first.kind != "bytes" or first.args[0] & (first.args[0] - 1):  # not exactly one byte
-            return
-        byte = rx.lowest_byte(first.args[0])
+    while (byte := leading_byte(term)) is not None:
         term = rx.derivative(term, byte)
         if dfa.is_dead(term):
             return
