@@ -671,17 +671,18 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     stays = list(staying(dfa, layout, start)) if layout.max_length else []
     if TRIE_WALK and not stays:
         rows, ends, crossing, cross_at, cross_state = layout.trie.walk_head(dfa, start)
+        order = np.argsort(rows, kind="stable")
+        rows, ends = rows[order], ends[order]
     else:
         end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, start, track_crossing=True, stays=stays)
-        rows = np.flatnonzero(end_states != DEAD)
+        rows = np.flatnonzero(end_states != DEAD)  # ascending already
         ends = end_states[rows]
-    order = np.argsort(rows, kind="stable")
-    rows, ends = rows[order].astype(np.int32), ends[order]
+    rows = rows.astype(np.int32)
     distinct, end_of = _numbered(ends)
     ids = layout.order[rows]
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
     allowed[ids] = True
-    longest = int(layout.lengths[ids].max(initial=0))
+    longest = int(layout.lengths[ids[0]]) if len(ids) else 0  # rows ascending: the longest token first
     return HeadWalk(dfa, distinct.astype(np.int64), rows, end_of, crossing, cross_at, cross_state, allowed, longest)
 
 
