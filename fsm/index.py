@@ -26,6 +26,7 @@ from fsm.head_cache import HeadCache, head_cache
 from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.literals import UNNUMBERED, LiteralStateInfo, leading_byte, literal_info, literal_places
+from fsm.masks import MaskSlabs
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
 from fsm.vocabulary import Vocabulary
@@ -202,6 +203,7 @@ class TokenIndex:
     def __post_init__(self):
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
         object.__setattr__(self, "_live", TokenLiveness(self.dfa, self.vocabulary.single_bytes, crawl))
+        object.__setattr__(self, "_mask_slabs", MaskSlabs(self.vocab_size))  # the states' masks (`fsm.masks`)
 
     @cached_property
     def closing(self) -> Closing:
@@ -278,7 +280,7 @@ class TokenIndex:
                 eos = np.asarray(self.vocabulary.eos_token_ids, dtype=np.int64)
                 ids = np.concatenate([ids, eos])
                 nexts = np.concatenate([nexts, np.full(len(eos), FINISHED, dtype=np.int64)])
-        mask = np.zeros(self.vocab_size, dtype=bool)  # numpy: torch's threaded fill costs ms on a busy CPU
+        mask = self._mask_slabs.take()  # numpy: torch's threaded fill costs ms on a busy CPU
         mask[ids] = True
         if len(ids) * SPARSE_SORT < self.vocab_size:  # few tokens: a sort of them beats two passes over the vocabulary
             order = np.argsort(ids, kind="stable")
@@ -365,7 +367,7 @@ class TokenIndex:
         slots = np.concatenate(slots).astype(np.int32) if slots else np.zeros(0, np.int32)
         number = partial(_number_target, self.dfa, places)
         if self._live.trivial:
-            return literal_info(ids, slots, len(places), number, self.vocab_size, layout.lengths)
+            return literal_info(ids, slots, len(places), number, self._mask_slabs.take(), layout.lengths)
         states = np.asarray([number(place) for place in range(len(places))], dtype=np.int64)
         return ids, states.take(slots) if len(slots) else np.zeros(0, np.int64)
 
@@ -663,17 +665,18 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     stays = list(staying(dfa, layout, start)) if layout.max_length else []
     if TRIE_WALK and not stays:
         rows, ends, crossing, cross_at, cross_state = layout.trie.walk_head(dfa, start)
+        order = np.argsort(rows, kind="stable")
+        rows, ends = rows[order], ends[order]
     else:
         end_states, crossing, cross_at, cross_state = _walk_rows(dfa, layout, start, track_crossing=True, stays=stays)
-        rows = np.flatnonzero(end_states != DEAD)
+        rows = np.flatnonzero(end_states != DEAD)  # ascending already
         ends = end_states[rows]
-    order = np.argsort(rows, kind="stable")
-    rows, ends = rows[order].astype(np.int32), ends[order]
+    rows = rows.astype(np.int32)
     distinct, end_of = _numbered(ends)
     ids = layout.order[rows]
     allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
     allowed[ids] = True
-    longest = int(layout.lengths[ids].max(initial=0))
+    longest = int(layout.lengths[ids[0]]) if len(ids) else 0  # rows ascending: the longest token first
     return HeadWalk(dfa, distinct.astype(np.int64), rows, end_of, crossing, cross_at, cross_state, allowed, longest)
 
 

@@ -80,15 +80,15 @@ class LiteralStateInfo:
         return self.token_ids.nbytes + self.slots.nbytes + self.states.nbytes + self.mask.numel()
 
 
-def literal_info(ids: np.ndarray, slots: np.ndarray, n_places: int, number: Callable[[int], int], vocab_size: int,
+def literal_info(ids: np.ndarray, slots: np.ndarray, n_places: int, number: Callable[[int], int], mask: np.ndarray,
                  lengths: np.ndarray) -> LiteralStateInfo:
     """The LiteralStateInfo of the tokens `ids` (n,) going to places `slots` (n,) of `n_places`; a token listed twice
-    goes where its last entry says. `lengths`: (vocab_size,) bytes of each token."""
+    goes where its last entry says. `mask`: a fresh all-False (vocab_size,) bool array, set here and kept as the
+    state's mask; `lengths`: (vocab_size,) bytes of each token."""
     order = np.argsort(ids, kind="stable")
     ids, slots = ids[order], slots[order]
     last = np.append(ids[1:] != ids[:-1], True)[: len(ids)]
     ids, slots = ids[last].astype(np.int32), slots[last].astype(np.int32)
-    mask = np.zeros(vocab_size, dtype=bool)
     mask[ids] = True
     longest = int(lengths[ids].max(initial=0)) if len(ids) else 0
     states = np.full(n_places, UNNUMBERED, dtype=np.int32)
