@@ -19,7 +19,7 @@ from assisted.eos import eos_ids
 from assisted.foreign import Foreign, foreign_setup, is_foreign
 from assisted.inputs import Options, check_models
 from assisted.policy.auto import AutoConfig
-from assisted.policy.costs import assistant_share, recall, recall_calibration
+from assisted.policy.costs import recall, recall_calibration
 from assisted.policy.draft_policy import make_policy
 from assisted.policy.prices import SharedPrices
 from assisted.prefix import PrefixCache
@@ -64,10 +64,8 @@ class Call:
         as for `Engine`; `make_policy` builds a row's policy (`assisted.policy.draft_policy.make_policy`; a seam where
         tests script the policy).
         """
-        assistant = None if helper is None else self.assistant_model
         prices = SharedPrices(AutoConfig(), recall(self.model, self.assistant_model, memory), prefilled=target.prefills,
-                              assistant_prefilled=target.prefills if helper is None else helper.prefills,
-                              assistant_share=assistant_share(self.model, assistant))
+                              assistant_prefilled=target.prefills if helper is None else helper.prefills)
 
         def policy_for(opts: Options):
             calibration = recall_calibration(self.model, self.assistant_model, opts.warp)

@@ -44,10 +44,7 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   free) until its plain steps have lost, by the estimate, as much as the catch-up would cost: each plain step loses
   its seconds times the share drafting saves (1 - plain rate / drafting rate, the call's or the pair's remembered;
   at least `probe_budget`; all of it where neither is known). That is ski rental: a call never pays more than twice
-  what the better of starting at once and never starting would have cost, had it known its length. A call with no
-  measured catch-up on the pair (the first in a process) decodes its prefill plainly and prices the catch-up at the
-  prefill's seconds per position times the assistant's share of the target's multiply-adds (`assistant_share`),
-  until the assistant's first call measures it. Each row of a
+  what the better of starting at once and never starting would have cost, had it known its length. Each row of a
   batch waits alike for its own assistant (filled lazily, it has run for no row yet), paying its share of the
   shared forward: so a batch's last row, alone in a forward where drafts could pay, does not catch up on its whole
   context to draft its last few tokens.
@@ -133,13 +130,10 @@ class AutoState:
     lag: int = 0  # positions of the row the assistant's cache lacks (told by the engine before each step)
     rent: float = 0.0  # seconds the row's plain steps lost, by the estimate, while its assistant had not started
     started: bool = False  # the assistant has drafted for this row this call (its catch-up is behind it)
-    assistant_share: float = 0.0  # the assistant's multiply-adds per position over the target's (0: unknown)
-    catch_up_guess: float | None = None  # the call's prefill seconds per position x assistant_share
 
 
-# what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
 PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
-          "probe_loss", "assistant_share", "catch_up_guess")
+          "probe_loss")  # what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -196,12 +190,9 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
     costs, prefilled, drafted_before = prices.costs, prices.prefilled, prices.drafted_before
     step_seconds = _step_seconds(prices, cost, max((len(c) for _, c in rows), default=0), width)
     timed = step_seconds is not None and warmed_up(prices, width)
-    guess = prices.catch_up_guess
     if cost is not None and cost.target_tokens:
         if prefilled:
             costs = costs.with_target(cost.target_tokens, cost.target_seconds, cfg.cost_decay, N_MAX * width)
-        elif cost.target_tokens >= cfg.catch_up_min and not cost.drafted:  # a plain prefill prices the catch-up
-            guess = prices.assistant_share * cost.target_seconds / cost.target_tokens or None
         prefilled = True
     if cost is not None and cost.drafted:
         costs = costs.with_draft(cost.draft_seconds / cost.drafted, cfg.cost_decay) if drafted_before else costs
@@ -210,7 +201,7 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
         if not drafted_before and lag >= cfg.catch_up_min:  # the assistant's prefill: seconds per position it fed
             costs = costs.with_catch_up(cost.draft_seconds / (lag + cost.drafted), cfg.cost_decay)
         drafted_before = True
-    new = replace(prices, costs=costs, prefilled=prefilled, drafted_before=drafted_before, catch_up_guess=guess)
+    new = replace(prices, costs=costs, prefilled=prefilled, drafted_before=drafted_before)
     if cost is None or not cost.drafted:  # no assistant call: a plain step (prompt-lookup drafts are free)
         return replace(new, idle=prices.idle + 1)
     if not timed:
@@ -300,17 +291,13 @@ def paid_rent(beliefs: AutoState, prices: AutoState, cost: StepCost | None, cfg:
     return replace(beliefs, rent=beliefs.rent + share * saving(prices, cfg, width))
 
 
-def catching_up(state: AutoState, cfg: AutoConfig) -> bool:
+def catching_up(state: AutoState) -> bool:
     """Whether the row decodes plainly while its assistant waits (the module docstring): the assistant has not drafted
     for it this call, and catching up on the row's `lag` positions would cost more than the `rent` its plain steps
-    paid; or no catch-up price is known yet and the call's prefill (at least `catch_up_min` positions), decoded
-    plainly, will give one (`assistant_share` known)."""
-    if state.started:
-        return False
-    price = state.costs.catch_up or state.catch_up_guess
-    if price is None:
-        return state.assistant_share > 0 and not state.prefilled and state.lag >= cfg.catch_up_min
-    return state.rent < state.lag * price
+    paid."""
+    price = state.costs.catch_up
+    return (not state.started and price is not None and state.costs.curve(1)[1] > 0
+            and state.rent < state.lag * price)
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
@@ -488,5 +475,5 @@ class Auto:
         step)."""
         width, state = (1 if self.prices is None else self.prices.width), self.priced
         step = mode(state, self.config, width) if self.prices is None else self.prices.mode_for(self)
-        self.k = cap(state, self.config, "plain" if catching_up(state, self.config) else step)
+        self.k = cap(state, self.config, "plain" if catching_up(state) else step)
         self._estimates, self._cuts = estimate(state, self.config, width), warmed_up(state, width)

@@ -114,23 +114,6 @@ class _Alone:
 _ALONE = _Alone()
 
 
-def assistant_share(target, assistant) -> float:
-    """The assistant's multiply-adds per prompt position over the target's (its Linear-like layers, the output head
-    left out: a prefill computes it for one row); 0 without an assistant. What its catch-up costs a position, as a
-    share of the target's prefill, where both are bound by their arithmetic."""
-    if assistant is None:
-        return 0.0
-    ours = _per_position(target)
-    return _per_position(assistant) / ours if ours else 0.0
-
-
-def _per_position(model) -> int:
-    head = model.get_output_embeddings()
-    return sum(m.in_features * m.out_features for m in model.modules()
-               if m is not head and isinstance(getattr(m, "in_features", None), int)
-               and isinstance(getattr(m, "out_features", None), int))
-
-
 def _device_key(model, engine: str) -> tuple:
     p = next(model.parameters())
     return str(p.device), str(p.dtype), torch.get_num_threads(), is_packed(model), linear_kernels(model), engine

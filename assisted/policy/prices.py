@@ -36,17 +36,13 @@ class SharedPrices:
     assistant_prefilled : bool, optional
         The same for the assistant's cache (default: `prefilled`). A lazy assistant cache is not: its first call
         catches up on the rows it drafts for, which is timed as the pair's catch-up cost, not as a drafting step.
-    assistant_share : float
-        The assistant's multiply-adds per position over the target's (`assisted.policy.costs.assistant_share`): with
-        no measured catch-up, a call prices it from its prefill (`assisted.policy.auto.catching_up`).
     """
 
     def __init__(self, config: AutoConfig, costs: CostTable | None = None, prefilled: bool = False,
-                 assistant_prefilled: bool | None = None, assistant_share: float = 0.0):
+                 assistant_prefilled: bool | None = None):
         self.config = config
         drafted_before = prefilled if assistant_prefilled is None else assistant_prefilled
-        self.state = AutoState(k0=0, costs=costs or CostTable(), prefilled=prefilled, drafted_before=drafted_before,
-                               assistant_share=assistant_share)
+        self.state = AutoState(k0=0, costs=costs or CostTable(), prefilled=prefilled, drafted_before=drafted_before)
         self.width = 1  # rows in this step's forwards
         self.mode = mode(self.state, config, self.width)  # "warm-up", "plain" or "draft", for every row
         self.members: list[Auto | None] = []  # per slot: the row's policy if it prices here, else None

@@ -54,8 +54,7 @@ def test_greedy_with_a_weak_assistant_equals_the_reference(pair, plain_reference
 
 def test_character_takes_at_most_three_target_forwards_with_coalescing(pair, plain_reference):
     model, weak, tok = pair
-    # a fixed schedule: `auto` starts an assistant only once its catch-up is priced, which depends on timings
-    kw = dict(tokenizer=tok, coalesce=True, num_assistant_tokens_schedule="constant", **CASES["schema"])
+    kw = dict(tokenizer=tok, coalesce=True, **CASES["schema"])
     ref = plain_reference(model, **kw)
     drafted_by_itself = generate(model, model, **kw)
     drafted_by_weak = generate(model, weak, **kw)

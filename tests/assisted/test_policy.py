@@ -10,7 +10,6 @@ import pytest
 
 from assisted.policy.auto import AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf
 from assisted.policy.costs import CostTable
-from assisted.policy.prices import SharedPrices
 from assisted.policy.draft_policy import (SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost,
                                           make_policy)
 from drafting.base import Draft
@@ -290,33 +289,6 @@ def test_a_row_decodes_plainly_until_its_plain_steps_lost_what_the_assistants_ca
     slow.assistant_behind(100)
     slow.update(0, 0, StepCost(1, 0.4, 0, 0.0))
     assert slow.k == 0 and slow.state.rent == pytest.approx(0.4 * cfg.probe_budget)
-
-
-def test_a_first_call_prices_the_catch_up_from_its_own_prefill():
-    """No catch-up measured on the pair yet (the first call in a process): the prefill is decoded plainly, and prices
-    the catch-up at its seconds per position times the assistant's share of the multiply-adds; the call then waits
-    as later calls do. Without the share (unknown), the assistant starts at once, as it did."""
-    prices = SharedPrices(AutoConfig(), assistant_share=0.25)
-    row = Auto(5, prices=prices)
-    prices.begin([row])
-    row.assistant_behind(100)
-    assert row.k == 0  # the prefill first, timed
-    steps = [StepCost(100, 4.0, 0, 0.0)] + [StepCost(1, 0.4, 0, 0.0)] * 8  # the prefill: 40 ms a position
-    ks, rents = [], []
-    for cost in steps:
-        row.update(0, 0, cost)
-        prices.observe(cost, [(row, ())])
-        row.assistant_behind(100)
-        ks.append(row.k)
-        rents.append(row.state.rent)
-    assert prices.state.catch_up_guess == pytest.approx(0.25 * 4.0 / 100)  # 1 s for the 100 positions
-    # no rate known: a plain step loses all its 0.4 s, once the table holds one (the first decoding step's)
-    assert ks == [0, 0, 0, 0, 5, 5, 5, 5, 5] and rents[3:5] == pytest.approx([0.8, 1.2])  # 1.2 s >= 1 s
-    alone = SharedPrices(AutoConfig())
-    unknown = Auto(5, prices=alone)
-    alone.begin([unknown])
-    unknown.assistant_behind(100)
-    assert unknown.k == 5
 
 
 def test_a_call_hands_its_drafting_rate_to_the_next_call_on_the_pair():
