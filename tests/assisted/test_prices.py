@@ -130,8 +130,8 @@ def test_the_batch_never_drafts_past_the_measured_break_even(rows, target, draft
 def test_a_batch_row_waits_for_its_own_assistant_and_a_last_row_does_not_catch_up_on_its_whole_context():
     """Rows of a batch start after the batch's prefills (`prefilled`), but a lazy assistant has run for none of them.
     Where no draft can pay (an assistant round over 16 rows costs more than a target position saves) a plain step
-    loses nothing against drafting, so a row pays no rent; left alone at the end of the batch, where one row's drafts could pay, it
-    waits like a lone call until its own plain steps have lost what catching up on its context costs."""
+    loses nothing against drafting, so a row pays no rent; left alone at the end of the batch, where one row's drafts
+    could pay, it waits like a lone call until its own plain steps have lost what catching up on its context costs."""
     costs = replace(held(int8_cpu, 16), draft_per_token=0.300, catch_up=0.01, drafting_rate=4.0 / int8_cpu(1))
     prices = SharedPrices(AutoConfig(), costs, prefilled=True)
     rows = [Auto(4, prices=prices) for _ in range(16)]
