@@ -80,10 +80,10 @@ class GrowingLayer(DynamicLayer):
                 and (not self._inference or torch.is_inference_mode_enabled())):
             self._rooms = (_room(self.keys, key_states, length), _room(self.values, value_states, length))
             self._inference = torch.is_inference_mode_enabled()
-        for room, new in zip(self._rooms, (key_states, value_states)):
-            room[..., length : length + n, :] = new
-        self.keys, self.values = (room[..., : length + n, :] for room in self._rooms)
-        self._held = (self.keys, self.values)
+        keys, values = self._rooms
+        keys[..., length : length + n, :] = key_states
+        values[..., length : length + n, :] = value_states
+        self.keys, self.values = self._held = (keys[..., : length + n, :], values[..., : length + n, :])
         return self.keys, self.values
 
     def crop(self, tokens_to_remove: int) -> None:

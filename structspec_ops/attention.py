@@ -77,6 +77,13 @@ def row_invariant_attention(module, query, key, value, attention_mask, scaling=N
     return torch.ops.structspec.row_invariant_attention(query, key, value, mask, scale), None
 
 
+def causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """The op itself for a caller whose shapes are right by construction (`row_invariant_attention` without its
+    checks): query (B, H, n, D) causal over the last n of key's and value's L positions (B, H_kv, L, D), float32 ->
+    (B, n, H, D). Only where `built().ok`."""
+    return torch.ops.structspec.row_invariant_attention(query, key, value, None, scale)
+
+
 def loop_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """`row_invariant_attention`'s contract by a Python loop: one `scaled_dot_product_attention` call per (batch row,
     query row), the call a decode step makes, over that row's keys (the fallback, and the reference for the op)."""

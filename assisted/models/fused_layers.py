@@ -27,6 +27,7 @@ from assisted.models.int4_linear import Int4Linear
 from assisted.models.packed_linear import PackedLinear
 from assisted.models.q6k_linear import Q6KLinear
 from drafting.batch_kv import RaggedBatch
+from drafting.kv_cache import GrowingLayer
 from structspec_ops import attention, decoder
 from structspec_ops.attention import ATTENTION
 
@@ -93,6 +94,8 @@ class FusedDecoderLayer(torch.nn.Module):
         self.head_dim, self.layer_idx, self.scaling = attn.head_dim, attn.layer_idx, attn.scaling
         self.ins = _merged([attn.q_proj, attn.k_proj, attn.v_proj])  # q|k|v, or q|k and v where v is Q6_K
         self.outs = _merged([attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])  # o, gate|up, down
+        self.norms = tuple((norm.weight, norm.variance_epsilon)  # the Parameters themselves: a loaded state dict
+                           for norm in (layer.input_layernorm, layer.post_attention_layernorm))  # reaches them
         self.rotary, self.last = rotary, False  # `fuse_layers` marks the model's last fused layer
         self.cache_keyword = _cache_keyword(type(layer))
         self.__dict__["_replaced"] = layer  # not a submodule: it shares this one's submodules and state dict
@@ -120,13 +123,13 @@ class FusedDecoderLayer(torch.nn.Module):
         H D) (`over_rows`, `over_ragged`). Returns the layer's output (N, hidden), or only its last `keep` rows: the
         other rows' keys and values are cached all the same (a model's last layer, where only the kept rows' logits
         are read)."""
-        first, second = self.input_layernorm, self.post_attention_layernorm
-        q, k, v = decoder.attention_in(x, first.weight, first.variance_epsilon, self.ins, cos, sin, self.heads,
-                                       self.kv_heads, self.head_dim)
+        (first, first_eps), (second, second_eps) = self.norms
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        q, k, v = decoder.attention_in(x, first, first_eps, self.ins, cos, sin, heads, kv_heads, dim)
         if keep is not None:
             q, x = q[-keep:], x[-keep:]
-        a = attend(q.view(-1, self.heads, self.head_dim), *(t.view(-1, self.kv_heads, self.head_dim) for t in (k, v)))
-        return decoder.attention_out(a, x, second.weight, second.variance_epsilon, self.outs)
+        a = attend(q.view(-1, heads, dim), k.view(-1, kv_heads, dim), v.view(-1, kv_heads, dim))
+        return decoder.attention_out(a, x, second, second_eps, self.outs)
 
     def over_rows(self, batch: int, update, attention, attention_mask=None, kwargs=None) -> Attend:
         """`run`'s attention over B rows of n positions each (x holds them row after row): `update(k, v)` appends this
@@ -139,6 +142,15 @@ class FusedDecoderLayer(torch.nn.Module):
             if update is not None:
                 k, v = update(k, v)
             return self._attention(attention, q, k, v, attention_mask, kwargs).reshape(batch * m, -1).contiguous()
+        return attend
+
+    def over_growing(self, held: GrowingLayer) -> Attend:
+        """`run`'s attention for one row whose cache layer is `held` (`one_row_forward`'s): this forward's keys and
+        values go into the layer's room, and the queries attend by the row-invariant op called directly (causal over
+        the last keys: the shapes are this layer's own, so transformers' cache and attention wrappers are skipped)."""
+        def attend(q, k, v):  # q (m, H, D); k and v (n, H_kv, D)
+            keys, values = held.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None])  # (1, H_kv, L + n, D) each
+            return attention.causal(q.transpose(0, 1)[None], keys, values, self.scaling).view(q.shape[0], -1)
         return attend
 
     def over_ragged(self, batch: RaggedBatch, attention) -> Attend:
@@ -175,9 +187,11 @@ def one_row_forward(model: torch.nn.Module, cache, ids: list[int], keep: int) ->
     step on a CPU pays at every step: decorators, a causal mask built and checked, output records, a module call and
     the attention interface's wrapper per layer. For a model whose decoder layers are all fused and whose attention
     is the row-invariant op (no mask: causal over the last n keys), this runs the same modules and ops directly: the
-    embedding, the rotary embedding at the cache's next positions, each layer's `run` with `DynamicCache.update`, the
-    final norm and the head on the last `keep` positions; its logits are bitwise the model's (tested). `fuse_layers`
-    attaches it as the model's `one_row_forward` attribute.
+    embedding, the rotary embedding at the cache's next positions, each layer's `run` (over a `GrowingLayer` its keys
+    and values written straight into the layer's room and the op called directly, `FusedDecoderLayer.over_growing`;
+    else through `DynamicCache.update` and transformers' attention interface), the final norm and the head on the
+    last `keep` positions; its logits are bitwise the model's (tested). `fuse_layers` attaches it as the model's
+    `one_row_forward` attribute.
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -187,10 +201,14 @@ def one_row_forward(model: torch.nn.Module, cache, ids: list[int], keep: int) ->
         return None
     past = cache.get_seq_length()
     positions = torch.arange(past, past + len(ids), device=model.device)  # (n,)
-    attention = ALL_ATTENTION_FUNCTIONS[ATTENTION]
+    interface = ALL_ATTENTION_FUNCTIONS[ATTENTION]  # transformers' wrapper of the op, for caches of other layers
+    direct = attention.built().ok and len(cache.layers) == len(layers)  # the op and every layer's cache there
 
     def attend(layer: FusedDecoderLayer) -> Attend:  # one row, appended to `cache`
-        return layer.over_rows(1, lambda k, v: cache.update(k, v, layer.layer_idx), attention)
+        held = cache.layers[layer.layer_idx] if direct else None
+        if isinstance(held, GrowingLayer) and held.is_initialized:
+            return layer.over_growing(held)
+        return layer.over_rows(1, lambda k, v: cache.update(k, v, layer.layer_idx), interface)
 
     x = _through_layers(model, layers, torch.tensor(ids, device=model.device), positions, attend, keep)  # (keep, H)
     return _head(model, x)

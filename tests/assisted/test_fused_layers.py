@@ -82,17 +82,19 @@ def test_a_model_s_last_fused_layer_is_marked():
 
 
 @pytest.mark.parametrize("family", [tiny_llama, tiny_qwen2])
-def test_the_one_row_forward_is_bitwise_the_model_s_forward(family):
+@pytest.mark.parametrize("growing", [False, True])
+def test_the_one_row_forward_is_bitwise_the_model_s_forward(family, growing):
     """`drafting.kv_cache.forward`'s fast path against the model called as transformers calls it: a prefill,
-    one-position steps and a verify of several positions, logits and cached keys bitwise equal."""
+    one-position steps and a verify of several positions, logits and cached keys bitwise equal; over transformers'
+    layers and over `GrowingLayer`s (where the op is called directly)."""
     from transformers import DynamicCache
 
     from assisted.models.fused_layers import one_row_forward
-    from drafting.kv_cache import cache_argument
+    from drafting.kv_cache import GrowingLayer, cache_argument, new_cache
 
     model = quantize_int4(family(300, seed=2, layers=2, hidden=64))
     assert model.one_row_forward is one_row_forward
-    fast, slow = DynamicCache(), DynamicCache()
+    fast, slow = new_cache() if growing else DynamicCache(), DynamicCache()
     ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         for start, stop, keep in ((0, 20, 1), (20, 21, 1), (21, 22, 1), (22, 27, 5), (27, 40, 3)):
@@ -102,6 +104,7 @@ def test_the_one_row_forward_is_bitwise_the_model_s_forward(family):
             assert torch.equal(got, out.logits[0]), (start, stop)
     assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
                for a, b in zip(fast.layers, slow.layers))
+    assert all(isinstance(layer, GrowingLayer) == growing for layer in fast.layers)
 
 
 def test_the_one_row_forward_steps_aside_where_it_does_not_apply():
