@@ -320,35 +320,34 @@ def can_pay(state: AutoState, width: int = 1) -> bool:
     is bound by its weights' bytes, its cost curve concave (the first added position is the dearest), so a straight
     line through it would shut out drafts that pay: there, and where costs are unknown, it stays open."""
     costs = state.costs
-    at = {n: seconds for n, seconds, _ in costs.target}
-    wider = [n for n in at if n > width]
-    if width == 1 or width not in at or not wider or costs.draft_per_token is None:
+    wider = [n for n in costs.measured() if n > width]
+    if width == 1 or not costs.knows(width) or not wider or costs.draft_per_token is None:
         return True
     n = max(wider)
-    per_position = (at[n] - at[width]) / (n - width) + costs.draft_per_token / width
-    return per_position < at[width] / width
+    plain, widest = costs.curve(n, 1)[[width, n]]
+    per_position = (widest - plain) / (n - width) + costs.draft_per_token / width
+    return per_position < plain / width
 
 
 def warmed_up(state: AutoState, width: int = 1) -> bool:
-    """The cost table holds a forward that verified drafts and one that verified none (of `width` rows)."""
-    measured = state.costs.measured()
-    return width in measured and any(n > width for n in measured)
+    """The cost table prices a forward that verifies none (of `width` rows: `CostTable.knows`) and holds one that
+    verified drafts."""
+    return state.costs.knows(width) and any(n > width for n in state.costs.measured())
 
 
 def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
     """What the next step does: "warm-up" (k0 uncut drafts, to time a forward that verifies drafts), "plain" or
     "draft" (up to the window, cut by `Estimates.cut`).
 
-    Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it holds one that
-    verified none, k = 0. A table remembered from an earlier call on the same pair skips both. Where the costs
-    say no draft can pay (`can_pay`), plain decoding from then on. Otherwise each call drafts until its drafting
-    rate is measured over `min_drafting_steps` steps, and keeps drafting while that rate is at least plain
-    decoding's, probing again after a budgeted loss.
+    Warm-up: until the cost table holds a forward that verified drafts, k0 drafts; until it can price one that
+    verifies none (`CostTable.knows`), k = 0. A table remembered from an earlier call on the same pair skips both.
+    Where the costs say no draft can pay (`can_pay`), plain decoding from then on. Otherwise each call drafts until
+    its drafting rate is measured over `min_drafting_steps` steps, and keeps drafting while that rate is at least
+    plain decoding's, probing again after a budgeted loss.
     """
-    measured = state.costs.measured()
-    if not any(n > width for n in measured):
+    if not any(n > width for n in state.costs.measured()):
         return "warm-up"
-    if width not in measured or not can_pay(state, width):
+    if not state.costs.knows(width) or not can_pay(state, width):
         return "plain"
     if _drafting_pays(state, cfg, width) or state.idle >= _wait(state, cfg, width):
         return "draft"

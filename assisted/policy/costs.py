@@ -84,14 +84,26 @@ class CostTable:
         """The n with at least one timing."""
         return tuple(n for n, _, _ in self.target)
 
+    def knows(self, n: int) -> bool:
+        """Whether the table prices a forward over n tokens from timings at or above n: n itself was timed, or two
+        larger sizes were (n then lies on their line, `curve`). In a batch most forwards are wider than its rows
+        (forced tokens and prompt-lookup copies are positions too), so the plain forward itself may never run."""
+        return n in self.measured() or sum(m > n for m in self.measured()) >= 2
+
     def curve(self, n_max: int, rows: int = 1) -> np.ndarray:
         """(n_max + 1,) target seconds of a forward over `rows` rows of n tokens each, n = 0..n_max ([0] = 0):
-        interpolated between measured sizes, flat past them."""
+        interpolated between measured sizes; below the smallest, on the line through the two smallest (never
+        rising as n falls, never below 0); flat past the largest."""
         if not self.target:
             return np.zeros(n_max + 1)
         xs = np.array([n for n, _, _ in self.target], dtype=float)
         ys = np.array([mean for _, mean, _ in self.target])
-        out = np.interp(np.arange(n_max + 1, dtype=float) * rows, xs, ys)
+        at = np.arange(n_max + 1, dtype=float) * rows
+        out = np.interp(at, xs, ys)
+        if len(xs) > 1:
+            slope = max((ys[1] - ys[0]) / (xs[1] - xs[0]), 0.0)
+            below = at < xs[0]
+            out[below] = np.maximum(ys[0] - slope * (xs[0] - at[below]), 0.0)
         out[0] = 0.0
         return out
 

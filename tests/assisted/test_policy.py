@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from assisted.policy.auto import AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf
+from assisted.policy.auto import (AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf,
+                                  warmed_up)
 from assisted.policy.costs import CostTable
 from assisted.policy.draft_policy import (SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost,
                                           make_policy)
@@ -389,6 +390,28 @@ def test_a_step_whose_cut_verified_nothing_keeps_the_window():
     assert policy.state.window == 28
     policy.update(3, 1, StepCost(4, 0.15, 3, 0.03), (0.99,) * 3)  # judged: rejected at the second draft
     assert policy.state.window == 8
+
+
+def test_a_table_that_never_timed_the_plain_forward_prices_it_on_the_line_through_the_two_narrowest():
+    """In a batch every forward is wider than its rows (forced tokens and copies are positions too), so the plain
+    forward of 16 rows may never run; the cost table then prices it from the two narrowest forwards timed, and the
+    cut weighs prompt-lookup copies from the first such pair of timings on (before: never, every copy verified)."""
+    costs = CostTable().with_target(20, 0.30, 1.0)
+    assert not costs.knows(16) and costs.curve(1, 16)[1] == pytest.approx(0.30)  # one timing: held flat
+    costs = costs.with_target(90, 1.18, 1.0, 64 * 16)
+    assert costs.knows(16) and not costs.knows(95) and costs.knows(90)
+    slope = (1.18 - 0.30) / 70
+    assert costs.curve(1, 16)[1] == pytest.approx(0.30 - 4 * slope)  # on the line below the narrowest
+    assert costs.curve(1, 1)[1] == pytest.approx(max(0.30 - 19 * slope, 0.0))
+    assert CostTable().with_target(4, 0.5, 1.0).with_target(8, 0.4, 1.0).curve(2, 1)[1:] == pytest.approx((0.5, 0.5))
+    cfg, nan = AutoConfig(), float("nan")
+    state = AutoState(k0=0, costs=costs, prefilled=True, drafted_before=True)
+    one_timing = CostTable().with_target(90, 1.18, 1.0, 64 * 16)
+    assert warmed_up(state, 16) and not warmed_up(replace(state, costs=one_timing), 16)
+    failing = state
+    for _ in range(6):
+        failing = observe(failing, 3, 0, None, cfg, (nan,) * 3)
+    assert estimate(failing, cfg, 16).cut((nan,) * 3, cfg.k_max) == 0  # copies the target rejects: none verified
 
 
 def test_auto_stops_verifying_prompt_copies_that_the_target_keeps_rejecting():
