@@ -187,6 +187,7 @@ def _byte_sets(columns: tuple[np.ndarray, ...], n_tokens: int) -> np.ndarray:
     return out
 
 
+# per tokenizer: (size, EOS ids) -> its Vocabulary, and size -> (token bytes, layout) shared by those
 _CACHE: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -214,8 +215,10 @@ def vocabulary_from_tokenizer(
     if key not in per_tokenizer:
         if vocab_size < len(tokenizer):
             raise ValueError(f"vocab_size={vocab_size} is smaller than the tokenizer ({len(tokenizer)} tokens)")
-        token_bytes, layout = load_or_build(tokenizer, vocab_size, partial(_token_bytes, tokenizer, vocab_size),
-                                           WalkLayout)
+        if vocab_size not in per_tokenizer:  # the token bytes and layout, the same whatever the EOS set
+            per_tokenizer[vocab_size] = load_or_build(tokenizer, vocab_size,
+                                                      partial(_token_bytes, tokenizer, vocab_size), WalkLayout)
+        token_bytes, layout = per_tokenizer[vocab_size]
         per_tokenizer[key] = Vocabulary(token_bytes, tuple(eos_token_ids), tokenizer, layout)
     return per_tokenizer[key]
 

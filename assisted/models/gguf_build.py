@@ -258,6 +258,7 @@ class GGUFEmbedding(torch.nn.Module):
 
     def __init__(self, blocks: torch.Tensor, kind: str, embedding_dim: int):
         super().__init__()
+        import gguf  # noqa: F401 - imported here, at load (0.2 s), not inside a call's first forward
         self.register_buffer("blocks", blocks)  # (V, bytes a row) uint8, or (V, dim) float16 / float32
         self.kind, self.embedding_dim, self.num_embeddings = kind, embedding_dim, blocks.shape[0]
 

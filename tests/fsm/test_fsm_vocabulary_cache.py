@@ -79,6 +79,21 @@ def test_the_vocabulary_of_a_tokenizer_comes_from_the_cache(cache_in):
     vocabulary._CACHE.pop(tokenizer, None)
 
 
+def test_vocabularies_of_one_tokenizer_and_size_read_its_bytes_once_whatever_their_eos(cache_in, monkeypatch):
+    """A call builds the guide's vocabulary and another with other EOS ids (the generation config's): the token
+    bytes and layout are read from disk once per tokenizer and size."""
+    tokenizer, reads = tiny_tokenizer(), []
+    vocabulary._CACHE.pop(tokenizer, None)
+    read = vocabulary.load_or_build
+    monkeypatch.setattr(vocabulary, "load_or_build", lambda *args: reads.append(args[1]) or read(*args))
+    first = vocabulary.vocabulary_from_tokenizer(tokenizer, 12, (1,))
+    second = vocabulary.vocabulary_from_tokenizer(tokenizer, 12, (1, 2))
+    third = vocabulary.vocabulary_from_tokenizer(tokenizer, 13, (1,))
+    assert reads == [12, 13] and first.eos_token_ids != second.eos_token_ids
+    assert second.token_bytes is first.token_bytes and len(third.token_bytes) == 13
+    vocabulary._CACHE.pop(tokenizer, None)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
 def test_a_damaged_file_is_rebuilt(damage, cache_in):
     tokenizer, calls = tiny_tokenizer(), []
