@@ -100,3 +100,9 @@ def attention_out(a: torch.Tensor, x: torch.Tensor, norm: torch.Tensor, eps: flo
     """a (n, heads * head_dim) the attention's output, x (n, hidden) the layer's input -> the layer's output;
     `weights`: o, gate, up, down, or o, gate|up `merged`, down."""
     return torch.ops.structspec.decoder_attention_out(a, x, norm, eps, *weights.lists(), int4.path())
+
+
+def silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for (n, d) float32 tensors, as `attention_out` computes its MLP's activation: exp by range
+    reduction and a polynomial (within an ulp), 16 lanes at a time, the same bits on every CPU and in any lane."""
+    return torch.ops.structspec.silu_times(gate, up)

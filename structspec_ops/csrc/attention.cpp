@@ -26,21 +26,11 @@
 #include <optional>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define STRUCTSPEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef STRUCTSPEC_CLONES
-#define STRUCTSPEC_CLONES
-#endif
-// Helpers are inlined into each clone, so that they are compiled for its ISA too.
-#define INLINE inline __attribute__((always_inline))
+#include "vector_math.h"  // STRUCTSPEC_CLONES, INLINE, F16
 
 namespace {
 
-// GCC / Clang vector types: element-wise arithmetic, lowered to whatever registers the clone's ISA has.
-typedef float F16 __attribute__((vector_size(64)));
+using structspec::F16;
 typedef float F8 __attribute__((vector_size(32)));
 typedef float F4 __attribute__((vector_size(16)));
 constexpr int64_t kLanes = 16;  // a dot product's partial sums: lane l sums d = l, l + 16, ...

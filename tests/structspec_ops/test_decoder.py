@@ -97,6 +97,22 @@ def test_attention_out_s_mlp_is_its_math_within_the_activation_step():
     assert_within(y, reference, bound, "attention_out's MLP against float64")
 
 
+def test_the_activation_is_silu_within_a_few_ulps_and_the_same_in_every_lane():
+    """The layer's SiLU(gate) * up against float64: exp within an ulp, then 1 + e, the division and the product,
+    each rounded once (gamma(4)); below exp's clamp (gate < -87: silu under 1e-36) an absolute 1e-30. Each element
+    is what it is alone (a row's tail is padded into a full vector, lanes never mix)."""
+    generator = torch.Generator().manual_seed(3)
+    gate = torch.cat([torch.linspace(-120, 100, 4001), torch.randn(999, generator=generator) * 8])[None]  # (1, 5000)
+    up = torch.randn(gate.shape, generator=generator)
+    got = decoder.silu_times(gate, up)
+    g, u = gate.double(), up.double()
+    reference = g * torch.sigmoid(g) * u
+    assert_within(got, reference, gamma(4) * reference.abs() + 1e-30, "silu(gate) * up against float64")
+    alone = torch.cat([decoder.silu_times(gate[:, j:j + 1], up[:, j:j + 1]) for j in range(0, 5000, 37)], 1)
+    assert torch.equal(alone, got[:, ::37])
+    assert torch.equal(decoder.silu_times(gate[:, :21], up[:, :21]), got[:, :21])  # a row of 16 + 5
+
+
 def test_the_mlp_bound_fails_a_wrong_activation():
     """Control: gelu in place of SiLU is far outside the bound above."""
     weights, (_, pg, pu, pd) = _out_weights()
