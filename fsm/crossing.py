@@ -22,6 +22,7 @@ from fsm import rx
 from fsm.lazy_dfa import DEAD, LazyDFA
 
 MAX_NEXT = 256  # group walks kept on one walk (past it, they are walked for each state that needs them)
+SMALL_UNIQUE = 64  # ends of a group walk numbered in Python up to this many tokens
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,35 +68,52 @@ def groups_of(rows: np.ndarray, at: np.ndarray, where: np.ndarray) -> list[tuple
 def walk_group(dfa: LazyDFA, layout, rows: np.ndarray, at: int, start: int) -> GroupWalk:
     """The tokens at `rows` (ascending, each longer than `at` bytes) read from byte `at` on through `dfa` from
     `start` (a head's state, not accepting): a token that reaches an accepting state with bytes left passes an end
-    of the head there (it is not walked further); the others end inside or die."""
+    of the head there (it is not walked further); the others end inside or die. Most groups hold a few tokens: the
+    loop skips what does nothing (count_nonzero is a C call where `any` goes through Python)."""
     positions, states = rows, np.full(len(rows), start, dtype=np.int32)
     done_rows, done_states, crossed = [], [], []
-    for j, column in enumerate(layout.columns[at:], start=at):
+    for j in range(at, len(layout.columns)):
         ended = int(positions.searchsorted(layout.counts[j]))  # tokens of j bytes have ended
-        done_rows.append(positions[ended:])
-        done_states.append(states[ended:])
-        positions, states = positions[:ended], states[:ended]
-        if not len(positions):
+        if ended < len(positions):
+            done_rows.append(positions[ended:])
+            done_states.append(states[ended:])
+            positions, states = positions[:ended], states[:ended]
+        if not ended:
             break
         passing = dfa.accepting.take(states)
-        if passing.any():
+        if np.count_nonzero(passing):
             crossed.append((positions[passing], np.full(int(passing.sum()), j, np.int32), states[passing]))
             positions, states = positions[~passing], states[~passing]
-        states = dfa.step(states, column[positions])
+        states = dfa.step(states, layout.columns[j][positions])
         alive = states != DEAD
-        positions, states = positions[alive], states[alive]
+        if np.count_nonzero(alive) < len(alive):
+            positions, states = positions[alive], states[alive]
     done_rows.append(positions)
     done_states.append(states)
     inside, ends = np.concatenate(done_rows), np.concatenate(done_states)
-    distinct, end_of = np.unique(ends, return_inverse=True)
-    if crossed:
+    distinct, end_of = _distinct(ends)
+    if len(crossed) > 1:
         crossing, cross_at, cross_state = (np.concatenate(parts) for parts in zip(*crossed))
         order = np.argsort(crossing)
         crossing, cross_at, cross_state = crossing[order], cross_at[order], cross_state[order]
+    elif crossed:  # one part: ascending already
+        crossing, cross_at, cross_state = crossed[0]
     else:
         crossing, cross_at, cross_state = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
-    return GroupWalk(dfa, inside.astype(np.int64), distinct.astype(np.int64), end_of.astype(np.int32),
-                     crossing.astype(np.int64), cross_at, cross_state)
+    return GroupWalk(dfa, inside.astype(np.int64, copy=False), distinct, end_of, crossing.astype(np.int64, copy=False),
+                     cross_at, cross_state)
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, index): the distinct `values` ascending (int64) and each value's index among them (int32), as
+    np.unique(return_inverse=True) gives them; a set for a few values (np.unique costs ~10 us on any)."""
+    if len(values) > SMALL_UNIQUE:
+        distinct, index = np.unique(values, return_inverse=True)
+        return distinct.astype(np.int64), index.astype(np.int32)
+    listed = values.tolist()
+    distinct = sorted(set(listed))
+    number = {value: i for i, value in enumerate(distinct)}
+    return np.asarray(distinct, dtype=np.int64), np.fromiter(map(number.__getitem__, listed), np.int32, len(listed))
 
 
 @dataclass

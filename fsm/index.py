@@ -296,15 +296,16 @@ class TokenIndex:
         return StateInfo(ids, nexts, torch.from_numpy(mask), int(lengths[ids].max(initial=0)) if len(ids) else 0)
 
     def _bounded_string(self, state: int) -> BoundedStringInfo | None:
-        """Inside a string with `maxLength`: its unbounded twin's mask less the tokens of too many characters
-        (`fsm.bounded_strings`), where every token is token-live; else None."""
+        """Inside a string with `minLength` or `maxLength`: its unbounded twin's mask less the tokens of too many
+        characters, or that close it after too few (`fsm.bounded_strings`), where every token is token-live; else
+        None."""
         term = self.dfa.term(state)
         twin = unbounded_twin(term) if BOUNDED_STRINGS and self._live.trivial else None
         twin_state = DEAD if twin is None else self.dfa.state_of(twin[0])
         if twin_state == DEAD:
             return None
         walk = partial(_walk_all_tokens, self.dfa, self.vocabulary, state)
-        return bounded_info(self.info(twin_state), twin[1], self.dfa, state, self.vocabulary, walk)
+        return bounded_info(self.info(twin_state), *twin[1:], self.dfa, state, self.vocabulary, walk)
 
     def _walk_from(self, state: int) -> tuple[np.ndarray, np.ndarray] | HeadStateInfo:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it

@@ -108,7 +108,7 @@ class LazyDFA:
         # flat take, as a method (np.take's dispatch costs as much on short arrays): 3x faster than [s, d]
         out = self._table.reshape(-1).take(cells)
         missing = out == UNFILLED
-        if missing.any():
+        if np.count_nonzero(missing):  # a C call: `any` goes through Python
             self._fill_cells(set(cells[missing].tolist()))
             out = self._table.reshape(-1).take(cells)
         return out

@@ -1,6 +1,7 @@
-"""Bounded strings (fsm.bounded_strings): the per-token count of string characters is what a `maxLength` counts,
-guides that mask a bounded string from its unbounded twin give bitwise the masks and next states of guides that walk
-every count (the reference, BOUNDED_STRINGS off), and a string's counts cost one vocabulary walk, not one each."""
+"""Bounded strings (fsm.bounded_strings): the per-token count of string characters is what `minLength` and
+`maxLength` count, guides that mask a bounded string from its unbounded twin give bitwise the masks and next states
+of guides that walk every count (the reference, BOUNDED_STRINGS off), and a string's counts cost one vocabulary walk,
+not one each."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import fsm
 from fsm import index as ix
 from fsm import json_terms as jt
 from fsm import bounded_strings, rx
-from fsm.bounded_strings import BoundedStringInfo, string_chars, unbounded_twin
+from fsm.bounded_strings import BoundedStringInfo, closing_quotes, string_chars, unbounded_twin
 from fsm.caches import clear_caches
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.vocabulary import Vocabulary, vocabulary_from_tokenizer
@@ -29,6 +30,10 @@ SCHEMAS = (
       "required": ["n", "d", "l"]},
      {"n": "naïve café", "d": "2024", "l": ["ab", "🙂🙂", "xyzzy", ""]}),
     ({"type": "string", "maxLength": 30}, "a \"quoted\" \\u escape-like text"),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 12},
+                                       "t": {"type": "array", "items": {"type": "string", "minLength": 2}}},
+      "required": ["s", "t"]},
+     {"s": 'naïve "café" \\ 🙂 x', "t": ["ab", "🙂🙂", "xyz"]}),
 )
 
 
@@ -43,6 +48,9 @@ def test_string_chars_counts_code_points_escapes_and_pairs():
              b"\\", b"\\u", b"\xf0\x9f\x99\x82a", b'\\\\"x', b"x\\n\\t", b"")
     got = string_chars(Vocabulary(words, ())).tolist()
     assert got == [3, 2, 2, 1, 1, 1, 1, 1, 0, 1, 1, 2, 1, 3, 0]
+    closes = closing_quotes(Vocabulary(words, ())).tolist()
+    assert closes == [False, True, False, False, False, False, False, False, True, False, False, False, True, False,
+                      False]
 
 
 def test_string_chars_is_the_fewest_characters_a_token_needs(smol_tokenizer):
@@ -60,11 +68,25 @@ def test_string_chars_is_the_fewest_characters_a_token_needs(smol_tokenizer):
     assert inside.sum() > 40_000 and np.array_equal(counted[inside], fits_at[inside])
 
 
-def test_the_twin_lifts_only_the_bound():
+def test_closing_quotes_are_the_tokens_that_leave_the_string(smol_tokenizer):
+    """Against the DFA itself: among the tokens allowed inside a string (then a quote, then anything), those that close
+    it are those that die where a control byte must follow the string's characters instead of the quote."""
+    vocabulary = vocabulary_from_tokenizer(smol_tokenizer)
+    layout = vocabulary.walk_layout
+    inside = ix._walk_rows(LazyDFA(rx.seq(rx.star(jt.STRING_CHAR), jt.QUOTE, ANY_BYTES)), layout, 0, stays=[])[0]
+    open_ = ix._walk_rows(LazyDFA(rx.seq(rx.star(jt.STRING_CHAR), rx.literal("\x01"))), layout, 0, stays=[])[0]
+    allowed = inside != DEAD
+    closes = closing_quotes(vocabulary)[layout.order]
+    assert closes[allowed].sum() > 100 and np.array_equal(closes[allowed], open_[allowed] == DEAD)
+
+
+def test_the_twin_lifts_only_the_bounds():
     tail = rx.seq(jt.QUOTE, rx.literal(","))
-    term = rx.seq(rx.repeat(jt.STRING_CHAR, 2, 9), tail)
-    assert unbounded_twin(term) == (rx.seq(rx.repeat(jt.STRING_CHAR, 2, None), tail), 9)
-    assert unbounded_twin(rx.seq(rx.star(jt.STRING_CHAR), tail)) is None  # unbounded already
+    twin = rx.seq(rx.star(jt.STRING_CHAR), tail)
+    assert unbounded_twin(rx.seq(rx.repeat(jt.STRING_CHAR, 2, 9), tail)) == (twin, 2, 9)
+    assert unbounded_twin(rx.seq(rx.repeat(jt.STRING_CHAR, 0, 9), tail)) == (twin, 0, 9)
+    assert unbounded_twin(rx.seq(rx.repeat(jt.STRING_CHAR, 3, None), tail)) == (twin, 3, None)
+    assert unbounded_twin(twin) is None  # unbounded already
     assert unbounded_twin(rx.seq(rx.repeat(jt.PLAIN_CHAR, 0, 9), tail)) is None  # not a JSON string
     assert unbounded_twin(rx.seq(rx.repeat(jt.STRING_CHAR, 0, 9), rx.literal(","))) is None  # no closing quote
 
@@ -135,13 +157,19 @@ def test_a_bounded_string_costs_one_walk_per_tail_not_per_count(tokenizer, monke
     assert walks[1] + 10 <= walks[0], walks
 
 
-def test_the_differential_sees_a_wrong_count(tokenizer, monkeypatch):
-    """Negative control: counting no token's characters lets the twin's longer tokens through, and the masks differ."""
-    schema, instance = SCHEMAS[1]
+@pytest.mark.parametrize("case, count", [(1, 0), (3, 99)])
+def test_the_differential_sees_a_wrong_count(tokenizer, monkeypatch, case, count):
+    """Negative control: counting every token's characters as none lets the twin's longer tokens through a
+    `maxLength`, as too many (99) lets its closing tokens through a `minLength`, and the masks differ."""
+    schema, instance = SCHEMAS[case]
     monkeypatch.setattr(ix, "BOUNDED_STRINGS", False)
     clear_caches()
     reference = _walk(schema, instance, tokenizer)[0]
     monkeypatch.setattr(ix, "BOUNDED_STRINGS", True)
-    monkeypatch.setattr(bounded_strings, "string_chars", lambda vocabulary: np.zeros(vocabulary.vocab_size, np.int32))
+
+    def wrong(vocabulary):
+        return np.full(vocabulary.vocab_size, count, np.int32)
+
+    monkeypatch.setattr(bounded_strings, "string_chars", wrong)
     clear_caches()
     assert _walk(schema, instance, tokenizer)[0] != reference

@@ -520,3 +520,13 @@ def test_heads_are_walked_at_first_sight_once_many_are_shared(smol_tokenizer, mo
     monkeypatch.setattr(ix, "_walk_all_tokens", lambda *args: plain.append(args[2]) or real_plain(*args))
     guide.index.info(guide.index.dfa.walk(b"x"))
     assert walks == [head] and plain == []
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, crossing.SMALL_UNIQUE, crossing.SMALL_UNIQUE + 1, 5000])
+def test_group_ends_are_numbered_as_np_unique_numbers_them(n):
+    """A group walk numbers its ends in Python for a few tokens, with np.unique past SMALL_UNIQUE: alike either way."""
+    values = np.random.default_rng(n).integers(0, max(n // 3, 1), size=n).astype(np.int32)
+    distinct, index = crossing._distinct(values)
+    expected, inverse = np.unique(values, return_inverse=True)
+    assert distinct.dtype == np.int64 and index.dtype == np.int32
+    assert np.array_equal(distinct, expected) and np.array_equal(index, inverse)
