@@ -10,7 +10,7 @@ import pytest
 
 from fsm import vocabulary, vocabulary_cache
 from fsm.vocabulary import WalkLayout, _token_bytes
-from tests.helpers_models import HAS_SMOLLM2, smollm2_tokenizer, tiny_tokenizer
+from tests.helpers_models import HAS_SMOLLM2, TINY_WORDS, smollm2_tokenizer, tiny_tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -92,6 +92,28 @@ def test_vocabularies_of_one_tokenizer_and_size_read_its_bytes_once_whatever_the
     assert reads == [12, 13] and first.eos_token_ids != second.eos_token_ids
     assert second.token_bytes is first.token_bytes and len(third.token_bytes) == 13
     vocabulary._CACHE.pop(tokenizer, None)
+
+
+def test_a_tokenizer_from_a_folder_is_keyed_by_its_file_and_a_sample_of_its_pieces(tmp_path):
+    """Loaded from a folder, a tokenizer's key reads its tokenizer.json instead of every piece: the same folder gives
+    the same key, other bytes in the file another, and so does another vocabulary in memory (the sampled pieces);
+    the vocabulary built under that key is the one built from the tokenizer itself."""
+    from transformers import AutoTokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    key = vocabulary_cache.content_key(loaded, 12)
+    assert vocabulary_cache._tokenizer_file(loaded) == tmp_path / "tokenizer.json" and vocabulary_cache._tokenizer_file(
+        tiny_tokenizer()) is None
+    assert key == vocabulary_cache.content_key(AutoTokenizer.from_pretrained(tmp_path), 12)
+    assert key != vocabulary_cache.content_key(tiny_tokenizer(), 12)  # all pieces, no file: another key
+    (tmp_path / "tokenizer.json").write_text((tmp_path / "tokenizer.json").read_text() + "\n")
+    assert vocabulary_cache.content_key(loaded, 12) != key
+    loaded.backend_tokenizer.model = type(loaded.backend_tokenizer.model)(
+        vocab={w: (i + 1) % 8 for i, w in enumerate(TINY_WORDS)}, merges=[])  # other pieces, the same file
+    assert vocabulary_cache.content_key(loaded, 12) != vocabulary_cache.content_key(
+        AutoTokenizer.from_pretrained(tmp_path), 12)
+    assert _token_bytes(AutoTokenizer.from_pretrained(tmp_path), 12) == _token_bytes(tiny_tokenizer(), 12)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
