@@ -18,7 +18,9 @@ _GC_THRESHOLD = gc.get_threshold()  # the process's own, restored after every te
 
 def pytest_configure(config):
     """Tokenizer vocabulary indexes cached on disk (fsm.vocabulary_cache) go to a folder of this run, not the user's
-    cache, and are removed with it."""
+    cache, and are removed with it. Forward costs stay in memory (`assisted.policy.costs.cost_dir`): a test's policy
+    starts from what its own process measured, never from an earlier run's files."""
+    os.environ.setdefault("STRUCTSPEC_COST_CACHE", "off")
     if "STRUCTSPEC_VOCAB_CACHE" not in os.environ:
         import tempfile
 

@@ -10,23 +10,31 @@ verifying none), and past the largest measured n holds that cost: optimistic, so
 is tried once when the drafts look good, and is then measured. A timing that noise made too cheap corrects
 itself, as the policy then verifies that many tokens and times them again.
 
-Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's
-table for the next call on the same pair (`recall` / `memorize`, for the life of the process): only the
-first call on a pair pays the warm-up. The table also keeps what the assistant's first call in a call costs per
-position it catches up on (its prefill: the assistant starts lazily) and the drafting rate earlier calls measured,
-so that a call can weigh starting the assistant at all. The mean acceptance is not kept: it belongs to the text.
-How often a draft of a given confidence is accepted belongs mostly to the pair and the sampling setting (per
-confidence bin, code, extraction and prose differ little), so the policy's calibration is kept per pair and
-sampling setting (`recall_calibration`). `forget` (public as
-`assisted.reset_remembered_state`) clears both. One lock guards both registries: concurrent `generate` calls
-from several threads read and write them safely (the last call to finish on a pair is remembered).
+Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's table for the
+next call on the same pair (`recall` / `memorize`), in memory and in a small file per pair and machine (`cost_dir`;
+the models named by their architecture and size, the machine by its CPU model): only the first call on a pair on a
+machine pays the warm-up, not the first call of every process. The table also keeps what the assistant's first call
+in a call costs per position it catches up on (its prefill: the assistant starts lazily) and the drafting rate
+earlier calls measured, so that a call can weigh starting the assistant at all. The mean acceptance is not kept: it
+belongs to the text. How often a draft of a given confidence is accepted belongs mostly to the pair and the sampling
+setting (per confidence bin, code, extraction and prose differ little), so the policy's calibration is kept per pair
+and sampling setting (`recall_calibration`, in memory). `forget` (public as `assisted.reset_remembered_state`) clears
+both, and the files. One lock guards both registries: concurrent `generate` calls from several threads read and
+write them safely (the last call to finish on a pair is remembered).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
 import threading
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -135,11 +143,20 @@ def recall(target, assistant, engine: str = "dynamic") -> CostTable | None:
     """The costs earlier calls measured on this pair, if the target still runs on the same device, dtype, threads,
     weight layout (`assisted.models.packing`), Linear kernels (float, int8, int4:
     `assisted.models.int4_models.linear_kernels`; a model quantized in place is another target) and engine
-    (`assisted.caching.CachePlan.engine`: a captured step costs a fraction of an eager one)."""
+    (`assisted.caching.CachePlan.engine`: a captured step costs a fraction of an eager one): this process's, else
+    those an earlier process on this machine left in `cost_dir`."""
+    device = _device_key(target, engine)
     with _LOCK:
         pairs = _MEMORY.get(target)
         entry = None if pairs is None else pairs.get(_ALONE if assistant is None else assistant)
-    return entry[1] if entry is not None and entry[0] == _device_key(target, engine) else None
+    if entry is not None and entry[0] == device:
+        return entry[1]
+    costs = _read(_cost_file(target, assistant, device))
+    if costs is not None:
+        with _LOCK:
+            _MEMORY.setdefault(target, weakref.WeakKeyDictionary())[_ALONE if assistant is None else assistant] = (
+                device, costs)
+    return costs
 
 
 def recall_calibration(target, assistant, warp) -> object | None:
@@ -160,6 +177,8 @@ def memorize(target, assistant, costs: CostTable | None, calibration: object | N
             _MEMORY.setdefault(target, weakref.WeakKeyDictionary())[key] = (device, costs)
         if calibration is not None:
             _CALIBRATIONS.setdefault(target, weakref.WeakKeyDictionary()).setdefault(key, {})[warp] = calibration
+    if costs is not None:
+        _write(_cost_file(target, assistant, device), costs)
 
 
 def forget() -> None:
@@ -172,3 +191,75 @@ def forget() -> None:
     with _LOCK:
         _MEMORY.clear()
         _CALIBRATIONS.clear()
+    folder = cost_dir()
+    for file in [] if folder is None or not folder.is_dir() else folder.glob("costs-*.json"):
+        file.unlink(missing_ok=True)
+
+
+def cost_dir() -> Path | None:
+    """The folder of the remembered costs: ``$STRUCTSPEC_COST_CACHE``, else ``$STRUCTSPEC_CACHE/costs``, else
+    ``~/.cache/structured-speculation/costs``; None where ``STRUCTSPEC_COST_CACHE=off`` (costs live in memory only)."""
+    chosen = os.environ.get("STRUCTSPEC_COST_CACHE")
+    if chosen == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    root = os.environ.get("STRUCTSPEC_CACHE") or Path.home() / ".cache" / "structured-speculation"
+    return Path(root).expanduser() / "costs"
+
+
+def _cost_file(target, assistant, device: tuple) -> Path | None:
+    """The pair's file on this machine: named by the models' architecture and size, the device key and the CPU."""
+    folder = cost_dir()
+    if folder is None:
+        return None
+    names = [_model_name(target), None if assistant is None else _model_name(assistant), device, _machine()]
+    return folder / f"costs-{hashlib.sha256(json.dumps(names, default=str).encode()).hexdigest()[:32]}.json"
+
+
+def _model_name(model) -> list:
+    config = model.config
+    return [type(model).__name__, getattr(config, "_name_or_path", ""), config.to_json_string(use_diff=False),
+            sum(p.numel() for p in model.parameters())]
+
+
+def _machine() -> str:
+    """The CPU's model name (Linux), else what `platform` knows, and the number of CPUs."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return f"{name or platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def _write(file: Path | None, costs: CostTable) -> None:
+    """Write the table whole or not at all (a temporary file renamed over the old one); errors are ignored: the file
+    only saves a later process its warm-up."""
+    if file is None:
+        return
+    temporary = None
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=file.parent, prefix=file.stem + ".", suffix=".tmp")
+        with os.fdopen(handle, "w") as out:
+            json.dump(asdict(costs), out)
+        os.replace(temporary, file)
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
+def _read(file: Path | None) -> CostTable | None:
+    """The table in `file`, or None where there is none or it is not a whole, sane table."""
+    try:
+        fields = json.loads(file.read_text()) if file is not None else None
+        target = tuple((int(n), float(mean), float(weight)) for n, mean, weight in fields["target"])
+        rest = {name: None if fields[name] is None else float(fields[name])
+                for name in ("draft_per_token", "catch_up", "drafting_rate")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    numbers = [x for row in target for x in row[1:]] + [x for x in rest.values() if x is not None]
+    if not all(math.isfinite(x) and x >= 0 for x in numbers) or any(n <= 0 for n, _, _ in target):
+        return None
+    return CostTable(target=target, **rest)

@@ -15,7 +15,7 @@ import assisted
 from assisted import generate
 from assisted.policy.costs import CostTable, memorize, recall, recall_calibration
 from drafting.sampling import Warp
-from tests.helpers_models import smollm2_tokenizer, tiny_gpt2
+from tests.helpers_models import smollm2_tokenizer, threads, tiny_gpt2
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
@@ -52,6 +52,36 @@ def test_reset_remembered_state_clears_every_pair(tok, pair):
     assisted.reset_remembered_state()
     assert recall(*pair) is None and recall(pair[0], None) is None and recall_calibration(*pair, GREEDY) is None
     assert run_auto(tok, *pair).stats.k_trace[:3] == (5, 5, 0)  # warms up again, as in a fresh process
+
+
+def test_a_later_process_recalls_the_costs_from_the_machine_s_file(tok, pair, tmp_path, monkeypatch):
+    """With a cost folder, a pair's costs outlive the process (a new process is memory cleared): recalled for models
+    of the same architecture and size, threads and kernels, not for another pair or thread count; a damaged file
+    reads as none; the reset removes the files."""
+    from assisted.policy import costs as remembered
+
+    monkeypatch.setenv("STRUCTSPEC_COST_CACHE", str(tmp_path))
+    table = CostTable(target=((1, 0.04, 1.0), (3, 0.06, 2.0)), draft_per_token=0.01, catch_up=0.002)
+    memorize(*pair, table)
+    with remembered._LOCK:
+        remembered._MEMORY.clear()  # what a new process starts with
+    other = tiny_gpt2(V, seed=4, layers=2, hidden=64)  # the models are named by architecture and size: not these
+    assert recall(*pair) == table and recall(pair[0], None) is None and recall(pair[0], other) is None
+    with remembered._LOCK:
+        remembered._MEMORY.clear()
+    with torch.inference_mode(), threads(2):
+        assert recall(*pair) is None  # another thread count: another device key, another file
+    (file,) = tmp_path.glob("costs-*.json")
+    file.write_text(file.read_text()[:-7])
+    with remembered._LOCK:
+        remembered._MEMORY.clear()
+    assert recall(*pair) is None
+    memorize(*pair, table)
+    assisted.reset_remembered_state()
+    assert not list(tmp_path.glob("costs-*")) and recall(*pair) is None
+    monkeypatch.setenv("STRUCTSPEC_COST_CACHE", "off")
+    memorize(*pair, table)
+    assert not list(tmp_path.glob("costs-*"))
 
 
 @pytest.fixture
