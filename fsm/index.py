@@ -85,7 +85,7 @@ class HeadWalk:
     max_token_length: int  # of those tokens
     _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
     _mask_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the masks and group walks kept
-    next: dict = field(default_factory=dict, repr=False)  # (at, state, next head) -> GroupWalk (`fsm.crossing`)
+    next: dict = field(default_factory=dict, repr=False)  # (state, next head) -> GroupWalk (`fsm.crossing`)
 
     @cached_property
     def groups(self) -> list:
@@ -150,13 +150,16 @@ class HeadStateInfo:
         return np.asarray([self.next_of(token) for token in self.token_ids.tolist()], dtype=np.int32)
 
     def next_of(self, token_id: int) -> int:
-        """The state after `token_id`, or DEAD when the token is not allowed."""
-        i = int(np.searchsorted(self.extra_ids, token_id))
-        if i < len(self.extra_ids) and self.extra_ids[i] == token_id:
-            return self._target(int(self.extra_slots[i]))
-        if not self.walk.allowed[token_id]:
+        """The state after `token_id`, or DEAD when the token is not allowed (scalar lookups: no arrays built)."""
+        extra = self.extra_ids
+        if len(extra):
+            i = int(extra.searchsorted(token_id))
+            if i < len(extra) and extra[i] == token_id:
+                return self._target(int(self.extra_slots[i]))
+        walk = self.walk
+        if not walk.allowed[token_id]:
             return DEAD
-        end = int(self.walk.end_index(self.row_of[token_id: token_id + 1])[0])
+        end = int(walk.end_of[walk.inside.searchsorted(self.row_of[token_id])])  # allowed: its row is inside
         if self.mains[end] == UNNUMBERED:
             self.mains[end] = self.number(end)
         return int(self.mains[end])
