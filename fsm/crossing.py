@@ -3,8 +3,9 @@
 A state seq(head, tail) shares the walk of its head with every state of that head (`fsm.index.HeadWalk`). A token
 that passes an end of the head strictly inside its bytes goes on in what follows there, whole(end) = seq(end, tail),
 which is itself a head and a tail (`Split.of`). Such tokens are grouped by where they pass (the bytes read, the
-head's state there), and each group is walked on through the next head alone, in the DFA of heads, once per
-(group, next head) and kept on the walk it came from (`GroupWalk.next`): what the top of the stack allows next,
+head's state there), and the groups that pass at one state (a string's closing quote, however many bytes before it)
+are walked on together through the next head alone, each token from its own byte, in the DFA of heads, once per
+(state, next head), and kept on the walk they came from (`GroupWalk.next`): what the top of the stack allows next,
 shared by every state whose tail starts with that head, whatever lies below it. A state then only asks which ends of
 each next head lead on (`Split.leads_on`), level by level, until no token passes; the DFA of the whole term grows
 only where a token is taken. A continuation that has no head (a union) is walked in the whole term's DFA, as all
@@ -37,7 +38,7 @@ class GroupWalk:
     crossing: np.ndarray  # (m,) int64 rows (ascending) of the tokens that pass an end of the head inside their bytes
     cross_at: np.ndarray  # (m,) int32 the bytes of each read there
     cross_state: np.ndarray  # (m,) int32 the state of `dfa` there
-    next: dict = field(default_factory=dict, repr=False)  # (at, state, head) -> GroupWalk of its crossing groups
+    next: dict = field(default_factory=dict, repr=False)  # (state, head) -> GroupWalk of its crossing groups there
     kept: list = field(default_factory=lambda: [0], repr=False)  # bytes of the group walks kept below it
 
     @cached_property
@@ -67,18 +68,32 @@ def groups_of(rows: np.ndarray, at: np.ndarray, where: np.ndarray) -> list[tuple
 
 def walk_group(dfa: LazyDFA, layout, rows: np.ndarray, at: int, start: int) -> GroupWalk:
     """The tokens at `rows` (ascending, each longer than `at` bytes) read from byte `at` on through `dfa` from
-    `start` (a head's state, not accepting): a token that reaches an accepting state with bytes left passes an end
-    of the head there (it is not walked further); the others end inside or die. Most groups hold a few tokens: the
-    loop skips what does nothing (count_nonzero is a C call where `any` goes through Python)."""
-    positions, states = rows, np.full(len(rows), start, dtype=np.int32)
+    `start` (a head's state, not accepting): `walk_groups` of one group."""
+    return walk_groups(dfa, layout, [(at, rows)], start)
+
+
+def walk_groups(dfa: LazyDFA, layout, parts: list[tuple[int, np.ndarray]], start: int) -> GroupWalk:
+    """The tokens of `parts` ((at, rows) by ascending `at`, rows ascending, each token longer than its `at` bytes),
+    each read from its byte `at` on through `dfa` from `start` (a head's state, not accepting), in one walk: a token
+    that reaches an accepting state with bytes left passes an end of the head there (it is not walked further); the
+    others end inside or die. A token's walk is its own, so one walk of several groups gives each token what a walk
+    of its group alone gives it. Most groups hold a few tokens: the loop skips what does nothing (count_nonzero is a
+    C call where `any` goes through Python)."""
+    (first, positions), joining = parts[0], parts[1:]
+    states = np.full(len(positions), start, dtype=np.int32)
     done_rows, done_states, crossed = [], [], []
-    for j in range(at, len(layout.columns)):
+    for j in range(first, len(layout.columns)):
+        if joining and joining[0][0] == j:  # a group that starts at byte j joins the walk
+            positions, states = _joined(positions, states, joining[0][1], start)
+            joining = joining[1:]
         ended = int(positions.searchsorted(layout.counts[j]))  # tokens of j bytes have ended
         if ended < len(positions):
             done_rows.append(positions[ended:])
             done_states.append(states[ended:])
             positions, states = positions[:ended], states[:ended]
         if not ended:
+            if joining:
+                continue
             break
         passing = dfa.accepting.take(states)
         if np.count_nonzero(passing):
@@ -102,6 +117,13 @@ def walk_group(dfa: LazyDFA, layout, rows: np.ndarray, at: int, start: int) -> G
         crossing, cross_at, cross_state = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
     return GroupWalk(dfa, inside.astype(np.int64, copy=False), distinct, end_of, crossing.astype(np.int64, copy=False),
                      cross_at, cross_state)
+
+
+def _joined(positions: np.ndarray, states: np.ndarray, rows: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, states) with `rows` at `start` merged in, positions ascending."""
+    merged = np.concatenate([positions, rows])
+    order = merged.argsort(kind="stable")
+    return merged[order], np.concatenate([states, np.full(len(rows), start, dtype=np.int32)])[order]
 
 
 def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -128,27 +150,38 @@ class Crossed:
 
 def cross_on(walk, split, groups, dfa: LazyDFA, layout, out: Crossed, split_of, keep, dfa_for) -> None:
     """Add to `out` the tokens of `groups` (((at, state of walk.dfa), rows) of tokens that pass an end of the head
-    `split` walked in `walk`) that survive in what follows, walking each group through the next head (a GroupWalk
-    kept on `walk`, walked in `dfa_for(head)`: the DFA of heads) or, where what follows has no head, through `dfa`
-    itself. `split_of` is Split.of; `keep(bytes)` counts the bytes of a new group walk kept (it returns False where
-    none may be kept)."""
-    for (at, where), rows in groups:
+    `split` walked in `walk`) that survive in what follows, walking the groups that pass at one state (what follows
+    is the same for them, whatever bytes they read before) through the next head at once (a GroupWalk kept on
+    `walk`, walked in `dfa_for(head)`: the DFA of heads) or, where what follows has no head, through `dfa` itself.
+    `split_of` is Split.of; `keep(bytes)` counts the bytes of a new group walk kept (it returns False where none may
+    be kept)."""
+    for where, parts in _by_state(groups):
         follow = split.whole(walk.dfa.term(where))
         if follow is rx.NOTHING or (not follow.plain and rx.is_empty(follow, rx.WALK_LIMIT, undecided=True)):
             continue  # DEAD: what the whole term's DFA makes of it
         nxt = split_of(follow)
         if nxt is None:
             there = dfa.state_of(follow)
-            add_walked(out, dfa, layout, rows, at, there)
+            for at, rows in parts:
+                add_walked(out, dfa, layout, rows, at, there)
             continue
-        key = (at, where, nxt.head)
+        key = (where, nxt.head)
         group = walk.next.get(key)
         if group is None:
             head_dfa = dfa_for(nxt.head)
-            group = walk_group(head_dfa, layout, rows, at, head_dfa.state_of(nxt.head))
+            group = walk_groups(head_dfa, layout, parts, head_dfa.state_of(nxt.head))
             if len(walk.next) < MAX_NEXT and keep(group.nbytes):
                 walk.next[key] = group
         walk_on(group, nxt, dfa, layout, out, split_of, keep, dfa_for)
+
+
+def _by_state(groups: list) -> list[tuple[int, list[tuple[int, np.ndarray]]]]:
+    """(state, [(at, rows)]) of `groups` (((at, state), rows) by ascending (at, state)), each state once, in the order
+    it first appears, its groups by ascending `at`."""
+    found: dict[int, list] = {}
+    for (at, where), rows in groups:
+        found.setdefault(where, []).append((at, rows))
+    return list(found.items())
 
 
 def walk_on(group: GroupWalk, split, dfa: LazyDFA, layout, out: Crossed, split_of, keep, dfa_for) -> None:

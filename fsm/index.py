@@ -85,7 +85,7 @@ class HeadWalk:
     max_token_length: int  # of those tokens
     _masks: dict = field(default_factory=dict, repr=False)  # (dead ends, extra ids) as bytes -> mask
     _mask_bytes: list = field(default_factory=lambda: [0], repr=False)  # bytes of the masks and group walks kept
-    next: dict = field(default_factory=dict, repr=False)  # (at, state, next head) -> GroupWalk (`fsm.crossing`)
+    next: dict = field(default_factory=dict, repr=False)  # (state, next head) -> GroupWalk (`fsm.crossing`)
 
     @cached_property
     def groups(self) -> list:
@@ -107,11 +107,26 @@ class HeadWalk:
             self._mask_bytes[0] += found.numel()
         return found
 
+    @cached_property
+    def end_terms(self) -> list[rx.Rx]:
+        """The terms of `ends`."""
+        return [self.dfa.term(end) for end in self.ends.tolist()]
+
+    @cached_property
+    def crossing_from_start(self) -> np.ndarray:
+        """(k,) int64 rows of the crossing tokens whose pass is not known (set apart without a walk, `fsm.staying`):
+        a state walks them from its start."""
+        return self.crossing[self.cross_state < 0]
+
     @property
     def nbytes(self) -> int:
         """Bytes of its arrays and of the masks it keeps for its states."""
+        return self._array_bytes + self._mask_bytes[0]
+
+    @cached_property
+    def _array_bytes(self) -> int:
         arrays = (self.ends, self.inside, self.end_of, self.crossing, self.cross_at, self.cross_state, self.allowed)
-        return sum(a.nbytes for a in arrays) + self._mask_bytes[0]
+        return sum(a.nbytes for a in arrays)
 
     def end_index(self, rows: np.ndarray) -> np.ndarray:
         """(n,) int32: the index into `ends` of the tokens at `rows`, -1 for those that do not stay inside."""
@@ -150,13 +165,16 @@ class HeadStateInfo:
         return np.asarray([self.next_of(token) for token in self.token_ids.tolist()], dtype=np.int32)
 
     def next_of(self, token_id: int) -> int:
-        """The state after `token_id`, or DEAD when the token is not allowed."""
-        i = int(np.searchsorted(self.extra_ids, token_id))
-        if i < len(self.extra_ids) and self.extra_ids[i] == token_id:
-            return self._target(int(self.extra_slots[i]))
-        if not self.walk.allowed[token_id]:
+        """The state after `token_id`, or DEAD when the token is not allowed (scalar lookups: no arrays built)."""
+        extra = self.extra_ids
+        if len(extra):
+            i = int(extra.searchsorted(token_id))
+            if i < len(extra) and extra[i] == token_id:
+                return self._target(int(self.extra_slots[i]))
+        walk = self.walk
+        if not walk.allowed[token_id]:
             return DEAD
-        end = int(self.walk.end_index(self.row_of[token_id: token_id + 1])[0])
+        end = int(walk.end_of[walk.inside.searchsorted(self.row_of[token_id])])  # allowed: its row is inside
         if self.mains[end] == UNNUMBERED:
             self.mains[end] = self.number(end)
         return int(self.mains[end])
@@ -315,26 +333,25 @@ class TokenIndex:
         if TRIE_WALK and self.vocabulary.walk_layout.max_length and _starts_literal(term):
             return self._walk_literal(state)
         split = Split.of(term)
-        if split is None or not self._met_before(split.head):
+        heads = self.heads
+        if split is None or not self._met_before(split.head, heads):
             return _walk_all_tokens(self.dfa, self.vocabulary, state)
-        walk = self._head_walk(split.head)
+        walk = heads.walk(split.head, lambda dfa, head: _walk_head(dfa, head, self.vocabulary))
         before = walk.nbytes
-        ends = [walk.dfa.term(end) for end in walk.ends.tolist()]
+        ends = walk.end_terms
         live = split.leads_on(ends)
         layout = self.vocabulary.walk_layout
         crossed = Crossed()
-        unknown = walk.cross_state < 0  # set apart without a walk (`fsm.staying`): walked from the start
-        if unknown.any():
-            add_walked(crossed, self.dfa, layout, walk.crossing[unknown], 0, state)
-        cross_on(walk, split, walk.groups, self.dfa, layout, crossed, Split.of, partial(_keep, walk),
-                 self.heads.dfa_for)
+        if len(walk.crossing_from_start):
+            add_walked(crossed, self.dfa, layout, walk.crossing_from_start, 0, state)
+        cross_on(walk, split, walk.groups, self.dfa, layout, crossed, Split.of, partial(_keep, walk), heads.dfa_for)
         more_ids, slots, targets = _crossed_arrays(crossed)
         number = partial(_number_end, self.dfa, split, ends)
         number_target = partial(_number_target, self.dfa, crossed.targets)
         if self._live.trivial:  # the head is never nullable: the state does not accept
             mains = np.where(live, UNNUMBERED, DEAD).astype(np.int32)
             info = _head_state_info(walk, mains, number, more_ids, slots, targets, number_target, layout)
-            self.heads.grow(split.head, walk.nbytes - before)  # a new mask or group walk kept by the walk counts
+            heads.grow(split.head, walk.nbytes - before)  # a new mask or group walk kept by the walk counts
             return info
         # Not every token is token-live (`fsm.liveness`): the places tokens go are numbered now, and those from which
         # no tokens finish are DEAD, a few distinct states rather than a state per token.
@@ -347,7 +364,7 @@ class TokenIndex:
         kept = targets.take(slots) != DEAD if len(slots) else np.zeros(0, dtype=bool)
         info = _head_state_info(walk, mains, number, more_ids[kept], slots[kept], targets, number_target, layout,
                                 exact=True)
-        self.heads.grow(split.head, walk.nbytes - before)
+        heads.grow(split.head, walk.nbytes - before)
         return info
 
     def _walk_literal(self, state: int) -> LiteralStateInfo | tuple[np.ndarray, np.ndarray]:
@@ -404,21 +421,17 @@ class TokenIndex:
             places.extend(crossed.targets)
         return np.concatenate(ids).astype(np.int64), np.concatenate(slots)
 
-    def _met_before(self, head: rx.Rx) -> bool:
+    def _met_before(self, head: rx.Rx, heads: HeadCache) -> bool:
         """Whether `head` started a state visited before, or was walked or reached for this vocabulary already, or
         heads are shared often (EAGER_AFTER_HEADS walked): only then is it walked on its own (a head walk costs more
         than a plain walk where the DFA of heads lacks its rows, and pays off only when states share the head). Term
         ids are never reused."""
-        heads = self.heads
         if len(heads.heads) >= EAGER_AFTER_HEADS or head.id in self._heads_seen or heads.knows(head):
             return True
         if len(self._heads_seen) >= MAX_HEADS_SEEN:
             self._heads_seen.clear()
         self._heads_seen.add(head.id)
         return False
-
-    def _head_walk(self, head: rx.Rx) -> HeadWalk:
-        return self.heads.walk(head, lambda dfa, head: _walk_head(dfa, head, self.vocabulary))
 
     def _dfa_for(self, head: rx.Rx) -> LazyDFA:
         return self.heads.dfa_for(head)

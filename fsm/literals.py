@@ -55,8 +55,9 @@ class LiteralStateInfo:
 
     def next_of(self, token_id: int) -> int:
         """The state after `token_id`, or DEAD when the token is not allowed."""
-        i = int(np.searchsorted(self.token_ids, token_id))
-        if i < len(self.token_ids) and self.token_ids[i] == token_id:
+        ids = self.token_ids
+        i = int(ids.searchsorted(token_id))
+        if i < len(ids) and ids[i] == token_id:
             return self._state(int(self.slots[i]))
         return DEAD
 

@@ -391,8 +391,8 @@ def test_crossing_tokens_go_on_through_the_next_heads_walked_once(tokenizer, mon
     index = fsm.Guide.from_schema(schema, tokenizer).index
     states = [index.dfa.walk(prefix) for prefix in (b'{"alpha":"a', b'{"alpha":"a","beta":"b')]
     index.info(index.dfa.walk(b'{"alpha":"a","beta":"b","gamma":"'))  # the string's head met before
-    groups, walk_group = [], crossing.walk_group
-    monkeypatch.setattr(crossing, "walk_group", lambda *args: groups.append(args[3]) or walk_group(*args))
+    groups, walk_groups = [], crossing.walk_groups
+    monkeypatch.setattr(crossing, "walk_groups", lambda *args: groups.append(args[2]) or walk_groups(*args))
     counts, grown = [], []
     for state in states:
         groups.clear()
@@ -404,6 +404,37 @@ def test_crossing_tokens_go_on_through_the_next_heads_walked_once(tokenizer, mon
     assert counts[0] >= 2 and counts[1] < counts[0]
     if isinstance(info, ix.HeadStateInfo):  # every token is token-live: the crossing tokens' states are numbered
         assert grown[1] == 0  # when a token goes there
+
+
+def test_groups_that_pass_at_one_state_are_walked_at_once(tokenizer):
+    """The tokens that pass a string's closing quote after 1, 2, 3... bytes go on through the next head in one walk
+    (`crossing.walk_groups`), each from its own byte: every token ends, or passes the next head's end, exactly where
+    a walk of its group alone takes it; read from the wrong byte (the control), they do not."""
+    keys = ("alpha", "beta")
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    index = fsm.Guide.from_schema(schema, tokenizer).index
+    split = ix.Split.of(index.dfa.term(index.dfa.walk(b'{"alpha":"ab')))
+    walk = ix._walk_head(index._dfa_for(split.head), split.head, index.vocabulary)
+    parts = [(at, rows) for (at, where), rows in walk.groups if where == walk.groups[0][0][1]]
+    nxt = ix.Split.of(split.whole(walk.dfa.term(walk.groups[0][0][1])))
+    head_dfa, layout = index.heads.dfa_for(nxt.head), index.vocabulary.walk_layout
+    start = head_dfa.state_of(nxt.head)
+    merged = _group_outcomes(crossing.walk_groups(head_dfa, layout, parts, start))
+    alone = {}
+    for at, rows in parts:
+        alone.update(_group_outcomes(crossing.walk_group(head_dfa, layout, rows, at, start)))
+    assert len(parts) >= 3 and len(merged) >= 10 and merged == alone
+    shifted = _group_outcomes(crossing.walk_groups(head_dfa, layout, [(parts[0][0], np.sort(np.concatenate(
+        [rows for _, rows in parts])))], start))
+    assert shifted != alone
+
+
+def _group_outcomes(group) -> dict[int, tuple]:
+    """row -> ("inside", end state) or ("passes", bytes read, state) of a GroupWalk's tokens that survive."""
+    out = {row: ("inside", int(group.ends[i])) for row, i in zip(group.inside.tolist(), group.end_of.tolist())}
+    for row, at, state in zip(group.crossing.tolist(), group.cross_at.tolist(), group.cross_state.tolist()):
+        out[row] = ("passes", at, state)
+    return out
 
 
 def test_group_walks_grow_the_current_dfa_of_heads(tokenizer, fresh_fsm_caches):
