@@ -31,13 +31,19 @@ _ARRAYS = ("blob", "offsets", "order", "counts", "lengths", "tail_bytes", "valid
 
 def cache_dir() -> Path | None:
     """The folder of the cached vocabularies, or None when the cache is off."""
-    chosen = os.environ.get("STRUCTSPEC_VOCAB_CACHE")
+    return cache_folder("STRUCTSPEC_VOCAB_CACHE", "vocabularies")
+
+
+def cache_folder(variable: str, name: str) -> Path | None:
+    """``$variable``, else ``$STRUCTSPEC_CACHE/name``, else ``~/.cache/structured-speculation/name``; None where
+    ``variable=off``."""
+    chosen = os.environ.get(variable)
     if chosen == "off":
         return None
     if chosen:
         return Path(chosen).expanduser()
     root = os.environ.get("STRUCTSPEC_CACHE") or Path.home() / ".cache" / "structured-speculation"
-    return Path(root).expanduser() / "vocabularies"
+    return Path(root).expanduser() / name
 
 
 def content_key(tokenizer, vocab_size: int) -> str | None:

@@ -41,6 +41,7 @@ import torch
 
 from assisted.models.int4_models import linear_kernels
 from assisted.models.packing import is_packed
+from fsm.vocabulary_cache import cache_folder
 
 N_MAX = 64  # forwards over more tokens than this per row (prompt prefills) are not recorded
 
@@ -199,13 +200,7 @@ def forget() -> None:
 def cost_dir() -> Path | None:
     """The folder of the remembered costs: ``$STRUCTSPEC_COST_CACHE``, else ``$STRUCTSPEC_CACHE/costs``, else
     ``~/.cache/structured-speculation/costs``; None where ``STRUCTSPEC_COST_CACHE=off`` (costs live in memory only)."""
-    chosen = os.environ.get("STRUCTSPEC_COST_CACHE")
-    if chosen == "off":
-        return None
-    if chosen:
-        return Path(chosen).expanduser()
-    root = os.environ.get("STRUCTSPEC_CACHE") or Path.home() / ".cache" / "structured-speculation"
-    return Path(root).expanduser() / "costs"
+    return cache_folder("STRUCTSPEC_COST_CACHE", "costs")
 
 
 def _cost_file(target, assistant, device: tuple) -> Path | None:
