@@ -183,10 +183,10 @@ def memorize(target, assistant, costs: CostTable | None, calibration: object | N
 
 
 def forget() -> None:
-    """Drop every remembered cost and calibration, for every model pair (public as
+    """Drop every remembered cost and calibration, for every model pair, in memory and on disk (`cost_dir`; public as
     `assisted.reset_remembered_state`).
 
-    The next `schedule="auto"` call on any pair warms up again, as the first call in a fresh process does.
+    The next `schedule="auto"` call on any pair warms up again, as a machine's first call on a pair does.
     Safe to call while other threads generate: their calls remember what they measure when they finish.
     """
     with _LOCK:
@@ -247,8 +247,10 @@ def _write(file: Path | None, costs: CostTable) -> None:
 
 def _read(file: Path | None) -> CostTable | None:
     """The table in `file`, or None where there is none or it is not a whole, sane table."""
+    if file is None:
+        return None
     try:
-        fields = json.loads(file.read_text()) if file is not None else None
+        fields = json.loads(file.read_text())
         target = tuple((int(n), float(mean), float(weight)) for n, mean, weight in fields["target"])
         rest = {name: None if fields[name] is None else float(fields[name])
                 for name in ("draft_per_token", "catch_up", "drafting_rate")}
