@@ -4,91 +4,84 @@
 //                                     mask (B or 1, n, L) bool or None, scale) -> (B, n, H, D), float32.
 //
 // Each (batch row b, head h, query row i) is one task: the scores of its attended keys in ascending key order,
-// their max, exp(score - max), the sum and the weighted values, each reduced in one fixed order (keys ascending;
-// the dot product over D in 16 lanes and a fixed tree). Nothing depends on n, B, the other rows or the number of
+// their max, exp(score - max) (`exp_lanes`), the sum and the weighted values, each reduced in one fixed order (keys
+// ascending; the dot product over D in 16 lanes and a fixed tree). Nothing depends on n, B, the other rows or the number of
 // threads (tasks are split over threads whole), so a row gives bitwise what it gives alone, in a prefill, a batch
 // or a one-position step. A task whose row attends to no key (a padded query) gives zeros, as torch's sdpa does.
 //
 // Vectorised over D with GCC / Clang vector types (element-wise, so no sum is reassociated). On x86-64 Linux it is
-// compiled for AVX-512, AVX2 and baseline x86-64 (target_clones, chosen at load time by the CPU; the helpers are
-// inlined into each clone); -ffp-contract=off keeps every clone's arithmetic the same (no fused multiply-add), so
-// the ISA changes the speed only. Threads: at::parallel_for (OpenMP, hence -fopenmp) over whole tasks.
+// compiled for AVX-512, AVX2 and baseline x86-64, each with its own register width (STRUCTSPEC_PER_ISA, chosen at
+// load time by the CPU; the 16 lane sums are the same lanes and the same tree at any width); -ffp-contract=off keeps
+// every version's arithmetic the same (no fused multiply-add), so the ISA changes the speed only. Threads: at::parallel_for (OpenMP, hence -fopenmp) over whole tasks.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <vector>
 
-#include "vector_math.h"  // STRUCTSPEC_CLONES, INLINE, F16
+#include "vector_math.h"  // STRUCTSPEC_PER_ISA, INLINE, exp_lanes, load, store
 
 namespace {
 
-using structspec::F16;
-typedef float F8 __attribute__((vector_size(32)));
-typedef float F4 __attribute__((vector_size(16)));
+using structspec::kWidth;
+using structspec::load;
+using structspec::store;
 constexpr int64_t kLanes = 16;  // a dot product's partial sums: lane l sums d = l, l + 16, ...
 constexpr int64_t kKeys = 4;    // keys scored at once (independent sums: the same order as one at a time)
-constexpr int64_t kBlock = 4;   // F16 columns of the output summed in registers while the keys stream past
+constexpr int64_t kBlock = 4;   // 16-column blocks of the output summed in registers while the keys stream past
 
-INLINE F16 load(const float* p) {
-  F16 x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
+template <class V> struct Sixteen {  // 16 lanes as 16 / W native vectors: part p holds lanes p W .. p W + W - 1
+  static constexpr int64_t parts = kLanes / kWidth<V>;
+  V part[parts];
+};
 
-INLINE F16 load_tail(const float* p, int64_t count) {  // p[0 .. count), zeros after
-  float padded[kLanes] = {};
-  std::memcpy(padded, p, count * sizeof(float));
-  return load(padded);
-}
-
-// The lanes' sum in a fixed tree: 16 -> 8 -> 4 -> 2 -> 1 (lane l plus lane l + half).
-INLINE float lane_sum(F16 x) {
-  F8 low, high;
-  std::memcpy(&low, &x, sizeof low);
-  std::memcpy(&high, reinterpret_cast<const char*>(&x) + sizeof low, sizeof high);
-  const F8 eight = low + high;
-  F4 a, b;
-  std::memcpy(&a, &eight, sizeof a);
-  std::memcpy(&b, reinterpret_cast<const char*>(&eight) + sizeof a, sizeof b);
-  const F4 four = a + b;
-  return (four[0] + four[2]) + (four[1] + four[3]);
+// The lanes' sum in a fixed tree: 16 -> 8 -> 4 -> 2 -> 1 (lane l plus lane l + half), whatever the native width.
+template <class V> INLINE float lane_sum(Sixteen<V> x) {
+  for (int64_t n = Sixteen<V>::parts; n > 1; n /= 2)
+    for (int64_t p = 0; p < n / 2; ++p) x.part[p] = x.part[p] + x.part[p + n / 2];
+  float lanes[kWidth<V>];
+  store(lanes, x.part[0]);
+  for (int64_t n = kWidth<V>; n > 1; n /= 2)
+    for (int64_t l = 0; l < n / 2; ++l) lanes[l] = lanes[l] + lanes[l + n / 2];
+  return lanes[0];
 }
 
 // out[r] = q . k[r] for R keys: per key 16 lane sums in d order (a zero-padded last block), then `lane_sum`.
 // Each key's sum is the same whatever R (the keys' sums never mix).
-template <int64_t R>
+template <class V, int64_t R>
 INLINE void dots(const float* q, const float* const* k, int64_t dim, float* out) {
-  F16 acc[R] = {};
+  constexpr int64_t w = kWidth<V>;
+  Sixteen<V> acc[R] = {};
   int64_t d = 0;
-  for (; d + kLanes <= dim; d += kLanes) {
-    const F16 x = load(q + d);
-    for (int64_t r = 0; r < R; ++r) acc[r] += x * load(k[r] + d);
-  }
-  if (d < dim) {
-    const F16 x = load_tail(q + d, dim - d);
-    for (int64_t r = 0; r < R; ++r) acc[r] += x * load_tail(k[r] + d, dim - d);
+  for (; d + kLanes <= dim; d += kLanes)
+    for (int64_t p = 0; p < Sixteen<V>::parts; ++p) {
+      const V x = load<V>(q + d + p * w);
+      for (int64_t r = 0; r < R; ++r) acc[r].part[p] += x * load<V>(k[r] + d + p * w);
+    }
+  if (d < dim) {  // the last block, zero-padded to 16
+    float x[kLanes] = {}, y[R][kLanes] = {};
+    std::memcpy(x, q + d, (dim - d) * sizeof(float));
+    for (int64_t r = 0; r < R; ++r) std::memcpy(y[r], k[r] + d, (dim - d) * sizeof(float));
+    for (int64_t p = 0; p < Sixteen<V>::parts; ++p)
+      for (int64_t r = 0; r < R; ++r) acc[r].part[p] += load<V>(x + p * w) * load<V>(y[r] + p * w);
   }
   for (int64_t r = 0; r < R; ++r) out[r] = lane_sum(acc[r]);
 }
 
-// out[c .. c + 16 C) = (sum over t, ascending, of p[t] * v[t][c ..]) / total: C vectors of columns in registers.
-template <int64_t C>
+// out[c .. c + 16 C) = (sum over t, ascending, of p[t] * v[t][c ..]) / total: 16 C columns in registers.
+template <class V, int64_t C>
 INLINE void weighted(const float* p, const float* const* v, int64_t m, int64_t c, float total, float* out) {
-  F16 acc[C] = {};
+  constexpr int64_t w = kWidth<V>, vectors = C * kLanes / w;
+  V acc[vectors] = {};
   for (int64_t t = 0; t < m; ++t)
-    for (int64_t j = 0; j < C; ++j) acc[j] += p[t] * load(v[t] + c + j * kLanes);
-  for (int64_t j = 0; j < C; ++j) {
-    const F16 result = acc[j] / total;
-    std::memcpy(out + c + j * kLanes, &result, sizeof result);
-  }
+    for (int64_t j = 0; j < vectors; ++j) acc[j] += p[t] * load<V>(v[t] + c + j * w);
+  for (int64_t j = 0; j < vectors; ++j) store(out + c + j * w, acc[j] / total);
 }
 
 // The same sums for the last dim % 16 columns, one column at a time (the same arithmetic per column).
@@ -130,9 +123,18 @@ INLINE int64_t attended(const Rows& r, int64_t b, int64_t h, int64_t i, Scratch&
   return m;
 }
 
+// scores[0 .. m) = exp(scores - top), a vector at a time (`exp_lanes`, the SiLU's exp); the last padded.
+template <class V> INLINE void exp_shifted(float* scores, int64_t m, float top) {
+  constexpr int64_t w = kWidth<V>;
+  int64_t t = 0;
+  for (; t + w <= m; t += w) store(scores + t, structspec::exp_lanes(load<V>(scores + t) - top));
+  if (t == m) return;
+  const V e = structspec::exp_lanes(structspec::load_tail<V>(scores + t, m - t) - top);
+  std::memcpy(scores + t, &e, (m - t) * sizeof(float));
+}
+
 // One (b, h, i): out (D,) = softmax(scale * q . k_t over its attended keys t) . v_t; zeros if it attends none.
-STRUCTSPEC_CLONES
-void attend_one(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s) {
+template <class V> INLINE void attend(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s) {
   const int64_t m = attended(r, b, h, i, s);
   if (m == 0) {
     for (int64_t d = 0; d < r.dim; ++d) out[d] = 0.0f;
@@ -141,24 +143,25 @@ void attend_one(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scra
   const float* q = r.query + b * r.q_b + h * r.q_h + i * r.q_i;
   float* scores = s.scores.data();
   int64_t t = 0;
-  for (; t + kKeys <= m; t += kKeys) dots<kKeys>(q, &s.keys[t], r.dim, scores + t);
-  for (; t < m; ++t) dots<1>(q, &s.keys[t], r.dim, scores + t);
+  for (; t + kKeys <= m; t += kKeys) dots<V, kKeys>(q, &s.keys[t], r.dim, scores + t);
+  for (; t < m; ++t) dots<V, 1>(q, &s.keys[t], r.dim, scores + t);
   float top = -std::numeric_limits<float>::infinity();
   for (t = 0; t < m; ++t) {
     scores[t] *= r.scale;
     top = scores[t] > top ? scores[t] : top;
   }
+  exp_shifted<V>(scores, m, top);
   float total = 0.0f;
-  for (t = 0; t < m; ++t) {
-    scores[t] = std::exp(scores[t] - top);
-    total += scores[t];
-  }
+  for (t = 0; t < m; ++t) total += scores[t];
   const float* const* values = s.values.data();
   int64_t c = 0;
-  for (; c + kBlock * kLanes <= r.dim; c += kBlock * kLanes) weighted<kBlock>(scores, values, m, c, total, out);
-  for (; c + kLanes <= r.dim; c += kLanes) weighted<1>(scores, values, m, c, total, out);
+  for (; c + kBlock * kLanes <= r.dim; c += kBlock * kLanes) weighted<V, kBlock>(scores, values, m, c, total, out);
+  for (; c + kLanes <= r.dim; c += kLanes) weighted<V, 1>(scores, values, m, c, total, out);
   weighted_tail(scores, values, m, c, r.dim, total, out);
 }
+
+STRUCTSPEC_PER_ISA(void, attend_one, (const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s),
+                   attend<V>(r, b, h, i, out, s);)
 
 at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                    const std::optional<at::Tensor>& mask, double scale) {
