@@ -199,6 +199,24 @@ def test_every_path_is_bitwise_the_best_path(shape, per_block, n_threads):
     assert int4.paths()[-1] == "portable"
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_the_largest_group_sums_do_not_saturate_on_any_path(sign):
+    """Every code 15 against activations of one sign at full scale (+-127 each), the avx2 path's largest int16 pair
+    sums (2 * 15 * 127 a pair, 7620 for a vector's two pairs): every path stays within the op's rounding of the exact
+    math."""
+    out_features, in_features = 32, 256
+    groups = int4.Groups(codes=torch.full((out_features, in_features), 15, dtype=torch.uint8),
+                         d=torch.full((out_features, 1), 1 / 64), dmin=torch.zeros(out_features, 1),
+                         sc=torch.ones(out_features, 8, dtype=torch.uint8),
+                         m=torch.zeros(out_features, 8, dtype=torch.uint8))
+    x = torch.full((3, in_features), sign)
+    expected, bound = _reference(x, groups, None)
+    for name in int4.paths():
+        with int4.forced_path(name):
+            y = int4.linear(x, int4.pack(groups))
+        assert_within(y, expected, bound, name)
+
+
 def test_a_path_is_chosen_by_name_or_refused():
     assert int4.path() == int4.paths()[0]
     with int4.forced_path("portable"):
