@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import os
 
+import numpy as np
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,10 +31,13 @@ def threads(n: int):
         torch.set_num_threads(before)
 
 
-def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02, eos: int = 2):
+def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, init: float = 0.02, eos: int = 2,
+               portable: bool = False):
     """A random Llama-style causal LM; a larger `init` gives peakier next-token distributions.
 
-    EOS defaults to id 2, SmolLM2's; pass 0 for `tiny_tokenizer()`.
+    EOS defaults to id 2, SmolLM2's; pass 0 for `tiny_tokenizer()`. torch's normal sampler is vectorized per CPU
+    capability (AVX2 draws other numbers than AVX-512 or plain C++), so the default model depends on the CPU;
+    `portable=True` draws every matrix from numpy instead (`portable_normal`): the same model on every CPU.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -41,7 +45,19 @@ def tiny_llama(vocab_size: int, seed: int, layers: int = 1, hidden: int = 32, in
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          initializer_range=init, bos_token_id=1, eos_token_id=eos, pad_token_id=None)
-    return LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    if portable:
+        rng = np.random.default_rng(seed)
+        with torch.no_grad():
+            for weight in model.parameters():
+                if weight.dim() >= 2:  # norms stay ones
+                    weight.copy_(portable_normal(rng, weight.shape) * init)
+    return model
+
+
+def portable_normal(rng, shape) -> torch.Tensor:
+    """Standard normal float32 samples of `shape` from a numpy generator: the same numbers on every CPU."""
+    return torch.from_numpy(rng.standard_normal(tuple(shape)).astype(np.float32))
 
 
 def tiny_qwen2(vocab_size: int, seed: int, layers: int = 1, hidden: int = 64, init: float = 0.02, eos: int = 2):

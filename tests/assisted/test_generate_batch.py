@@ -13,6 +13,7 @@ import importlib
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,7 +22,7 @@ from assisted import GenerationResult, generate, generate_batch, generate_batch_
 from assisted.cli import main
 from tests.assisted.test_acceptance import compare, sampling_noise_tv
 from tests.assisted.test_generate_sampling import COPYABLE, PROMPT, reference_two_tokens
-from tests.helpers_models import boost, smollm2_tokenizer, tiny_gpt2, tiny_llama, tiny_tokenizer
+from tests.helpers_models import boost, portable_normal, smollm2_tokenizer, tiny_gpt2, tiny_llama, tiny_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("one_thread")]
 
@@ -49,12 +50,14 @@ def models():
             "llama-near": nudged(tiny_llama(V, seed=0), 0.002)}  # accepts about half of its drafts
 
 
-def nudged(model, noise: float):
-    """`model` with seeded Gaussian noise on every weight: an assistant that drafts like it, not always."""
-    generator = torch.Generator().manual_seed(5)
+def nudged(model, noise: float, portable: bool = False):
+    """`model` with seeded Gaussian noise on every weight: an assistant that drafts like it, not always
+    (`portable`: the same noise on every CPU, `tests.helpers_models.portable_normal`)."""
+    generator, rng = torch.Generator().manual_seed(5), np.random.default_rng(5)
     with torch.no_grad():
         for weight in model.parameters():
-            weight.add_(torch.randn(weight.shape, generator=generator) * noise)
+            sample = portable_normal(rng, weight.shape) if portable else torch.randn(weight.shape, generator=generator)
+            weight.add_(sample * noise)
     return model
 
 
