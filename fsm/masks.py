@@ -42,6 +42,11 @@ class MaskSlabs:
         return row
 
 
+def fresh_mask(size: int) -> np.ndarray:
+    """One (size,) bool mask, all False, mapped alone (a head walk's tokens: kept as long as the walk)."""
+    return _mapped_zeros(1, size)[0]
+
+
 def _mapped_zeros(count: int, size: int) -> np.ndarray:
     """(count, size) bool, all False, in fresh pages of their own (a page is faulted in when first written)."""
     if not count * size:

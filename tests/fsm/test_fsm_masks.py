@@ -43,14 +43,18 @@ def test_a_mask_larger_than_a_slab_comes_alone(monkeypatch):
 
 
 @pytest.mark.skipif(resource is None, reason="page faults are counted where the resource module is")
-def test_a_slab_is_faulted_in_only_where_written():
-    for _ in range(3):  # numpy frees a large array: the C heap would now serve a slab from memory it clears whole
+@pytest.mark.parametrize("fresh", ["slab", "alone"])
+def test_a_mask_is_faulted_in_only_where_written(fresh):
+    for _ in range(3):  # numpy frees a large array: the C heap would now serve a mask from memory it clears whole
         np.ones(3 << 20, dtype=np.int8)
         slabs = MaskSlabs(151_936)
+        take = slabs.take if fresh == "slab" else lambda: masks.fresh_mask(151_936)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for i, mask in enumerate(slabs.take() for _ in range(1 + 2 + 4)):
+        taken = [take() for _ in range(1 + 2 + 4)]
+        for i, mask in enumerate(taken):
             mask[i * 4096] = True
         assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 16  # 7 pages written, not 7 * 38
+        assert [int(np.flatnonzero(m)[0]) for m in taken] == [i * 4096 for i in range(7)]  # zero, and apart
 
 
 def test_guide_masks_stay_apart(smol_tokenizer):
