@@ -26,7 +26,7 @@ from fsm.head_cache import HeadCache, head_cache
 from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
 from fsm.literals import UNNUMBERED, LiteralStateInfo, leading_byte, literal_info, literal_places
-from fsm.masks import MaskSlabs
+from fsm.masks import MaskSlabs, fresh_mask
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
 from fsm.vocabulary import Vocabulary
@@ -688,7 +688,7 @@ def _walk_head(dfa: LazyDFA, head: rx.Rx, vocabulary: Vocabulary) -> HeadWalk:
     rows = rows.astype(np.int32)
     distinct, end_of = _numbered(ends)
     ids = layout.order[rows]
-    allowed = np.zeros(vocabulary.vocab_size, dtype=bool)
+    allowed = fresh_mask(vocabulary.vocab_size)  # most heads allow few tokens: pages touched only where they are
     allowed[ids] = True
     longest = int(layout.lengths[ids[0]]) if len(ids) else 0  # rows ascending: the longest token first
     return HeadWalk(dfa, distinct.astype(np.int64), rows, end_of, crossing, cross_at, cross_state, allowed, longest)

@@ -4,7 +4,9 @@ A state's mask is a (vocab_size,) bool array, ~150 KB for a 151k vocabulary; mos
 prefixes). Allocated one by one, such a mask comes from the C heap, whose calloc clears all of it, and the heap's
 top is given back to the system and taken again as large temporaries come and go: ~30 page faults and ~75 us a mask
 on a first walk. A slab of several masks is mapped fresh and zero, and a mask's pages are touched only where a token
-is set. The rows are views: a slab is freed once all its masks are.
+is set. The slab is mapped by `mmap` itself, not by numpy: once numpy has freed a large array, the C heap serves
+allocations of a slab's size from memory it clears whole (a quarter of a first walk's page faults). The rows are
+views: a slab is unmapped once all its masks are gone.
 
 Each token index cuts its masks from its own slabs (`MaskSlabs`), which grow from one mask to SLAB_BYTES, so that a
 small index holds little more than its masks and the masks of one index go when it goes. Taken under
@@ -13,6 +15,7 @@ small index holds little more than its masks and the masks of one index go when 
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -33,7 +36,19 @@ class MaskSlabs:
         """A fresh all-False (size,) bool mask (a row of a slab)."""
         row = next(self._rows, None)
         if row is None:
-            self._rows = iter(np.zeros((self._next_count, self.size), dtype=bool))
+            self._rows = iter(_mapped_zeros(self._next_count, self.size))
             self._next_count = min(2 * self._next_count, max(1, SLAB_BYTES // max(self.size, 1)))
             row = next(self._rows)
         return row
+
+
+def fresh_mask(size: int) -> np.ndarray:
+    """One (size,) bool mask, all False, mapped alone (a head walk's tokens: kept as long as the walk)."""
+    return _mapped_zeros(1, size)[0]
+
+
+def _mapped_zeros(count: int, size: int) -> np.ndarray:
+    """(count, size) bool, all False, in fresh pages of their own (a page is faulted in when first written)."""
+    if not count * size:
+        return np.zeros((count, size), dtype=bool)
+    return np.frombuffer(mmap.mmap(-1, count * size), dtype=bool).reshape(count, size)
