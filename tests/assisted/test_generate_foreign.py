@@ -234,3 +234,27 @@ def test_the_command_line_drafts_with_the_assistants_own_tokenizer(tmp_path, mon
     assert main(common + ["--assistant", str(helper)]) == 0
     out, err = capsys.readouterr()
     assert out == alone and '"assistant_forward_passes": 0' not in err
+
+
+def test_structspec_batch_passes_the_assistants_own_tokenizer_and_drafts_for_rows_together(tmp_path, tok, pairs):
+    """`structspec batch --batch-size 2` with an assistant of another vocabulary (the loader's fourth item): it drafts,
+    and every line is the one a run without an assistant writes."""
+    import json
+
+    from assisted.cli import main
+
+    target, (helper, helper_tok) = pairs["target"], pairs["shuffled"]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(
+        ["Describe a hero:", "Name a city", "Hi", "A much longer prompt about a hero and a city:"])))
+
+    def run(name: str, load, *extra) -> list[dict]:
+        out = tmp_path / name
+        assert main(["batch", "--model", "t", "--input", str(docs), "--output", str(out), "--max-new-tokens", "12",
+                     "--no-progress", "--batch-size", "2", "--schedule", "constant", *extra], load=load) == 0
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    plain = run("plain.jsonl", lambda args: (target, tok, None))
+    drafted = run("drafted.jsonl", lambda args: (target, tok, helper, helper_tok), "--assistant", "a")
+    assert [(r["id"], r["text"]) for r in drafted] == [(r["id"], r["text"]) for r in plain]
+    assert all(r["stats"]["assistant_forward_passes"] > 0 and r["stats"]["accepted"] > 0 for r in drafted)
