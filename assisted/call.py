@@ -4,7 +4,8 @@
 `prepare_call` checks the pair (`assisted.foreign.is_foreign`, `check_models`), the options (`assisted.config`) and
 `tree`, and builds what every row shares: its compiled guides (`Guides`, one per distinct constraint), stop strings
 and criteria (`Stops`), an assistant of another tokenizer (`foreign_setup`). `Call.engine` puts the engine on the
-caches an entry point chose: one row's own (`OneRow`, possibly static and captured) or B rows' (`BatchKV`). Rows are
+caches an entry point chose: one row's own (`OneRow`, possibly static and captured) or B rows' (`BatchKV`); the
+assistant's, of either vocabulary, the same way. Rows are
 set up by `Call.prepare` as the engine admits them; `auto` rows are priced together by one `SharedPrices`, which
 carries the costs earlier runs learned on the pair and engine, so a row's policy starts from no costs of its own.
 """
@@ -48,6 +49,11 @@ class Call:
     stops: Stops
     foreign: Foreign | None  # an assistant with another tokenizer: each row drafts with its own
 
+    @property
+    def helper(self) -> Any:
+        """The model the engine's assistant runs (`same`, or the assistant of another tokenizer), or None."""
+        return self.same if self.foreign is None else self.foreign.model
+
     def prepare(self, item: Item) -> RowInput:
         """A row's inputs (`assisted.rows.row_inputs.prepare_row`); ValueError/TypeError: the row's own error."""
         return prepare_row(item, self.model, self.same, self.tokenizer, self.vocab_size, self.settings,
@@ -57,7 +63,7 @@ class Call:
                caches: tuple[str, str | None, float] | None = None, prefix_cache: PrefixCache | None = None,
                share_prefix: bool = False, verify: Callable = verify, batch: bool = True,
                make_policy: Callable = make_policy) -> Engine:
-        """The engine over the `target` caches and the same-vocabulary assistant's (`helper`, for `same`).
+        """The engine over the `target` caches and the assistant's (`helper`, for `Call.helper`).
 
         `memory`: the engine name learned costs are kept under (`assisted.policy.costs.memorize`); `caches`: the
         cache engine, its note and capture seconds each row's stats report (default: dynamic); `verify` and `batch`
@@ -72,7 +78,7 @@ class Call:
             return make_policy(opts.schedule, opts.num_assistant_tokens, None, calibration, prices)
 
         setup = Setup(self.model, self.assistant_model, self.tokenizer, self.vocab_size, self.opts.warp, self.stops,
-                      self.settings.tree, caches or ("dynamic", None, 0.0), memory)
+                      self.settings.tree, caches or ("dynamic", None, 0.0), memory, self.foreign is not None)
         return Engine(setup, target, helper, batch_size, policy_for, prices, prefix_cache, share_prefix, verify=verify,
                       batch=batch, prepare=self.prepare)
 

@@ -1,6 +1,7 @@
 """The engine's side of an assistant with another tokenizer: the pair checked before any model call (`is_foreign`),
 what the rows share (`Foreign`), each row's assistant prompt and guide (`ForeignRow`, set up with the row's other
-inputs, so that a bad row gets its own error) and its drafter (`drafting.foreign_drafter.ForeignDrafter`).
+inputs, so that a bad row gets its own error) and its drafter (`drafting.foreign_drafter.ForeignDrafter`). The
+engine's assistant runs the drafters' forwards, every row's together (`drafting.foreign_drafter.ForeignAsker`).
 
 The assistant sees its own prompt: a text prompt in its tokens, chat messages through its own chat template where it
 has one, else the target's prompt text respelled. The output is shared as text from there on.
@@ -103,8 +104,7 @@ class ForeignRow:
 
     def drafter(self) -> ForeignDrafter:
         f = self.foreign
-        return ForeignDrafter(f.model, self.prompt, self.cursor, f.target, f.own, self.start, self.cursor.eos or f.eos,
-                              f.limit)
+        return ForeignDrafter(self.prompt, self.cursor, f.target, f.own, self.start, self.cursor.eos or f.eos, f.limit)
 
 
 def foreign_setup(assistant_model, assistant_tokenizer, tokenizer, vocab_size: int, guide_options) -> Foreign:

@@ -152,7 +152,7 @@ def generate(
     plan = plan_caches(model, same, settings.cache_implementation, settings.cuda_graphs, settings.tree, prefix_cache)
     inp = call.prepare(item)
     with torch.inference_mode(), static_caches(plan, model, same, len(inp.ids) + inp.opts.max_new_tokens) as held:
-        helper = None if same is None else OneRow(same, held.assistant)
+        helper = None if call.helper is None else OneRow(call.helper, held.assistant)
         engine = call.engine(OneRow(model, held.target), helper, batch_size=1, memory=plan.engine,
                              caches=(plan.engine, plan.note, held.capture_seconds), prefix_cache=prefix_cache,
                              verify=_verify, batch=False, make_policy=make_policy)

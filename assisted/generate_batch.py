@@ -39,7 +39,8 @@ def generate_batch(model, assistant_model=None, *, tokenizer, prompts=None, mess
     model, assistant_model, tokenizer
         As for `assisted.generate`. Both models need an attention that applies a custom 4D mask ("sdpa", "eager" or
         the int8 target's "row_invariant") and no sliding-window layers; ``assistant_tokenizer=`` as there (an
-        assistant with another vocabulary drafts for each row on its own cache, one row after another).
+        assistant with another vocabulary keeps each row's text in its own tokens, and the rows that need its next
+        token at once get it from one batched forward, as with the target's vocabulary).
     prompts, messages, input_ids : list, exactly one
         One entry per row: texts, chat-message lists, or token-id lists (or 1-D tensors).
     schema, regex : one, or a list with one per row (None: unconstrained), at most one of the two
@@ -115,7 +116,7 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
                 assistant_tokenizer=None, **kwargs) -> Engine:
     """The batch engine after every batch-level check (`generate_batch_iter`'s); `engine.run(prepared(items,
     engine.prepare))` decodes `assisted.rows.row_inputs.Item`s. An assistant with another tokenizer
-    (`assistant_tokenizer`) drafts for each row on its own cache, one row after another."""
+    (`assistant_tokenizer`) drafts on batch caches too, every asking row's token in one forward."""
     kwargs.pop("seed", None)  # per row, on the items
     batch_size = check_batch_size(batch_size)
     if "prompt" in kwargs:
@@ -128,7 +129,7 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
         raise ValueError("generate_batch() decodes on dynamic batch caches (rows of different lengths): static caches "
                          f"and captured steps serve one row (cache_implementation={settings.cache_implementation!r}, "
                          f"cuda_graphs={settings.cuda_graphs!r}); call generate() per row for them")
-    for name, m in (("model", model), ("assistant_model", call.same)):
+    for name, m in (("model", model), ("assistant_model", call.helper)):
         if m is not None:
             check_batch_model(m, name)
     if guide_options is not None:
@@ -138,6 +139,6 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
     if share_prefix is not None and not isinstance(share_prefix, bool):
         raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
     exact = getattr(model.config, "_attn_implementation", None) == ATTENTION  # row-invariant: a shared prefix is exact
-    helper = None if call.same is None else BatchKV(call.same, lazy=True)  # a row's context fed when it first drafts
+    helper = None if call.helper is None else BatchKV(call.helper, lazy=True)  # a row's context fed at its first draft
     return call.engine(BatchKV(model), helper, batch_size=batch_size, memory=ENGINE, prefix_cache=prefix_cache,
                        share_prefix=exact if share_prefix is None else share_prefix)

@@ -13,8 +13,13 @@ otherwise draws from p with x removed, which gives exactly p conditional on any 
 the assistant wrote, and greedy output is the target's argmax chain (docs/design.md, "A draft from another tokenizer
 is text"). Under point-mass acceptance the best draft is the assistant's argmax, so it drafts greedily whatever the
 target samples with. Target tokens its spelling predicts beyond the one asked for are kept (`expected`) and handed
-out while the contexts follow them, without the tokenizer. It needs nothing after a step: the next `draft` keeps in
-step with whatever the target committed. Each row of the engine has its own (`draft_foreign`).
+out while the contexts follow them, without the tokenizer. It needs nothing after a step: the next `ask` keeps in
+step with whatever the target committed.
+
+It runs no model itself: `ask` does the host work (respelling, forced runs) up to where it needs the assistant's next
+token, and `take` resumes with it. Each row of the engine has its own drafter, and `ForeignAsker` puts it in the
+engine's drafting rounds (`drafting.assistant.Assistant.rounds`): the rows that need a token at once get it from one
+batched assistant forward, on the row's entries of the engine's assistant cache.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import math
 import time
 from bisect import bisect_left, bisect_right
 
+import torch
+
 import fsm
-from drafting.assistant import pick, settle
+from drafting.assistant import Pick, pick
 from drafting.base import Cursor, DeviceMasks, Drafted
-from drafting.draft_head import use_full_head
-from drafting.kv_cache import DynamicKV, input_device
+from drafting.proposal import Proposal
 from drafting.respell import Speller, char_start, common_prefix, whole_chars
 from drafting.sampling import Warp
 
@@ -38,10 +44,11 @@ MAX_AHEAD = 8  # assistant tokens drafted at most for one settled target token (
 class ForeignDrafter:
     """Drafts target tokens, one at a time, from an assistant with its own tokenizer and guide.
 
+    Asked for the target token after a context (`ask`), it answers (`answer`) or first needs the assistant's argmax
+    after its own tokens (`waiting`: feed its cache `feed(cached)`, pick under `mask`, hand the token to `take`).
+
     Parameters
     ----------
-    model : transformers causal LM
-        The assistant.
     prompt : list of int
         The assistant's prompt in its own tokens.
     cursor : Cursor
@@ -49,21 +56,19 @@ class ForeignDrafter:
     target, own : Speller
         Spellers of the target's and the assistant's vocabularies.
     start : int
-        The target's prompt length: where its output starts in the contexts `draft` is shown.
+        The target's prompt length: where its output starts in the contexts `ask` is shown.
     eos : frozenset of int
         The assistant's EOS ids: its draft ends there (so does a token without text).
     max_positions : int, optional
         The assistant's position limit: it drafts nothing past it.
     """
 
-    def __init__(self, model, prompt: list[int], cursor: Cursor, target: Speller, own: Speller, start: int,
+    def __init__(self, prompt: list[int], cursor: Cursor, target: Speller, own: Speller, start: int,
                  eos: frozenset[int], max_positions: int | None = None):
-        self.model, self.prompt, self.start, self.eos = model, list(prompt), start, eos
+        self.prompt, self.start, self.eos = list(prompt), start, eos
         self.max_positions = max_positions
         self.target, self.own = target, own
-        self.kv, self.cached = DynamicKV(model), 0  # the cache holds (prompt + out)[:cached]
-        self.device = input_device(model)
-        self.masks = DeviceMasks(self.device)
+        self.valid = len(self.prompt)  # its cache entries of (prompt + out)[:valid] still hold (it may hold fewer)
         self.out, self.ends, self.conf = [], [], []  # its output tokens, their byte ends in `data`, confidences (NaN:
         # fed or forced)
         self.data = bytearray()  # the output's bytes
@@ -71,32 +76,88 @@ class ForeignDrafter:
         self.done = False  # it ended its text (EOS) at the end of `data`
         self.seen_ids, self.seen_ends, self.seen = [], [], bytearray()  # the target output it was last shown
         self.expected, self.expected_conf = [], []  # target output its last spelling predicts, with confidences
-        self.calls, self.asked, self.drafted = 0, 0, 0  # its forward passes; target tokens asked for, handed out
-        self.seconds, self.tokenizer_seconds = 0.0, 0.0  # all its work (forwards, tokenizer calls); tokenizer calls
+        self.waiting, self.answer = False, None  # it needs a token of the assistant; else its answer (Drafted|None)
+        self.output, self.target_mask, self.steps = [], None, 0  # the output and mask asked about, tokens drafted
+        self.calls, self.asked, self.drafted = 0, 0, 0  # assistant tokens it took; target tokens asked for, handed out
+        self.seconds, self.tokenizer_seconds = 0.0, 0.0  # all its own work (host only); its tokenizer calls
 
-    def draft(self, context: list[int], mask) -> Drafted | None:
-        """The target token after `context` (target ids: prompt, committed output, draft so far) as a point mass, or
-        None when the assistant has none there or the target's guide `mask` (V,) forbids it."""
+    @property
+    def tokens(self) -> list[int]:
+        """Its context in its own ids: prompt and output."""
+        return self.prompt + self.out
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """(V_assistant,) its guide's mask at its next token (while `waiting`)."""
+        return self.cursors[-1].mask()
+
+    def feed(self, cached: int) -> list[int]:
+        """Its ids after the first `cached` (a prefix of what its cache was fed: at most `valid`)."""
+        held = len(self.prompt)
+        return self.prompt[cached:] + self.out if cached < held else self.out[cached - held:]
+
+    def ask(self, context: list[int], mask) -> bool:
+        """Start on the target token after `context` (target ids: prompt, committed output, draft so far), which the
+        target's guide `mask` (V,) must allow; True while `waiting` for an assistant token, else `answer` is a point
+        mass or None (the assistant has no token there, or the mask forbids it)."""
         begin, self.asked = time.perf_counter(), self.asked + 1
         try:
-            found = self._next(context[self.start:])
+            output = context[self.start:]
+            self.target_mask, n = mask, len(output)
+            if n < len(self.expected) and self.expected[:n] == output:
+                return self._answer(self.expected[n], self.expected_conf[n])
+            self._see(output)
+            if not self._sync():
+                return self._answer(None, None)
+            self.output, self.steps = output, 0
+            return self._ahead()
         finally:
             self.seconds += time.perf_counter() - begin
-        if found is None or (mask is not None and not bool(mask[found[0]])):
-            return None
-        self.drafted += 1
-        return Drafted(found[0], None, found[1], None)
 
-    def _next(self, output: list[int]) -> tuple[int, float] | None:
-        n = len(output)
-        if n < len(self.expected) and self.expected[:n] == output:
-            return self.expected[n], self.expected_conf[n]
-        self._see(output)
-        if not self._sync():
-            return None
-        ids, conf = self._draft_ahead()
-        self.expected, self.expected_conf = output + ids, [math.nan] * n + conf
-        return (ids[0], conf[0]) if ids else None
+    def take(self, drafted: Drafted) -> bool:
+        """The assistant's argmax after `feed` (its cache now holds all its tokens): draft on, as `ask`."""
+        begin = time.perf_counter()
+        try:
+            self.valid, self.waiting = len(self.prompt) + len(self.out), False
+            self.calls, self.steps = self.calls + 1, self.steps + 1
+            if drafted.token in self.eos or not self.own.token_bytes[drafted.token]:
+                self.done = True
+            else:
+                self._append(drafted.token, drafted.confidence)
+            return self._ahead()
+        finally:
+            self.seconds += time.perf_counter() - begin
+
+    def _ahead(self) -> bool:
+        """Draft forced runs until the text past `seen` spells a settled target token; True where that needs an
+        assistant token first (`waiting`), else answer the first settled token (or None)."""
+        while True:
+            ids, conf = self._settled()
+            if ids or self.done or self.steps >= MAX_AHEAD:
+                break
+            cursor = self.cursors[-1]
+            forced = cursor.forced()
+            if forced:
+                for token in forced:
+                    self._append(token, math.nan)
+                self.steps += 1
+            elif cursor.only_eos_left():
+                self.done = True
+            elif self.max_positions is not None and len(self.prompt) + len(self.out) >= self.max_positions:
+                break
+            else:
+                self.waiting = True
+                return True
+        self.expected, self.expected_conf = self.output + ids, [math.nan] * len(self.output) + conf
+        return self._answer(ids[0], conf[0]) if ids else self._answer(None, None)
+
+    def _answer(self, token: int | None, confidence: float | None) -> bool:
+        """Set `answer` (None where the target's guide forbids `token`); False: not waiting."""
+        if token is None or (self.target_mask is not None and not bool(self.target_mask[token])):
+            self.answer = None
+        else:
+            self.answer, self.drafted = Drafted(token, None, confidence, None), self.drafted + 1
+        return False
 
     def _see(self, output: list[int]) -> None:
         """Take the target's output text (`seen`) from its ids, reusing the common prefix with the last one."""
@@ -124,8 +185,7 @@ class ForeignDrafter:
         del self.out[keep:], self.ends[keep:], self.conf[keep:], self.cursors[keep + 1:]
         del self.data[self.ends[-1] if keep else 0:]
         self.done = False
-        self.cached = min(self.cached, len(self.prompt) + keep)
-        self.kv.crop(self.cached)
+        self.valid = min(self.valid, len(self.prompt) + keep)
 
     def _feed(self, text: bytes) -> bool:
         spelling = self._spell(self.own, text)
@@ -148,42 +208,6 @@ class ForeignDrafter:
         self.conf.append(confidence)
         self.data += self.own.token_bytes[token]
         self.ends.append(len(self.data))
-
-    def _draft_ahead(self) -> tuple[list[int], list[float]]:
-        """Settled target tokens of the text past `seen`, drafting assistant tokens until there is one."""
-        found, steps = self._settled(), 0
-        while not found[0] and not self.done and steps < MAX_AHEAD and self._step():
-            found, steps = self._settled(), steps + 1
-        return found
-
-    def _step(self) -> bool:
-        """Append the guide's forced run, or one argmax token (one forward); False when the assistant cannot go on."""
-        cursor = self.cursors[-1]
-        forced = cursor.forced()
-        if forced:
-            for token in forced:
-                self._append(token, math.nan)
-            return True
-        if cursor.only_eos_left():
-            self.done = True
-            return False
-        if self.max_positions is not None and len(self.prompt) + len(self.out) >= self.max_positions:
-            return False
-        mask = cursor.mask()
-        use_full_head(self.model, [mask])  # a draft vocabulary's exceptions
-        logits = self.kv.run(self._uncached(), 1)  # (1, V)
-        self.cached = len(self.prompt) + len(self.out)
-        drafted = settle([pick(logits, self.masks(mask), GREEDY, None)])[0]
-        self.calls += 1
-        if drafted.token in self.eos or not self.own.token_bytes[drafted.token]:
-            self.done = True
-            return False
-        self._append(drafted.token, drafted.confidence)
-        return True
-
-    def _uncached(self) -> list[int]:
-        held = len(self.prompt)
-        return self.prompt[self.cached:] + self.out if self.cached < held else self.out[self.cached - held:]
 
     def _settled(self) -> tuple[list[int], list[float]]:
         """The target tokens of the assistant's text past `seen` that more text cannot change (all once it ended)."""
@@ -215,14 +239,45 @@ class ForeignDrafter:
             self.tokenizer_seconds += time.perf_counter() - begin
 
 
-def draft_foreign(proposals: list, drafters: list) -> list[tuple[int, float, float]]:
-    """Complete each `Proposal`: forced runs and copies, and where its row has a `ForeignDrafter` (None: none), every
-    assistant token it asks for. Per row: (the drafter's forwards, its seconds, its tokenizer seconds) this took."""
-    spent = []
-    for proposal, drafter in zip(proposals, drafters):
-        before = (0, 0.0, 0.0) if drafter is None else (drafter.calls, drafter.seconds, drafter.tokenizer_seconds)
-        while proposal.fill() and drafter is not None:
-            proposal.give(drafter.draft(proposal.context, proposal.mask))
-        after = (0, 0.0, 0.0) if drafter is None else (drafter.calls, drafter.seconds, drafter.tokenizer_seconds)
-        spent.append(tuple(a - b for a, b in zip(after, before)))
-    return spent
+class ForeignAsker:
+    """A row drafted by its `ForeignDrafter` in the engine's drafting rounds (`drafting.assistant.Asker`): its
+    `Proposal` asks for target tokens, the drafter answers them, asking the round for assistant tokens where it must
+    (its argmax under its own guide's mask: point-mass drafts are best at the assistant's best guess)."""
+
+    processors = None  # the target's processors do not apply to the assistant's vocabulary
+
+    def __init__(self, proposal: Proposal, drafter: ForeignDrafter):
+        self.proposal, self.drafter = proposal, drafter
+        self.before = drafter.seconds, drafter.tokenizer_seconds
+        self.mask = None  # (V_assistant,) while the drafter waits
+
+    @property
+    def seconds(self) -> float:
+        return self.drafter.seconds - self.before[0]
+
+    @property
+    def respelling(self) -> float:
+        return self.drafter.tokenizer_seconds - self.before[1]
+
+    def asks(self) -> bool:
+        drafter = self.drafter
+        while not drafter.waiting:
+            if not self.proposal.fill():
+                return False
+            if not drafter.ask(self.proposal.context, self.proposal.mask):
+                self.proposal.give(drafter.answer)
+        self.mask = drafter.mask
+        return True
+
+    def kept(self, cached: int) -> int:
+        return min(cached, self.drafter.valid)
+
+    def feed(self, cached: int) -> list[int]:
+        return self.drafter.feed(cached)
+
+    def pick(self, logits: torch.Tensor, masks: DeviceMasks) -> Pick:
+        return pick(logits, masks(self.mask), GREEDY, None)
+
+    def give(self, drafted: Drafted) -> None:
+        if not self.drafter.take(drafted):
+            self.proposal.give(self.drafter.answer)

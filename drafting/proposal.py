@@ -12,9 +12,9 @@ never lets the target respell forced text.
 
 `Proposal` is this rule as a state machine, so that one implementation serves one row and many: `fill()` appends
 free tokens until the draft needs an assistant token (True) or is done (False), `give()` hands it the assistant's
-token. The engine asks one assistant forward for every row that wants a token (`drafting.assistant.Assistant`);
-without one, or with an assistant of another tokenizer, each row is completed alone
-(`drafting.foreign_drafter.draft_foreign`).
+token. The engine asks one assistant forward for every row that wants a token (`drafting.assistant.Assistant`),
+with an assistant of another tokenizer too (`drafting.foreign_drafter.ForeignAsker`); without one, `fill()` alone
+completes it.
 """
 
 from __future__ import annotations

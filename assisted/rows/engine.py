@@ -2,16 +2,18 @@
 and refill. One row setup (`Engine.row`), one step (`Engine.step`), one result assembly (`Engine.finish`).
 
 Per step: each row's policy says how many assistant tokens it may draft (`auto` rows are priced together by the
-positions they add to the shared forward: `assisted.policy.prices.SharedPrices`); every row drafts by the proposal
-rule (`drafting.proposal.Proposal`: forced runs, prompt-lookup copies, the cut), the assistant's tokens for every
-asking row in one forward per round (`drafting.assistant.Assistant`); a draft tree's leaf where it pays; one target
-forward verifies every row's `[uncached committed, *draft(, leaf)]` (`target_forward`); each row is accepted, commits,
-streams and stops by the step rules (`assisted.steps`); both caches keep each row's committed prefix; the policies
-learn. Each stage passes the next a frozen record per row (`assisted.rows.step_records`: Proposed -> Feed -> Verdict
--> Committed). One host sync per drafting round and one per verification, for all rows. The caches are a
-`drafting.row_kv.RowsKV`: one row's own (dynamic, static with captured steps, a kept prefix) or B rows'
-(`drafting.batch_kv.BatchKV`). A row that stops leaves; the next waiting row takes its slot (prefilled, from a row or
-a kept cache sharing its prompt's prefix where allowed); with none waiting the slot is dropped.
+positions they add to the shared forward: `assisted.policy.prices.SharedPrices`); every row drafts by the proposal rule
+(`drafting.proposal.Proposal`: forced runs, prompt-lookup copies, the cut), the assistant's tokens for every asking row
+in one forward per round (`drafting.assistant.Assistant`; an assistant of another tokenizer too, each row's text kept in
+its ids by the row's `drafting.foreign_drafter.ForeignDrafter`); a draft tree's leaf where it pays; one target forward
+verifies every row's `[uncached committed, *draft(, leaf)]` (`target_forward`); each row is accepted, commits, streams
+and stops by the step rules (`assisted.steps`); both caches keep each row's committed prefix (a foreign assistant's:
+what its drafter still holds); the policies learn. Each stage passes the next a frozen record per row
+(`assisted.rows.step_records`: Proposed -> Feed -> Verdict -> Committed). One host sync per drafting round and one per
+verification, for all rows. The caches are a `drafting.row_kv.RowsKV`: one row's own (dynamic, static with captured
+steps, a kept prefix) or B rows' (`drafting.batch_kv.BatchKV`). A row that stops leaves; the next waiting row takes its
+slot (prefilled, from a row or a kept cache sharing its prompt's prefix where allowed); with none waiting the slot is
+dropped.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from assisted.policy.costs import StepCost, memorize
 from assisted.policy.prices import row_cuts
 from assisted.result import GenerationResult, Recorder
 from assisted.rows.row_inputs import RowError, RowInput
-from assisted.rows.row import Row, Setup, draft_alone, draft_sources
+from assisted.rows.row import Row, Setup, draft_sources
 from assisted.rows.step_records import Committed, Feed, Proposed, Rounds, Verdict
 from assisted.rows.batch_stats import BatchStats
 from assisted.steps import accept, commit, judge, needs_forward, position_masks
@@ -157,19 +159,15 @@ class Engine:
         (by `place`, or by the row's first forward)."""
         refill = slot < len(self.rows)
         self.stats.rows, self.stats.refills = self.stats.rows + 1, self.stats.refills + refill
-        ids, kept = row.prompt[:-1], None
+        kept = None
         if self.prefix_cache is not None:  # (target cache, tokens, assistant cache, tokens) of a kept prefix
             kept = self.prefix_cache.take(self.setup.model, self.setup.assistant_model, row.prompt)
+        row.prefilled = len(row.prompt) - self._place(self.target, slot, row.prompt, [r.seq for r in self.rows],
+                                                      kept and kept[:2])
         helper = None if self.assistant is None else self.assistant.kv
-        for kv, reused in ((self.target, kept and kept[:2]), (helper, kept and kept[2:])):
-            if kv is None:
-                continue
-            shared, source = self._shared(kv, ids)
-            if reused and reused[0] is not None and reused[1] >= shared:
-                source, shared = reused
-            kv.place(slot, ids, shared, source)
-            if kv is self.target:
-                row.prefilled = len(row.prompt) - shared
+        if helper is not None:  # its own prompt (in its own ids, for an assistant of another tokenizer: none kept)
+            reused = None if self.setup.foreign else kept and kept[2:]
+            self._place(helper, slot, row.helper_seq, [r.helper_seq for r in self.rows], reused)
         prefilled = self.target.prefills + (helper is not None and helper.prefills)  # a lazy cache's row waits
         self.stats.prefill_forwards += (len(row.prompt) > 1) * prefilled
         if refill:
@@ -179,18 +177,29 @@ class Engine:
         row.cached = self.target.lengths[slot]
         self._tell_lag(slot, row)
 
+    def _place(self, kv: RowsKV, slot: int, prompt: list[int], seqs: list[list[int]], reused) -> int:
+        """Place `prompt` (all but its last token) into `slot` of `kv`, the longest prefix a row caches (`seqs`: each
+        row's context in `kv`'s ids) or a kept cache (`reused`: (cache, tokens)) holds copied; returns its length."""
+        ids = prompt[:-1]
+        shared, source = self._shared(kv, ids, seqs)
+        if reused and reused[0] is not None and reused[1] >= shared:
+            source, shared = reused
+        kv.place(slot, ids, shared, source)
+        return shared
+
     def _tell_lag(self, slot: int, row: Row) -> None:
         """Tell the row's policy how many of its positions the assistant's cache lacks (it starts lazily)."""
         if self.assistant is not None:
-            row.policy.assistant_behind(len(row.seq) - self.assistant.kv.lengths[slot])
+            row.policy.assistant_behind(len(row.helper_seq) - self.assistant.kv.lengths[slot])
 
-    def _shared(self, kv: RowsKV, ids: list[int]) -> tuple[int, int | None]:
-        """(tokens, row): the row of `kv` that caches the longest prefix of `ids` (off unless `share_prefix`)."""
+    def _shared(self, kv: RowsKV, ids: list[int], seqs: list[list[int]]) -> tuple[int, int | None]:
+        """(tokens, row): the row of `kv` that caches the longest prefix of `ids` (off unless `share_prefix`); `seqs`:
+        each row's context in `kv`'s ids."""
         best = (0, None)
         if not self.share_prefix:
             return best
-        for r, (row, length) in enumerate(zip(self.rows, kv.lengths)):
-            cached = row.seq[: min(length, len(ids))]
+        for r, (seq, length) in enumerate(zip(seqs, kv.lengths)):
+            cached = seq[: min(length, len(ids))]
             same = next((i for i, (a, b) in enumerate(zip(cached, ids)) if a != b), len(cached))
             best = max(best, (same, r), key=lambda pair: pair[0])
         return best
@@ -231,20 +240,27 @@ class Engine:
         self.stats.assistant_forwards += rounds.forwards
         for row, (forwards, seconds) in zip(rows, spent):
             row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
-        device = output_device(self.setup.model) if self.assistant is None else input_device(self.setup.assistant_model)
+        same = self.assistant is not None and not self.setup.foreign  # q rows on its device; point masses: the target's
+        device = input_device(self.setup.assistant_model) if same else output_device(self.setup.model)
         return [Proposed(k, p.draft(self.masks, self.setup.vocab_size, device), *s)
                 for k, p, s in zip(ks, proposals, spent)], rounds
 
     def _complete(self, rows: list[Row], proposals: list[Proposal]) -> tuple[list[tuple[int, float]], Rounds]:
-        """Complete every proposal: each row's assistant (forwards, seconds) and the step's `Rounds`."""
-        if self.assistant is None:  # forced runs, copies, and an assistant with another tokenizer (row by row)
-            spent = draft_alone(rows, proposals)
-            return spent, Rounds(sum(f for f, _ in spent), sum(s for _, s in spent))
+        """Complete every proposal: each row's assistant (forwards, seconds) and the step's `Rounds` (its forwards, and
+        their seconds with the rows' own drafting work: a foreign assistant's respelling)."""
+        if self.assistant is None:  # forced runs and copies
+            for proposal in proposals:
+                proposal.fill()
+            return [(0, 0.0)] * len(rows), Rounds(0, 0.0)
         seconds, forwards = self.assistant.seconds, self.assistant.forwards
-        took = self.assistant.draft(proposals, [r.helper_generator for r in rows], [r.opts.processors for r in rows])
-        rounds = Rounds(self.assistant.forwards - forwards, self.assistant.seconds - seconds)
-        share = rounds.seconds / max(1, sum(took))  # each assistant token's share of the rounds' seconds
-        return [(n, n * share) for n in took], rounds
+        askers = [row.asker(p, self.setup.warp) for row, p in zip(rows, proposals)]
+        took = self.assistant.rounds(askers)
+        ran = self.assistant.seconds - seconds
+        share = ran / max(1, sum(took))  # each assistant token's share of the rounds' seconds
+        for row, asker in zip(rows, askers):
+            row.rec.respelled(asker.respelling)
+        rounds = Rounds(self.assistant.forwards - forwards, ran + sum(a.seconds for a in askers))
+        return [(n, n * share + a.seconds) for n, a in zip(took, askers)], rounds
 
     def _feeds(self, rows: list[Row], proposed: list[Proposed]) -> list[Feed]:
         """Each row's feed: its uncached committed tokens, its draft, and a tree's leaf where the policy says it pays
@@ -278,7 +294,7 @@ class Engine:
         for row, length in zip(rows, self.target.lengths):
             row.cached = length
         if self.assistant is not None:
-            self.assistant.rollback([c.valid for c in committed])
+            self.assistant.rollback([row.helper_valid(c.valid) for row, c in zip(rows, committed)])
 
     def _learn(self, rows: list[Row], feeds: list[Feed], verdicts: list[Verdict], seconds: float, rounds: Rounds
                ) -> None:
@@ -313,7 +329,8 @@ class Engine:
         row.sink.close()
         setup = self.setup
         if self.prefix_cache is not None and slot is not None:
-            helper = None if self.assistant is None else self.assistant.kv.row_cache(slot)
+            kept = self.assistant is not None and not setup.foreign  # a kept entry's tokens are the target's
+            helper = self.assistant.kv.row_cache(slot) if kept else None
             self.prefix_cache.put(setup.model, setup.assistant_model, row.seq, self.target.row_cache(slot), helper)
         memorize(setup.model, setup.assistant_model, row.policy.learned(), row.policy.calibration(), row.opts.warp,
                  setup.memory)

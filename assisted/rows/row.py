@@ -13,7 +13,8 @@ from typing import Any, Callable
 from assisted.result import Recorder
 from assisted.rows.row_inputs import RowInput
 from assisted.stopping import Sink, Stops
-from drafting.foreign_drafter import ForeignDrafter, draft_foreign
+from drafting.assistant import Asker, RowAsker
+from drafting.foreign_drafter import ForeignAsker, ForeignDrafter
 from drafting.lookup import PromptLookup
 from drafting.proposal import Proposal
 from drafting.sampling import Warp, make_generator
@@ -32,6 +33,7 @@ class Setup:
     tree: bool = False  # draft the assistant's runner-up where it is unsure
     caches: tuple[str, str | None, float] = ("dynamic", None, 0.0)  # engine, note, capture seconds (`Recorder.caches`)
     memory: str = "dynamic"  # the engine name learned costs are kept under (`assisted.policy.costs.memorize`)
+    foreign: bool = False  # the assistant has another tokenizer: each row's `ForeignDrafter` asks it
 
 
 @dataclass(frozen=True)
@@ -39,23 +41,13 @@ class Sources:
     """A row's draft sources besides the guide's forced runs and the engine's assistant."""
 
     lookup: PromptLookup | None  # copies of the prompt
-    foreign: ForeignDrafter | None = None  # an assistant with another tokenizer, drafting for this row alone
+    foreign: ForeignDrafter | None = None  # an assistant with another tokenizer: this row's text in its tokens
 
 
 def draft_sources(inp: RowInput, tokenizer) -> Sources:
     """The row's own draft sources."""
     return Sources(PromptLookup(tokenizer, inp.ids) if inp.opts.prompt_lookup else None,
                    None if inp.foreign is None else inp.foreign.drafter())
-
-
-def draft_alone(rows: list[Row], proposals: list[Proposal]) -> list[tuple[int, float]]:
-    """Complete every proposal without the engine's assistant: forced runs and copies, and where a row has a foreign
-    drafter, every token it asks for (`drafting.foreign_drafter.draft_foreign`; its respelling seconds booked on the
-    row). Returns each row's assistant (forwards, seconds)."""
-    spent = draft_foreign(proposals, [row.sources.foreign for row in rows])
-    for row, (_, _, respelling) in zip(rows, spent):
-        row.rec.respelled(respelling)
-    return [(forwards, seconds) for forwards, seconds, _ in spent]
 
 
 class Row:
@@ -81,8 +73,27 @@ class Row:
     def proposal(self, k: int, assisted: bool, sampling: bool, cut: Callable) -> Proposal:
         """This step's proposal from the committed state: up to `k` assistant tokens, prompt-lookup copies, forced
         runs, the policy's `cut` (`drafting.proposal.Proposal`)."""
-        assisted = assisted or self.sources.foreign is not None
         return Proposal(self.seq, self.cursor.copy(), k=k if assisted else 0,
                         lookup_k=min(self.policy.lookup_k, self.opts.lookup_tokens), limit=self.end - len(self.seq) - 1,
                         lookup=self.sources.lookup, use_forced=assisted or self.opts.coalesce,
                         coalesced=self.opts.coalesce, sampling=sampling, cut=cut)
+
+    def asker(self, proposal: Proposal, warp: Warp) -> Asker:
+        """This step's side of the engine's drafting rounds (`drafting.assistant.Assistant.rounds`)."""
+        foreign = self.sources.foreign
+        if foreign is not None:
+            return ForeignAsker(proposal, foreign)
+        return RowAsker(proposal, warp, self.helper_generator, self.opts.processors)
+
+    @property
+    def helper_seq(self) -> list[int]:
+        """The row's context in the assistant's ids (its cache holds a prefix): the target's, or a foreign
+        assistant's own prompt and text."""
+        foreign = self.sources.foreign
+        return self.seq if foreign is None else foreign.tokens
+
+    def helper_valid(self, valid: int) -> int:
+        """How many entries of the assistant's cache hold after a step whose first `valid` tokens stand: a foreign
+        assistant's own count (its text is kept in step at its next draft)."""
+        foreign = self.sources.foreign
+        return valid if foreign is None else foreign.valid

@@ -88,11 +88,12 @@ def test_an_assistant_whose_text_never_matches_gives_the_plain_output(chars, pla
 
 
 def test_auto_stops_drafting_when_nothing_is_accepted_and_drafts_on_when_it_is(chars, monkeypatch, plain_reference):
-    """On pinned clocks (a target forward one tick, each timed read in the foreign drafter a tenth of one: a token
-    asked of it costs 0.3-0.5 ticks) `auto` prices the foreign assistant by its cost per drafted token and how often
-    it is accepted."""
+    """On pinned clocks (a target forward one tick; an assistant forward, and each timed read of the foreign drafter's
+    own work, a tenth of one: a token asked of it costs 0.3-0.5 ticks) `auto` prices the foreign assistant by its cost
+    per drafted token and how often it is accepted."""
     pin_clock(monkeypatch)
-    monkeypatch.setattr(importlib.import_module("drafting.foreign_drafter"), "time", TickClock(1e-4))
+    for module in ("drafting.foreign_drafter", "drafting.assistant"):
+        monkeypatch.setattr(importlib.import_module(module), "time", TickClock(1e-4))
     target = boost(tiny_llama(5, seed=3, hidden=16, init=0.3, eos=0), 4, -50.0)
     bad = boost(tiny_llama(8, seed=4, eos=0), 4, 50.0)
     kw = dict(tokenizer=char_tokenizer(), input_ids=[1, 2], max_new_tokens=60, regex="[abcd]{60}")
@@ -117,7 +118,7 @@ def test_each_row_of_a_batch_drafted_by_a_foreign_assistant_is_decoded_as_alone(
         alone = generate(target, prompt=prompt, **{k: v for k, v in kw.items() if k != "assistant_tokenizer"})
         assert row.token_ids == alone.token_ids and row.stop_reason == alone.stop_reason
     assert sum(row.stats.accepted_by_source["assistant"] for row in rows) > 0
-    assert rows[0].batch.assistant_forwards == sum(row.stats.assistant_forward_passes for row in rows) > 0
+    assert 0 < rows[0].batch.assistant_forwards < sum(row.stats.assistant_forward_passes for row in rows)  # together
 
 
 def test_an_assistant_tokenizer_with_the_targets_vocabulary_changes_nothing(tok, pairs):
@@ -233,3 +234,27 @@ def test_the_command_line_drafts_with_the_assistants_own_tokenizer(tmp_path, mon
     assert main(common + ["--assistant", str(helper)]) == 0
     out, err = capsys.readouterr()
     assert out == alone and '"assistant_forward_passes": 0' not in err
+
+
+def test_structspec_batch_passes_the_assistants_own_tokenizer_and_drafts_for_rows_together(tmp_path, tok, pairs):
+    """`structspec batch --batch-size 2` with an assistant of another vocabulary (the loader's fourth item): it drafts,
+    and every line is the one a run without an assistant writes."""
+    import json
+
+    from assisted.cli import main
+
+    target, (helper, helper_tok) = pairs["target"], pairs["shuffled"]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(
+        ["Describe a hero:", "Name a city", "Hi", "A much longer prompt about a hero and a city:"])))
+
+    def run(name: str, load, *extra) -> list[dict]:
+        out = tmp_path / name
+        assert main(["batch", "--model", "t", "--input", str(docs), "--output", str(out), "--max-new-tokens", "12",
+                     "--no-progress", "--batch-size", "2", "--schedule", "constant", *extra], load=load) == 0
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    plain = run("plain.jsonl", lambda args: (target, tok, None))
+    drafted = run("drafted.jsonl", lambda args: (target, tok, helper, helper_tok), "--assistant", "a")
+    assert [(r["id"], r["text"]) for r in drafted] == [(r["id"], r["text"]) for r in plain]
+    assert all(r["stats"]["assistant_forward_passes"] > 0 and r["stats"]["accepted"] > 0 for r in drafted)

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from assisted import generate
+from assisted import generate, generate_batch
 from tests.assisted.test_acceptance import compare
 from tests.assisted.test_generate_sampling import reference_two_tokens
 from tests.helpers_foreign import char_tokenizer, permuted
@@ -82,3 +82,55 @@ def test_the_test_fails_when_point_masses_are_accepted_unverified(setup, monkeyp
     expected = reference_two_tokens(char_tokenizer(), setup["target"], PROMPT, regex, warp_kwargs)
     p_value, tv = compare(counts, expected, DRAWS)
     assert p_value < 1e-6 and tv > null_tv(expected, DRAWS)  # both checks of the test above fail
+
+
+BATCH_ROWS = [None, r"[abc]+d?"]  # the rows' regexes, alternating, under one warp and the "copy" assistant
+
+
+def batch_verdicts(setup) -> list[tuple[bool, str]]:
+    """(passes, numbers) per regex of BATCH_ROWS: the first two tokens of DRAWS rows each (seeded 0, 1, ...) decoded
+    together by generate_batch, 8 at a time and refilled, against that regex's reference."""
+    helper, helper_tok = setup["copy"]
+    warp = dict(temperature=0.7)
+    rows = generate_batch(setup["target"], helper, tokenizer=char_tokenizer(), assistant_tokenizer=helper_tok,
+                          input_ids=[PROMPT] * (DRAWS * len(BATCH_ROWS)), regex=BATCH_ROWS * DRAWS, batch_size=8,
+                          seed=list(range(DRAWS * len(BATCH_ROWS))), max_new_tokens=3, do_sample=True,
+                          num_assistant_tokens=2, num_assistant_tokens_schedule="constant", **warp)
+    assert rows[0].batch.assistant_forwards < sum(r.stats.assistant_forward_passes for r in rows)  # drafted together
+    verdicts = []
+    for i, regex in enumerate(BATCH_ROWS):
+        counts = Counter(tuple(r.token_ids[:2]) for r in rows[i::len(BATCH_ROWS)])
+        expected = reference_two_tokens(char_tokenizer(), setup["target"], PROMPT, regex, warp)
+        p_value, tv = compare(counts, expected, DRAWS)
+        accepted = sum(r.stats.accepted_by_source["assistant"] for r in rows[i::len(BATCH_ROWS)])
+        verdicts.append((p_value > 1e-3 and tv < null_tv(expected, DRAWS) and accepted > DRAWS / 10,
+                         f"regex {regex}: chi-square p={p_value:.2g}, TV={tv:.3f}, accepted {accepted}"))
+    return verdicts
+
+
+def test_rows_sampled_together_with_a_foreign_assistant_each_have_the_reference_distribution(setup):
+    for ok, numbers in batch_verdicts(setup):
+        assert ok, numbers
+
+
+def test_the_batched_check_fails_when_point_masses_are_accepted_unverified(setup, monkeypatch):
+    steps = importlib.import_module("assisted.steps")
+    real = steps.speculative_accept
+    monkeypatch.setattr(steps, "speculative_accept", lambda p, q, tokens, auto, generator: real(
+        p, q, tokens, auto | True, generator))
+    verdicts = batch_verdicts(setup)
+    assert not any(ok for ok, _ in verdicts), verdicts
+
+
+def test_a_seeded_row_samples_the_same_tokens_alone_and_in_a_batch(setup):
+    helper, helper_tok = setup["copy"]
+    kw = dict(tokenizer=char_tokenizer(), assistant_tokenizer=helper_tok, max_new_tokens=10, do_sample=True,
+              temperature=1.3, num_assistant_tokens=3)
+    prompts, regexes = [PROMPT, [1, 2], PROMPT, [4]], [None, r"[abcd]+", r"(a|b)c[abcd]+", None]
+    together = generate_batch(setup["target"], helper, input_ids=prompts, regex=regexes, seed=[7, 8, 9, 10],
+                              batch_size=3, **kw)
+    for i, (prompt, regex) in enumerate(zip(prompts, regexes)):
+        alone = generate(setup["target"], helper, input_ids=prompt, regex=regex, seed=7 + i, **kw)
+        assert together[i].token_ids == alone.token_ids, f"row {i}"
+        assert together[i].stats.steps == alone.stats.steps, f"row {i}"
+    assert len({tuple(r.token_ids) for r in together}) > 1
