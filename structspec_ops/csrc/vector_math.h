@@ -2,10 +2,10 @@
 // every step is one IEEE operation on each lane alone, and the libraries that include this are built with
 // -ffp-contract=off (no fused multiply-add), so a value depends neither on its lane nor on the ISA.
 //
-// Each ISA gets its own register width (`Native`): a vector type wider than the ISA's registers is kept in memory by
-// GCC (an AVX2 clone of 16-float code ran attention 3x slower than torch), so kernels are templates over the native
-// vector `V` and are instantiated per ISA by STRUCTSPEC_PER_ISA (GCC's function multi-versioning: one definition per
-// ISA under one name, chosen at load time by the CPU).
+// Each ISA gets its own register width: a vector type wider than the ISA's registers is kept in memory by GCC (an
+// AVX2 clone of 16-float code ran attention 3x slower than torch), so kernels are templates over the native vector
+// `V` (F16, F8 or F4) and are instantiated per ISA by STRUCTSPEC_PER_ISA (GCC's function multi-versioning: one
+// definition per ISA under one name, chosen at load time by the CPU).
 #pragma once
 
 #include <cstdint>
