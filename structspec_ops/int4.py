@@ -29,6 +29,7 @@ import torch
 from structspec_ops.build import Built, load
 
 GROUP = 32  # inputs per group
+MAX_GROUPS_PER_BLOCK = 8  # groups a super-block holds at most (Q4_K's 8; the op keeps one block's sums on its stack)
 LANES = 16  # output columns per block of the packed layout (one AVX-512 register)
 CODE_BYTES = GROUP * LANES // 2  # code bytes per (block, group)
 # No -m flags: each path's code carries its own target (#pragma GCC target), chosen at run time by the CPU's cpuid.
@@ -148,6 +149,8 @@ def quantize(weight: torch.Tensor, groups_per_block: int = 8) -> Groups:
     ``in`` must be a multiple of 32 * `groups_per_block`. Not exact: a lossy 4.75-bit copy of a float weight.
     """
     out_features, in_features = weight.shape
+    if not 1 <= groups_per_block <= MAX_GROUPS_PER_BLOCK:
+        raise ValueError(f"groups_per_block {groups_per_block} is not in 1..{MAX_GROUPS_PER_BLOCK}")
     if in_features % (GROUP * groups_per_block):
         raise ValueError(f"in_features {in_features} is not a multiple of {GROUP * groups_per_block} "
                          f"({groups_per_block} groups of {GROUP})")

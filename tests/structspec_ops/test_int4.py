@@ -136,6 +136,8 @@ def test_quantize_keeps_each_weight_within_half_a_step_of_its_group():
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="multiple of 256"):
         int4.quantize(torch.randn(4, 96), 8)
+    with pytest.raises(ValueError, match="groups_per_block 9 is not in 1..8"):
+        int4.quantize(torch.randn(4, 288), 9)
     packed = int4.pack(_groups(16, 64, 1))
     with pytest.raises(ValueError, match="64"):
         int4.linear(torch.randn(2, 32), packed)
