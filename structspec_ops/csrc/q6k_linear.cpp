@@ -237,7 +237,61 @@ void halves(const Tile& job, int64_t r0, int c) {
   if (job.lanes[c] > 8) tile<R, 1>(job, r0, c, 1);
 }
 
+inline __m256i in_register(__m256i v) {  // GCC would otherwise reassociate the sums into a tree of spilled terms
+  asm("" : "+x"(v));
+  return v;
+}
+
+// One row times the tile's two blocks, the blocks' streams interleaved group by group (two streams in flight: a cold
+// one-row call of 1536 x 8960 took 0.65-0.79 ms on a Zen 3 against 0.90-1.14 ms one block after the other).
+// Slice q: block q / 2, lanes 8 (q % 2)..; each lane's operations are those of `tile`.
+void one_row_two_blocks(const Tile& job) {
+  const Activations& a = *job.a;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[4];
+  for (int q = 0; q < 4; ++q) acc[q] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base[2] = {job.w[0] + s * kSuperBytes, job.w[1] + s * kSuperBytes};
+    __m256i isum[4];
+    for (int q = 0; q < 4; ++q) isum[q] = _mm256_setzero_si256();
+    for (int64_t g = 0; g < kGroups; ++g) {
+      const int64_t at = s * kGroups + g;
+      const int8_t* row = a.codes + at * kGroup;
+      const __m256i a0 = broadcast4(row), a1 = broadcast4(row + 4), a2 = broadcast4(row + 8),
+                    a3 = broadcast4(row + 12), minus = _mm256_set1_epi32(a.minus[at]);
+      for (int q = 0; q < 4; ++q) {
+        const uint8_t* block = base[q / 2];
+        __m256i v[4];
+        unpack(block + kCodesAt + g * kCodeBytes, q % 2, v);
+        const __m256i sc = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kScaleAt + g * kLanes + 8 * (q % 2))));
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], a0), _mm256_maddubs_epi16(v[1], a1));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], a2), _mm256_maddubs_epi16(v[3], a3));
+        const __m256i dot =
+            _mm256_add_epi32(minus, _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)));
+        isum[q] = in_register(_mm256_add_epi32(isum[q], _mm256_mullo_epi32(sc, dot)));
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base[q / 2]) + 8 * (q % 2));
+      acc[q] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[q]), acc[q]);
+    }
+  }
+  for (int q = 0; q < 4; ++q) {
+    const int c = q / 2, h = q % 2, lanes = std::min(8, job.lanes[c] - 8 * h);
+    if (lanes <= 0) continue;  // a block of 8 lanes or fewer: its second half holds padding only
+    alignas(32) float values[8];
+    _mm256_store_ps(values, acc[q]);
+    Tile part = job;  // store lanes 8 h .. of block c only
+    part.column[c] = job.column[c] + 8 * h;
+    part.lanes[c] = lanes;
+    part.bias[c] = job.bias[c] == nullptr ? nullptr : job.bias[c] + 8 * h;
+    store(part, c, 0, values, a.scales[0]);
+  }
+}
+
 void run(const Tile& job) {
+  if (job.n == 1 && job.width == 2) return one_row_two_blocks(job);
   for (int c = 0; c < job.width; ++c)
     for_row_tiles(job.n, [&](int64_t r0, int rows) {
       switch (rows) {
