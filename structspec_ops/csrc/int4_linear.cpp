@@ -218,18 +218,74 @@ inline __m256 widen8(const uint8_t* p) {  // 8 bytes -> 8 floats
 template <int R, int S>
 constexpr bool kRowsHeld = R * S + 2 * R + 3 <= 16;
 
+// The integer pass of group g of the super-block at `base` (one pointer a block): pairs[q][r], slice q's products
+// with row r's activations (from rows[r] + k0) summed in pairs of lanes in int16 over the group (|sum| <= 8 * 2 * 15
+// * 128 = 30720 < 2^15: exact), the blocks' streams read interleaved (two streams in flight).
+template <int R, int C>
+void group_pairs(const uint8_t* const (&base)[C], int64_t groups, int64_t g, const int8_t* const (&rows)[R],
+                 int64_t k0, __m256i (&pairs)[2 * C][R]) {
+  constexpr int S = 2 * C;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const auto codes = [&](int q, int i) {  // slice q's nibbles of inputs 4 i.. (low) and 16 + 4 i.. (high)
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+        base[q / 2] + 128 + 32 * groups + g * kCodeBytes + 64 * i + 32 * (q % 2)));
+  };
+  const auto add = [](__m256i& sum, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
+    sum = in_register(_mm256_add_epi16(sum, _mm256_maddubs_epi16(lo, a_lo)));  // |.| <= 3840 each
+    sum = in_register(_mm256_add_epi16(sum, _mm256_maddubs_epi16(hi, a_hi)));
+  };
+  if constexpr (kRowsHeld<R, S>) {  // every slice at each 4-input step: the blocks' streams finely interleaved
+    __m256i sum[S][R];
+    for (int q = 0; q < S; ++q)
+      for (int r = 0; r < R; ++r) sum[q][r] = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      __m256i a_lo[R], a_hi[R];
+      for (int r = 0; r < R; ++r) {
+        a_lo[r] = broadcast4(rows[r] + k0 + 4 * i);
+        a_hi[r] = broadcast4(rows[r] + k0 + 16 + 4 * i);
+      }
+      for (int q = 0; q < S; ++q) {
+        const __m256i raw = codes(q, i);
+        const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        for (int r = 0; r < R; ++r) add(sum[q][r], lo, hi, a_lo[r], a_hi[r]);
+      }
+    }
+    for (int q = 0; q < S; ++q)
+      for (int r = 0; r < R; ++r) _mm256_store_si256(&pairs[q][r], sum[q][r]);
+  } else {  // block by block, a group at a time: a block's two slices' codes held, row by row
+    for (int c = 0; c < C; ++c) {
+      __m256i sum[2][R];
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < R; ++r) sum[h][r] = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {
+        __m256i lo[2], hi[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i raw = codes(2 * c + h, i);
+          lo[h] = _mm256_and_si256(raw, low);
+          hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m256i a_lo = broadcast4(rows[r] + k0 + 4 * i), a_hi = broadcast4(rows[r] + k0 + 16 + 4 * i);
+          for (int h = 0; h < 2; ++h) add(sum[h][r], lo[h], hi[h], a_lo, a_hi);
+        }
+      }
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < R; ++r) _mm256_store_si256(&pairs[2 * c + h][r], sum[h][r]);
+    }
+  }
+}
+
 // R rows (from r0) times the 16 lanes of the tile's C column blocks, over the whole K: S = 2 C slices of 8 lanes
-// (slice q: block q / 2, lanes 8 (q % 2)..), one super-block at a time in two passes that each fit the 16 registers.
-// The integer pass sums each group's products in pairs of lanes in int16 (|sum| <= 8 * 2 * 15 * 128 = 30720 < 2^15:
-// exact) into `pairs`, reading the blocks' streams interleaved (two streams in flight); the float pass widens each
-// sum by vpmaddwd (int32, exact) and adds the groups in K order. Measured on a Zen 3 against one pass (int32 sums a
-// 4-input step, one block at a time, a half block at a time for 3-4 rows): a warm forward of 16 rows 1.25x faster;
-// a cold call (8960 x 1536) 1.35x faster at one row (0.62 -> 0.46 ms), 1.25x at two, 1.17x at four.
+// (slice q: block q / 2, lanes 8 (q % 2)..), one super-block at a time in two passes that each fit the 16 registers:
+// `group_pairs`, then the float pass that widens each group's sums by vpmaddwd (int32, exact) and adds the groups in
+// K order. Measured on a Zen 3 against one pass (int32 sums a 4-input step, one block at a time, a half block at a
+// time for 3-4 rows): a warm forward of 16 rows 1.25x faster; a cold call (8960 x 1536) 1.35x faster at one row
+// (0.62 -> 0.46 ms), 1.25x at two, 1.17x at four.
 template <int R, int C>
 void tile(const Tile& job, int64_t r0) {
   constexpr int S = 2 * C;
   const Activations& a = *job.a;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   const int64_t groups = job.groups, stride = superblock_bytes(groups), sums_per_row = a.k / kGroup;
   const int8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = a.codes + (r0 + r) * a.k;
@@ -240,56 +296,8 @@ void tile(const Tile& job, int64_t r0) {
   for (int64_t s = 0; s < job.supers; ++s) {
     const uint8_t* base[C];
     for (int c = 0; c < C; ++c) base[c] = job.w[c] + s * stride;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = (s * groups + g) * kGroup;
-      const auto codes = [&](int q, int i) {  // slice q's nibbles of inputs 4 i.. (low) and 16 + 4 i.. (high)
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-            base[q / 2] + 128 + 32 * groups + g * kCodeBytes + 64 * i + 32 * (q % 2)));
-      };
-      const auto add = [](__m256i& sum, __m256i lo, __m256i hi, __m256i a_lo, __m256i a_hi) {
-        sum = in_register(_mm256_add_epi16(sum, _mm256_maddubs_epi16(lo, a_lo)));  // |.| <= 3840 each
-        sum = in_register(_mm256_add_epi16(sum, _mm256_maddubs_epi16(hi, a_hi)));
-      };
-      if constexpr (kRowsHeld<R, S>) {  // every slice at each 4-input step: the blocks' streams finely interleaved
-        __m256i sum[S][R];
-        for (int q = 0; q < S; ++q)
-          for (int r = 0; r < R; ++r) sum[q][r] = _mm256_setzero_si256();
-        for (int i = 0; i < 4; ++i) {
-          __m256i a_lo[R], a_hi[R];
-          for (int r = 0; r < R; ++r) {
-            a_lo[r] = broadcast4(rows[r] + k0 + 4 * i);
-            a_hi[r] = broadcast4(rows[r] + k0 + 16 + 4 * i);
-          }
-          for (int q = 0; q < S; ++q) {
-            const __m256i raw = codes(q, i);
-            const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-            for (int r = 0; r < R; ++r) add(sum[q][r], lo, hi, a_lo[r], a_hi[r]);
-          }
-        }
-        for (int q = 0; q < S; ++q)
-          for (int r = 0; r < R; ++r) _mm256_store_si256(&pairs[g][q][r], sum[q][r]);
-      } else {  // block by block, a group at a time: a block's two slices' codes held, row by row
-        for (int c = 0; c < C; ++c) {
-          __m256i sum[2][R];
-          for (int h = 0; h < 2; ++h)
-            for (int r = 0; r < R; ++r) sum[h][r] = _mm256_setzero_si256();
-          for (int i = 0; i < 4; ++i) {
-            __m256i lo[2], hi[2];
-            for (int h = 0; h < 2; ++h) {
-              const __m256i raw = codes(2 * c + h, i);
-              lo[h] = _mm256_and_si256(raw, low);
-              hi[h] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-            }
-            for (int r = 0; r < R; ++r) {
-              const __m256i a_lo = broadcast4(rows[r] + k0 + 4 * i), a_hi = broadcast4(rows[r] + k0 + 16 + 4 * i);
-              for (int h = 0; h < 2; ++h) add(sum[h][r], lo[h], hi[h], a_lo, a_hi);
-            }
-          }
-          for (int h = 0; h < 2; ++h)
-            for (int r = 0; r < R; ++r) _mm256_store_si256(&pairs[g][2 * c + h][r], sum[h][r]);
-        }
-      }
-    }
+    for (int64_t g = 0; g < groups; ++g)
+      group_pairs<R, C>(base, groups, g, rows, (s * groups + g) * kGroup, pairs[g]);
     for (int q = 0; q < S; ++q) {
       const uint8_t* block = base[q / 2];
       const int lane0 = 8 * (q % 2);
