@@ -328,7 +328,7 @@ class TokenIndex:
     def _walk_from(self, state: int) -> tuple[np.ndarray, np.ndarray] | HeadStateInfo:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
-        token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
+        token is token-live (`TokenLiveness.all_live_from`), so that no token needs dropping."""
         term = self.dfa.term(state)
         if TRIE_WALK and self.vocabulary.walk_layout.max_length and _starts_literal(term):
             return self._walk_literal(state)
