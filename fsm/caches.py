@@ -19,11 +19,12 @@ def clear_caches() -> None:
     """Clear every memoised function of the fsm package's modules but `KEPT`, the guides' token indexes and the
     vocabularies' head walks."""
     import fsm
-    from fsm import head_cache
+    from fsm import head_cache, liveness
     from fsm.guide import INDEXES
 
     INDEXES.clear()
     head_cache.clear()
+    liveness.forget_spellings()
     for info in pkgutil.iter_modules(fsm.__path__):
         if info.name not in KEPT:
             for value in vars(importlib.import_module(f"fsm.{info.name}")).values():

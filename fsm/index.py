@@ -291,7 +291,7 @@ class TokenIndex:
             if isinstance(walked, (HeadStateInfo, LiteralStateInfo)):
                 return walked
             ids, nexts = walked
-            keep = self._live.keep(nexts)
+            keep = None if self._live.all_live_from(state) else self._live.keep(nexts)
             if keep is not None:
                 ids, nexts = ids[keep], nexts[keep]
             if self.dfa.accepting[state]:
@@ -318,7 +318,7 @@ class TokenIndex:
         characters, or that close it after too few (`fsm.bounded_strings`), where every token is token-live; else
         None."""
         term = self.dfa.term(state)
-        twin = unbounded_twin(term) if BOUNDED_STRINGS and self._live.trivial else None
+        twin = unbounded_twin(term) if BOUNDED_STRINGS and self._live.all_live_from(state) else None
         twin_state = DEAD if twin is None else self.dfa.state_of(twin[0])
         if twin_state == DEAD:
             return None
@@ -328,7 +328,7 @@ class TokenIndex:
     def _walk_from(self, state: int) -> tuple[np.ndarray, np.ndarray] | HeadStateInfo:
         """(ids, end states) of the tokens that survive from `state`: from the walk of its head when it
         has one (see HeadWalk), else from a walk of the whole vocabulary. A HeadStateInfo where every
-        token is token-live (the vocabulary spells every byte), so that no token needs dropping."""
+        token is token-live (`TokenLiveness.all_live_from`), so that no token needs dropping."""
         term = self.dfa.term(state)
         if TRIE_WALK and self.vocabulary.walk_layout.max_length and _starts_literal(term):
             return self._walk_literal(state)
@@ -348,7 +348,7 @@ class TokenIndex:
         more_ids, slots, targets = _crossed_arrays(crossed)
         number = partial(_number_end, self.dfa, split, ends)
         number_target = partial(_number_target, self.dfa, crossed.targets)
-        if self._live.trivial:  # the head is never nullable: the state does not accept
+        if self._live.all_live_from(state):  # the head is never nullable: the state does not accept
             mains = np.where(live, UNNUMBERED, DEAD).astype(np.int32)
             info = _head_state_info(walk, mains, number, more_ids, slots, targets, number_target, layout)
             heads.grow(split.head, walk.nbytes - before)  # a new mask or group walk kept by the walk counts
@@ -384,7 +384,7 @@ class TokenIndex:
         ids = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
         slots = np.concatenate(slots).astype(np.int32) if slots else np.zeros(0, np.int32)
         number = partial(_number_target, self.dfa, places)
-        if self._live.trivial:
+        if self._live.all_live_from(state):
             return literal_info(ids, slots, len(places), number, self._mask_slabs.take(), layout.lengths)
         states = np.asarray([number(place) for place in range(len(places))], dtype=np.int64)
         return ids, states.take(slots) if len(slots) else np.zeros(0, np.int64)

@@ -8,6 +8,11 @@ which an emptiness test on `term ∩ singles*` proves. The intersection is pushe
 structure (`restrict`: keep only single-token bytes in every byte set), so for terms without `and`
 and `not` the test is structural and exact, whatever the lengths of counted repeats. Only when that
 fails does a full crawl over tokens decide, once per index.
+
+Most states need neither (`Spelling`): where each byte set of a term holds a single-token byte, and
+each intersection has a part of single-token bytes alone, every non-empty derivative of the term
+matches a string of single-token bytes. From such a state every token that does not die (a live
+DFA state is non-empty) leads somewhere token-live: its first visit takes the trivial paths.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from fsm.lazy_dfa import LazyDFA
 UTF8_BYTES = frozenset(range(256)) - {0xC0, 0xC1} - frozenset(range(0xF5, 0x100))
 UNKNOWN, LIVE, DEAD_END = 0, 1, -1
 MAX_RESTRICTED = 200_000  # memoized restrictions kept per index before the memo starts over
+MAX_SPELLED = 500_000  # memoized `Spelling` answers kept per set of single bytes before the memo starts over
 
 
 class TokenLiveness:
@@ -38,6 +44,12 @@ class TokenLiveness:
         self.status = np.zeros(0, dtype=np.int8)  # (n_states,) UNKNOWN / LIVE / DEAD_END
         self.exact = None  # (n_states,) bool from a full crawl, computed only when needed
         self.proofs: list[rx.Rx] = []  # keeps the searched terms alive: their emptiness is memoized on them
+        self.spelling = spelling_of(self.single_mask)
+
+    def all_live_from(self, state: int) -> bool:
+        """Whether every state a token reaches from `state` without dying is token-live (nothing to check): the
+        vocabulary spells every byte alone, or the term's non-empty derivatives all have single-byte strings."""
+        return self.trivial or self.spelling.spelled(self.dfa.term(state))
 
     def keep(self, states: np.ndarray) -> np.ndarray | None:
         """(n,) bool: which of `states` (n,) are token-live; None when all are."""
@@ -50,7 +62,7 @@ class TokenLiveness:
         return self.status[states] == LIVE
 
     def _is_live(self, state: int) -> bool:
-        if self.dfa.accepting[state]:
+        if self.dfa.accepting[state] or self.spelling.spelled(self.dfa.term(state)):  # live states are non-empty
             return True
         if len(self.restricted) > MAX_RESTRICTED:
             self.restricted.clear()
@@ -90,6 +102,119 @@ class TokenLiveness:
                     out[source] = True
                     live.append(source)
         return out
+
+
+_SPELLINGS: dict[int, "Spelling"] = {}  # single-byte mask -> its Spelling, shared by every index and schema
+
+
+def forget_spellings() -> None:
+    _SPELLINGS.clear()
+
+
+def spelling_of(mask: int) -> "Spelling":
+    found = _SPELLINGS.get(mask)
+    if found is None:
+        found = _SPELLINGS[mask] = Spelling(mask)
+    return found
+
+
+class Spelling:
+    """Which terms single-byte tokens (bytes of `mask`) spell, proved by structure and memoized by term id (ids are
+    never reused), so a new state costs what is new in its term. Two sufficient conditions:
+
+    - `only_spelled(t)`: every string of t is of `mask` bytes. Its byte sets lie within `mask`, and an intersection
+      needs one such part;
+    - `spelled(t)`: every non-empty derivative of t matches a string of `mask` bytes. Each byte set holds a byte of
+      `mask`, and each intersection has an `only_spelled` part. In a string of a derivative, put a byte of `mask`
+      from the same set at each place outside an intersection: a sequence, union, repeat, list or rule still
+      matches it, and inside an intersection the bytes are `mask` bytes already. Derivatives are built of t's
+      parts, so they are `spelled` too.
+
+    No complement is either. Under a call (rules recurse) an intersection is not looked into (not proved).
+    """
+
+    def __init__(self, mask: int):
+        self.mask = mask
+        self.some: dict[int, bool] = {}  # term id -> spelled
+        self.only: dict[int, bool] = {}  # term id -> only_spelled
+
+    def spelled(self, term: rx.Rx) -> bool:
+        found = self.some.get(term.id)
+        if found is not None:
+            return found
+        if len(self.some) + len(self.only) > MAX_SPELLED:
+            self.some.clear()
+            self.only.clear()
+        return self._holds(term, self.some, self._holds_some_byte)
+
+    def only_spelled(self, term: rx.Rx) -> bool:
+        return self._holds(term, self.only, self._within)
+
+    def _holds_some_byte(self, byte_set: int) -> bool:
+        return bool(byte_set & self.mask)
+
+    def _within(self, byte_set: int) -> bool:
+        return not byte_set & ~self.mask
+
+    def _holds(self, term: rx.Rx, memo: dict[int, bool], byte_set_ok) -> bool:
+        """Iterative post-order over the term DAG (sequence chains are long), parts before the whole."""
+        stack = [term]
+        while stack:
+            t = stack[-1]
+            if t.id in memo:
+                stack.pop()
+                continue
+            if t.kind in ("bytes", "and", "not", "call"):
+                stack.pop()
+                memo[t.id] = self._on_its_own(t, memo, byte_set_ok)
+                continue
+            todo = [c for c in t.children if c.id not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            memo[t.id] = all(memo[c.id] for c in t.children)
+        return memo[term.id]
+
+    def _on_its_own(self, term: rx.Rx, memo: dict[int, bool], byte_set_ok) -> bool:
+        """The answer for a term whose parts' answers do not make it: a byte set, an intersection, a complement, a
+        call."""
+        kind = term.kind
+        if kind == "bytes":
+            return byte_set_ok(term.args[0])
+        if kind == "and":
+            return any(self.only_spelled(part) for part in term.args)
+        if kind == "call":
+            return self._rule_holds(term, memo, byte_set_ok)
+        return False  # a complement
+
+    def _rule_holds(self, call: rx.Rx, memo: dict[int, bool], byte_set_ok) -> bool:
+        """Whether everything `call` reaches, through the bodies of the rules it calls, passes: byte sets by
+        `byte_set_ok`, no complement nor intersection (unless known to pass). Then each term reached is memoized
+        True; else none is (around a cycle no part is known alone)."""
+        seen, stack, reached = {call.id}, [call], []
+        while stack:
+            t = stack.pop()
+            known = memo.get(t.id)
+            if known is not None:
+                if not known:
+                    return False
+                continue
+            if t.kind in ("not", "and") or (t.kind == "bytes" and not byte_set_ok(t.args[0])):
+                return False
+            reached.append(t)
+            below = t.children
+            if t.kind == "call":
+                if t.args[0].body is None:
+                    return False
+                below = (t.args[0].body,)
+            for part in below:
+                if part.id not in seen:
+                    seen.add(part.id)
+                    stack.append(part)
+        for t in reached:  # each reaches only terms reached here or known to pass
+            memo[t.id] = True
+        return True
 
 
 def restrict(term: rx.Rx, mask: int, star_of_mask: rx.Rx, memo: dict[int, rx.Rx]) -> rx.Rx:

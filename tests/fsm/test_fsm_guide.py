@@ -457,13 +457,16 @@ def test_group_walks_grow_the_current_dfa_of_heads(tokenizer, fresh_fsm_caches):
 def test_a_vocabulary_that_lacks_bytes_keeps_a_heads_mask_too(smol_tokenizer, fresh_fsm_caches):
     """SmolLM2 spells a few bytes with no token of their own, so where a token leads must be token-live
     (`fsm.liveness`): the few places a head's tokens go are numbered and checked, not a state per token, and the
-    state keeps the head's mask (a HeadStateInfo) with exactly a plain walk's tokens and longest token."""
+    state keeps the head's mask (a HeadStateInfo) with exactly a plain walk's tokens and longest token. (A pattern of
+    any characters later in the object keeps the states from being proved live by their terms alone.)"""
     keys = ("alpha", "beta", "gamma")
-    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": list(keys)}
+    properties = {**{k: {"type": "string"} for k in keys}, "delta": {"type": "string", "pattern": "^.+$"}}
+    schema = {"type": "object", "properties": properties, "required": [*keys, "delta"]}
     index = fsm.Guide.from_schema(schema, smol_tokenizer).index
     assert not index._live.trivial
     index.info(index.dfa.walk(b'{"alpha":"a","beta":"'))  # the string's head met before
     state = index.dfa.walk(b'{"alpha":"')
+    assert not index._live.all_live_from(state)
     info = index.info(state)
     expected = _plain_walk(index, state)
     lengths = index.vocabulary.walk_layout.lengths

@@ -1,8 +1,9 @@
 """States that start with a literal (fsm.literals): the literal read off the terms, next states numbered when a token
 goes there. Their masks, and the term every allowed token leads to, are the column walk's (TRIE_WALK off: the
 reference) on keys with escapes and multi-byte UTF-8, literals that end inside a token, and tokens that run past a
-literal's end into what follows, with a byte-level BPE (not every byte a token: places numbered at once) and a
-SentencePiece vocabulary (every byte a token: places numbered late)."""
+literal's end into what follows, with a SentencePiece vocabulary (every byte a token: places numbered late), a
+byte-level BPE that lacks a few bytes (where the terms prove every place token-live, `fsm.liveness`: numbered late
+too) and the same BPE with that proof off (places numbered at once and checked)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 import fsm
 from fsm import index as ix
+from fsm import liveness
 from fsm.caches import clear_caches
 from fsm.lazy_dfa import UNFILLED
 from fsm.regex import dfa_of
@@ -36,9 +38,11 @@ SCHEMA = {
 INSTANCE = {KEYS[0]: 'v"\\', KEYS[1]: "été", KEYS[2]: -12, KEYS[3]: ['quote"d\\'] * 2, KEYS[4]: {"in": True}}
 
 
-@pytest.fixture(params=["smol", "sentencepiece"])
-def tokenizer(request, smol_tokenizer, sentencepiece_tokenizer):
-    return smol_tokenizer if request.param == "smol" else sentencepiece_tokenizer
+@pytest.fixture(params=["smol", "smol-checked", "sentencepiece"])
+def tokenizer(request, smol_tokenizer, sentencepiece_tokenizer, monkeypatch):
+    if request.param == "smol-checked":  # every state's places checked, as where the terms prove nothing
+        monkeypatch.setattr(liveness.TokenLiveness, "all_live_from", lambda self, state: self.trivial)
+    return sentencepiece_tokenizer if request.param == "sentencepiece" else smol_tokenizer
 
 
 def _walks(tokenizer) -> list[list[int]]:
@@ -75,8 +79,8 @@ def test_literal_states_give_the_column_walks_masks_and_next_states(tokenizer, m
     clear_caches()  # the head walks: first visits again (the term is held)
     got, literal, _ = _trace(term, tokenizer, walks)
     assert got == reference and len(reference) > 100 and held
-    every_byte = fsm.Guide.from_schema(SCHEMA, tokenizer).index._live.trivial  # else the places are numbered at once
-    assert (literal > 50) == every_byte
+    proved = fsm.Guide.from_schema(SCHEMA, tokenizer).index._live.all_live_from(0)  # else numbered at once
+    assert (literal > 50) == proved
 
 
 def test_a_mask_inside_a_key_numbers_no_state_and_a_step_one(sentencepiece_tokenizer):
