@@ -3,11 +3,13 @@
 // structspec::row_invariant_attention(query (B, H, n, D), key (B, H_kv, L, D), value (B, H_kv, L, D),
 //                                     mask (B or 1, n, L) bool or None, scale) -> (B, n, H, D), float32.
 //
-// Each (batch row b, head h, query row i) is one task: the scores of its attended keys in ascending key order,
-// their max, exp(score - max) (`exp_lanes`), the sum and the weighted values, each reduced in one fixed order (keys
-// ascending; the dot product over D in 16 lanes and a fixed tree). Nothing depends on n, B, the other rows or the number of
-// threads (tasks are split over threads whole), so a row gives bitwise what it gives alone, in a prefill, a batch
-// or a one-position step. A task whose row attends to no key (a padded query) gives zeros, as torch's sdpa does.
+// Each (batch row b, query head h, query row i) is computed alone: the scores of its attended keys in ascending key
+// order, their max, exp(score - max) (`exp_lanes`), the sum and the weighted values, each reduced in one fixed order
+// (keys ascending; the dot product over D in 16 lanes and a fixed tree). The query heads of one key head (GQA) are
+// computed side by side, each key and value row read once for several heads, but no sum ever mixes two heads. Nothing
+// depends on n, B, the other rows or heads, or the number of threads (tasks are split over threads whole), so a row
+// gives bitwise what it gives alone, in a prefill, a batch or a one-position step. A row that attends to no key (a
+// padded query) gives zeros, as torch's sdpa does.
 //
 // Vectorised over D with GCC / Clang vector types (element-wise, so no sum is reassociated). On x86-64 Linux it is
 // compiled for AVX-512, AVX2 and baseline x86-64, each with its own register width (STRUCTSPEC_PER_ISA, chosen at
@@ -33,8 +35,7 @@ using structspec::kWidth;
 using structspec::load;
 using structspec::store;
 constexpr int64_t kLanes = 16;  // a dot product's partial sums: lane l sums d = l, l + 16, ...
-constexpr int64_t kKeys = 4;    // keys scored at once (independent sums: the same order as one at a time)
-constexpr int64_t kBlock = 4;   // 16-column blocks of the output summed in registers while the keys stream past
+constexpr int64_t kTaskHeads = 8;  // query heads of one group a task computes (in runs of `kHeads` at once)
 
 template <class V> struct Sixteen {  // 16 lanes as 16 / W native vectors: part p holds lanes p W .. p W + W - 1
   static constexpr int64_t parts = kLanes / kWidth<V>;
@@ -52,36 +53,49 @@ template <class V> INLINE float lane_sum(Sixteen<V> x) {
   return lanes[0];
 }
 
-// out[r] = q . k[r] for R keys: per key 16 lane sums in d order (a zero-padded last block), then `lane_sum`.
-// Each key's sum is the same whatever R (the keys' sums never mix).
-template <class V, int64_t R>
-INLINE void dots(const float* q, const float* const* k, int64_t dim, float* out) {
-  constexpr int64_t w = kWidth<V>;
-  Sixteen<V> acc[R] = {};
-  int64_t d = 0;
-  for (; d + kLanes <= dim; d += kLanes)
-    for (int64_t p = 0; p < Sixteen<V>::parts; ++p) {
-      const V x = load<V>(q + d + p * w);
-      for (int64_t r = 0; r < R; ++r) acc[r].part[p] += x * load<V>(k[r] + d + p * w);
+// Query heads scored together against each key and value they share (a GQA group): each key and value row is read
+// once for up to this many heads (from the L1 cache rather than once a head from the L2), with the heads' sums in
+// registers (16 lanes = `parts` native vectors a head).
+template <class V> constexpr int64_t kHeads = 8 / Sixteen<V>::parts;  // AVX-512 8, AVX2 4, SSE 2
+
+// scores[g][t] = q[g] . k[t] for Q heads and m keys: per (head, key) 16 lane sums in d order (a zero-padded last
+// block), then `lane_sum`. A sum never mixes with another head's or key's, so it is the same whatever Q.
+template <class V, int64_t Q>
+INLINE void dots(const float* const* q, const float* const* k, int64_t m, int64_t dim, float* const* scores) {
+  constexpr int64_t w = kWidth<V>, parts = Sixteen<V>::parts;
+  const int64_t whole = dim - dim % kLanes;
+  float x[Q][kLanes] = {};  // each head's last block, zero-padded
+  for (int64_t g = 0; g < Q; ++g) std::memcpy(x[g], q[g] + whole, (dim - whole) * sizeof(float));
+  for (int64_t t = 0; t < m; ++t) {
+    Sixteen<V> acc[Q] = {};
+    for (int64_t d = 0; d < whole; d += kLanes)
+      for (int64_t p = 0; p < parts; ++p) {
+        const V key = load<V>(k[t] + d + p * w);
+        for (int64_t g = 0; g < Q; ++g) acc[g].part[p] += load<V>(q[g] + d + p * w) * key;
+      }
+    if (whole < dim) {
+      float y[kLanes] = {};
+      std::memcpy(y, k[t] + whole, (dim - whole) * sizeof(float));
+      for (int64_t p = 0; p < parts; ++p)
+        for (int64_t g = 0; g < Q; ++g) acc[g].part[p] += load<V>(x[g] + p * w) * load<V>(y + p * w);
     }
-  if (d < dim) {  // the last block, zero-padded to 16
-    float x[kLanes] = {}, y[R][kLanes] = {};
-    std::memcpy(x, q + d, (dim - d) * sizeof(float));
-    for (int64_t r = 0; r < R; ++r) std::memcpy(y[r], k[r] + d, (dim - d) * sizeof(float));
-    for (int64_t p = 0; p < Sixteen<V>::parts; ++p)
-      for (int64_t r = 0; r < R; ++r) acc[r].part[p] += load<V>(x + p * w) * load<V>(y[r] + p * w);
+    for (int64_t g = 0; g < Q; ++g) scores[g][t] = lane_sum(acc[g]);
   }
-  for (int64_t r = 0; r < R; ++r) out[r] = lane_sum(acc[r]);
 }
 
-// out[c .. c + 16 C) = (sum over t, ascending, of p[t] * v[t][c ..]) / total: 16 C columns in registers.
-template <class V, int64_t C>
-INLINE void weighted(const float* p, const float* const* v, int64_t m, int64_t c, float total, float* out) {
-  constexpr int64_t w = kWidth<V>, vectors = C * kLanes / w;
-  V acc[vectors] = {};
+// out[g][c .. c + 16) = (sum over t, ascending, of p[g][t] * v[t][c ..]) / total[g] for Q heads.
+template <class V, int64_t Q>
+INLINE void weighted(const float* const* p, const float* const* v, int64_t m, int64_t c, const float* total,
+                     float* const* out) {
+  constexpr int64_t w = kWidth<V>, parts = Sixteen<V>::parts;
+  Sixteen<V> acc[Q] = {};
   for (int64_t t = 0; t < m; ++t)
-    for (int64_t j = 0; j < vectors; ++j) acc[j] += p[t] * load<V>(v[t] + c + j * w);
-  for (int64_t j = 0; j < vectors; ++j) store(out + c + j * w, acc[j] / total);
+    for (int64_t j = 0; j < parts; ++j) {
+      const V value = load<V>(v[t] + c + j * w);
+      for (int64_t g = 0; g < Q; ++g) acc[g].part[j] += p[g][t] * value;
+    }
+  for (int64_t g = 0; g < Q; ++g)
+    for (int64_t j = 0; j < parts; ++j) store(out[g] + c + j * w, acc[g].part[j] / total[g]);
 }
 
 // The same sums for the last dim % 16 columns, one column at a time (the same arithmetic per column).
@@ -98,20 +112,20 @@ struct Rows {  // strides in elements; the last dim of query, key and value is c
   const float *query, *key, *value;
   const bool* mask;  // nullptr: causal, query row i attends keys 0 .. L - n + i
   int64_t q_b, q_h, q_i, k_b, k_h, k_j, v_b, v_h, v_j, m_b, m_i, m_j;
-  int64_t n, length, dim, groups;
+  int64_t n, length, dim, groups, heads;
   float scale;
 };
 
-struct Scratch {  // per thread: L entries each
+struct Scratch {  // per thread: L entries each, scores L a head
   std::vector<float> scores;
   std::vector<const float*> keys, values;
-  explicit Scratch(int64_t length) : scores(length), keys(length), values(length) {}
+  explicit Scratch(int64_t length) : scores(kTaskHeads * length), keys(length), values(length) {}
 };
 
-// The rows of key and value that (b, h, i) attends to, ascending; returns how many.
-INLINE int64_t attended(const Rows& r, int64_t b, int64_t h, int64_t i, Scratch& s) {
-  const float* k = r.key + b * r.k_b + (h / r.groups) * r.k_h;
-  const float* v = r.value + b * r.v_b + (h / r.groups) * r.v_h;
+// The rows of key and value that (b, key head, i) attends to, ascending; returns how many.
+INLINE int64_t attended(const Rows& r, int64_t b, int64_t kv, int64_t i, Scratch& s) {
+  const float* k = r.key + b * r.k_b + kv * r.k_h;
+  const float* v = r.value + b * r.v_b + kv * r.v_h;
   const bool* row = r.mask == nullptr ? nullptr : r.mask + b * r.m_b + i * r.m_i;
   const int64_t end = row == nullptr ? r.length - r.n + i + 1 : r.length;
   int64_t m = 0;
@@ -133,35 +147,66 @@ template <class V> INLINE void exp_shifted(float* scores, int64_t m, float top) 
   std::memcpy(scores + t, &e, (m - t) * sizeof(float));
 }
 
-// One (b, h, i): out (D,) = softmax(scale * q . k_t over its attended keys t) . v_t; zeros if it attends none.
-template <class V> INLINE void attend(const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s) {
-  const int64_t m = attended(r, b, h, i, s);
-  if (m == 0) {
-    for (int64_t d = 0; d < r.dim; ++d) out[d] = 0.0f;
-    return;
-  }
-  const float* q = r.query + b * r.q_b + h * r.q_h + i * r.q_i;
-  float* scores = s.scores.data();
-  int64_t t = 0;
-  for (; t + kKeys <= m; t += kKeys) dots<V, kKeys>(q, &s.keys[t], r.dim, scores + t);
-  for (; t < m; ++t) dots<V, 1>(q, &s.keys[t], r.dim, scores + t);
+// scores[0 .. m) = exp(scale * scores - their max); returns their sum, in ascending order.
+template <class V> INLINE float softmax_numerators(float* scores, int64_t m, float scale) {
   float top = -std::numeric_limits<float>::infinity();
-  for (t = 0; t < m; ++t) {
-    scores[t] *= r.scale;
+  for (int64_t t = 0; t < m; ++t) {
+    scores[t] *= scale;
     top = scores[t] > top ? scores[t] : top;
   }
   exp_shifted<V>(scores, m, top);
   float total = 0.0f;
-  for (t = 0; t < m; ++t) total += scores[t];
-  const float* const* values = s.values.data();
-  int64_t c = 0;
-  for (; c + kBlock * kLanes <= r.dim; c += kBlock * kLanes) weighted<V, kBlock>(scores, values, m, c, total, out);
-  for (; c + kLanes <= r.dim; c += kLanes) weighted<V, 1>(scores, values, m, c, total, out);
-  weighted_tail(scores, values, m, c, r.dim, total, out);
+  for (int64_t t = 0; t < m; ++t) total += scores[t];
+  return total;
 }
 
-STRUCTSPEC_PER_ISA(void, attend_one, (const Rows& r, int64_t b, int64_t h, int64_t i, float* out, Scratch& s),
-                   attend<V>(r, b, h, i, out, s);)
+// Q query heads h0 .. h0 + Q - 1 of one group, at (b, i), over the m keys and values in `s`: out (D,) a head =
+// softmax(scale * q . k_t over the keys t) . v_t. Each head's numbers take the steps they would alone.
+template <class V, int64_t Q>
+INLINE void attend_heads(const Rows& r, int64_t b, int64_t h0, int64_t i, int64_t m, float* base, Scratch& s) {
+  const float* q[Q];
+  float *scores[Q], *out[Q], total[Q];
+  for (int64_t g = 0; g < Q; ++g) {
+    q[g] = r.query + b * r.q_b + (h0 + g) * r.q_h + i * r.q_i;
+    scores[g] = s.scores.data() + g * r.length;
+    out[g] = base + ((b * r.n + i) * r.heads + h0 + g) * r.dim;
+  }
+  dots<V, Q>(q, s.keys.data(), m, r.dim, scores);
+  for (int64_t g = 0; g < Q; ++g) total[g] = softmax_numerators<V>(scores[g], m, r.scale);
+  const float* const* values = s.values.data();
+  int64_t c = 0;
+  for (; c + kLanes <= r.dim; c += kLanes) weighted<V, Q>(scores, values, m, c, total, out);
+  for (int64_t g = 0; g < Q; ++g) weighted_tail(scores[g], values, m, c, r.dim, total[g], out[g]);
+}
+
+// Query heads h0 .. h0 + count - 1 (count <= kTaskHeads) of one group at (b, i), `kHeads` at a time; zeros for a
+// row that attends no key, as torch's sdpa gives.
+template <class V> INLINE void attend(const Rows& r, int64_t b, int64_t h0, int64_t count, int64_t i, float* base,
+                                      Scratch& s) {
+  const int64_t m = attended(r, b, h0 / r.groups, i, s);
+  if (m == 0) {
+    for (int64_t h = h0; h < h0 + count; ++h) std::fill_n(base + ((b * r.n + i) * r.heads + h) * r.dim, r.dim, 0.0f);
+    return;
+  }
+  for (int64_t h = h0; h < h0 + count;) {
+    const int64_t run = std::min(kHeads<V>, h0 + count - h);
+    switch (run) {  // kHeads<V> is at most 8
+      case 8: attend_heads<V, std::min<int64_t>(8, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      case 7: attend_heads<V, std::min<int64_t>(7, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      case 6: attend_heads<V, std::min<int64_t>(6, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      case 5: attend_heads<V, std::min<int64_t>(5, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      case 4: attend_heads<V, std::min<int64_t>(4, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      case 3: attend_heads<V, std::min<int64_t>(3, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      case 2: attend_heads<V, std::min<int64_t>(2, kHeads<V>)>(r, b, h, i, m, base, s); break;
+      default: attend_heads<V, 1>(r, b, h, i, m, base, s); break;
+    }
+    h += run;
+  }
+}
+
+STRUCTSPEC_PER_ISA(void, attend_some, (const Rows& r, int64_t b, int64_t h0, int64_t count, int64_t i, float* base,
+                                       Scratch& s),
+                   attend<V>(r, b, h0, count, i, base, s);)
 
 at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                    const std::optional<at::Tensor>& mask, double scale) {
@@ -179,7 +224,7 @@ at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& ke
   const at::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
   Rows rows{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), nullptr,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), 0, 0, 0, n, length, dim, heads / kv_heads,
+            v.stride(0), v.stride(1), v.stride(2), 0, 0, 0, n, length, dim, heads / kv_heads, heads,
             static_cast<float>(scale)};
   if (mask.has_value()) {
     const at::Tensor& m = *mask;
@@ -195,13 +240,17 @@ at::Tensor row_invariant_attention(const at::Tensor& query, const at::Tensor& ke
   }
   at::Tensor out = at::empty({batch, n, heads, dim}, query.options().memory_format(at::MemoryFormat::Contiguous));
   float* base = out.data_ptr<float>();
-  const int64_t tasks = batch * heads * n;  // task t: (b, h, i), i fastest (a head's tasks share its keys)
-  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, length * dim));
+  // task t: (b, key head, run of up to kTaskHeads of its query heads, i), i fastest (a group's tasks share its keys)
+  const int64_t groups = rows.groups, runs = (groups + kTaskHeads - 1) / kTaskHeads;
+  const int64_t tasks = batch * kv_heads * runs * n;
+  const int64_t grain =
+      std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(1, length * dim * std::min(groups, kTaskHeads)));
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     Scratch scratch(length);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t % n, h = (t / n) % heads, b = t / (n * heads);
-      attend_one(rows, b, h, i, base + ((b * n + i) * heads + h) * dim, scratch);
+      const int64_t i = t % n, run = (t / n) % runs, kv = (t / (n * runs)) % kv_heads, b = t / (n * runs * kv_heads);
+      const int64_t h0 = kv * groups + run * kTaskHeads;
+      attend_some(rows, b, h0, std::min(kTaskHeads, groups - run * kTaskHeads), i, base, scratch);
     }
   });
   return out;

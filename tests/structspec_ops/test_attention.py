@@ -105,6 +105,23 @@ def test_a_batch_row_with_left_padding_and_a_hole_is_bitwise_the_row_alone(atten
 
 
 @needs_op
+@pytest.mark.parametrize("heads, kv_heads", [(12, 2), (14, 2), (9, 1), (3, 3)])  # groups of 6, 7, 9 and 1 heads
+@pytest.mark.parametrize("dim", [8, 64, 72])
+def test_a_query_head_is_bitwise_the_head_alone(heads, kv_heads, dim):
+    """The op computes a group's query heads side by side (each key row read once for several); each head must still
+    be what it is alone, with its key head, whichever run of heads it falls in."""
+    query, key, value = _qkv(batch=2, heads=heads, kv_heads=kv_heads, n=4, length=9, dim=dim, seed=heads + dim)
+    holes = _causal(4, 9)[None].expand(2, 4, 9) & (torch.rand(2, 4, 9) > 0.3)
+    for mask in (None, holes):
+        out = torch.ops.structspec.row_invariant_attention(query, key, value, mask, 0.3)  # (B, n, H, D)
+        for h in range(heads):
+            kv = slice(h // (heads // kv_heads), h // (heads // kv_heads) + 1)
+            alone = torch.ops.structspec.row_invariant_attention(query[:, h : h + 1], key[:, kv], value[:, kv], mask,
+                                                                 0.3)
+            assert torch.equal(out[:, :, h : h + 1], alone), (h, mask is None)
+
+
+@needs_op
 def test_the_op_does_not_depend_on_the_number_of_threads():
     query, key, value = _qkv(batch=2, heads=8, kv_heads=2, n=33, length=40, dim=64, seed=4)
     with threads(1):
