@@ -88,6 +88,14 @@ def _failed(name: str, error: Exception) -> Built:
     return Built(name, False, f"the C++ op library {name!r} did not build: {lines[0].strip()[:200]}{where}")
 
 
+@functools.cache
+def sources_digest() -> str:
+    """A digest of every C++ source and header in csrc: what the op libraries of this copy compute, and how fast
+    (`assisted.policy.costs` keys the forward costs it remembers on disk by it)."""
+    files = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))
+    return hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
+
+
 def _headers_flag() -> str:
     """A define naming a digest of csrc's headers: torch rebuilds a library when its sources or flags change, and
     reads no header, so a changed header changes the flags."""

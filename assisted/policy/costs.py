@@ -11,21 +11,23 @@ is tried once when the drafts look good, and is then measured. A timing that noi
 itself, as the policy then verifies that many tokens and times them again.
 
 Costs belong to a (target, assistant, device) rather than to one call, so `generate` keeps a call's table for the
-next call on the same pair (`recall` / `memorize`), in memory and in a small file per pair and machine (`cost_dir`;
-the models named by their architecture and size, the machine by its CPU model): only the first call on a pair on a
-machine pays the warm-up, not the first call of every process. The table also keeps what the assistant's first call
-in a call costs per position it catches up on (its prefill: the assistant starts lazily) and the drafting rate
-earlier calls measured, so that a call can weigh starting the assistant at all. The mean acceptance is not kept: it
-belongs to the text. How often a draft of a given confidence is accepted belongs mostly to the pair and the sampling
-setting (per confidence bin, code, extraction and prose differ little), so the policy's calibration is kept per pair
-and sampling setting (`recall_calibration`, in memory). `forget` (public as `assisted.reset_remembered_state`) clears
-both, and the files. One lock guards both registries: concurrent `generate` calls from several threads read and
-write them safely (the last call to finish on a pair is remembered).
+next call on the same pair (`recall` / `memorize`), in memory and in a small file per pair, machine and code
+(`cost_dir`; the models named by their architecture and size, the machine by its CPU model, the code by the package
+version and a digest of the C++ ops' sources, so that costs measured on other kernels are never recalled): only the
+first call on a pair on a machine pays the warm-up, not the first call of every process. The table also keeps what
+the assistant's first call in a call costs per position it catches up on (its prefill: the assistant starts lazily)
+and the drafting rate earlier calls measured, so that a call can weigh starting the assistant at all. The mean
+acceptance is not kept: it belongs to the text. How often a draft of a given confidence is accepted belongs mostly to
+the pair and the sampling setting (per confidence bin, code, extraction and prose differ little), so the policy's
+calibration is kept per pair and sampling setting (`recall_calibration`, in memory). `forget` (public as
+`assisted.reset_remembered_state`) clears both, and the files. One lock guards both registries: concurrent `generate`
+calls from several threads read and write them safely (the last call to finish on a pair is remembered).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -42,6 +44,7 @@ import torch
 from assisted.models.int4_models import linear_kernels
 from assisted.models.packing import is_packed
 from fsm.vocabulary_cache import cache_folder
+from structspec_ops.build import sources_digest
 
 N_MAX = 64  # forwards over more tokens than this per row (prompt prefills) are not recorded
 
@@ -208,7 +211,7 @@ def _cost_file(target, assistant, device: tuple) -> Path | None:
     folder = cost_dir()
     if folder is None:
         return None
-    names = [_model_name(target), None if assistant is None else _model_name(assistant), device, _machine()]
+    names = [_model_name(target), None if assistant is None else _model_name(assistant), device, _machine(), _code()]
     return folder / f"costs-{hashlib.sha256(json.dumps(names, default=str).encode()).hexdigest()[:32]}.json"
 
 
@@ -216,6 +219,15 @@ def _model_name(model) -> list:
     config = model.config
     return [type(model).__name__, getattr(config, "_name_or_path", ""), config.to_json_string(use_diff=False),
             sum(p.numel() for p in model.parameters())]
+
+
+def _code() -> str:
+    """The package version and the C++ ops' sources digest: another copy of the kernels measures other costs."""
+    try:
+        version = importlib.metadata.version("structured-speculation")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{version} {sources_digest()}"
 
 
 def _machine() -> str:

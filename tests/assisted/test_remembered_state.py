@@ -56,8 +56,8 @@ def test_reset_remembered_state_clears_every_pair(tok, pair):
 
 def test_a_later_process_recalls_the_costs_from_the_machine_s_file(tok, pair, tmp_path, monkeypatch):
     """With a cost folder, a pair's costs outlive the process (a new process is memory cleared): recalled for models
-    of the same architecture and size, threads and kernels, not for another pair or thread count; a damaged file
-    reads as none; the reset removes the files."""
+    of the same architecture and size, threads and kernels, not for another pair, thread count or copy of the C++
+    ops; a damaged file reads as none; the reset removes the files."""
     from assisted.policy import costs as remembered
 
     monkeypatch.setenv("STRUCTSPEC_COST_CACHE", str(tmp_path))
@@ -72,6 +72,12 @@ def test_a_later_process_recalls_the_costs_from_the_machine_s_file(tok, pair, tm
     with torch.inference_mode(), threads(2):
         assert recall(*pair) is None  # another thread count: another device key, another file
     (file,) = tmp_path.glob("costs-*.json")
+    monkeypatch.setattr(remembered, "sources_digest", lambda: "other kernels")
+    with remembered._LOCK:
+        remembered._MEMORY.clear()
+    assert recall(*pair) is None  # costs measured on another copy of the C++ ops: not recalled
+    monkeypatch.undo()
+    monkeypatch.setenv("STRUCTSPEC_COST_CACHE", str(tmp_path))
     file.write_text(file.read_text()[:-7])
     with remembered._LOCK:
         remembered._MEMORY.clear()
