@@ -625,19 +625,21 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, s
     states = first[positions]
     for j, column in enumerate(layout.columns[1:], start=1):
         ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
-        ends[positions[ended:]] = states[ended:]
-        positions, states = positions[:ended], states[:ended]
-        if not len(positions):
+        if ended < len(positions):  # the loop skips what does nothing (count_nonzero: a C call, `any` is not)
+            ends[positions[ended:]] = states[ended:]
+            positions, states = positions[:ended], states[:ended]
+        if not ended:
             break
         if track_crossing:  # a token passing an accepting state is set apart there: it walks no further
             accepting = dfa.accepting.take(states)
-            if accepting.any():
+            if np.count_nonzero(accepting):
                 first_at.append((positions[accepting], j, states[accepting]))
                 crossed[positions[accepting]] = True
                 positions, states = positions[~accepting], states[~accepting]
         states = dfa.step(states, column[positions])
         alive = states != DEAD
-        positions, states = positions[alive], states[alive]
+        if np.count_nonzero(alive) < len(alive):
+            positions, states = positions[alive], states[alive]
     ends[positions] = states
     crossing = _crossings(crossed, first_at)
     ends[crossing[0]] = DEAD
