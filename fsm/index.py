@@ -96,7 +96,8 @@ class HeadWalk:
     def mask_with(self, dead: np.ndarray, extra_ids: np.ndarray, order: np.ndarray) -> torch.Tensor:
         """(vocab_size,) bool of the tokens that stay inside but those ending in a `dead` end ((n_ends,)
         bool), and the sorted `extra_ids` (shared by the states with the same dead ends and extras)."""
-        key = (np.packbits(dead).tobytes(), extra_ids.tobytes())
+        plain = not len(extra_ids) and not np.count_nonzero(dead)  # most states: the head's own mask
+        key = None if plain else (np.packbits(dead).tobytes(), extra_ids.tobytes())
         found = self._masks.get(key)
         if found is None:
             allowed = self.allowed.copy() if len(extra_ids) or dead.any() else self.allowed
@@ -625,19 +626,21 @@ def _walk_rows(dfa: LazyDFA, layout, state: int, track_crossing: bool = False, s
     states = first[positions]
     for j, column in enumerate(layout.columns[1:], start=1):
         ended = int(positions.searchsorted(layout.counts[j]))  # shorter tokens have ended
-        ends[positions[ended:]] = states[ended:]
-        positions, states = positions[:ended], states[:ended]
-        if not len(positions):
+        if ended < len(positions):  # the loop skips what does nothing (count_nonzero: a C call, `any` is not)
+            ends[positions[ended:]] = states[ended:]
+            positions, states = positions[:ended], states[:ended]
+        if not ended:
             break
         if track_crossing:  # a token passing an accepting state is set apart there: it walks no further
             accepting = dfa.accepting.take(states)
-            if accepting.any():
+            if np.count_nonzero(accepting):
                 first_at.append((positions[accepting], j, states[accepting]))
                 crossed[positions[accepting]] = True
                 positions, states = positions[~accepting], states[~accepting]
         states = dfa.step(states, column[positions])
         alive = states != DEAD
-        positions, states = positions[alive], states[alive]
+        if np.count_nonzero(alive) < len(alive):
+            positions, states = positions[alive], states[alive]
     ends[positions] = states
     crossing = _crossings(crossed, first_at)
     ends[crossing[0]] = DEAD
@@ -658,8 +661,10 @@ def _crossings(crossed: np.ndarray | None, first_at: list) -> tuple[np.ndarray, 
 def _head_state_info(walk: HeadWalk, mains: np.ndarray, number, extra_ids: np.ndarray, extra_slots: np.ndarray,
                      targets: np.ndarray, number_target, layout, exact: bool = False) -> HeadStateInfo:
     """The HeadStateInfo of a state; its max_token_length at least the longest allowed token, or, `exact`, that."""
-    order = np.argsort(extra_ids)
-    extra_ids, extra_slots = extra_ids[order].astype(np.int32), extra_slots[order]
+    if len(extra_ids) > 1:  # most states keep no crossing token: nothing to sort
+        order = np.argsort(extra_ids)
+        extra_ids, extra_slots = extra_ids[order], extra_slots[order]
+    extra_ids = extra_ids.astype(np.int32)
     inside = walk.max_token_length
     if exact:  # the longest token inside that ends where it leads on (rows run longest first)
         alive = mains.take(walk.end_of) != DEAD if len(walk.end_of) else np.zeros(0, dtype=bool)

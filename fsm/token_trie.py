@@ -139,6 +139,8 @@ class TokenTrie:
             return None
         states = dfa.step(states[owner], self.node_bytes[j + 1][children])
         alive = states != DEAD
+        if np.count_nonzero(alive) == len(alive):  # a C call: the filter costs two more
+            return children, states
         return children[alive], states[alive]
 
     @cached_property
@@ -164,7 +166,7 @@ class TokenTrie:
                 out_rows.append(rows)
                 out_states.append(states[owner])
             passing = dfa.accepting.take(states)  # their longer tokens pass the head's end here
-            if passing.any():
+            if np.count_nonzero(passing):
                 cross.append(self._below(j, nodes[passing], states[passing]))
                 nodes, states = nodes[~passing], states[~passing]
             below = self._descend(dfa, j, nodes, states)

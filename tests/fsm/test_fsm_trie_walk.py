@@ -255,3 +255,42 @@ def test_the_differential_sees_a_dropped_token(smol_tokenizer, monkeypatch):
     monkeypatch.setattr(TokenTrie, "walk", lossy)
     _, broken = _both(monkeypatch, clear_caches, lambda: _regex_masks(pattern, smol_tokenizer, seed=3))
     assert broken != reference
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_literal_state_of_few_tokens_is_sorted_as_one_of_many(monkeypatch, seed):
+    """`literal_info` sorts up to FEW_TOKENS ids in Python: the same ids, places (a token listed twice goes where its
+    last entry says), mask and longest token as the numpy path."""
+    from fsm import literals
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 12, 1000)
+    ids = rng.integers(0, 40, int(rng.integers(0, literals.FEW_TOKENS + 1)))  # duplicates likely
+    slots = rng.integers(0, 5, len(ids)).astype(np.int32)
+
+    def info(few: int):
+        monkeypatch.setattr(literals, "FEW_TOKENS", few)
+        return literals.literal_info(ids.copy(), slots.copy(), 5, None, np.zeros(1000, dtype=bool), lengths)
+
+    python, numpy = info(literals.FEW_TOKENS), info(-1)
+    assert python.token_ids.tolist() == numpy.token_ids.tolist()
+    assert python.token_ids.dtype == numpy.token_ids.dtype and python.slots.dtype == numpy.slots.dtype
+    assert python.slots.tolist() == numpy.slots.tolist()
+    assert bool((python.mask == numpy.mask).all()) and python.max_token_length == numpy.max_token_length
+
+
+def test_a_dfa_walk_derives_a_block_per_byte_not_a_row():
+    """`LazyDFA.walk` steps by blocks: the states of filled rows, and no row filled on its way."""
+    texts = [b"ab", b"abcd", b"abx", b"zz", b"a1b2", b""]
+    pattern = r"(ab|cd)+x?|[a-z][0-9][a-z][0-9]|z{2,3}"
+    from fsm.lazy_dfa import LazyDFA
+
+    root = compile_regex(pattern).root
+    by_blocks, by_rows = LazyDFA(root), LazyDFA(root).explore_all()
+    for text in texts:
+        walked = by_blocks.walk(text)
+        expected = by_rows.walk(text)
+        assert (walked == DEAD) == (expected == DEAD)
+        if walked != DEAD:
+            assert by_blocks.term(walked) is by_rows.term(expected)
+    assert not by_blocks._filled[: by_blocks.n_states].any()
