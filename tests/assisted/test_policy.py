@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from assisted.policy.auto import (AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf,
-                                  warmed_up)
+from assisted.policy.auto import (AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf, safe_drafts,
+                                  upside, warmed_up)
 from assisted.policy.costs import CostTable
 from assisted.policy.draft_policy import (SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost,
                                           make_policy)
@@ -139,19 +139,23 @@ def test_when_acceptance_returns_the_probes_notice_and_drafting_resumes():
 
 
 def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
-    cfg = AutoConfig()
-    trace = simulate(Auto(3), 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, confidence=lambda _: 0.0)
+    cfg, policy = AutoConfig(), Auto(3)
+    trace = simulate(policy, 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, confidence=lambda _: 0.0)
     probes = [i for i in range(6, len(trace)) if trace[i][0] > 0]
     gaps = {b - a for a, b in zip(probes, probes[1:])}
+    # the budget: `probe_budget` of the plain time times the most drafting could save (every draft accepted)
+    budget = cfg.probe_budget * upside(policy.state, cfg.k_max)
+    assert 0 < budget < cfg.probe_budget
     assert all(v == 0 for _, v in trace[6:])  # every probe is cut at its first, unsure token ...
-    assert len(probes) >= 8 and gaps == {math.ceil(0.05 / (cfg.probe_budget * 0.101)) + 1}  # ... and loses 0.05 s
+    assert len(probes) >= 4 and gaps == {math.ceil(0.05 / (budget * 0.101)) + 1}  # ... and loses 0.05 s
 
     policy = Auto(3)
     simulate(policy, 6, target=lambda n: 0.1, draft=0.05, confidence=lambda _: 0.0)
     policy.update(10, 0, StepCost(11, 0.1, 10, 0.5), (0.9,) * 10)  # a long draft failed at once: lost 0.5 s
     est = estimate(policy.state, cfg)
     expected_loss = 0.6 * (1.0 - est.drafting_rate / est.plain_rate)  # a step as long, at the rate deficit
-    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (cfg.probe_budget * 0.1))
+    budget = cfg.probe_budget * upside(policy.state, cfg.k_max)
+    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (budget * 0.1))
 
 
 def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decoding():
@@ -162,7 +166,8 @@ def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decodi
     state = observe(near_tie, 10, 0, StepCost(11, 0.1, 10, 0.5), cfg, (0.9,) * 10)  # 0.6 s for 1 token
     lost = 0.6 - 0.1  # what that step lost against plain decoding
     assert choose(state, cfg) == 0
-    assert _wait(state, cfg) <= math.ceil(lost / (cfg.probe_budget * 0.1)) / 4  # the next probe comes back soon
+    budget = cfg.probe_budget * upside(state, cfg.k_max)  # of the plain time, times the most drafting could save
+    assert _wait(state, cfg) <= math.ceil(lost / (budget * 0.1)) / 4  # the next probe comes back soon
 
 
 def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
@@ -285,7 +290,8 @@ def test_a_row_decodes_plainly_until_its_plain_steps_lost_what_the_assistants_ca
     unknown.assistant_behind(100)
     for _ in range(3):
         unknown.update(0, 0, StepCost(1, 0.4, 0, 0.0))
-    assert unknown.k == 5 and unknown.state.rent == pytest.approx(1.2)
+    # no rate known: it drafts, its first bets at most what could lose one plain step (`safe_drafts`: 2 of 0.1 s here)
+    assert unknown.k == safe_drafts(unknown.state, cfg.k_max) == 2 and unknown.state.rent == pytest.approx(1.2)
     slow = Auto(5, costs=replace(costs, drafting_rate=2.0))  # drafting slower than plain: probes' budget only
     slow.assistant_behind(100)
     slow.update(0, 0, StepCost(1, 0.4, 0, 0.0))
