@@ -327,13 +327,24 @@ def _measured_to_pay(state: AutoState, width: int = 1) -> bool:
 
 
 def _wait(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
-    """Plain steps before the next probe: enough that a drafting step's expected loss is the probe budget of them
-    (`probe_budget` times the most drafting could save, `upside`)."""
+    """Plain steps before the next probe: enough that its expected loss is the probe budget of them (`probe_budget`
+    times the most drafting could save, `upside`). A probe explores: it loses what a step as long as the last drafting
+    step did, or if shorter, a step of `safe_drafts` at the same rate deficit."""
     step = state.costs.curve(1, width)[1]
     budget = cfg.probe_budget * upside(state, cfg.k_max, width)
     if step <= 0:
         return 1
-    return max(1, math.ceil(state.probe_loss / (budget * step))) if budget > 0 else NEVER
+    return max(1, math.ceil(_probe_loss(state, cfg, width) / (budget * step))) if budget > 0 else NEVER
+
+
+def _probe_loss(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
+    """The expected seconds the next probe loses against plain decoding (`_wait`)."""
+    costs, est = state.costs, estimate(state, cfg, width)
+    if costs.draft_per_token is None or not est.drafting_rate or est.plain_rate <= 0:
+        return state.probe_loss
+    n = safe_drafts(state, cfg.k_max, width)
+    seconds = n * costs.draft_per_token + float(costs.curve(n + 1, width)[n + 1])
+    return min(state.probe_loss, seconds * max(0.0, 1.0 - est.drafting_rate / est.plain_rate))
 
 
 def best_drafting_rate(state: AutoState, k_max: int, width: int = 1) -> float | None:

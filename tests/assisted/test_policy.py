@@ -153,7 +153,9 @@ def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
     simulate(policy, 6, target=lambda n: 0.1, draft=0.05, confidence=lambda _: 0.0)
     policy.update(10, 0, StepCost(11, 0.1, 10, 0.5), (0.9,) * 10)  # a long draft failed at once: lost 0.5 s
     est = estimate(policy.state, cfg)
-    expected_loss = 0.6 * (1.0 - est.drafting_rate / est.plain_rate)  # a step as long, at the rate deficit
+    # the next probe explores: at most `safe_drafts` (2 drafts, 0.2 s: one plain step lost if both fail), at the deficit
+    assert safe_drafts(policy.state, cfg.k_max) == 2
+    expected_loss = 0.2 * (1.0 - est.drafting_rate / est.plain_rate)
     budget = cfg.probe_budget * upside(policy.state, cfg.k_max)
     assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (budget * 0.1))
 
