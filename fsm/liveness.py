@@ -4,10 +4,12 @@ Every live DFA state can reach acceptance by some bytes. With a vocabulary that 
 UTF-8 text as a token of its own (byte-level BPE, SentencePiece with byte fallback) that settles it.
 Vocabularies that lack a few single bytes (SmolLM2 lacks 0xF1, 0xF2 and some control bytes) need a
 check: a state is token-live when some string of single-byte tokens reaches acceptance from it,
-which an emptiness test on `term ∩ singles*` proves. The intersection is pushed through the term's
-structure (`restrict`: keep only single-token bytes in every byte set), so for terms without `and`
-and `not` the test is structural and exact, whatever the lengths of counted repeats. Only when that
-fails does a full crawl over tokens decide, once per index.
+which the string `rx.witness` finds by structure proves where it is of single-token bytes (printable
+ASCII first: most states with a complement or an intersection of free text, which the next test
+would search), else an emptiness test on `term ∩ singles*`. The intersection is pushed through the
+term's structure (`restrict`: keep only single-token bytes in every byte set), so for terms without
+`and` and `not` the test is structural and exact, whatever the lengths of counted repeats. Only when
+that fails does a full crawl over tokens decide, once per index.
 
 Most states need neither (`Spelling`): where each byte set of a term holds a single-token byte, and
 each intersection has a part of single-token bytes alone, every non-empty derivative of the term
@@ -62,11 +64,12 @@ class TokenLiveness:
         return self.status[states] == LIVE
 
     def _is_live(self, state: int) -> bool:
-        if self.dfa.accepting[state] or self.spelling.spelled(self.dfa.term(state)):  # live states are non-empty
-            return True
+        term = self.dfa.term(state)
+        if self.dfa.accepting[state] or self.spelling.spelled(term) or self._spells_witness(term):
+            return True  # live states are non-empty
         if len(self.restricted) > MAX_RESTRICTED:
             self.restricted.clear()
-        spelled = restrict(self.dfa.term(state), self.single_mask, self.singles, self.restricted)
+        spelled = restrict(term, self.single_mask, self.singles, self.restricted)
         self.proofs.append(spelled)
         try:
             if not rx.is_empty(spelled, limit=10_000):
@@ -78,6 +81,12 @@ class TokenLiveness:
         if self.exact is None:
             self.exact = self._crawl_all()
         return state < len(self.exact) and bool(self.exact[state])
+
+    def _spells_witness(self, term: rx.Rx) -> bool:
+        """Whether the string `rx.witness` finds for `term` by structure (printable ASCII first) is of single-token
+        bytes: those tokens, one a byte, spell a way to acceptance."""
+        found = rx.witness(term)
+        return found is not None and all(self.single_mask >> byte & 1 for byte in found)
 
     def _crawl_all(self) -> np.ndarray:
         """States from which some token sequence reaches acceptance (every token-reachable state)."""

@@ -12,7 +12,9 @@
 //
 // Three paths, chosen per call as for the int4 op: "vnni" (vpdpbusd), "avx2" (vpmaddubsw: two pairs of products
 // summed in int16 stay within 4 * 63 * 127 < 2^15, then vpmaddwd) and "portable" (plain C++). The int32 sums are
-// exact on every path and the float steps the same IEEE operations in the same order: bitwise the same y.
+// exact on every path and the float steps the same IEEE operations in the same order: bitwise the same y. (The AVX2
+// path's many-row tiles multiply by the scales with vpmaddwd, the pair sums against each lane's sc twice, and take
+// the -32 sum_t a terms two groups at a time from the row's group sums: the same exact integers.)
 //
 // Packed layout (structspec_ops/q6k.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
 //   [d: 16 f32][sc: 16 groups x 16 lanes i8][codes: 16 groups x 192 bytes]
@@ -51,6 +53,7 @@ constexpr int kMaxBlocks = 2;  // column blocks per tile
 struct Activations {
   const int8_t* codes;    // (n, K)
   const int32_t* minus;   // (n, K / 16): -32 times each group's sum of codes
+  const int32_t* sum_pairs;  // (n, K / 32): the sums of codes of groups 2 j (low int16) and 2 j + 1 (high)
   const float* scales;    // (n,): max-abs / 127
   int64_t k;
 };
@@ -76,12 +79,13 @@ void for_row_tiles(int64_t n, Run run) {
 
 // One row's codes, the int4 op's rounding (plain IEEE steps, the same on every path), and its group sums. Nearest,
 // ties to even, as (v + 1.5 * 2^23) - 1.5 * 2^23 rounds any |v| < 2^22 (here |v| <= 127): vectorisable, no libm.
-void quantize_row(const float* x, int64_t k, int8_t* codes, int32_t* minus, float* scale) {
+void quantize_row(const float* x, int64_t k, int8_t* codes, int32_t* minus, int32_t* sum_pairs, float* scale) {
   constexpr float kRound = 12582912.f;
   float maxabs = 0.f;
   for (int64_t i = 0; i < k; ++i) maxabs = std::max(maxabs, std::fabs(x[i]));
   const float inv = maxabs > 0.f ? 127.f / maxabs : 0.f;
   *scale = maxabs / 127.f;
+  int32_t even = 0;  // the sum of the last even group's codes
   for (int64_t g = 0; g < k; g += kGroup) {
     int32_t sum = 0;
     for (int64_t t = 0; t < kGroup; ++t) {
@@ -91,6 +95,12 @@ void quantize_row(const float* x, int64_t k, int8_t* codes, int32_t* minus, floa
       sum += a;
     }
     minus[g / kGroup] = -32 * sum;
+    if ((g / kGroup) % 2 == 0) {
+      even = sum;
+    } else {  // |sum| <= 16 * 128: an int16 each
+      const uint32_t low = static_cast<uint16_t>(even), high = static_cast<uint16_t>(sum);
+      sum_pairs[g / (2 * kGroup)] = static_cast<int32_t>(low | high << 16);
+    }
   }
 }
 
@@ -176,70 +186,113 @@ inline void unpack(const uint8_t* group, int half, __m256i v[4]) {
                          _mm256_and_si256(_mm256_srli_epi16(top, 2), two));
 }
 
-// R rows times H halves of 8 lanes of block c (from `first`): with H = 2 a block's stream is read once; 3 or 4 rows
-// take one half at a time (16 registers hold no more).
-template <int R, int H>
-void tile(const Tile& job, int64_t r0, int c, int first) {
-  const Activations& a = *job.a;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R][H];
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < H; ++h) acc[r][h] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < job.supers; ++s) {
-    const uint8_t* base = job.w[c] + s * kSuperBytes;
-    __m256i isum[R][H];
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < H; ++h) isum[r][h] = _mm256_setzero_si256();
-    for (int64_t g = 0; g < kGroups; ++g) {
-      const int64_t at = s * kGroups + g;
-      __m256i v[H][4], sc[H];
-      for (int h = 0; h < H; ++h) {
-        unpack(base + kCodesAt + g * kCodeBytes, first + h, v[h]);
-        sc[h] = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base + kScaleAt + g * kLanes + 8 * (first + h))));
-      }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* row = a.codes + (r0 + r) * a.k + at * kGroup;
-        const __m256i a0 = broadcast4(row), a1 = broadcast4(row + 4), a2 = broadcast4(row + 8),
-                      a3 = broadcast4(row + 12), minus = _mm256_set1_epi32(a.minus[(r0 + r) * (a.k / kGroup) + at]);
-        for (int h = 0; h < H; ++h) {
-          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[h][0], a0), _mm256_maddubs_epi16(v[h][1], a1));
-          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[h][2], a2), _mm256_maddubs_epi16(v[h][3], a3));
-          const __m256i dot = _mm256_add_epi32(
-              minus, _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)));
-          isum[r][h] = _mm256_add_epi32(isum[r][h], _mm256_mullo_epi32(sc[h], dot));
-        }
-      }
-    }
-    for (int h = 0; h < H; ++h) {
-      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(base) + 8 * (first + h));
-      for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[r][h]), acc[r][h]);
-    }
-  }
-  for (int h = 0; h < H; ++h) {
-    const int half = first + h, lanes = std::min(8, job.lanes[c] - 8 * half);
-    if (lanes <= 0) continue;  // a block of 8 lanes or fewer: its second half holds padding only
-    for (int r = 0; r < R; ++r) {
-      alignas(32) float values[kLanes] = {};
-      _mm256_store_ps(values + 8 * half, acc[r][h]);
-      Tile part = job;  // store lanes 8 half .. of this half only
-      part.column[c] = job.column[c] + 8 * half;
-      part.lanes[c] = lanes;
-      part.bias[c] = job.bias[c] == nullptr ? nullptr : job.bias[c] + 8 * half;
-      store(part, c, r0 + r, values + 8 * half, a.scales[r0 + r]);
-    }
-  }
-}
-
-template <int R>
-void halves(const Tile& job, int64_t r0, int c) {
-  tile<R, 1>(job, r0, c, 0);
-  if (job.lanes[c] > 8) tile<R, 1>(job, r0, c, 1);
-}
-
 inline __m256i in_register(__m256i v) {  // GCC would otherwise reassociate the sums into a tree of spilled terms
   asm("" : "+x"(v));
   return v;
+}
+
+// 8 lanes' scales of a group, each in both int16 halves of its lane's int32: vpmaddwd by it multiplies a lane's pair
+// sums by its scale and adds them.
+inline __m256i scale_pairs(const uint8_t* sc) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(raw, raw));
+}
+
+// 8 lanes' scales of groups 2 j and 2 j + 1 as int16 pairs (the first in the low half).
+inline __m256i scales_of_two_groups(const uint8_t* sc_even) {
+  const __m128i even = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc_even));
+  const __m128i odd = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc_even + kLanes));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd));
+}
+
+// Where a tile's code vectors come from: unpacked from the stream at each use (few rows), or from `Unpacked`, the
+// tile's blocks unpacked once per call (many rows: the unpacking is a third of a group's vector operations).
+struct FromStream {
+  const uint8_t* const* w;  // (C,) the blocks' streams
+  void operator()(int c, int64_t at, int half, __m256i v[4]) const {
+    unpack(w[c] + (at / kGroups) * kSuperBytes + kCodesAt + (at % kGroups) * kCodeBytes, half, v);
+  }
+};
+
+struct Unpacked {
+  const __m256i* codes;  // (C, groups, 2, 4): block c's group `at`, half h, vector i at (c groups + at) 8 + 4 h + i
+  int64_t groups;
+  void operator()(int c, int64_t at, int half, __m256i v[4]) const {
+    const __m256i* from = codes + (c * groups + at) * 8 + 4 * half;
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_load_si256(from + i);
+  }
+};
+
+// The integer pass of group `at` (in K order): dots[q][r], slice q's (block q / 2, lanes 8 (q % 2)..) sums of products
+// with row r's codes times the group's scale, int32, exact: two pairs of products summed in int16 stay within
+// 4 * 63 * 128 < 2^15, times |sc| <= 128.
+template <int R, int C, typename Codes>
+void group_dots(const Codes& codes, const uint8_t* const (&base)[C], int64_t at, const int8_t* const (&rows)[R],
+                __m256i (&dots)[2 * C][R]) {
+  for (int q = 0; q < 2 * C; ++q) {
+    __m256i v[4];
+    codes(q / 2, at, q % 2, v);
+    const __m256i sc = scale_pairs(base[q / 2] + kScaleAt + (at % kGroups) * kLanes + 8 * (q % 2));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = rows[r] + at * kGroup;
+      const __m256i p01 = in_register(_mm256_add_epi16(_mm256_maddubs_epi16(v[0], broadcast4(a)),
+                                                       _mm256_maddubs_epi16(v[1], broadcast4(a + 4))));
+      const __m256i p23 = in_register(_mm256_add_epi16(_mm256_maddubs_epi16(v[2], broadcast4(a + 8)),
+                                                       _mm256_maddubs_epi16(v[3], broadcast4(a + 12))));
+      _mm256_store_si256(&dots[q][r], _mm256_add_epi32(_mm256_madd_epi16(p01, sc), _mm256_madd_epi16(p23, sc)));
+    }
+  }
+}
+
+// R rows (from r0) times the 16 lanes of the tile's C column blocks, a super-block at a time in two passes:
+// `group_dots` for each group, then per slice and row the exact int32 sum over the groups, less 32 times the groups'
+// scales times the row's group sums (vpmaddwd over pairs of groups), and the float step: the portable path's integers
+// and float steps, so its bits. Against one pass (vpmulld by the scale each group, half a block at a time for 3-4
+// rows) and each tile unpacking its own codes, on a Zen 3: 59 -> 72 G multiply-adds a second at 64-128 rows.
+template <int R, int C, typename Codes>
+void tile(const Tile& job, int64_t r0, const Codes& codes) {
+  constexpr int S = 2 * C;
+  const Activations& a = *job.a;
+  const int8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = a.codes + (r0 + r) * a.k;
+  alignas(32) __m256i dots[kGroups][S][R];
+  __m256 acc[S][R];
+  for (int q = 0; q < S; ++q)
+    for (int r = 0; r < R; ++r) acc[q][r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < job.supers; ++s) {
+    const uint8_t* base[C];
+    for (int c = 0; c < C; ++c) base[c] = job.w[c] + s * kSuperBytes;
+    for (int64_t g = 0; g < kGroups; ++g) group_dots<R, C>(codes, base, s * kGroups + g, rows, dots[g]);
+    for (int q = 0; q < S; ++q) {
+      const uint8_t* block = base[q / 2];
+      __m256i sc2[kGroups / 2];
+      for (int j = 0; j < kGroups / 2; ++j)
+        sc2[j] = scales_of_two_groups(block + kScaleAt + 2 * j * kLanes + 8 * (q % 2));
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(block) + 8 * (q % 2));
+      for (int r = 0; r < R; ++r) {
+        const int32_t* sums = a.sum_pairs + (r0 + r) * (a.k / (2 * kGroup)) + s * (kGroups / 2);
+        __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
+        for (int64_t g = 0; g < kGroups; ++g) isum = _mm256_add_epi32(isum, _mm256_load_si256(&dots[g][q][r]));
+        for (int j = 0; j < kGroups / 2; ++j)
+          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(sc2[j], _mm256_set1_epi32(sums[j])));
+        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(msum, 5));  // the -32 sum_t a of each group
+        acc[q][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[q][r]);
+      }
+    }
+  }
+  for (int q = 0; q < S; ++q) {
+    const int c = q / 2, h = q % 2, lanes = std::min(8, job.lanes[c] - 8 * h);
+    if (lanes <= 0) continue;  // a block of 8 lanes or fewer: its second half holds padding only
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float values[8];
+      _mm256_store_ps(values, acc[q][r]);
+      Tile part = job;  // store lanes 8 h .. of block c only
+      part.column[c] = job.column[c] + 8 * h;
+      part.lanes[c] = lanes;
+      part.bias[c] = job.bias[c] == nullptr ? nullptr : job.bias[c] + 8 * h;
+      store(part, c, r0 + r, values, a.scales[r0 + r]);
+    }
+  }
 }
 
 // One row times the tile's two blocks, the blocks' streams interleaved group by group (two streams in flight: a cold
@@ -290,17 +343,38 @@ void one_row_two_blocks(const Tile& job) {
   }
 }
 
+template <int C, typename Codes>
+void rows_of(const Tile& job, const Codes& codes) {
+  for_row_tiles(job.n, [&](int64_t r0, int rows) {
+    switch (rows) {
+      case 4: tile<4, C>(job, r0, codes); break;
+      case 3: tile<3, C>(job, r0, codes); break;
+      case 2: tile<2, C>(job, r0, codes); break;
+      default: tile<1, C>(job, r0, codes); break;
+    }
+  });
+}
+
+template <typename Codes>
+void rows_of(const Tile& job, const Codes& codes) {
+  if (job.width == 2) rows_of<2>(job, codes);
+  else rows_of<1>(job, codes);
+}
+
+constexpr int64_t kUnpackOnceRows = 8;  // from this many rows a tile's blocks are unpacked once per call
+
 void run(const Tile& job) {
   if (job.n == 1 && job.width == 2) return one_row_two_blocks(job);
+  if (job.n < kUnpackOnceRows) return rows_of(job, FromStream{job.w});
+  thread_local std::vector<uint8_t> scratch;  // (width, groups, 2, 4) vectors: 16 K bytes a block
+  const int64_t groups = job.supers * kGroups;
+  scratch.resize(job.width * groups * 8 * sizeof(__m256i) + 32);
+  __m256i* codes = reinterpret_cast<__m256i*>((reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31});
+  const FromStream stream{job.w};
   for (int c = 0; c < job.width; ++c)
-    for_row_tiles(job.n, [&](int64_t r0, int rows) {
-      switch (rows) {
-        case 4: halves<4>(job, r0, c); break;
-        case 3: halves<3>(job, r0, c); break;
-        case 2: tile<2, 2>(job, r0, c, 0); break;
-        default: tile<1, 2>(job, r0, c, 0); break;
-      }
-    });
+    for (int64_t at = 0; at < groups; ++at)
+      for (int h = 0; h < 2; ++h) stream(c, at, h, codes + (c * groups + at) * 8 + 4 * h);
+  rows_of(job, Unpacked{codes, groups});
 }
 
 }  // namespace avx2
@@ -443,14 +517,17 @@ at::Tensor q6k_linear(const at::Tensor& x, const at::Tensor& packed, const c10::
   at::Tensor y = chosen.subset ? at::zeros({n, ldy}, x.options()) : at::empty({n, ldy}, x.options());
   at::Tensor codes = at::empty({n, k}, x.options().dtype(at::kChar));
   at::Tensor minus = at::empty({n, k / kGroup}, x.options().dtype(at::kInt));
+  at::Tensor sum_pairs = at::empty({n, k / (2 * kGroup)}, x.options().dtype(at::kInt));
   at::Tensor scales = at::empty({n}, x.options());
   const float* xs = x.data_ptr<float>();
   int8_t* code_data = codes.data_ptr<int8_t>();
   int32_t* minus_data = minus.data_ptr<int32_t>();
+  int32_t* pair_data = sum_pairs.data_ptr<int32_t>();
   float* scale_data = scales.data_ptr<float>();
   for (int64_t r = 0; r < n; ++r)  // O(n K): a few microseconds a row beside the O(n K out) products
-    quantize_row(xs + r * k, k, code_data + r * k, minus_data + r * (k / kGroup), scale_data + r);
-  const Activations a{code_data, minus_data, scale_data, k};
+    quantize_row(xs + r * k, k, code_data + r * k, minus_data + r * (k / kGroup), pair_data + r * (k / (2 * kGroup)),
+                 scale_data + r);
+  const Activations a{code_data, minus_data, pair_data, scale_data, k};
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* y_data = y.data_ptr<float>();
   const int64_t block_bytes = supers * kSuperBytes;

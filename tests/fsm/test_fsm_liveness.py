@@ -51,6 +51,8 @@ TERMS = {
     "list in braces": rx.seq(rx.literal(b'{"'), rx.any_order_list([rx.literal(b"a")], [], rx.NOTHING, rx.literal(b",")),
                              rx.literal(b'"}')),  # "{" only inside a token: not proved, yet live
     "regex": parse("(a|x)+b[abx]{0,3}"),
+    "not with x": rx.inter(rx.seq(rx.star(_letters("abx")), _letters("b")), rx.complement(rx.literal(b"ab"))),
+    "not from x": rx.inter(rx.seq(_letters("x"), rx.star(_letters("ab"))), rx.complement(rx.literal(b"xa"))),
 }
 RULES = {  # endless DFAs: checked along bounded walks
     "nest": _rule("nest", lambda call: rx.alt(rx.literal(b"a"), rx.seq(rx.literal(b'"'), call, rx.literal(b",")))),
@@ -93,7 +95,7 @@ def test_spelling_proves_the_plain_parts_and_intersections_with_a_part_of_single
     assert proved == {"needs x": False, "needs x last": False, "x or a": True, "only z": False, "z or b": True,
                       "f1 pair": False, "f1 alone": False, "and with a plain part": True, "and needing x": False,
                       "and of two with x": False, "not": False, "counted": True, "list": True, "list in braces": False,
-                      "regex": True}
+                      "regex": True, "not with x": False, "not from x": False}
     assert {name: spelling.spelled(term) for name, term in RULES.items()} == {"nest": True, "nest with x": False,
                                                                             "needing z": False}
 
@@ -104,6 +106,30 @@ def test_every_state_of_a_proved_term_is_proved():
     for name in ("x or a", "and with a plain part", "counted", "list", "regex"):
         dfa = LazyDFA(TERMS[name]).explore_all()
         assert all(spelling.spelled(dfa.term(s)) for s in range(dfa.n_states)), name
+
+
+@pytest.mark.parametrize("name", TERMS)
+def test_what_a_witness_of_single_bytes_proves_is_token_live(name):
+    dfa = LazyDFA(TERMS[name])
+    live = _token_live(dfa)
+    check = liveness.TokenLiveness(dfa, frozenset(b for b in range(256) if SINGLES >> b & 1), crawl=None)
+    proved = [s for s in range(dfa.n_states) if check._spells_witness(dfa.term(s))]
+    assert all(live[s] for s in proved), proved
+
+
+def test_a_witness_of_single_bytes_proves_what_the_spelling_does_not(monkeypatch):
+    """(a|b|x)*b minus "ab": neither part is of single bytes alone, but its witness "b" is; "x(a|b)*" minus "xa"
+    has the witness "x", which "x" alone does not spell: the emptiness test decides it."""
+    restricted = []
+    monkeypatch.setattr(liveness, "restrict", lambda term, *rest: restricted.append(term) or liveness.rx.NOTHING)
+    singles = frozenset(b for b in range(256) if SINGLES >> b & 1)
+    for name, proved in (("not with x", True), ("not from x", False)):
+        dfa = LazyDFA(TERMS[name])
+        assert not liveness.Spelling(SINGLES).spelled(dfa.term(0))
+        check = liveness.TokenLiveness(dfa, singles, crawl=lambda state: (None, np.zeros(0, np.int64)))
+        check.exact = np.zeros(1, dtype=bool)  # no crawl: what the emptiness test leaves is read as dead
+        assert check._is_live(0) == proved
+    assert restricted == [TERMS["not from x"]]
 
 
 @pytest.mark.parametrize("name", TERMS)

@@ -148,6 +148,29 @@ def test_every_path_gives_bitwise_the_same_output(n):
         assert torch.equal(y, outputs[best]), f"{name} differs from {best}"
 
 
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_extremes_of_codes_scales_and_activations_are_exact_on_every_path(sign):
+    """Codes 0 and 63, scales -128 and 127, activations +-127: the int16 pair sums and int32 group sums of the vector
+    paths at their bounds (4 * 63 * 127 < 2^15), in one-row, few-row and many-row calls (whose tiles unpack a block
+    once for all rows). Every path equals the float64 evaluation of the math within float32 rounding, and the others."""
+    out_features, k = 40, 512
+    lane = torch.arange(out_features)[:, None]
+    codes = torch.where((lane + torch.arange(k)[None] // 64) % 2 == 0, 63, 0).to(torch.uint8)
+    sc = torch.where((lane + torch.arange(k // 16)[None]) % 3 == 0, -128, 127).to(torch.int8)
+    d = torch.full((out_features, k // 256), 2.0**-10)
+    groups = q6k.Groups(codes, sc, d)
+    packed = q6k.pack(groups)
+    x = sign * torch.where(torch.arange(k) % 5 == 0, -1.0, 1.0).repeat(11, 1) * torch.arange(1, 12)[:, None]
+    expected, bound = _reference(x, groups, None)
+    outputs = {}
+    for name in int4.paths():
+        with int4.forced_path(name):
+            outputs[name] = torch.cat([q6k.linear(rows, packed) for rows in (x[:1], x[1:4], x[4:])])
+        assert_within(outputs[name], expected, bound, f"{name} at the extremes")
+    for name, y in outputs.items():
+        assert torch.equal(y, outputs["portable"]), f"{name} differs from portable"
+
+
 def test_a_pinned_checksum_holds_on_every_cpu():
     """Inputs from integers only (no random generator whose vector paths differ by CPU): the output bytes of one
     call, pinned. Computed on a Zen 4 (vnni, avx2 and portable alike); every path of every CPU must give it."""
