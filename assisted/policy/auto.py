@@ -36,12 +36,14 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   The bound: while plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) times the most
   drafting could save (`upside`: every draft accepted) of the time spent decoding plainly, plus the call's first
   `min_drafting_steps` drafting steps; where even every draft accepted would lose, a call never probes. A step that
-  explores (those first steps, probes) drafts at most what could lose one plain step (`safe_drafts`), whatever the
-  assistant's confidence claims before the target judged any of its drafts (another tokenizer's text: sure, often
-  wrong). The rate that decides is read with hope (`optimism` standard deviations above each acceptance): one early
-  miss of a sure draft, which thin evidence cannot tell from a poor assistant, does not end drafting. A probe cut at its
-  first token costs one assistant forward and comes back soon, so does a near tie (one unlucky rejection must
-  not lock a call into plain decoding); a long draft far behind comes back rarely.
+  explores (those first steps, probes) drafts at most what could lose one plain step should the target accept no more
+  of its drafts than of the row's last verified ones (`safe_drafts`; every draft rejected at a call's start), whatever
+  the assistant's confidence claims before the target judged any of its drafts (another tokenizer's text: sure, often
+  wrong): slow start, so a row whose drafts were all accepted about doubles its bet. The rate that decides is read with
+  hope (`optimism` standard deviations above each acceptance): one early miss of a sure draft, which thin evidence
+  cannot tell from a poor assistant, does not end drafting. A probe cut at its first token costs one assistant forward
+  and comes back soon, so does a near tie (one unlucky rejection must not lock a call into plain decoding); a long
+  draft far behind comes back rarely.
 
 - Per call, when to start the assistant (`catching_up`): it starts lazily, so its first call feeds the whole prompt
   (its prefill), which a short output may never earn back. Where earlier calls on the pair measured that catch-up
@@ -424,9 +426,17 @@ def cap(state: AutoState, cfg: AutoConfig, step: str, width: int = 1) -> int:
 
 def window(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
     """The most drafts of the next drafting step: `window_growth` x the last accepted run + 1, at least k0; at most
-    `safe_drafts` in a step that explores (a call's first steps and probes: drafting has not been measured to pay)."""
+    `safe_drafts` in a step that explores (a call's first steps and probes: drafting has not been measured to pay),
+    given the row's last accepted run (`last_run`)."""
     grown = max(state.window, state.k0)
-    return min(grown, safe_drafts(state, cfg.k_max, width)) if _explores(state, cfg, width) else grown
+    if not _explores(state, cfg, width):
+        return grown
+    return min(grown, safe_drafts(state, cfg.k_max, width, last_run(state, cfg)))
+
+
+def last_run(state: AutoState, cfg: AutoConfig) -> int:
+    """The drafts the target accepted in a row of the row's last step that verified drafts (0 before any)."""
+    return max(0, state.window // cfg.window_growth - 1)
 
 
 def _explores(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
@@ -438,17 +448,19 @@ def _explores(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
     return not (remembered and step > 0 and remembered >= width / step)
 
 
-def safe_drafts(state: AutoState, k_max: int, width: int = 1) -> int:
+def safe_drafts(state: AutoState, k_max: int, width: int = 1, run: int = 0) -> int:
     """The most drafts of an exploring step: the most that could pay (every draft accepted) and lose at most one plain
-    step (every draft rejected), whatever the assistant's confidence says before the target judged its drafts; where a
-    concave curve makes every such bet lose, the fewest that could pay. k_max where the costs are not timed."""
+    step should the target accept no more of them than the `run` it accepted of the row's last verified drafts (every
+    draft rejected, where none were), whatever the assistant's confidence says before the target judged its drafts:
+    slow start, so a row whose drafts were all accepted doubles its bet, and one that met a rejection bets little.
+    Where a concave curve makes every such bet lose, the fewest that could pay. k_max where the costs are not timed."""
     costs = state.costs
     if width not in costs.measured() or costs.draft_per_token is None:
         return k_max
     seconds, k = costs.curve(k_max + 1, width), np.arange(1, k_max + 1)  # (k_max + 2,), (k_max,)
     step = k * costs.draft_per_token + seconds[k + 1]  # (k_max,) a step of k drafts
     pays = (k + 1) / step > 1 / seconds[1]
-    safe = k[(step <= 2 * seconds[1]) & pays]
+    safe = k[(step <= (np.minimum(k, run) + 2) * seconds[1]) & pays]
     return int(safe.max()) if len(safe) else int(k[pays].min()) if pays.any() else 1
 
 

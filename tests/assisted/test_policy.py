@@ -160,6 +160,24 @@ def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
     assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (budget * 0.1))
 
 
+def test_an_exploring_step_bets_more_after_its_drafts_were_accepted_slow_start():
+    """An exploring step drafts at most what loses one plain step should the target accept no more of its drafts than
+    of the row's last verified ones: a row whose drafts were all accepted about doubles its bet, so a good assistant
+    that the costs make marginal at one draft (a draft costs over half a target step) reaches long drafts in a few
+    steps; after a draft rejected at once it bets what could lose one plain step (`safe_drafts` at run 0)."""
+    cfg = AutoConfig()
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(21, 0.1, 0.9).with_draft(0.055, 0.9)
+    state = AutoState(k0=5, costs=costs, prefilled=True, drafted_before=True)
+    # k drafts cost 0.055 k + 0.1 s: at most one plain step (0.1 s) lost if the target accepts `run` of them
+    assert [safe_drafts(state, cfg.k_max, run=run) for run in (0, 1, 3, 7)] == [1, 3, 7, 14]
+    # the call's first steps explore: the window (k0, then four times the accepted run + 1), held to that bet
+    assert choose(state, cfg) == 1
+    state = observe(state, 1, 1, StepCost(2, 0.1, 1, 0.055), cfg, (0.9,))
+    assert state.window == 8 and choose(state, cfg) == 3
+    state = observe(state, 3, 0, StepCost(4, 0.1, 3, 0.165), cfg, (0.9,) * 3)  # rejected at once
+    assert choose(state, cfg) <= 1
+
+
 def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decoding():
     cfg = AutoConfig()
     costs = CostTable().with_target(1, 0.1, 0.9).with_target(11, 0.1, 0.9).with_draft(0.05, 0.9)

@@ -21,9 +21,10 @@ LOSING = [
 
 
 # What `auto` lost there after issue 60 (0.94-0.96x) was its start and its probes, not a wrong estimate. Now a step
-# that explores (a call's first steps, probes) drafts at most what could lose one plain step (`safe_drafts`), probes
-# spend `probe_budget` times the most drafting could save (`upside`: none where even every draft accepted loses), and
-# drafting goes on while its rate read with hope beats plain decoding's (an early miss of a sure draft does not end it).
+# that explores (a call's first steps, probes) drafts at most what could lose one plain step were its drafts accepted
+# no further than the row's last ones (`safe_drafts`), probes spend `probe_budget` times the most drafting could save
+# (`upside`: none where even every draft accepted loses), and drafting goes on while its rate read with hope beats
+# plain decoding's (an early miss of a sure draft does not end it).
 
 
 @pytest.mark.parametrize("cell", LOSING, ids=str)
