@@ -1,6 +1,6 @@
 """A replay grid that can fail: `auto` against plain decoding and every fixed draft length, on injected costs.
 
-    python -m experiments.policy_grid [--steps 160] [--out experiments/results/<run>]
+    python -m experiments.policy_grid [--steps 160] [--out experiments/results/<run>] [--tsv cells.tsv]
 
 Each cell is a synthetic trace per row (acceptance and the assistant's confidence per position) and a cost model:
   acceptance  the mean chance a draft is accepted (each position's chance varies around it);
@@ -30,6 +30,7 @@ import math
 import sys
 import zlib
 from dataclasses import astuple, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -252,8 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     p = cli.parser("policy_grid", __doc__)
     p.add_argument("--steps", type=int, default=160)
     cli.add_out(p, required=False, help="write README.md with every cell here")
+    p.add_argument("--tsv", type=Path, help="also write every cell here, grid order: the cell, auto / best, plain, the "
+                   "best fixed k and auto tokens per second (tab-separated, no header)")
     args = p.parse_args(argv)
-    scores = sorted((score(c, args.steps) for c in grid()), key=lambda s: s.ratio)
+    scores = [score(c, args.steps) for c in grid()]
+    if args.tsv:
+        cells = ([*map(str, astuple(s.cell)), f"{s.ratio:.4f}", f"{s.plain:.4f}", f"{max(s.fixed.values()):.4f}",
+                  f"{s.auto:.4f}"] for s in scores)
+        args.tsv.write_text("".join("\t".join(cell) + "\n" for cell in cells))
+    scores = sorted(scores, key=lambda s: s.ratio)
     best = lambda s: "plain" if s.plain >= max(s.fixed.values()) else f"k={s.best_k}"  # noqa: E731
     lines = [f"{len(scores)} cells, {sum(s.ratio < 0.97 for s in scores)} below 0.97x; worst {scores[0].ratio:.3f}",
              "", *table(["acceptance", "T", "ratio", "rows", "source", "curve", "auto / best", "best", "plain tok/s",

@@ -33,10 +33,17 @@ Two decisions, both on costs measured online (`assisted.policy.costs.CostTable`)
   without the luck of one rejection). While plain decoding is faster, a drafting step (a probe) is retried
   once the plain steps since the last drafting step took long enough that what a step like it is expected to
   lose against plain decoding (its seconds times the rate deficit) is at most `probe_budget` of their time.
-  The bound: while plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) of the
-  time spent decoding plainly, plus the call's first `min_drafting_steps` drafting steps. A probe cut at its
-  first token costs one assistant forward and comes back soon, so does a near tie (one unlucky rejection must
-  not lock a call into plain decoding); a long draft far behind comes back rarely.
+  The bound: while plain decoding is faster, probes lose in expectation at most `probe_budget` (3%) times the most
+  drafting could save (`upside`: every draft accepted) of the time spent decoding plainly, plus the call's first
+  `min_drafting_steps` drafting steps; where even every draft accepted would lose, a call never probes. A step that
+  explores (those first steps, probes) drafts at most what could lose one plain step should the target accept no more
+  of its drafts than of the row's last verified ones (`safe_drafts`; every draft rejected at a call's start), whatever
+  the assistant's confidence claims before the target judged any of its drafts (another tokenizer's text: sure, often
+  wrong): slow start, so a row whose drafts were all accepted about doubles its bet. The rate that decides is read with
+  hope (`optimism` standard deviations above each acceptance): one early miss of a sure draft, which thin evidence
+  cannot tell from a poor assistant, does not end drafting. A probe cut at its first token costs one assistant forward
+  and comes back soon, so does a near tie (one unlucky rejection must not lock a call into plain decoding); a long
+  draft far behind comes back rarely.
 
 - Per call, when to start the assistant (`catching_up`): it starts lazily, so its first call feeds the whole prompt
   (its prefill), which a short output may never earn back. Where earlier calls on the pair measured that catch-up
@@ -117,6 +124,7 @@ class AutoState:
     calibration: Calibration = field(default_factory=Calibration)
     drafting_tokens: float = 0.0  # decayed expected tokens of timed drafting steps (forced tokens left out)
     drafting_seconds: float = 0.0  # their decayed seconds, both models
+    drafting_hope: float = 0.0  # decayed tokens of those steps with every acceptance read `optimism` stds higher
     drafting_steps: int = 0  # timed drafting steps so far
     prefilled: bool = False  # the call's first target forward (the prompt's prefill) is not recorded
     drafted_before: bool = False  # the call's first assistant call (the assistant's prefill) is not recorded
@@ -132,8 +140,10 @@ class AutoState:
     started: bool = False  # the assistant has drafted for this row this call (its catch-up is behind it)
 
 
-PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_steps", "prefilled", "drafted_before", "idle",
-          "probe_loss")  # what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
+NEVER = 2**62  # plain steps before a probe where no draft can pay (`_wait`)
+# what the rows of one forward share (`assisted.policy.prices`); the rest is each row's own
+PRICES = ("costs", "drafting_tokens", "drafting_seconds", "drafting_hope", "drafting_steps", "prefilled",
+          "drafted_before", "idle", "probe_loss")
 
 
 def observe(state: AutoState, drafted: int, accepted: int, cost: StepCost | None, cfg: AutoConfig,
@@ -206,13 +216,15 @@ def time_step(prices: AutoState, cost: StepCost | None, cfg: AutoConfig,
         return replace(new, idle=prices.idle + 1)
     if not timed:
         return replace(new, idle=0)
-    tokens = cfg.rate_decay * prices.drafting_tokens
+    tokens, hope = cfg.rate_decay * prices.drafting_tokens, cfg.rate_decay * prices.drafting_hope
     for row, confidence in rows:  # expected under the checked estimates: the mean of what it committed, without luck
-        tokens += 1.0 + float(np.cumprod(estimate(priced(row, new), cfg, width).accepts(confidence)).sum())
+        est = estimate(priced(row, new), cfg, width)
+        tokens += 1.0 + float(np.cumprod(est.accepts(confidence)).sum())
+        hope += 1.0 + float(np.cumprod(est.accepts(confidence, cfg.optimism)).sum())
     seconds = cfg.rate_decay * prices.drafting_seconds + step_seconds
     plain_tokens = seconds * estimate(new, cfg, width).plain_rate  # what plain decoding commits in that time
     deficit = 1.0 - tokens / plain_tokens if plain_tokens > 0 else 0.0
-    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds,
+    return replace(new, idle=0, drafting_tokens=tokens, drafting_seconds=seconds, drafting_hope=hope,
                    drafting_steps=prices.drafting_steps + 1, probe_loss=step_seconds * max(deficit, 0.0))
 
 
@@ -301,14 +313,59 @@ def catching_up(state: AutoState) -> bool:
 
 
 def _drafting_pays(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
-    est = estimate(state, cfg, width)
-    return state.drafting_steps < cfg.min_drafting_steps or est.drafting_rate >= est.plain_rate
+    """The call's first `min_drafting_steps` drafting steps, then while their rate read with hope is plain decoding's
+    or better: every acceptance at `optimism` standard deviations above its estimate, so one early miss of a sure
+    draft, which thin evidence cannot tell from a poor assistant, does not stop drafting (UCB's optimism under
+    uncertainty); with much evidence hope is the mean."""
+    return state.drafting_steps < cfg.min_drafting_steps or _measured_to_pay(state, width)
+
+
+def _measured_to_pay(state: AutoState, width: int = 1) -> bool:
+    """The call's drafting steps, read with hope (`_drafting_pays`), commit at least plain decoding's tokens per
+    second."""
+    step = state.costs.curve(1, width)[1]
+    plain = width / step if step > 0 else 0.0
+    return state.drafting_seconds > 0 and state.drafting_hope / state.drafting_seconds >= plain
 
 
 def _wait(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
-    """Plain steps before the next probe: enough that a drafting step's expected loss is `probe_budget` of them."""
+    """Plain steps before the next probe: enough that its expected loss is the probe budget of them (`probe_budget`
+    times the most drafting could save, `upside`). A probe explores: it loses what a step as long as the last drafting
+    step did, or if shorter, a step of `safe_drafts` at the same rate deficit."""
     step = state.costs.curve(1, width)[1]
-    return max(1, math.ceil(state.probe_loss / (cfg.probe_budget * step))) if step > 0 else 1
+    budget = cfg.probe_budget * upside(state, cfg.k_max, width)
+    if step <= 0:
+        return 1
+    return max(1, math.ceil(_probe_loss(state, cfg, width) / (budget * step))) if budget > 0 else NEVER
+
+
+def _probe_loss(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
+    """The expected seconds the next probe loses against plain decoding (`_wait`)."""
+    costs, est = state.costs, estimate(state, cfg, width)
+    if costs.draft_per_token is None or not est.drafting_rate or est.plain_rate <= 0:
+        return state.probe_loss
+    n = safe_drafts(state, cfg.k_max, width)
+    seconds = n * costs.draft_per_token + float(costs.curve(n + 1, width)[n + 1])
+    return min(state.probe_loss, seconds * max(0.0, 1.0 - est.drafting_rate / est.plain_rate))
+
+
+def best_drafting_rate(state: AutoState, k_max: int, width: int = 1) -> float | None:
+    """Tokens per second of drafting at its best, every draft accepted: the most of w (k + 1) / (k d + T(w (k + 1)))
+    over k = 1..k_max (d: an assistant round). None where the plain forward of `width` rows or the assistant was never
+    timed: the curve below its smallest timing is a guess."""
+    costs = state.costs
+    if width not in costs.measured() or costs.draft_per_token is None:
+        return None
+    seconds, k = costs.curve(k_max + 1, width), np.arange(1, k_max + 1)  # (k_max + 2,), (k_max,)
+    best = float((width * (k + 1) / (k * costs.draft_per_token + seconds[k + 1])).max())
+    return max(best, costs.drafting_rate or 0.0) if width == 1 else best
+
+
+def upside(state: AutoState, k_max: int, width: int = 1) -> float:
+    """The most drafting could save of plain decoding's time, every draft accepted: 1 - plain rate / the best drafting
+    rate (0 where it cannot pay; 1 where that is unknown)."""
+    best, step = best_drafting_rate(state, k_max, width), state.costs.curve(1, width)[1]
+    return 1.0 if best is None or step <= 0 else max(0.0, 1.0 - width / step / best)
 
 
 def can_pay(state: AutoState, width: int = 1) -> bool:
@@ -357,14 +414,54 @@ def mode(state: AutoState, cfg: AutoConfig, width: int = 1) -> str:
 def choose(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
     """The draft cap for the next step: the window, at most k_max (drafting, cut by `Estimates.cut`), or 0
     (plain decoding); k0 (or 1) during the warm-up (`mode`)."""
-    return cap(state, cfg, mode(state, cfg, width))
+    return cap(state, cfg, mode(state, cfg, width), width)
 
 
-def cap(state: AutoState, cfg: AutoConfig, step: str) -> int:
+def cap(state: AutoState, cfg: AutoConfig, step: str, width: int = 1) -> int:
     """A row's draft cap in a step of this `mode`."""
     if step == "warm-up":
         return state.k0 or 1
-    return min(cfg.k_max, max(state.window, state.k0)) if step == "draft" else 0
+    return min(cfg.k_max, window(state, cfg, width)) if step == "draft" else 0
+
+
+def window(state: AutoState, cfg: AutoConfig, width: int = 1) -> int:
+    """The most drafts of the next drafting step: `window_growth` x the last accepted run + 1, at least k0; at most
+    `safe_drafts` in a step that explores (a call's first steps and probes: drafting has not been measured to pay),
+    given the row's last accepted run (`last_run`)."""
+    grown = max(state.window, state.k0)
+    if not _explores(state, cfg, width):
+        return grown
+    return min(grown, safe_drafts(state, cfg.k_max, width, last_run(state, cfg)))
+
+
+def last_run(state: AutoState, cfg: AutoConfig) -> int:
+    """The drafts the target accepted in a row of the row's last step that verified drafts (0 before any)."""
+    return max(0, state.window // cfg.window_growth - 1)
+
+
+def _explores(state: AutoState, cfg: AutoConfig, width: int = 1) -> bool:
+    """Whether a drafting step would explore: the call's drafting steps (read with hope) do not commit plain decoding's
+    rate, or before `min_drafting_steps` of them, no earlier call on the pair measured drafting faster (one row)."""
+    if state.drafting_steps >= cfg.min_drafting_steps:
+        return not _measured_to_pay(state, width)
+    remembered, step = state.costs.drafting_rate if width == 1 else None, state.costs.curve(1, width)[1]
+    return not (remembered and step > 0 and remembered >= width / step)
+
+
+def safe_drafts(state: AutoState, k_max: int, width: int = 1, run: int = 0) -> int:
+    """The most drafts of an exploring step: the most that could pay (every draft accepted) and lose at most one plain
+    step should the target accept no more of them than the `run` it accepted of the row's last verified drafts (every
+    draft rejected, where none were), whatever the assistant's confidence says before the target judged its drafts:
+    slow start, so a row whose drafts were all accepted doubles its bet, and one that met a rejection bets little.
+    Where a concave curve makes every such bet lose, the fewest that could pay. k_max where the costs are not timed."""
+    costs = state.costs
+    if width not in costs.measured() or costs.draft_per_token is None:
+        return k_max
+    seconds, k = costs.curve(k_max + 1, width), np.arange(1, k_max + 1)  # (k_max + 2,), (k_max,)
+    step = k * costs.draft_per_token + seconds[k + 1]  # (k_max,) a step of k drafts
+    pays = (k + 1) / step > 1 / seconds[1]
+    safe = k[(step <= (np.minimum(k, run) + 2) * seconds[1]) & pays]
+    return int(safe.max()) if len(safe) else int(k[pays].min()) if pays.any() else 1
 
 
 class Auto:
@@ -474,5 +571,5 @@ class Auto:
         step)."""
         width, state = (1 if self.prices is None else self.prices.width), self.priced
         step = mode(state, self.config, width) if self.prices is None else self.prices.mode_for(self)
-        self.k = cap(state, self.config, "plain" if catching_up(state) else step)
+        self.k = cap(state, self.config, "plain" if catching_up(state) else step, width)
         self._estimates, self._cuts = estimate(state, self.config, width), warmed_up(state, width)

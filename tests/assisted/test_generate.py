@@ -294,7 +294,7 @@ def test_auto_stops_drafting_when_nothing_is_accepted(tok, models, plain_referen
     assert out.token_ids == plain_reference(target, **kw).token_ids
     trace, cfg = out.stats.k_trace, AutoConfig()
     assert trace[:3] == (5, 5, 0) and trace[3:].count(0) >= 0.8 * len(trace[3:])  # probes between plain steps ...
-    assert set(trace[3:]) <= {0, 5}  # ... drafting at most the window: k0, as nothing is accepted
+    assert max(trace[3:]) <= 5  # ... drafting at most the window (k0; probes explore, at most `safe_drafts`)
     assert sum(step.drafted for step in out.stats.steps[3:]) <= 3  # probes: unsure drafts cut before verification
     assert out.stats.estimates.acceptance < cfg.acceptance_prior
 

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from assisted.policy.auto import (AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf,
-                                  warmed_up)
+from assisted.policy.auto import (AutoState, Calibration, _wait, choose, estimate, observe, observe_leaf, safe_drafts,
+                                  upside, warmed_up)
 from assisted.policy.costs import CostTable
 from assisted.policy.draft_policy import (SCHEDULES, Auto, AutoConfig, Constant, Estimates, Heuristic, StepCost,
                                           make_policy)
@@ -139,19 +139,43 @@ def test_when_acceptance_returns_the_probes_notice_and_drafting_resumes():
 
 
 def test_probes_spend_at_most_the_budget_of_the_time_they_lose():
-    cfg = AutoConfig()
-    trace = simulate(Auto(3), 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, confidence=lambda _: 0.0)
+    cfg, policy = AutoConfig(), Auto(3)
+    trace = simulate(policy, 200, target=lambda n: 0.1 + 0.001 * n, draft=0.05, confidence=lambda _: 0.0)
     probes = [i for i in range(6, len(trace)) if trace[i][0] > 0]
     gaps = {b - a for a, b in zip(probes, probes[1:])}
+    # the budget: `probe_budget` of the plain time times the most drafting could save (every draft accepted)
+    budget = cfg.probe_budget * upside(policy.state, cfg.k_max)
+    assert 0 < budget < cfg.probe_budget
     assert all(v == 0 for _, v in trace[6:])  # every probe is cut at its first, unsure token ...
-    assert len(probes) >= 8 and gaps == {math.ceil(0.05 / (cfg.probe_budget * 0.101)) + 1}  # ... and loses 0.05 s
+    assert len(probes) >= 4 and gaps == {math.ceil(0.05 / (budget * 0.101)) + 1}  # ... and loses 0.05 s
 
     policy = Auto(3)
     simulate(policy, 6, target=lambda n: 0.1, draft=0.05, confidence=lambda _: 0.0)
     policy.update(10, 0, StepCost(11, 0.1, 10, 0.5), (0.9,) * 10)  # a long draft failed at once: lost 0.5 s
     est = estimate(policy.state, cfg)
-    expected_loss = 0.6 * (1.0 - est.drafting_rate / est.plain_rate)  # a step as long, at the rate deficit
-    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (cfg.probe_budget * 0.1))
+    # the next probe explores: at most `safe_drafts` (2 drafts, 0.2 s: one plain step lost if both fail), at the deficit
+    assert safe_drafts(policy.state, cfg.k_max) == 2
+    expected_loss = 0.2 * (1.0 - est.drafting_rate / est.plain_rate)
+    budget = cfg.probe_budget * upside(policy.state, cfg.k_max)
+    assert policy.k == 0 and _wait(policy.state, cfg) == math.ceil(expected_loss / (budget * 0.1))
+
+
+def test_an_exploring_step_bets_more_after_its_drafts_were_accepted_slow_start():
+    """An exploring step drafts at most what loses one plain step should the target accept no more of its drafts than
+    of the row's last verified ones: a row whose drafts were all accepted about doubles its bet, so a good assistant
+    that the costs make marginal at one draft (a draft costs over half a target step) reaches long drafts in a few
+    steps; after a draft rejected at once it bets what could lose one plain step (`safe_drafts` at run 0)."""
+    cfg = AutoConfig()
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(21, 0.1, 0.9).with_draft(0.055, 0.9)
+    state = AutoState(k0=5, costs=costs, prefilled=True, drafted_before=True)
+    # k drafts cost 0.055 k + 0.1 s: at most one plain step (0.1 s) lost if the target accepts `run` of them
+    assert [safe_drafts(state, cfg.k_max, run=run) for run in (0, 1, 3, 7)] == [1, 3, 7, 14]
+    # the call's first steps explore: the window (k0, then four times the accepted run + 1), held to that bet
+    assert choose(state, cfg) == 1
+    state = observe(state, 1, 1, StepCost(2, 0.1, 1, 0.055), cfg, (0.9,))
+    assert state.window == 8 and choose(state, cfg) == 3
+    state = observe(state, 3, 0, StepCost(4, 0.1, 3, 0.165), cfg, (0.9,) * 3)  # rejected at once
+    assert choose(state, cfg) <= 1
 
 
 def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decoding():
@@ -162,7 +186,8 @@ def test_one_unlucky_step_in_a_near_tie_does_not_lock_the_call_into_plain_decodi
     state = observe(near_tie, 10, 0, StepCost(11, 0.1, 10, 0.5), cfg, (0.9,) * 10)  # 0.6 s for 1 token
     lost = 0.6 - 0.1  # what that step lost against plain decoding
     assert choose(state, cfg) == 0
-    assert _wait(state, cfg) <= math.ceil(lost / (cfg.probe_budget * 0.1)) / 4  # the next probe comes back soon
+    budget = cfg.probe_budget * upside(state, cfg.k_max)  # of the plain time, times the most drafting could save
+    assert _wait(state, cfg) <= math.ceil(lost / (budget * 0.1)) / 4  # the next probe comes back soon
 
 
 def test_the_cut_weighs_each_draft_against_what_verifying_it_costs():
@@ -285,7 +310,8 @@ def test_a_row_decodes_plainly_until_its_plain_steps_lost_what_the_assistants_ca
     unknown.assistant_behind(100)
     for _ in range(3):
         unknown.update(0, 0, StepCost(1, 0.4, 0, 0.0))
-    assert unknown.k == 5 and unknown.state.rent == pytest.approx(1.2)
+    # no rate known: it drafts, its first bets at most what could lose one plain step (`safe_drafts`: 2 of 0.1 s here)
+    assert unknown.k == safe_drafts(unknown.state, cfg.k_max) == 2 and unknown.state.rent == pytest.approx(1.2)
     slow = Auto(5, costs=replace(costs, drafting_rate=2.0))  # drafting slower than plain: probes' budget only
     slow.assistant_behind(100)
     slow.update(0, 0, StepCost(1, 0.4, 0, 0.0))
