@@ -85,8 +85,8 @@ def assert_same_function(sides: dict[str, torch.Tensor], reference: torch.Tensor
     float64 is this machine's float32 rounding for this model. Each side must stay within `factor` times that error
     plus `ulps` float32 ulps of the largest reference value.
     """
-    scale = float(reference.abs().max())
-    noise = float((plain.double() - reference).abs().max())
+    scale = float(reference.detach().abs().max())
+    noise = float((plain.detach().double() - reference.detach()).abs().max())
     bound = factor * noise + ulps * U * 2 * scale
     for name, side in sides.items():
         assert_within(side, reference, bound, f"{name} against the float64 model (noise {noise:.3g})")

@@ -12,6 +12,7 @@ import torch
 
 from assisted.models.int4_models import linear_kernels, quantize_int4
 from assisted.models.q6k_linear import Q6KLinear
+from drafting.kv_cache import cache_argument
 from structspec_ops import int4, q6k
 from tests.helpers_models import threads, tiny_llama
 
@@ -65,6 +66,6 @@ def test_a_target_s_head_is_q6_k_where_it_fits_and_rows_stay_invariant():
         whole = model(ids).logits[0]
         cache = None
         for i in range(ids.shape[1]):
-            out = model(ids[:, i : i + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, i : i + 1], use_cache=True, **{cache_argument(type(model)): cache})
             cache = out.past_key_values
             assert torch.equal(out.logits[0, -1], whole[i]), i
