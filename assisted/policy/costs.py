@@ -26,6 +26,7 @@ calls from several threads read and write them safely (the last call to finish o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -223,11 +224,16 @@ def _model_name(model) -> list:
 
 def _code() -> str:
     """The package version and the C++ ops' sources digest: another copy of the kernels measures other costs."""
+    return f"{_version()} {sources_digest()}"
+
+
+@functools.cache
+def _version() -> str:
+    """This package's installed version (read once: a metadata lookup takes about a millisecond)."""
     try:
-        version = importlib.metadata.version("structured-speculation")
+        return importlib.metadata.version("structured-speculation")
     except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return f"{version} {sources_digest()}"
+        return "unknown"
 
 
 def _machine() -> str:
