@@ -51,8 +51,10 @@ RERUN = ["single", "ours:1", *(f"{kind}:{b}" for b in (4, 8, 16) for kind in OUR
 UNIT_FIELDS = ("unit", "repeat", "system", "documents", "seconds", "new_tokens", "valid", "errors",
                "latency_p50", "latency_p95", "padding_share", "target_forwards")
 DOC_FIELDS = ("unit", "repeat", "system", "id", "latency", "new_tokens", "valid", "error", "text")
-LABELS = {"ours": "ours: generate_batch", "shared": "ours: generate_batch, shared prefixes",
-          "forced": "ours without the assistant", "forced-shared": "the same, shared prefixes",
+LABELS = {"ours": "ours: generate_batch with the assistant",  # each label stands alone: a plot may hold any of them
+          "shared": "ours: generate_batch with the assistant, shared prefixes",
+          "forced": "ours: generate_batch, forced tokens only",
+          "forced-shared": "ours: generate_batch, forced tokens only, shared prefixes",
           "hf-xgrammar": "transformers + XGrammar (compact)", "hf-ours": "transformers + our logits_processor"}
 
 
