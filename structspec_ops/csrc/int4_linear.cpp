@@ -277,15 +277,15 @@ void group_pairs(const uint8_t* const (&base)[C], int64_t groups, int64_t g, con
 
 // The float pass of super-block s: each group's pair sums (`group_pairs`) widened by vpmaddwd (int32, exact) and
 // added to acc[q][r] in K order (sums: row r's group sums at sums[r * sums_per_row + group]). A lane's sequence of
-// operations is the same whatever Q, the number of slices whose accumulators run side by side: a one-row tile has one
-// chain of dependent FMAs a slice, so it runs all its slices together (measured on a Zen 3, cold 8960 x 1536 and
-// 1536 x 8960: a one-row call 1.06-1.10x faster); a tile of several rows has chains enough and keeps Q = 1 (more
-// registers in flight measured slower there).
+// operations is the same whatever Q, the number of slices whose accumulators run side by side: a tile of one or two
+// rows has one or two chains of dependent FMAs a slice, so it runs all its slices together (measured on a Zen 3, cold
+// calls of the Qwen2.5 1.5B's and 0.5B's shapes, alternating in one process: one row 1.05-1.12x faster, two rows
+// 1.05-1.09x); a tile of more rows has chains enough and keeps Q = 1 (all slices together measured 0.94-0.96x there).
 template <int R, int C>
 void add_groups(const uint8_t* const (&base)[C], int64_t groups, int64_t s,
                 const __m256i (&pairs)[kMaxGroups][2 * C][R], const float* sums, int64_t sums_per_row,
                 __m256 (&acc)[2 * C][R]) {
-  constexpr int S = 2 * C, Q = R == 1 ? S : 1;
+  constexpr int S = 2 * C, Q = R <= 2 ? S : 1;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int q0 = 0; q0 < S; q0 += Q) {
     const uint8_t* block[Q];
