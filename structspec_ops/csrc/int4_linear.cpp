@@ -315,12 +315,12 @@ void add_groups(const uint8_t* const (&base)[C], int64_t groups, int64_t s,
   }
 }
 
-// R rows (from r0) times the 16 lanes of the tile's C column blocks, over the whole K: S = 2 C slices of 8 lanes
-// (slice q: block q / 2, lanes 8 (q % 2)..), one super-block at a time in two passes that each fit the 16 registers:
+// R rows (from r0) times the 16 lanes of the tile's C column blocks, over the whole K: S = 2 C slices of 8 lanes (slice
+// q: block q / 2, lanes 8 (q % 2)..), one super-block at a time in two passes that each fit the 16 registers:
 // `group_pairs`, then the float pass (`add_groups`) that widens each group's sums by vpmaddwd (int32, exact) and adds
-// the groups in K order. Measured on a Zen 3 against one pass (int32 sums a 4-input step, one block at a time, a half block at a
-// time for 3-4 rows): a warm forward of 16 rows 1.25x faster; a cold call (8960 x 1536) 1.35x faster at one row
-// (0.62 -> 0.46 ms), 1.25x at two, 1.17x at four.
+// the groups in K order. Measured on a Zen 3 against one pass (int32 sums a 4-input step, one block at a time, a half
+// block at a time for 3-4 rows): a warm forward of 16 rows 1.25x faster; a cold call (8960 x 1536) 1.35x faster at one
+// row (0.62 -> 0.46 ms), 1.25x at two, 1.17x at four.
 template <int R, int C>
 void tile(const Tile& job, int64_t r0) {
   constexpr int S = 2 * C;
