@@ -159,7 +159,8 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
           confidence: tuple[float, ...] = ()) -> AutoState:
     """A row's beliefs after the target judged its drafts (`asked`: the assistant drafted for it this step): mean
     acceptance of assistant and prompt-lookup drafts, the calibration, and the window (a step that verified drafts
-    sets it to `window_growth` x its accepted run + 1; one whose cut verified nothing says nothing about it)."""
+    sets it to `window_growth` x its accepted run + 1, the assistant's or, where it did not draft, the prompt-lookup
+    copies'; one whose cut verified nothing says nothing about it)."""
     verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
     judged = estimate(state, cfg).accepts(verified[:drafted], checked=False)  # (drafted,) as estimated
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
@@ -176,7 +177,7 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
         new = replace(new, predicted=cfg.worth_decay * state.predicted + float(judged.sum()),
                       realized=cfg.worth_decay * state.realized + accepted,
                       spread=cfg.worth_decay * state.spread + float((judged * (1.0 - judged)).sum()))
-    return replace(new, window=cfg.window_growth * (accepted + 1)) if asked and drafted else new
+    return replace(new, window=cfg.window_growth * (accepted + 1)) if drafted and (asked or lookup.all()) else new
 
 
 def _faded(counts: tuple[float, ...], judged: np.ndarray, new: np.ndarray, decay: float) -> tuple[float, ...]:
