@@ -419,8 +419,8 @@ def test_a_step_whose_cut_verified_nothing_keeps_the_window():
 
 
 def test_a_row_without_an_assistant_grows_its_window_from_the_copies_the_target_accepted():
-    """Prompt-lookup copies alone (no assistant call): a step whose copies were all accepted widens the cut's cap like an
-    assistant's run (it stayed at k0 for the whole call: at 95% acceptance the cut verified 5 copies where 8 paid)."""
+    """Prompt-lookup copies alone (no assistant call): a step whose copies were all accepted widens the cut's cap like
+    an assistant's run (it stayed at k0 all call: at 95% acceptance the cut verified 5 copies where 8 paid)."""
     costs = CostTable().with_target(1, 0.1, 0.9).with_target(8, 0.2, 0.9)
     policy = Auto(5, costs=costs)
     policy.update(5, 5, StepCost(6, 0.15, 0, 0.0), (math.nan,) * 5)
