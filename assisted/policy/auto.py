@@ -159,7 +159,8 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
           confidence: tuple[float, ...] = ()) -> AutoState:
     """A row's beliefs after the target judged its drafts (`asked`: the assistant drafted for it this step): mean
     acceptance of assistant and prompt-lookup drafts, the calibration, and the window (a step that verified drafts
-    sets it to `window_growth` x its accepted run + 1; one whose cut verified nothing says nothing about it)."""
+    sets it to `window_growth` x its accepted run + 1, the assistant's or, where it did not draft, the prompt-lookup
+    copies'; one whose cut verified nothing says nothing about it)."""
     verified = confidence + (math.nan,) * (drafted - len(confidence))  # missing: no confidence, like lookup
     judged = estimate(state, cfg).accepts(verified[:drafted], checked=False)  # (drafted,) as estimated
     lookup, ok = np.isnan(np.asarray(verified[:drafted], dtype=float)), np.arange(drafted) < accepted  # (drafted,)
@@ -176,7 +177,7 @@ def learn(state: AutoState, drafted: int, accepted: int, asked: bool, cfg: AutoC
         new = replace(new, predicted=cfg.worth_decay * state.predicted + float(judged.sum()),
                       realized=cfg.worth_decay * state.realized + accepted,
                       spread=cfg.worth_decay * state.spread + float((judged * (1.0 - judged)).sum()))
-    return replace(new, window=cfg.window_growth * (accepted + 1)) if asked and drafted else new
+    return replace(new, window=cfg.window_growth * (accepted + 1)) if drafted and (asked or lookup.all()) else new
 
 
 def _faded(counts: tuple[float, ...], judged: np.ndarray, new: np.ndarray, decay: float) -> tuple[float, ...]:
@@ -344,8 +345,7 @@ def _probe_loss(state: AutoState, cfg: AutoConfig, width: int = 1) -> float:
     costs, est = state.costs, estimate(state, cfg, width)
     if costs.draft_per_token is None or not est.drafting_rate or est.plain_rate <= 0:
         return state.probe_loss
-    n = safe_drafts(state, cfg.k_max, width)
-    seconds = n * costs.draft_per_token + float(costs.curve(n + 1, width)[n + 1])
+    seconds = drafting_step_seconds(costs, cfg.k_max, width)[safe_drafts(state, cfg.k_max, width) - 1]
     return min(state.probe_loss, seconds * max(0.0, 1.0 - est.drafting_rate / est.plain_rate))
 
 
@@ -356,9 +356,16 @@ def best_drafting_rate(state: AutoState, k_max: int, width: int = 1) -> float | 
     costs = state.costs
     if width not in costs.measured() or costs.draft_per_token is None:
         return None
-    seconds, k = costs.curve(k_max + 1, width), np.arange(1, k_max + 1)  # (k_max + 2,), (k_max,)
-    best = float((width * (k + 1) / (k * costs.draft_per_token + seconds[k + 1])).max())
+    k = np.arange(1, k_max + 1)  # (k_max,)
+    best = float((width * (k + 1) / drafting_step_seconds(costs, k_max, width)).max())
     return max(best, costs.drafting_rate or 0.0) if width == 1 else best
+
+
+def drafting_step_seconds(costs: CostTable, k_max: int, width: int = 1) -> np.ndarray:
+    """(k_max,) seconds of a step of k = 1..k_max drafts per row over `width` rows: k assistant rounds and the target's
+    forward over k + 1 positions per row (the cost table must hold the assistant's seconds)."""
+    k = np.arange(1, k_max + 1)  # (k_max,)
+    return k * costs.draft_per_token + costs.curve(k_max + 1, width)[k + 1]
 
 
 def upside(state: AutoState, k_max: int, width: int = 1) -> float:
@@ -457,10 +464,10 @@ def safe_drafts(state: AutoState, k_max: int, width: int = 1, run: int = 0) -> i
     costs = state.costs
     if width not in costs.measured() or costs.draft_per_token is None:
         return k_max
-    seconds, k = costs.curve(k_max + 1, width), np.arange(1, k_max + 1)  # (k_max + 2,), (k_max,)
-    step = k * costs.draft_per_token + seconds[k + 1]  # (k_max,) a step of k drafts
-    pays = (k + 1) / step > 1 / seconds[1]
-    safe = k[(step <= (np.minimum(k, run) + 2) * seconds[1]) & pays]
+    plain, k = costs.curve(1, width)[1], np.arange(1, k_max + 1)  # (k_max,)
+    step = drafting_step_seconds(costs, k_max, width)  # (k_max,) a step of k drafts
+    pays = (k + 1) / step > 1 / plain
+    safe = k[(step <= (np.minimum(k, run) + 2) * plain) & pays]
     return int(safe.max()) if len(safe) else int(k[pays].min()) if pays.any() else 1
 
 

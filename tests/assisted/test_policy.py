@@ -418,6 +418,17 @@ def test_a_step_whose_cut_verified_nothing_keeps_the_window():
     assert policy.state.window == 8
 
 
+def test_a_row_without_an_assistant_grows_its_window_from_the_copies_the_target_accepted():
+    """Prompt-lookup copies alone (no assistant call): a step whose copies were all accepted widens the cut's cap like
+    an assistant's run (it stayed at k0 all call: at 95% acceptance the cut verified 5 copies where 8 paid)."""
+    costs = CostTable().with_target(1, 0.1, 0.9).with_target(8, 0.2, 0.9)
+    policy = Auto(5, costs=costs)
+    policy.update(5, 5, StepCost(6, 0.15, 0, 0.0), (math.nan,) * 5)
+    assert policy.state.window == 24 and policy.estimates().cap(20) == 20
+    policy.update(4, 1, StepCost(5, 0.15, 0, 0.0), (math.nan,) * 4)  # rejected at the second copy
+    assert policy.state.window == 8
+
+
 def test_a_table_that_never_timed_the_plain_forward_prices_it_on_the_line_through_the_two_narrowest():
     """In a batch every forward is wider than its rows (forced tokens and copies are positions too), so the plain
     forward of 16 rows may never run; the cost table then prices it from the two narrowest forwards timed, and the
