@@ -183,6 +183,18 @@ def test_a_step_derives_only_the_blocks_its_bytes_need():
     assert (dfa.row(0) != DEAD).sum() == 26 and len(root._derivatives) == len(root.classes)
 
 
+def test_a_step_on_many_bytes_of_a_row_derives_only_their_blocks():
+    """A step on 12 of 26 first letters, each twice (a column walk's many cells of one row), derives those 12
+    blocks, not the row, and reaches each letter's derivative."""
+    words = [rx.literal(chr(c) + "xyz") for c in range(ord("a"), ord("z") + 1)]
+    root = rx.alt(*words)
+    dfa = LazyDFA(root)
+    data = np.frombuffer(b"abcdefghijkl" * 2, dtype=np.uint8)
+    stepped = dfa.step(np.zeros(len(data), dtype=np.int32), data)
+    assert len(root._derivatives) == 12 and (dfa.transitions[0] != DEAD).sum() == 12 and not dfa._filled[0]
+    assert [dfa.term(s) for s in stepped.tolist()] == [rx.derivative(root, b) for b in data.tolist()]
+
+
 def test_terms_are_interned():
     assert parse("(?:ab|cd)+") is parse("(ab|cd)+") is parse("(?:cd|ab)+")
     assert parse("[a-c]x") is rx.seq(rx.byte_range(97, 99), rx.literal("x"))
