@@ -123,6 +123,7 @@ class Assistant:
         self.kv, self.warp = kv, warp
         self.masks = DeviceMasks(input_device(kv.model))
         self.forwards, self.seconds = 0, 0.0  # drafting rounds (assistant forwards) and their wall time
+        self.positions = 0  # positions those forwards computed (`RowsKV.positions`: each row's catch-up included)
 
     def draft(self, proposals: list[Proposal], generators: list, processors: list) -> list[int]:
         """Complete every row's proposal (`rounds` over `RowAsker`s); returns how many assistant forwards each row
@@ -142,6 +143,7 @@ class Assistant:
             start = time.perf_counter()
             self._crop(askers)
             feeds = [askers[r].feed(n) if r in asking else [] for r, n in enumerate(self.kv.lengths)]
+            self.positions += self.kv.positions(feeds)
             use_full_head(self.kv.model, [askers[r].mask for r in asking])  # a draft vocabulary's exceptions
             with only_allowed(self.kv.model, self._masks([askers[r] for r in asking])):
                 logits = self.kv.run(feeds, [1] * len(feeds))  # (1, V) per asking row: after its whole context

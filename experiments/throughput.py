@@ -22,7 +22,11 @@ Units: the documents are cut into chunks of `--chunk`; every (chunk, repeat) uni
 rotated per unit, so slow phases of a shared machine hit all systems alike. Reported per system: documents per
 minute, new tokens per second, per-document latency p50/p95 (from the document's admission to its result: a batch's
 wall time for transformers, the row's time in the batch for ours; queueing excluded), padding share, valid outputs
-(every output checked with `jsonschema`). Ratios are paired per unit (geometric mean, 90% t-interval).
+(every output checked with `jsonschema`). Ratios are paired per unit (geometric mean, 90% t-interval). Each unit's
+row in units.csv also records what its forwards ran and cost (`COSTS`): for ours the batch's `BatchStats` (target
+forwards, positions computed and used, the assistant's forwards, positions (its catch-up included) and seconds, and
+the seconds of each of the engine's stages), for the one-by-one loop the rows' sums; the README's last table shows
+their means for ours.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from assisted import generate, generate_batch, logits_processor
+from assisted.rows.batch_stats import STAGES as BATCH_STAGES
 from experiments.lib import cli
 from experiments.lib.report import cpu_name, pyplot, read_rows, run_lines, save_figure, write_rows
 from experiments.lib.runner import interleaved, paired, timed
@@ -48,8 +53,11 @@ DOCUMENTS = Path(__file__).parent / "prompts" / "support_tickets.jsonl"
 OURS = {"ours": (True, False), "shared": (True, True), "forced": (False, False), "forced-shared": (False, True)}
 RERUN = ["single", "ours:1", *(f"{kind}:{b}" for b in (4, 8, 16) for kind in OURS),
          *(f"hf-xgrammar:{b}" for b in (1, 4, 8, 16))]  # issue 54's rerun: B in 1/4/8/16
+STAGES = tuple(f"{stage}_seconds" for stage in BATCH_STAGES)  # ours: the engine's stages (`BatchStats.stage_seconds`)
+COSTS = ("target_seconds", "positions_computed", "positions_used", "prefill_forwards", "assistant_forwards",
+         "assistant_positions", "assistant_seconds", *STAGES)  # what each forward did and cost (blank: not known)
 UNIT_FIELDS = ("unit", "repeat", "system", "documents", "seconds", "new_tokens", "valid", "errors",
-               "latency_p50", "latency_p95", "padding_share", "target_forwards")
+               "latency_p50", "latency_p95", "padding_share", "target_forwards", *COSTS)
 DOC_FIELDS = ("unit", "repeat", "system", "id", "latency", "new_tokens", "valid", "error", "text")
 LABELS = {"ours": "ours: generate_batch with the assistant",  # each label stands alone: a plot may hold any of them
           "shared": "ours: generate_batch with the assistant, shared prefixes",
@@ -84,6 +92,7 @@ class Pass:
     outputs: list[Output]
     padding_share: float
     target_forwards: int
+    costs: dict = field(default_factory=dict)  # of `COSTS`, those the system knows
 
 
 def load_documents(path: Path = DOCUMENTS) -> list[Document]:
@@ -124,21 +133,27 @@ class Runner:
         return Pass([o for p in passes for o in p.outputs], share, sum(p.target_forwards for p in passes))
 
     def _single(self, docs: list[Document]) -> Pass:
-        outputs, forwards = [], 0
+        outputs, stats = [], []
         for doc in docs:
             start = time.perf_counter()
             out = generate(self.model, self.assistant, tokenizer=self.tokenizer, input_ids=self.ids(doc),
                            schema=TICKET.schema, max_new_tokens=self.max_new)
             outputs.append(Output(out.text, out.stats.new_tokens, time.perf_counter() - start))
-            forwards += out.stats.target_forward_passes
-        return Pass(outputs, 0.0, forwards)
+            stats.append(out.stats)
+        costs = {"target_seconds": sum(s.seconds.target for s in stats),
+                 "assistant_forwards": sum(s.assistant_forward_passes for s in stats),
+                 "assistant_seconds": sum(s.seconds.assistant for s in stats)}
+        return Pass(outputs, 0.0, sum(s.target_forward_passes for s in stats), costs)
 
     def _ours(self, docs: list[Document], size: int, drafts: bool, share_prefix: bool) -> Pass:
         results = generate_batch(self.model, self.assistant if drafts else None, tokenizer=self.tokenizer,
                                  input_ids=[self.ids(d) for d in docs], schema=TICKET.schema, batch_size=size,
                                  max_new_tokens=self.max_new, share_prefix=share_prefix)
         outputs = [Output(r.text, r.stats.new_tokens, r.stats.latency_seconds, r.error or "") for r in results]
-        return Pass(outputs, results[0].batch.padding_share, results[0].batch.target_forwards)
+        batch = results[0].batch
+        costs = {name: getattr(batch, name) for name in COSTS if name not in STAGES}
+        costs |= {f"{stage}_seconds": s for stage, s in batch.stage_seconds.items()}
+        return Pass(outputs, batch.padding_share, batch.target_forwards, costs)
 
     def _hf(self, kind: str, docs: list[Document]) -> Pass:
         ids = [self.ids(d) for d in docs]
@@ -211,7 +226,7 @@ def unit_row(unit: int, repeat: int, system: str, docs: list[Document], result: 
             "new_tokens": sum(o.new_tokens for o in result.outputs),
             "valid": sum(valid(o.text) for o in result.outputs), "errors": sum(bool(o.error) for o in result.outputs),
             "latency_p50": percentile(latencies, 0.5), "latency_p95": percentile(latencies, 0.95),
-            "padding_share": result.padding_share, "target_forwards": result.target_forwards}
+            "padding_share": result.padding_share, "target_forwards": result.target_forwards, **result.costs}
 
 
 def read_units(path: Path) -> list[dict]:
@@ -231,6 +246,28 @@ def summary(rows: list[dict]) -> dict[str, dict]:
                        "padding": statistics.mean(r["padding_share"] for r in mine),
                        "valid": sum(r["valid"] for r in mine), "documents": docs, "units": len(mine)}
     return out
+
+
+ACCOUNTS = {"seconds": "s", "target_forwards": "target forwards", "positions_computed": "positions computed",
+            "positions_used": "used", "target_seconds": "target s", "assistant_forwards": "assistant forwards",
+            "assistant_positions": "assistant positions", "assistant_seconds": "assistant s",
+            "draft_seconds": "draft stage s", **{name: name.replace("_seconds", " s") for name in STAGES
+                                                  if name not in ("draft_seconds", "verify_seconds")}}
+
+
+def accounts(rows: list[dict]) -> list[str]:
+    """Per system of ours, the mean per unit of what its forwards ran and what each stage cost (`ACCOUNTS`)."""
+    systems = [s for s in dict.fromkeys(r["system"] for r in rows) if parse_system(s)[0] in OURS]
+    if not systems or any(r.get("assistant_seconds", "") == "" for r in rows if r["system"] in systems):
+        return []  # units.csv from before these were recorded
+    lines = ["", "What each unit's forwards ran and cost (ours, mean per unit; the draft stage holds the assistant's "
+             "forwards, the target's s its verification forward with the acceptance test):", "",
+             f"| system | {' | '.join(ACCOUNTS.values())} |", "|---" * (len(ACCOUNTS) + 1) + "|"]
+    for system in systems:
+        mine = [r for r in rows if r["system"] == system]
+        means = [statistics.mean(r[name] for r in mine) for name in ACCOUNTS]
+        lines.append(f"| {system} | " + " | ".join(f"{m:.2f}" if m % 1 else f"{m:.0f}" for m in means) + " |")
+    return lines
 
 
 def ratio(rows: list[dict], faster: str, slower: str) -> tuple[float, float, float] | None:
@@ -257,7 +294,7 @@ def report(rows: list[dict], header: list[str]) -> list[str]:
         if top and other in stats and (r := ratio(rows, top, other)):
             shown = "one unit: no interval" if math.isnan(r[1]) else f"[{r[1]:.2f}, {r[2]:.2f}]"
             lines.append(f"- {top} over {other}: {r[0]:.2f}x {shown}")
-    return lines
+    return lines + accounts(rows)
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

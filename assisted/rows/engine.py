@@ -114,7 +114,8 @@ class Engine:
                     yield from self._fill(slot, pending, kept)
                 gone = [s for s in free if s is not None and s not in kept]
                 if gone:
-                    self._drop(gone)
+                    with self.stats.timed("admit"):
+                        self._drop(gone)
                 if not self.rows:
                     self.stats.tick()
                     return
@@ -149,7 +150,7 @@ class Engine:
                 yield inp.item.index, self.finish(row)
                 continue
             slot = len(self.rows) if slot is None else slot
-            with torch.inference_mode():
+            with torch.inference_mode(), self.stats.timed("admit"):
                 self._admit(slot, row)
             kept.append(slot)
             return
@@ -214,30 +215,34 @@ class Engine:
     def step(self) -> list[int]:
         """One draft -> verify -> commit step for every row; returns the slots whose rows stopped. Each stage hands the
         next one record per row (`assisted.rows.step_records`): Proposed -> Feed -> Verdict -> Committed."""
-        rows = self.rows
-        if self.prices is not None:
-            self.prices.begin([row.policy for row in rows])  # this step's width decides the `auto` rows' caps
-        proposed, rounds = self._draft(rows)  # 1. every row's draft: forced runs (free), copies, assistant tokens
-        feeds = self._feeds(rows, proposed)  # 2. what the target runs for each row (a tree's leaf where it pays)
+        rows, timed = self.rows, self.stats.timed
+        with timed("draft"):
+            proposed, rounds = self._draft(rows)  # 1. every row's draft: forced runs (free), copies, assistant tokens
+        with timed("feed"):
+            feeds = self._feeds(rows, proposed)  # 2. what the target runs for each row (a tree's leaf where it pays)
         start = time.perf_counter()  # 3. one target forward over every row's feed, one host sync
-        verdicts = self.verify(self.target, rows, feeds) if any(f.tokens for f in feeds) else \
-            [Verdict.unasked(f.draft) for f in feeds]
+        with timed("verify"):
+            verdicts = self.verify(self.target, rows, feeds) if any(f.tokens for f in feeds) else \
+                [Verdict.unasked(f.draft) for f in feeds]
         seconds = time.perf_counter() - start
-        committed = [self._commit(slot, row, f, v)  # 4. commit each verdict's tokens: stream, advance, stop
-                     for slot, (row, f, v) in enumerate(zip(rows, feeds, verdicts))]
-        self._keep(rows, committed)  # both caches keep each row's committed prefix
-        self._learn(rows, feeds, verdicts, seconds, rounds)  # 5. the policies learn what was accepted and its cost
+        with timed("commit"):
+            committed = [self._commit(slot, row, f, v)  # 4. commit each verdict's tokens: stream, advance, stop
+                         for slot, (row, f, v) in enumerate(zip(rows, feeds, verdicts))]
+            self._keep(rows, committed)  # both caches keep each row's committed prefix
+        with timed("learn"):
+            self._learn(rows, feeds, verdicts, seconds, rounds)  # 5. the policies learn what was accepted, its cost
         return [slot for slot, c in enumerate(committed) if c.stop is not None]
 
     def _draft(self, rows: list[Row]) -> tuple[list[Proposed], Rounds]:
         """Every row's draft by its proposal, the assistant's tokens for all asking rows drafted together."""
+        if self.prices is not None:
+            self.prices.begin([row.policy for row in rows])  # this step's width decides the `auto` rows' caps
         ks = [row.policy.k for row in rows]
         assisted, sampling = self.assistant is not None, self.setup.warp.do_sample
         proposals: list[Proposal] = []  # slot order; complete before any cut is asked
         cuts = row_cuts([row.policy for row in rows], proposals, self.prices)  # auto rows priced together see them all
         proposals += [row.proposal(k, assisted, sampling, cut) for row, k, cut in zip(rows, ks, cuts)]
         spent, rounds = self._complete(rows, proposals)
-        self.stats.assistant_forwards += rounds.forwards
         for row, (forwards, seconds) in zip(rows, spent):
             row.helper_passes, row.helper_seconds = row.helper_passes + forwards, row.helper_seconds + seconds
         same = self.assistant is not None and not self.setup.foreign  # q rows on its device; point masses: the target's
@@ -252,10 +257,11 @@ class Engine:
             for proposal in proposals:
                 proposal.fill()
             return [(0, 0.0)] * len(rows), Rounds(0, 0.0)
-        seconds, forwards = self.assistant.seconds, self.assistant.forwards
+        seconds, forwards, positions = self.assistant.seconds, self.assistant.forwards, self.assistant.positions
         askers = [row.asker(p, self.setup.warp) for row, p in zip(rows, proposals)]
         took = self.assistant.rounds(askers)
         ran = self.assistant.seconds - seconds
+        self.stats.drafted(self.assistant.forwards - forwards, self.assistant.positions - positions, ran)
         share = ran / max(1, sum(took))  # each assistant token's share of the rounds' seconds
         for row, asker in zip(rows, askers):
             row.rec.respelled(asker.respelling)
@@ -326,29 +332,30 @@ class Engine:
 
         Raises ValueError where the guide accepted a text the schema rejects (a bug, never silent), unless `batch`:
         then that is the row's error."""
-        row.sink.close()
-        setup = self.setup
-        if self.prefix_cache is not None and slot is not None:
-            kept = self.assistant is not None and not setup.foreign  # a kept entry's tokens are the target's
-            helper = self.assistant.kv.row_cache(slot) if kept else None
-            self.prefix_cache.put(setup.model, setup.assistant_model, row.seq, self.target.row_cache(slot), helper)
-        memorize(setup.model, setup.assistant_model, row.policy.learned(), row.policy.calibration(), row.opts.warp,
-                 setup.memory)
-        new = row.seq[len(row.prompt) :]
-        text = setup.tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        try:
-            value = parse_value(row.inp.item.schema, text, row.cursor.accepting())
-        except ValueError as error:
-            if not self.batch:
-                raise
-            return self._error(str(error))
-        stats = row.rec.freeze(len(new), row.helper_passes, row.helper_seconds, row.cursor.clock.seconds,
-                               row.policy.estimates(), row.prefilled)
-        tightened, stop = outcome(row.start, new, row.stop)
-        batch = self.stats if self.batch else None
-        stats = replace(stats, budget_tightened=tightened, target_kernels=self.kernels,
-                        assistant_head=self.assistant_head)
-        return GenerationResult(text, new, value, stop, stats, None, batch)
+        with self.stats.timed("finish"):  # the row's caches kept, its costs memorized, its text decoded, checked
+            row.sink.close()
+            setup = self.setup
+            if self.prefix_cache is not None and slot is not None:
+                kept = self.assistant is not None and not setup.foreign  # a kept entry's tokens are the target's
+                helper = self.assistant.kv.row_cache(slot) if kept else None
+                self.prefix_cache.put(setup.model, setup.assistant_model, row.seq, self.target.row_cache(slot), helper)
+            memorize(setup.model, setup.assistant_model, row.policy.learned(), row.policy.calibration(), row.opts.warp,
+                     setup.memory)
+            new = row.seq[len(row.prompt) :]
+            text = setup.tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            try:
+                value = parse_value(row.inp.item.schema, text, row.cursor.accepting())
+            except ValueError as error:
+                if not self.batch:
+                    raise
+                return self._error(str(error))
+            stats = row.rec.freeze(len(new), row.helper_passes, row.helper_seconds, row.cursor.clock.seconds,
+                                   row.policy.estimates(), row.prefilled)
+            tightened, stop = outcome(row.start, new, row.stop)
+            batch = self.stats if self.batch else None
+            stats = replace(stats, budget_tightened=tightened, target_kernels=self.kernels,
+                            assistant_head=self.assistant_head)
+            return GenerationResult(text, new, value, stop, stats, None, batch)
 
     def _error(self, message: str) -> GenerationResult:
         """A failed row's result; its error on one line (an output line of the CLI)."""

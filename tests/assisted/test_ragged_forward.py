@@ -207,6 +207,23 @@ def test_the_batch_reports_the_positions_computed_and_used_and_prices_what_was_c
         assert batch.padding > 0 and batch.positions_computed == batch.positions_used + batch.padding
 
 
+def test_the_batch_books_what_the_assistant_computed_and_each_stage_s_seconds(monkeypatch):
+    """The assistant's forwards (its lazy cache prefills nothing), the positions they computed (each row's catch-up
+    included: every position the assistant was fed) and their seconds; each stage of the engine timed."""
+    pin_clock(monkeypatch)
+    target, assistant = PAIRS["ragged"]()
+    fed = []
+    assistant.ragged_forward = lambda model, batch: fed.append(batch.ids.numel()) or ragged_forward(model, batch)
+    out = generate_batch(target, assistant, tokenizer=smollm2_tokenizer(), prompts=PROMPT_TEXTS, batch_size=3,
+                         max_new_tokens=16)
+    batch = out[0].batch
+    assert all(r.error is None for r in out) and batch.assistant_forwards == len(fed) > 0
+    assert batch.assistant_positions == sum(fed) and max(fed) > 3  # a row's first draft feeds its whole context
+    assert 0 < batch.assistant_seconds == pytest.approx(sum(r.stats.seconds.assistant for r in out))  # rows' shares
+    assert batch.assistant_seconds < batch.stage_seconds["draft"] and batch.target_seconds > 0
+    assert all(batch.stage_seconds[s] > 0 for s in ("admit", "draft", "verify", "commit", "learn", "finish"))
+
+
 def test_a_lazy_cache_places_only_the_shared_prefix_and_its_first_run_feeds_the_rest_bitwise(model):
     """A lazy cache (the batch's assistant) copies a shared prefix and runs nothing at `place`; the row's first `run`
     feeds its whole context beside the other rows' tokens, with logits bitwise those of a cache that prefilled it."""

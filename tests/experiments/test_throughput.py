@@ -43,6 +43,13 @@ def test_every_system_runs_and_the_report_pairs_ours_with_the_others(runner, tmp
     assert any(line.startswith("| ours:2 |") for line in lines)
     assert any("ours:2 over single" in line for line in lines)
     assert any("ours:2 over hf-ours:2" in line for line in lines)
+    ours = [r for r in read if r["system"] == "ours:2"]  # what the forwards ran and cost, per unit
+    assert all(r["positions_used"] > 0 and r["verify_seconds"] > 0 and r["draft_seconds"] >= r["assistant_seconds"]
+               for r in ours)
+    assert all(r["target_seconds"] > 0 for r in read if r["system"] == "single")
+    assert all(r["assistant_positions"] == "" for r in read if r["system"] == "hf-ours:2")  # not known: blank
+    assert sum(line.startswith("| ours:2 |") for line in lines) == 2 and any("assistant positions" in line
+                                                                             for line in lines)
     throughput.plot(rows, tmp_path / "throughput.png", "tiny")
     assert (tmp_path / "throughput.png").stat().st_size > 0
     assert len((tmp_path / "documents.csv").read_text().splitlines()) == 1 + 6 * 3
