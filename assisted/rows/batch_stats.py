@@ -36,7 +36,8 @@ class BatchStats:
         Wall time of each of the engine's stages (`STAGES`): admitting rows (prefill, shared prefixes, both caches,
         rows let go), drafting (policies, proposals, guide masks, the assistant), feeds (a tree's leaf), the target's
         verification forward with the acceptance test (`target_seconds`), commit (and cropping both caches), the
-        policies' learning, and each row's result. What `seconds` holds beyond their sum is the loop's own.
+        policies' learning, and each row's result. The rest of `seconds` is the loop's own (the last rows' results are
+        made after its last tick).
     seconds : float
         Wall time from the run's start to its last row's finish.
     """
