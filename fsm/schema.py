@@ -8,8 +8,10 @@ Policies (all documented in the README):
   absent means closed objects (only the listed properties) unless `additional_properties=True`.
 - Values nest to any depth the schema allows: free-form values (`{}`, `true`, open additional properties) and
   recursive `$ref`s (those on a cycle) are `rx.call`s of rules whose bodies call themselves, so a DFA state is a
-  stack (fsm/rx.py, `Rule`). A recursion the rules cannot express (reached before any byte, or whose emptiness is
-  undecided) is unrolled as with `max_recursion_depth=3`. An explicit `max_recursion_depth` is an opt-in limit:
+  stack (fsm/rx.py, `Rule`); an allOf met again inside its own merge is a rule too, and schemas that meet on one
+  value are merged (`Compiler.meet`), so no call is held under an intersection that a merge avoids. A recursion the
+  rules cannot express (reached before any byte, under an intersection, or whose emptiness is undecided) is unrolled
+  as with `max_recursion_depth=3`. An explicit `max_recursion_depth` is an opt-in limit:
   at most that many recursive `$ref`s are nested (deeper alternatives are left out) and free-form values nest at
   most as deep. Each (ref, depth) is compiled once, so $ref chains are shared, never re-expanded.
 - Strings with `pattern` or `format` are written without escape sequences.
@@ -216,6 +218,7 @@ class Compiler:
         self.cut = False  # a $ref went deeper than max_depth somewhere
         self.merging: set[str] = set()  # cyclic $refs inlined by the merges enclosing this compile (see `inline`)
         self.rules: dict[tuple, rx.Rx] = {}  # (ref, negations) -> the call of its rule (max_depth None)
+        self.open_merges: dict[tuple, rx.Rx | None] = {}  # (allOf text, negations) being compiled -> its rule's call
         self.nonplain = nonplain  # refs whose rules have intersections (None: every rule), the others assumed plain
         self.upper = Upper(self)
         self.any = jt.any_value(ws, max_depth)
@@ -315,15 +318,23 @@ class Compiler:
         """The call of the rule of a recursive `ref`: its own call inside its body (any depth, checked at the end)."""
         key = (ref, self.negations)
         if key not in self.rules:
-            rule = rx.Rule(ref)
-            plain = self.ws.plain and self.nonplain is not None and ref not in self.nonplain
-            self.rules[key] = rx.call(rule, plain)
-            rx.define(rule, self.compile(target, ref))
-            if rx.calls_under_intersection([rule.body]):
-                raise Entangled(ref)
-            if plain and not rule.body.plain:
-                raise NotPlain(ref)
+            self.rules[key] = self._rule_call(ref)
+            self._define(self.rules[key], self.compile(target, ref))
         return self.rules[key]
+
+    def _rule_call(self, name: str) -> rx.Rx:
+        """The call of a new rule `name`, plain unless a retry found its body is not."""
+        return rx.call(rx.Rule(name), self.ws.plain and self.nonplain is not None and name not in self.nonplain)
+
+    def _define(self, call: rx.Rx, body: rx.Rx) -> rx.Rx:
+        """`call` with its rule's body set; Entangled or NotPlain where the rule cannot stand as called."""
+        rule = call.args[0]
+        rx.define(rule, body)
+        if rx.calls_under_intersection([body]):
+            raise Entangled(rule.name)
+        if call.plain and not body.plain:
+            raise NotPlain(rule.name)
+        return call
 
     def reaching(self, ref: str) -> set[str]:
         """`ref` and the $refs whose targets reach it."""
@@ -366,9 +377,26 @@ class Compiler:
     # -- combinators --------------------------------------------------------------------------------
 
     def all_of(self, schema: dict, pointer: str) -> rx.Rx:
-        """Merge the parts into one schema; where they cannot be merged, intersect their terms."""
+        """Merge the parts into one schema; where they cannot be merged, intersect their terms. With rules, an allOf
+        met again inside its own merge (a part's $ref reaches it) is a call of a rule whose body is the merge, as a
+        recursive $ref is (intersected terms would hold a call under the intersection: the unrolled fallback)."""
         if any(part is False for part in schema["allOf"]):
             return rx.NOTHING
+        key = (_text(schema), self.negations)
+        if self.max_depth is not None or key[0] is None:
+            return self._merged(schema, pointer)
+        if key in self.open_merges:
+            if self.open_merges[key] is None:
+                self.open_merges[key] = self.rules[("allOf " + key[0], key[1])] = self._rule_call("allOf " + key[0])
+            return self.open_merges[key]
+        self.open_merges[key] = None
+        try:
+            term = self._merged(schema, pointer)
+        finally:
+            call = self.open_merges.pop(key)
+        return term if call is None else self._define(call, term)
+
+    def _merged(self, schema: dict, pointer: str) -> rx.Rx:
         inlined = set()  # the $refs this merge inlines: while its result compiles, a merge reaching one again stops
         try:
             merged = merge_all(schema, pointer, lambda ref, where: self.inline(ref, where, inlined))
@@ -386,7 +414,23 @@ class Compiler:
                 raise
         rest = {k: v for k, v in schema.items() if k != "allOf"}
         parts = [self.compile(s, f"{pointer}/allOf/{i}") for i, s in enumerate(schema["allOf"])]
-        return rx.inter(self.compile(rest, pointer) if rest else self.any, *parts)
+        return self.both(self.compile(rest, pointer) if rest else self.any, *parts)
+
+    def both(self, *values: rx.Rx) -> rx.Rx:
+        """The intersection of value terms, without the any-value term: every value term is inside it, and held under
+        an intersection its recursive call would send the whole schema to the unrolled fallback."""
+        kept = [v for v in values if v is not self.any]
+        return rx.inter(*kept) if kept else self.any
+
+    def meet(self, parts: list[tuple]) -> rx.Rx:
+        """The values valid under every part, (schema, its pointer): each part compiled on its own first (an error
+        says where it is), those that allow any value left out, the rest merged into one schema where they can be
+        (`all_of`), so that no value term is held under an intersection that a merge avoids."""
+        terms = [self.compile(schema, where) for schema, where in parts]
+        kept = [part for part, term in zip(parts, terms) if term is not self.any]
+        if len(kept) <= 1 or any(term is rx.NOTHING for term in terms):
+            return self.both(*terms)
+        return self.all_of({"allOf": [schema for schema, _ in kept]}, kept[0][1])
 
     def inline(self, ref: str, pointer: str, inlined: set) -> dict:
         """`resolve` for a merge; a $ref that an enclosing merge inlined is a cycle through allOf: not merged again

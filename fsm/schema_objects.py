@@ -56,10 +56,8 @@ def _patterns(schema: dict, pointer: str) -> list[_Pattern]:
 
 def _declared(c, name: str, subschema, required: bool, patterns, names, pointer: str) -> tuple[rx.Rx, str]:
     """(member term, "required" | "optional"); NOTHING when the property cannot appear."""
-    value = c.compile(subschema, f"{pointer}/properties/{_escape(name)}")
-    for p in patterns:
-        if search(p.text, name, p.where):
-            value = rx.inter(value, c.compile(p.schema, p.where))
+    matched = [(p.schema, p.where) for p in patterns if search(p.text, name, p.where)]
+    value = c.meet([(subschema, f"{pointer}/properties/{_escape(name)}"), *matched])
     key = jt.key(name)
     if names is not None and not rx.matches(names, json.dumps(name, ensure_ascii=False)):
         value = rx.NOTHING
@@ -74,11 +72,10 @@ def _extras(c, declared: list[str], patterns, extra, names, pointer: str) -> rx.
     options = []
     for chosen in _pattern_cases(len(patterns), _disjoint([p.upper for p in patterns])):
         content = rx.inter(plain, *(p.lower if hit else rx.complement(p.upper) for p, hit in zip(patterns, chosen)))
-        values = [c.compile(p.schema, p.where) for p, hit in zip(patterns, chosen) if hit]
-        if not any(chosen):
-            values = [c.compile(extra, f"{pointer}/additionalProperties")]
+        values = [(p.schema, p.where) for p, hit in zip(patterns, chosen) if hit]
+        value = c.meet(values or [(extra, f"{pointer}/additionalProperties")])
         key = rx.seq(jt.QUOTE, content, jt.QUOTE)
-        options.append(jt.member(rx.inter(key, names) if names is not None else key, rx.inter(*values), c.ws))
+        options.append(jt.member(rx.inter(key, names) if names is not None else key, value, c.ws))
     return rx.alt(*options)
 
 

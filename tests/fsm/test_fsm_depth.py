@@ -104,6 +104,53 @@ def test_free_form_values_inside_a_declared_object():
     assert not rx.matches(term, compact({"meta": [free_form(DEPTH)]}))
 
 
+MET = {  # a free-form value (under "free") beside a value that meets another schema, and values invalid there
+    "property-and-pattern": (  # "array" and the pattern's {} meet on "x"
+        {"patternProperties": {".*": {}}, "properties": {"x": {"type": "array"}}},
+        lambda depth: {"x": [free_form(depth)], "y": free_form(depth)}, [{"x": {}}]),
+    "two-patterns": (  # two patterns meet on keys starting "ab"
+        {"patternProperties": {"^a": {}, "^ab": {"type": "array"}}},
+        lambda depth: {"abc": [free_form(depth)], "a": free_form(depth)}, [{"abc": {}}]),
+    "pattern-and-bound": (  # "array" from the pattern, maxItems from the property: merged, not intersected
+        {"patternProperties": {".*": {"type": "array"}}, "properties": {"x": {"maxItems": 1}}},
+        lambda depth: {"x": [free_form(depth)]}, [{"x": [1, 2]}, {"x": {}}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MET))
+def test_a_value_met_by_another_schema_keeps_free_form_values_at_any_depth(name):
+    """Where two schemas meet on one value (a pattern matching a declared key, overlapping patterns, an allOf), the
+    value is their merge, or the other one where one is `{}`: a rule's call held under an intersection sent the whole
+    schema to the unrolled fallback, and every free-form value lost each depth past 3 (a JSONSchemaBench schema's
+    valid instance was rejected)."""
+    other, build, wrong_values = MET[name]
+    schema = {"properties": {"free": {"type": "object"}, "other": other}}
+    term = fsm.compile_schema(schema, policy="spec")
+    validator = jsonschema.Draft202012Validator(schema)
+    for depth in (4, DEPTH):
+        value = {"free": {"k": free_form(depth)}, "other": build(depth)}
+        assert validator.is_valid(value) and rx.matches(term, compact(value)), depth
+    for wrong in wrong_values:
+        assert not validator.is_valid({"other": wrong}) and not rx.matches(term, compact({"other": wrong})), wrong
+
+
+def test_an_allof_met_again_inside_its_own_merge_is_a_rule():
+    """Two lists whose items are the allOf of "object" and a $ref whose target reaches the root: the second list meets
+    the allOf while the first one's merge is still being compiled. It is a rule, called there, not an intersection
+    that holds the $ref's call (which sent the schema to the unrolled fallback: free-form values past depth 3 lost)."""
+    items = {"anyOf": [{"$ref": "#/$defs/node"}], "type": "object"}
+    schema = {"$defs": {"node": {"properties": {"up": {"$ref": "#"}}}},
+              "properties": {"free": {"type": "object"}, "a": {"type": "array", "items": items},
+                             "b": {"type": "array", "items": items, "minItems": 1}}}
+    term = fsm.compile_schema(schema, policy="spec")
+    validator = jsonschema.Draft202012Validator(schema)
+    for depth in (4, DEPTH):
+        value = {"a": [{"up": {"b": [{"up": {"free": {"k": free_form(depth)}}}]}}], "free": {"k": free_form(depth)}}
+        assert validator.is_valid(value) and rx.matches(term, compact(value)), depth
+    for wrong in ({"a": [3]}, {"b": []}, {"a": [{"up": {"b": [[]]}}]}):
+        assert not validator.is_valid(wrong) and not rx.matches(term, compact(wrong)), wrong
+
+
 def test_max_recursion_depth_is_an_opt_in_limit():
     bounded = fsm.compile_schema({}, max_recursion_depth=3)
     assert rx.matches(bounded, compact(free_form(3))) and not rx.matches(bounded, compact(free_form(4)))
