@@ -59,6 +59,20 @@ def facts(schema, resolve, depth: int = 0) -> Facts:
     return _together(parts)
 
 
+class SchemaFacts:
+    """The Facts of one root's subschemas, memoised by object (an entry keeps its schema alive: ids are not reused);
+    `resolve(ref, pointer)` reads a `$ref` target. A oneOf's options are each compared with every other."""
+
+    def __init__(self, resolve):
+        self.resolve, self._memo = resolve, {}
+
+    def __call__(self, schema) -> Facts:
+        found = self._memo.get(id(schema))
+        if found is None:
+            found = self._memo[id(schema)] = (schema, facts(schema, self.resolve))
+        return found[1]
+
+
 def _own(schema: dict) -> Facts:
     types = schema.get("type")
     types = frozenset([types] if isinstance(types, str) else types) if isinstance(types, (str, list)) else None
@@ -119,7 +133,7 @@ def _value_schema(subs: tuple):
     return subs[0] if len(subs) == 1 else {"allOf": subs}
 
 
-def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
+def negated_cases(schema, known: "SchemaFacts", extra: int = 0, within=None) -> list | None:
     """Schemas whose union is a subset of `not schema` (see the module docstring): other types, a required key absent
     or with a value its schema rejects, and up to `extra` declared keys whose schema allows only scalars present with
     such a value (as many as fit in MAX_CASES where none is required); [] where nothing is left. None where S is not
@@ -129,8 +143,8 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
     absent, a value of a key under the very subschemas of S that it also applies)."""
     branches = _branches(_objects_spelled_out(schema))
     if branches is not None:  # not (A or B) = not A and not B (and a subset of not oneOf [A, B])
-        return _every_negated(branches, resolve, extra, within)
-    found, own = facts(schema, resolve), facts(within, resolve) if within is not None else Facts()
+        return _every_negated(branches, known, extra, within)
+    found, own = known(schema), known(within) if within is not None else Facts()
     if not found.exact or (found.types is not None and "object" not in found.types) or not found.properties \
             and not found.required and found.closed is None and not found.negated:
         return None
@@ -149,15 +163,15 @@ def negated_cases(schema, resolve, extra: int = 0, within=None) -> list | None:
             cases.append({"type": "object", "properties": {name: False}})
     cases += list(found.negated)  # a value valid under what S negates is not valid under S
     optional = [(n, subs) for n, subs in found.properties.items() if n not in found.required
-                and _scalar(_value_schema(subs), resolve) and not _implied(own, n, subs)]
+                and _scalar(_value_schema(subs), known) and not _implied(own, n, subs)]
     for name, subs in optional[:extra if found.required else max(extra, MAX_CASES - len(cases))]:
         cases.append({"type": "object", "required": [name], "properties": {name: {"not": _value_schema(subs)}}})
     return cases if cases or found.complete else None  # S says more than its facts: the complement of U does
 
 
-def _scalar(schema, resolve) -> bool:
+def _scalar(schema, known: "SchemaFacts") -> bool:
     """Whether `schema` says something and allows no array or object: its negation is cheap (no nested cases)."""
-    types = facts(schema, resolve).types
+    types = known(schema).types
     return types is not None and not types & {"object", "array"}
 
 
@@ -186,11 +200,11 @@ def _objects_spelled_out(schema):
                        "additionalProperties": False} for v in values]}
 
 
-def _every_negated(branches: list, resolve, extra: int, within) -> list | None:
+def _every_negated(branches: list, known: "SchemaFacts", extra: int, within) -> list | None:
     """Cases of `not B` for every branch B at once (one allOf per combination), or None past MAX_CASES."""
     combined = [[]]
     for branch in branches:
-        cases = negated_cases(branch, resolve, extra, within)
+        cases = negated_cases(branch, known, extra, within)
         if cases is None or len(combined) * len(cases) > MAX_CASES:
             return None
         combined = [[*done, case] for done in combined for case in cases]
@@ -221,9 +235,9 @@ def _canonical(schema) -> str:
         return repr(id(schema))
 
 
-def disjoint(a, b, resolve, upper) -> bool:
+def disjoint(a, b, known: "SchemaFacts", upper) -> bool:
     """Whether no value is valid under both `a` and `b` (proved: False when unsure). `upper(schema)`: its U term."""
-    fa, fb = facts(a, resolve), facts(b, resolve)
+    fa, fb = known(a), known(b)
     if not (fa.exact and fb.exact):
         return False
     shared = None if fa.types is None or fb.types is None else _meet(fa.types, fb.types)
@@ -236,21 +250,21 @@ def disjoint(a, b, resolve, upper) -> bool:
     for name in dict.fromkeys((*fa.required, *fb.required)):
         if name in fa.properties and name in fb.properties:
             va, vb = _value_schema(fa.properties[name]), _value_schema(fb.properties[name])
-            if _strings_disjoint(va, vb, resolve) or _proved_empty(rx.inter(upper(va), upper(vb))):
+            if _strings_disjoint(va, vb, known) or _proved_empty(rx.inter(upper(va), upper(vb))):
                 return True
     return False
 
 
-def _strings_disjoint(a, b, resolve) -> bool:
+def _strings_disjoint(a, b, known: "SchemaFacts") -> bool:
     """Whether two schemas that allow only strings allow no common string: their patterns and listed values are
     compared on the decoded contents (U compares texts, where any escaped spelling may match any pattern)."""
-    ca, cb = _contents(a, resolve), _contents(b, resolve)
+    ca, cb = _contents(a, known), _contents(b, known)
     return ca is not None and cb is not None and _proved_empty(rx.inter(ca, cb))
 
 
-def _contents(schema, resolve) -> rx.Rx | None:
+def _contents(schema, known: "SchemaFacts") -> rx.Rx | None:
     """A superset of the decoded contents of the strings `schema` allows (None unless it allows only strings)."""
-    if facts(schema, resolve).types != frozenset({"string"}):
+    if known(schema).types != frozenset({"string"}):
         return None
     parts, todo, seen = [], [schema], 0
     while todo and seen < MAX_DEPTH:
@@ -264,7 +278,7 @@ def _contents(schema, resolve) -> rx.Rx | None:
             parts.append(rx.alt(*(rx.literal(v) for v in values if isinstance(v, str))))
         if isinstance(node.get("$ref"), str):
             try:
-                todo.append(resolve(node["$ref"], "#"))
+                todo.append(known.resolve(node["$ref"], "#"))
             except SchemaError:
                 pass
         todo += node.get("allOf", []) if isinstance(node.get("allOf"), list) else []

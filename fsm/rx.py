@@ -266,9 +266,10 @@ def check_rule(term: Rx, limit: int = 500) -> str | None:
         return "emptiness undecided"
 
 
-def calls_under_intersection(roots) -> bool:
-    """Whether a call lies inside an intersection or complement of the terms `roots` or of the bodies they call: there
-    an emptiness search meets the rule's endless states, so such a language is better unrolled (fsm/schema.py)."""
+def calls_under_intersection(roots, bodies: bool = True) -> bool:
+    """Whether a call lies inside an intersection or complement of the terms `roots` or (`bodies`) of the bodies they
+    call: there an emptiness search meets the rule's endless states, so such a language is better unrolled
+    (fsm/schema.py)."""
     has_call: dict[int, bool] = {}
     seen, stack = set(), list(roots)
     while stack:
@@ -279,7 +280,7 @@ def calls_under_intersection(roots) -> bool:
         if t.kind in ("and", "not") and _has_call(t, has_call):
             return True
         stack.extend(t.children)
-        if t.kind == "call" and t.args[0].body is not None:  # a rule still being compiled is checked once defined
+        if bodies and t.kind == "call" and t.args[0].body is not None:  # a rule being compiled: checked once defined
             stack.append(t.args[0].body)
     return False
 
@@ -732,6 +733,7 @@ def lowest_byte(mask: int) -> int:
 # of CPU at worst; a lower bound leaves more searches undecided, and an undecided search memoizes nothing it explored)
 WALK_LIMIT = 100_000
 CHEAP_SEARCH = 16  # terms a union's alternatives are each searched first: one easy live alternative settles it
+DEEPER = 2  # how much further each next round searches a union's undecided alternatives
 
 
 class UndecidedError(ValueError):
@@ -805,11 +807,8 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     decide = functools.partial(_decide, limit=limit)
     if kind == "seq":  # heads are never sequences: walk the chain instead of recursing on tails
         return _some(map(decide, _impure_parts(term)))
-    if kind == "alt":  # the easy alternatives first: one live without a search settles it
-        cheap = [_decide(t, CHEAP_SEARCH) for t in args]
-        if False in cheap:
-            return False
-        return _every(decide(t) if found is None else found for t, found in zip(args, cheap))
+    if kind == "alt":
+        return _alt_empty(args, limit)
     if kind == "repeat":
         return args[1] > 0 and decide(args[0])
     if kind == "anyorder":
@@ -827,6 +826,24 @@ def _structurally_empty(term: Rx, limit: int) -> bool | None:
     if _witnessed(term):  # proved non-empty without a search
         return False
     return _search_empty(term, limit)
+
+
+def _alt_empty(alternatives: tuple, limit: int) -> bool | None:
+    """Whether every alternative is empty: each searched to a limit that grows `DEEPER` times a round up to `limit`,
+    so that one live alternative found by a moderate search settles it before others are proved empty in full."""
+    undecided, step = alternatives, min(CHEAP_SEARCH, limit)
+    while undecided:
+        left = []
+        for alternative in undecided:
+            found = _decide(alternative, step)
+            if found is False:
+                return False
+            if found is None:
+                left.append(alternative)
+        if left and step == limit:
+            return None
+        undecided, step = left, min(step * DEEPER, limit)
+    return True
 
 
 def _mark_live(term: Rx, found: bytes) -> None:

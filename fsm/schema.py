@@ -34,6 +34,7 @@ from fsm.dialects import DEFAULT, Dialect, as_dict, declared, dialect_at, dialec
 from fsm.enum_filter import valid_constants
 from fsm.errors import RegexError, SchemaError
 from fsm.merge import VALIDATION, Unsatisfiable, merge_all, resolve_pointer
+from fsm.negation import SchemaFacts
 from fsm.object_policy import object_policy
 from fsm.refs import absolute_refs
 from fsm.schema_logic import logic, union
@@ -210,10 +211,11 @@ class Compiler:
         self.depth = 0  # recursive $refs (those on a cycle) entered on the way here
         self.memo: dict[tuple, rx.Rx] = {}
         self.texts: dict[tuple, rx.Rx] = {}  # (subschema as JSON, depth, negations) -> its term (cases repeat them)
-        self.reach: dict[str, frozenset[str]] = {}
+        self.reach: dict[str, frozenset[str]] = {}  # $ref -> every $ref its target reaches (`reachable`)
+        self.linked: dict[str, frozenset[str]] = {}  # $ref -> the $refs written in its target (`links`)
         self.disjoint: dict[tuple[int, int], bool] = {}  # (term id, U id) -> proved disjoint (schema_logic.exclude)
         self.disjoint_options: dict[tuple[int, int], tuple] = {}  # (id, id) -> (a, b, disjoint) of oneOf options
-        self.negations = 0  # `not`s around the subschema being compiled (schema_logic.logic)
+        self.negations = 0  # `not`s around the subschema being compiled, up to where cases stop (schema_logic.logic)
         self.notes: list[str] = []
         self.cut = False  # a $ref went deeper than max_depth somewhere
         self.merging: set[str] = set()  # cyclic $refs inlined by the merges enclosing this compile (see `inline`)
@@ -221,6 +223,7 @@ class Compiler:
         self.open_merges: dict[tuple, rx.Rx | None] = {}  # (allOf text, negations) being compiled -> its rule's call
         self.nonplain = nonplain  # refs whose rules have intersections (None: every rule), the others assumed plain
         self.upper = Upper(self)
+        self.facts = SchemaFacts(self.resolve)  # what surely holds of a subschema (`not`, `oneOf`: fsm.negation)
         self.any = jt.any_value(ws, max_depth)
         # counting terms intersect their items: a rule there would make emptiness undecidable, so they stay bounded
         self.skeleton = jt.any_value(ws, (FALLBACK_DEPTH if max_depth is None else max_depth) + SKELETON_EXTRA_DEPTH)
@@ -330,7 +333,7 @@ class Compiler:
         """`call` with its rule's body set; Entangled or NotPlain where the rule cannot stand as called."""
         rule = call.args[0]
         rx.define(rule, body)
-        if rx.calls_under_intersection([body]):
+        if rx.calls_under_intersection([body], bodies=False):  # the rules it calls: checked at their own definition
             raise Entangled(rule.name)
         if call.plain and not body.plain:
             raise NotPlain(rule.name)
@@ -363,16 +366,21 @@ class Compiler:
             self.reach[ref] = frozenset()  # cycles: filled in below
             found, todo = set(), [ref]
             while todo:
-                try:
-                    target = self.target(todo.pop(), "#")[2]
-                except SchemaError:
-                    continue  # reported where it is compiled
-                for r in _refs_in(target):
+                for r in self.links(todo.pop()):
                     if r not in found:
                         found.add(r)
                         todo.append(r)
             self.reach[ref] = frozenset(found)
         return self.reach[ref]
+
+    def links(self, ref: str) -> frozenset[str]:
+        """The $refs written in `ref`'s target (none where it does not resolve: reported where it is compiled)."""
+        if ref not in self.linked:
+            try:
+                self.linked[ref] = frozenset(_refs_in(self.target(ref, "#")[2]))
+            except SchemaError:
+                self.linked[ref] = frozenset()
+        return self.linked[ref]
 
     # -- combinators --------------------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ def logic(c, schema: dict, pointer: str) -> rx.Rx:
     """`not S` -> rest ∧ not S; `if`: (rest ∧ if ∧ then) ∪ (rest ∧ else ∧ not if)."""
     if "not" in schema:
         rest = {k: v for k, v in schema.items() if k != "not"}
-        c.negations += 1  # a `not` inside a case of another: bounded (recursive schemas would never end)
+        outer = c.negations  # `not`s counted up to the depth where cases stop: past it every count compiles alike,
+        c.negations = min(outer + 1, MAX_NEGATION_DEPTH)  # so a recursive schema's rules close there
         try:
             return without(c, rest, [(schema["not"], f"{pointer}/not")], pointer)
         finally:
-            c.negations -= 1
+            c.negations = outer
     rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
     condition, then, otherwise = schema["if"], schema.get("then", True), schema.get("else", True)
     if condition is True or (then is True and otherwise is True):
@@ -63,7 +64,7 @@ def without(c, schema, excluded: list[tuple[object, str]], pointer: str) -> rx.R
     cases of `not` (at most MAX_CASES combined: past it an excluded schema keeps one case per kind; optional keys'
     cases where room is left), the others as complements of their U."""
     excluded = [(o, where) for o, where in excluded if not _disjoint(c, schema, o)]  # nothing to take away there
-    cases = [negated_cases(o, c.resolve, within=schema) if c.negations < MAX_NEGATION_DEPTH else None
+    cases = [negated_cases(o, c.facts, within=schema) if c.negations < MAX_NEGATION_DEPTH else None
              for o, _ in excluded]
     if any(found == [] for found in cases):  # `schema` and an excluded one agree on every key it negates
         return rx.NOTHING
@@ -78,7 +79,7 @@ def without(c, schema, excluded: list[tuple[object, str]], pointer: str) -> rx.R
     for i, found in enumerate(cases):  # room left: also a declared key present with a rejected value
         if found is not None and product * (len(found) + 1) // len(found) <= MAX_CASES:
             room = MAX_CASES * len(found) // product - len(found)
-            more = negated_cases(excluded[i][0], c.resolve, room, within=schema)
+            more = negated_cases(excluded[i][0], c.facts, room, within=schema)
             product = product // len(found) * len(more)
             cases[i] = more
     cased = [{"anyOf": found} for found in cases if found is not None]
@@ -116,5 +117,5 @@ def exclude(c, term: rx.Rx, uppers: list[rx.Rx]) -> rx.Rx:
 def _disjoint(c, a, b) -> bool:
     key = (id(a), id(b))  # the entry keeps both alive: their ids are not reused while it holds them
     if key not in c.disjoint_options:
-        c.disjoint_options[key] = (a, b, disjoint(a, b, c.resolve, lambda s: c.upper(s, "#")))
+        c.disjoint_options[key] = (a, b, disjoint(a, b, c.facts, lambda s: c.upper(s, "#")))
     return c.disjoint_options[key][2]

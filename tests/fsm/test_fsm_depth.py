@@ -151,6 +151,21 @@ def test_an_allof_met_again_inside_its_own_merge_is_a_rule():
         assert not validator.is_valid(wrong) and not rx.matches(term, compact(wrong)), wrong
 
 
+def test_a_recursion_through_not_is_a_rule():
+    """Each level of a recursion through `not` is one negation deeper. Counted up to where negations stop being
+    written as cases (every count past it compiles alike), the rules close there: counted without end, each level
+    was a new rule until Python's stack ran out, and the schema fell back to depth 3."""
+    node = {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+            "required": ["v"], "not": {"type": "string"}}
+    schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+    term = fsm.compile_schema(schema, policy="spec")
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in (linked(DEPTH), linked(DEPTH, leaf={"v": 1, "extra": free_form(DEPTH)})):
+        assert validator.is_valid(value) and rx.matches(term, compact(value))
+    for wrong in (linked(DEPTH, leaf={"v": "x"}), linked(DEPTH, leaf={})):
+        assert not validator.is_valid(wrong) and not rx.matches(term, compact(wrong))
+
+
 def test_max_recursion_depth_is_an_opt_in_limit():
     bounded = fsm.compile_schema({}, max_recursion_depth=3)
     assert rx.matches(bounded, compact(free_form(3))) and not rx.matches(bounded, compact(free_form(4)))

@@ -48,7 +48,7 @@ def _valid(schema, value) -> bool:
 @pytest.mark.parametrize("schema", OBJECT_SCHEMAS)
 def test_every_case_of_a_negation_rejects_what_the_schema_accepts(schema):
     c = _compiler(schema)
-    cases = negated_cases(schema, c.resolve, extra=4)
+    cases = negated_cases(schema, c.facts, extra=4)
     assert cases, "an object schema with keys is negated by cases"
     for value, case in itertools.product(POOL, cases):
         if _valid({**schema, **case} if "$defs" in schema else case, value):
@@ -67,12 +67,12 @@ def test_a_case_the_merged_schema_contradicts_is_left_out():
     """Inside an option that requires `type` with the very subschema S_type, "type absent or not S_type" is dead."""
     point = {"type": "object", "required": ["type"], "properties": {"type": {"const": "Point"}}}
     c = _compiler(point)
-    assert negated_cases(point, c.resolve) == [{"type": ["null", "boolean", "array", "string", "number"]},
+    assert negated_cases(point, c.facts) == [{"type": ["null", "boolean", "array", "string", "number"]},
                                                {"type": "object", "properties": {"type": {"not": {"const": "Point"}}}}]
-    assert negated_cases(point, c.resolve, within=point) == []  # nothing left: the option's term is NOTHING
-    assert negated_cases(point, c.resolve, within={"required": ["type"], "properties": point["properties"]}) == [
+    assert negated_cases(point, c.facts, within=point) == []  # nothing left: the option's term is NOTHING
+    assert negated_cases(point, c.facts, within={"required": ["type"], "properties": point["properties"]}) == [
         {"type": ["null", "boolean", "array", "string", "number"]}]  # only other types are left
-    assert negated_cases(point, c.resolve, within={"type": "object"}) == [
+    assert negated_cases(point, c.facts, within={"type": "object"}) == [
         {"type": "object", "properties": {"type": {"not": {"const": "Point"}}}}]  # objects only: no other type
 
 
@@ -87,7 +87,7 @@ def test_options_called_disjoint_share_no_valid_value():
     c = _compiler({})
     found = {}
     for (na, a), (nb, b) in itertools.permutations(schemas.items(), 2):
-        found[na, nb] = disjoint(a, b, c.resolve, lambda s: c.upper(s, "#"))
+        found[na, nb] = disjoint(a, b, c.facts, lambda s: c.upper(s, "#"))
         if found[na, nb]:
             assert not any(_valid(a, v) and _valid(b, v) for v in POOL), (na, nb)
     assert found["point", "line"] and found["point", "open"] and found["null", "point"]
@@ -137,16 +137,16 @@ def test_a_key_one_option_requires_and_the_other_forbids_makes_them_disjoint():
     closed = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
     point = {"type": "object", "required": ["type"]}
     c = _compiler({})
-    assert disjoint(closed, point, c.resolve, lambda s: c.upper(s, "#"))
+    assert disjoint(closed, point, c.facts, lambda s: c.upper(s, "#"))
     assert not any(_valid(closed, v) and _valid(point, v) for v in POOL)
-    assert not disjoint(closed, {"type": "object", "required": ["a"]}, c.resolve, lambda s: c.upper(s, "#"))
+    assert not disjoint(closed, {"type": "object", "required": ["a"]}, c.facts, lambda s: c.upper(s, "#"))
 
 
 def test_not_of_a_union_negates_every_branch():
     """not (required a or required b): one case, both absent (a union's negation is every branch's)."""
     schema = {"anyOf": [{"required": ["a"]}, {"anyOf": [{"required": ["b"]}]}]}
     c = _compiler(schema)
-    cases = negated_cases(schema, c.resolve)
+    cases = negated_cases(schema, c.facts)
     assert cases == [{"allOf": [{"type": "object", "properties": {"a": False}},
                                 {"type": "object", "properties": {"b": False}}]}]
     for value in POOL:
@@ -157,7 +157,7 @@ def test_what_a_schema_negates_is_a_case_of_its_negation():
     """not {a: integer, not required b} holds {"a": 1, "b": 2}: neither a type nor a property case says so."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "not": {"required": ["b"]}}
     term = _compiler(schema).compile({"not": schema}, "#")
-    assert {"required": ["b"]} in negated_cases(schema, _compiler(schema).resolve)
+    assert {"required": ["b"]} in negated_cases(schema, _compiler(schema).facts)
     assert rx.matches(term, '{"a":1,"b":2}') and not rx.matches(term, '{"a":1}')
 
 

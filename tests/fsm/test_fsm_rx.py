@@ -343,6 +343,20 @@ def test_an_undecided_emptiness_raises_or_gives_the_callers_answer_unmemoized(mo
     assert rx.is_empty(term) is False and rx.matches(term, "q" + "b" * 14)  # nothing was memoized: decided now
 
 
+def test_a_union_is_settled_by_a_live_alternative_before_another_is_proved_empty():
+    """A union's alternatives are searched to limits that grow together: one found live a few dozen states deep
+    settles it while an empty one that needs thousands is left undecided (searched one after the other, the empty
+    one came first and was explored in full)."""
+    ab = rx.alt(rx.literal("a"), rx.literal("b"))
+    window = lambda c: rx.seq(rx.star(ab), rx.literal(c), rx.repeat(ab, 11, 11))  # noqa: E731
+    empty = rx.inter(window("a"), window("b"))  # the 12th byte from the end both "a" and "b": 2^12 states to see
+    live = rx.inter(rx.repeat(rx.literal("a"), 41), rx.star(rx.literal("aa")))  # a^42, 42 states deep
+    union = rx.alt(empty, live)
+    assert union.args == (empty, live) and rx.witness(live) is None  # the empty one first; the live one needs a search
+    assert rx.is_empty(union) is False and empty._empty is None
+    assert rx.is_empty(empty) is True
+
+
 def test_a_walk_forbids_what_it_cannot_decide_and_never_raises(monkeypatch):
     """A first visit whose emptiness search goes past `rx.WALK_LIMIT` makes the derivative DEAD: the guide's
     language narrows ("d" + "b" * 12 is lost), it never admits an invalid text and never raises mid-walk."""
