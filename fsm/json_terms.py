@@ -247,11 +247,13 @@ def _digits(remainder: int, left: int, step: int, then, memo=None) -> rx.Rx:
 _SHORT = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
 
 
+@lru_cache(maxsize=4096)
 def spellings(text: str) -> rx.Rx:
     """Every way to write the content of the JSON string `text` (plain, short or \\u escapes)."""
     return seq(*(_char_spellings(c) for c in text))
 
 
+@lru_cache(maxsize=4096)
 def _char_spellings(c: str) -> rx.Rx:
     options = [] if c in '"\\' or ord(c) < 0x20 else [literal(c)]
     if c in _SHORT:

@@ -114,6 +114,7 @@ def byte_range(low: int, high: int) -> Rx:
     return byte_set(_range_mask(low, high))
 
 
+@functools.lru_cache(maxsize=4096)  # keys and constants recur across a schema's objects
 def literal(data: bytes | str) -> Rx:
     """Exactly `data` (a str is UTF-8 encoded)."""
     data = data.encode() if isinstance(data, str) else data
@@ -266,15 +267,16 @@ def check_rule(term: Rx, limit: int = 500) -> str | None:
         return "emptiness undecided"
 
 
-def calls_under_intersection(roots, bodies: bool = True) -> bool:
+def calls_under_intersection(roots, bodies: bool = True, clean: set[int] | None = None) -> bool:
     """Whether a call lies inside an intersection or complement of the terms `roots` or (`bodies`) of the bodies they
     call: there an emptiness search meets the rule's endless states, so such a language is better unrolled
-    (fsm/schema.py)."""
+    (fsm/schema.py). `clean` (with `bodies` False): ids of terms found to hold none, not walked again; the terms
+    walked are added to it when none is found."""
     has_call: dict[int, bool] = {}
-    seen, stack = set(), list(roots)
+    seen, stack, skipped = set(), list(roots), clean or ()
     while stack:
         t = stack.pop()
-        if t.id in seen:
+        if t.id in seen or t.id in skipped:
             continue
         seen.add(t.id)
         if t.kind in ("and", "not") and _has_call(t, has_call):
@@ -282,6 +284,8 @@ def calls_under_intersection(roots, bodies: bool = True) -> bool:
         stack.extend(t.children)
         if bodies and t.kind == "call" and t.args[0].body is not None:  # a rule being compiled: checked once defined
             stack.append(t.args[0].body)
+    if clean is not None:
+        clean |= seen
     return False
 
 

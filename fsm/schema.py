@@ -220,6 +220,7 @@ class Compiler:
         self.cut = False  # a $ref went deeper than max_depth somewhere
         self.merging: set[str] = set()  # cyclic $refs inlined by the merges enclosing this compile (see `inline`)
         self.rules: dict[tuple, rx.Rx] = {}  # (ref, negations) -> the call of its rule (max_depth None)
+        self.clean: set[int] = set()  # ids of terms that hold no call under an intersection (`_define`)
         self.open_merges: dict[tuple, rx.Rx | None] = {}  # (allOf text, negations) being compiled -> its rule's call
         self.nonplain = nonplain  # refs whose rules have intersections (None: every rule), the others assumed plain
         self.upper = Upper(self)
@@ -333,7 +334,7 @@ class Compiler:
         """`call` with its rule's body set; Entangled or NotPlain where the rule cannot stand as called."""
         rule = call.args[0]
         rx.define(rule, body)
-        if rx.calls_under_intersection([body], bodies=False):  # the rules it calls: checked at their own definition
+        if rx.calls_under_intersection([body], bodies=False, clean=self.clean):  # callees: at their own definition
             raise Entangled(rule.name)
         if call.plain and not body.plain:
             raise NotPlain(rule.name)
