@@ -25,7 +25,7 @@ from fsm.closing import Closing
 from fsm.head_cache import HeadCache, head_cache
 from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
-from fsm.literals import UNNUMBERED, LiteralStateInfo, leading_byte, literal_info, literal_places
+from fsm.literals import UNNUMBERED, LiteralInfos, LiteralStateInfo, leading_byte, literal_places
 from fsm.masks import MaskSlabs, fresh_mask
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
@@ -223,6 +223,7 @@ class TokenIndex:
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
         object.__setattr__(self, "_live", TokenLiveness(self.dfa, self.vocabulary.single_bytes, crawl))
         object.__setattr__(self, "_mask_slabs", MaskSlabs(self.vocab_size))  # the states' masks (`fsm.masks`)
+        object.__setattr__(self, "_literal_infos", LiteralInfos(self._mask_slabs))  # masks shared (`fsm.literals`)
 
     @cached_property
     def closing(self) -> Closing:
@@ -386,7 +387,7 @@ class TokenIndex:
         slots = np.concatenate(slots).astype(np.int32) if slots else np.zeros(0, np.int32)
         number = partial(_number_target, self.dfa, places)
         if self._live.all_live_from(state):
-            return literal_info(ids, slots, len(places), number, self._mask_slabs.take(), layout.lengths)
+            return self._literal_infos.info(ids, slots, len(places), number, layout.lengths)
         states = np.asarray([number(place) for place in range(len(places))], dtype=np.int64)
         return ids, states.take(slots) if len(slots) else np.zeros(0, np.int64)
 
