@@ -203,7 +203,7 @@ class HeadStateInfo:
 
     @property
     def nbytes(self) -> int:
-        own = self.mask.numel() if (self.mains == DEAD).any() else 0  # a mask of its own (mostly)
+        own = self.mask.numel() if DEAD in self.mains else 0  # a mask of its own (mostly); `in`: no Python call
         return self.mains.nbytes + self.extra_ids.nbytes + self.extra_slots.nbytes + self.targets.nbytes + own
 
 
