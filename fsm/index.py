@@ -495,7 +495,10 @@ class Split:
         plain = self.head.plain and self.tail.plain and all(owner.plain for owner, _ in self.frames)
         if plain and (not self.frames or self.tail is not rx.EPSILON):  # the tail's holes are seq(end, tail)'s
             live = self.tail is not rx.NOTHING and not (self.frames and rx.pick_is_empty(self.tail, self.frames[-1][0]))
-            return np.fromiter((live and end is not rx.NOTHING for end in ends), dtype=bool, count=len(ends))
+            found = np.full(len(ends), live, dtype=bool)
+            if live and rx.NOTHING in ends:  # a scan in C (terms compare by identity), not a Python loop
+                found[[i for i, end in enumerate(ends) if end is rx.NOTHING]] = False
+            return found
         if not self.frames:  # seq(end, tail) is empty where a part of either is: the tail is asked once
             if _forbidden(self.tail):
                 return np.zeros(len(ends), dtype=bool)
