@@ -81,10 +81,12 @@ class Meter:
 
     def tick(self, term) -> None:
         """Count and hold a new term: held, it stays interned until the task ends, collected or not."""
-        self.made.append(term)
-        if self.terms > self.budget.max_terms:
+        made = self.made
+        made.append(term)
+        terms = len(made)  # `terms`, inline: a call per new term
+        if terms > self.budget.max_terms:
             raise GuideBudgetError(f"{self.what} needs more than {self.budget.max_terms} terms (Budget.max_terms)")
-        if self.terms % CLOCK_EVERY == 0:
+        if terms % CLOCK_EVERY == 0:
             self.check_clock()
 
     def check_clock(self) -> None:

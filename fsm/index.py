@@ -25,7 +25,7 @@ from fsm.closing import Closing
 from fsm.head_cache import HeadCache, head_cache
 from fsm.crossing import Crossed, add_walked, cross_on, groups_of, walk_group, walk_on
 from fsm.lazy_dfa import DEAD, LazyDFA
-from fsm.literals import UNNUMBERED, LiteralStateInfo, leading_byte, literal_info, literal_places
+from fsm.literals import UNNUMBERED, LiteralInfos, LiteralStateInfo, leading_byte, literal_places
 from fsm.masks import MaskSlabs, fresh_mask
 from fsm.liveness import TokenLiveness
 from fsm.staying import staying
@@ -203,7 +203,7 @@ class HeadStateInfo:
 
     @property
     def nbytes(self) -> int:
-        own = self.mask.numel() if (self.mains == DEAD).any() else 0  # a mask of its own (mostly)
+        own = self.mask.numel() if DEAD in self.mains else 0  # a mask of its own (mostly); `in`: no Python call
         return self.mains.nbytes + self.extra_ids.nbytes + self.extra_slots.nbytes + self.targets.nbytes + own
 
 
@@ -223,6 +223,7 @@ class TokenIndex:
         crawl = partial(_walk_all_tokens, self.dfa, self.vocabulary)  # not a closure over self: no cycle
         object.__setattr__(self, "_live", TokenLiveness(self.dfa, self.vocabulary.single_bytes, crawl))
         object.__setattr__(self, "_mask_slabs", MaskSlabs(self.vocab_size))  # the states' masks (`fsm.masks`)
+        object.__setattr__(self, "_literal_infos", LiteralInfos(self._mask_slabs))  # masks shared (`fsm.literals`)
 
     @cached_property
     def closing(self) -> Closing:
@@ -386,7 +387,7 @@ class TokenIndex:
         slots = np.concatenate(slots).astype(np.int32) if slots else np.zeros(0, np.int32)
         number = partial(_number_target, self.dfa, places)
         if self._live.all_live_from(state):
-            return literal_info(ids, slots, len(places), number, self._mask_slabs.take(), layout.lengths)
+            return self._literal_infos.info(ids, slots, len(places), number, layout.lengths)
         states = np.asarray([number(place) for place in range(len(places))], dtype=np.int64)
         return ids, states.take(slots) if len(slots) else np.zeros(0, np.int64)
 
@@ -494,7 +495,10 @@ class Split:
         plain = self.head.plain and self.tail.plain and all(owner.plain for owner, _ in self.frames)
         if plain and (not self.frames or self.tail is not rx.EPSILON):  # the tail's holes are seq(end, tail)'s
             live = self.tail is not rx.NOTHING and not (self.frames and rx.pick_is_empty(self.tail, self.frames[-1][0]))
-            return np.fromiter((live and end is not rx.NOTHING for end in ends), dtype=bool, count=len(ends))
+            found = np.full(len(ends), live, dtype=bool)
+            if live and rx.NOTHING in ends:  # a scan in C (terms compare by identity), not a Python loop
+                found[[i for i, end in enumerate(ends) if end is rx.NOTHING]] = False
+            return found
         if not self.frames:  # seq(end, tail) is empty where a part of either is: the tail is asked once
             if _forbidden(self.tail):
                 return np.zeros(len(ends), dtype=bool)

@@ -9,7 +9,7 @@ ends of a head do (`fsm.index.HeadStateInfo`): a first walk takes one token per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
@@ -17,9 +17,11 @@ import torch
 
 from fsm import rx
 from fsm.lazy_dfa import DEAD, LazyDFA
+from fsm.masks import MaskSlabs
 
 UNNUMBERED = -3  # a place whose state is numbered when a token first goes there
 FEW_TOKENS = 32  # a literal state allowing at most this many tokens sorts them in Python
+MAX_SHARED = 4096  # token sets remembered per index by `LiteralInfos` (started over past this)
 
 
 def leading_byte(term: rx.Rx) -> int | None:
@@ -100,3 +102,28 @@ def literal_info(ids: np.ndarray, slots: np.ndarray, n_places: int, number: Call
     longest = int(lengths[ids].max(initial=0)) if len(ids) else 0
     states = np.full(n_places, UNNUMBERED, dtype=np.int32)
     return LiteralStateInfo(ids, slots, states, number, torch.from_numpy(mask), longest)
+
+
+@dataclass(eq=False)
+class LiteralInfos:
+    """`literal_info` for the literal states of one token index, sharing the sorted tokens and the mask of the states
+    whose walks found the same tokens going to the same places (a key and the punctuation around it recur: ~60% of
+    a first walk's literal states repeat one, and their masks then cost no sort and no page faults). Each state
+    gets its own places (`number`, `states`)."""
+
+    slabs: MaskSlabs  # the index's masks (`fsm.masks`)
+    _found: dict = field(default_factory=dict, repr=False)  # (ids, slots) bytes -> a LiteralStateInfo of them
+
+    def info(self, ids: np.ndarray, slots: np.ndarray, n_places: int, number: Callable[[int], int],
+             lengths: np.ndarray) -> LiteralStateInfo:
+        """`literal_info(ids, slots, n_places, number, mask, lengths)` with a fresh mask, or the mask of the same
+        walk."""
+        key = (ids.tobytes(), slots.tobytes())
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= MAX_SHARED:
+                self._found.clear()
+            found = literal_info(ids, slots, n_places, None, self.slabs.take(), lengths)
+            self._found[key] = found  # `number` left out: it holds the state's places
+        states = np.full(n_places, UNNUMBERED, dtype=np.int32)
+        return LiteralStateInfo(found.token_ids, found.slots, states, number, found.mask, found.max_token_length)

@@ -107,7 +107,10 @@ EPSILON = _term("epsilon", (), True, True)
 
 def byte_set(mask: int) -> Rx:
     """One byte out of `mask` (bit b set = byte b allowed)."""
-    return NOTHING if mask == 0 else _term("bytes", (mask & ALL_BYTES,), False, True)
+    if mask == 0:
+        return NOTHING
+    mask &= ALL_BYTES
+    return _term("bytes", (mask,), False, True, ("bytes", mask))
 
 
 def byte_range(low: int, high: int) -> Rx:
@@ -179,7 +182,7 @@ def complement(term: Rx) -> Rx:
     """Every byte string not in `term`."""
     if term.kind == "not":
         return term.args[0]
-    return _term("not", (term,), not term.nullable, False)
+    return _term("not", (term,), not term.nullable, False, ("not", term.id))
 
 
 def repeat(term: Rx, low: int, high: int | None = None) -> Rx:
@@ -192,7 +195,7 @@ def repeat(term: Rx, low: int, high: int | None = None) -> Rx:
         return term
     if term.kind == "repeat" and term.args[1:] == (0, None) and (low, high) in ((0, None), (1, None)):
         return term
-    return _term("repeat", (term, low, high), low == 0 or term.nullable, term.plain)
+    return _term("repeat", (term, low, high), low == 0 or term.nullable, term.plain, ("repeat", term.id, low, high))
 
 
 def star(term: Rx) -> Rx:
@@ -382,7 +385,7 @@ def _list_memo(owner: Rx) -> list:
 
 def hole(item: Rx) -> Rx:
     """The end of `item` in a universe (see `any_order_list`): matches the empty string, has no derivative."""
-    return _term("hole", (item,), True, True)
+    return _term("hole", (item,), True, True, ("hole", item.id))
 
 
 def pick(items: Rx, owner: Rx) -> Rx:
@@ -391,7 +394,7 @@ def pick(items: Rx, owner: Rx) -> Rx:
     if items is NOTHING or owner is NOTHING or not _holes_in(items) & _fillable(owner):
         return NOTHING
     nullable = any(_after(t, owner).nullable for t in _open_holes(items))
-    return _term("pick", (items, owner), nullable, items.plain and owner.plain)
+    return _term("pick", (items, owner), nullable, items.plain and owner.plain, ("pick", items.id, owner.id))
 
 
 def pick_is_empty(items: Rx, owner: Rx, limit: int = 100_000, undecided: bool | None = None) -> bool:
@@ -595,7 +598,8 @@ def _nary(kind: str, parts: list[Rx], identity: Rx, combine) -> Rx:
         return parts[0]
     parts.sort(key=_ID)
     nullable = combine(t.nullable for t in parts)
-    return _term(kind, tuple(parts), nullable, kind == "alt" and all(t.plain for t in parts))
+    return _term(kind, tuple(parts), nullable, kind == "alt" and all(t.plain for t in parts),
+                 (kind, *[t.id for t in parts]))
 
 
 def _and_all(masks: list[int]) -> int:

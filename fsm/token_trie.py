@@ -186,11 +186,8 @@ class TokenTrie:
         read and its node's state."""
         start, size, ending = self.subtrees
         begin = start[j][nodes] + (self.end_start[j][nodes + 1] - self.end_start[j][nodes])
-        counts = start[j][nodes] + size[j][nodes] - begin  # (len(nodes),)
-        total = int(counts.sum())
-        owner = np.repeat(np.arange(len(nodes)), counts)
-        items = np.arange(total) + np.repeat(begin - (np.cumsum(counts) - counts), counts)
-        return ending[items], np.full(total, j + 1, dtype=np.int32), states[owner]
+        items, owner = _spans(begin, start[j][nodes] + size[j][nodes] - begin)
+        return ending[items], np.full(len(items), j + 1, dtype=np.int32), states[owner]
 
     @cached_property
     def subtrees(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.ndarray]:
@@ -230,11 +227,18 @@ def _no_crossing() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _ranges(starts: np.ndarray, nodes: np.ndarray, values: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(items, owner): the concatenated ranges starts[i]:starts[i + 1] of `nodes` (values of them when given), and
     for each item the index into `nodes` of its range."""
-    begin, end = starts[nodes], starts[nodes + 1]
-    counts = end - begin  # (len(nodes),)
-    total = int(counts.sum())
+    begin = starts[nodes]
+    items, owner = _spans(begin, starts[nodes + 1] - begin)
+    return (items if values is None or not len(items) else values[items]), owner
+
+
+def _spans(begin: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(items, owner): the concatenated ranges begin[i] : begin[i] + counts[i] (int64), and for each item the index of
+    its range (array methods, not numpy's functions: each of those is one more Python call)."""
+    before = counts.cumsum()
+    total = int(before[-1]) if len(before) else 0
     if not total:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    owner = np.repeat(np.arange(len(nodes)), counts)
-    items = np.arange(total) + np.repeat(begin - (np.cumsum(counts) - counts), counts)
-    return (items if values is None else values[items]), owner
+    before -= counts  # the items of the ranges before each
+    owner = np.arange(len(counts)).repeat(counts)
+    return np.arange(total) + (begin - before).take(owner), owner

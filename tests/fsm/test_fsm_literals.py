@@ -98,3 +98,22 @@ def test_a_mask_inside_a_key_numbers_no_state_and_a_step_one(sentencepiece_token
     guide.advance(token)
     assert dfa.n_states == states + 1 and (info.states != UNNUMBERED).sum() == 1
     assert guide.state == dfa.walk(guide.index.vocabulary.token_bytes[token], start)
+
+
+def test_literal_states_that_walk_alike_share_a_mask_not_their_places(smol_tokenizer):
+    """Two objects with the same key: the states before that key find the same tokens going to the same places
+    (`fsm.literals.LiteralInfos`), so they share one mask; each numbers its own places, the states of its own term."""
+    clear_caches()
+    inner = {"type": "object", "properties": {"same_key": {"type": "integer"}}, "required": ["same_key"]}
+    schema = {"type": "object", "properties": {"a": inner, "b": {"type": "array", "items": inner}},
+              "required": ["a", "b"]}
+    guide = fsm.Guide.from_schema(schema, smol_tokenizer)
+    index, dfa = guide.index, guide.index.dfa
+    before = [dfa.walk(b'{"a":{'), dfa.walk(b'{"a":{"same_key":1},"b":[{')]
+    infos = [index.info(state) for state in before]
+    assert all(isinstance(info, LiteralStateInfo) for info in infos) and before[0] != before[1]
+    assert infos[0].mask is infos[1].mask and infos[0].states is not infos[1].states
+    token = int(infos[0].token_ids[-1])
+    after = [info.next_of(token) for info in infos]
+    assert after == [dfa.walk(index.vocabulary.token_bytes[token], state) for state in before]
+    assert after[0] != after[1] and (infos[1].states != UNNUMBERED).sum() == 1
