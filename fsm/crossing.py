@@ -21,9 +21,11 @@ import numpy as np
 
 from fsm import rx
 from fsm.lazy_dfa import DEAD, LazyDFA
+from fsm.staying import staying
 
 MAX_NEXT = 256  # group walks kept on one walk (past it, they are walked for each state that needs them)
 SMALL_UNIQUE = 64  # ends of a group walk numbered in Python up to this many tokens
+SETTLE_ROWS = 2048  # tokens walked from their first byte past which free text is set apart first (`fsm.staying`)
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,6 +207,8 @@ def add_walked(out: Crossed, dfa: LazyDFA, layout, rows: np.ndarray, at: int, th
         return
     positions, states = rows, np.full(len(rows), there, dtype=np.int32)
     done_rows, done_states = [], []
+    if at == 0 and len(rows) > SETTLE_ROWS:  # free text ends without a walk, as in a walk of the vocabulary
+        positions, states = _settled(dfa, layout, there, positions, states, done_rows, done_states)
     for j, column in enumerate(layout.columns[at:], start=at):
         ended = int(positions.searchsorted(layout.counts[j]))
         done_rows.append(positions[ended:])
@@ -224,3 +228,20 @@ def add_walked(out: Crossed, dfa: LazyDFA, layout, rows: np.ndarray, at: int, th
         out.targets.extend(distinct.tolist())
         out.ids.append(layout.order[np.concatenate(done_rows)])
         out.slots.append(slot.astype(np.int32) + first)
+
+
+def _settled(dfa: LazyDFA, layout, there: int, positions: np.ndarray, states: np.ndarray, done_rows: list,
+             done_states: list) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, states) left to walk from `there` after the tokens `staying` ends without a walk are appended,
+    with their end states (the live ones), to `done_rows` and `done_states`."""
+    for stay in staying(dfa, layout, there):
+        settled = stay.rows.take(positions)  # (n,) bool
+        if not np.count_nonzero(settled):
+            continue
+        rows = positions[settled]
+        ends = np.full(len(rows), stay.ends, np.int32) if np.ndim(stay.ends) == 0 else stay.ends.take(rows)
+        alive = ends != DEAD
+        done_rows.append(rows[alive])
+        done_states.append(ends[alive])
+        positions, states = positions[~settled], states[~settled]
+    return positions, states
