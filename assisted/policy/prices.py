@@ -75,8 +75,8 @@ class SharedPrices:
             elif policy is not row:
                 estimates.append(policy.estimates())
                 confidences.append(proposal.model_confidence)
-                # a row more than a round behind is filling later (prompt-lookup copies come row by row, all at once):
-                # its future drafts are its own cut's to weigh, not a reason for this row to go on
+                # a row more than a round behind is filling later (this row's copies came all at once): its future
+                # drafts are its own cut's to weigh, not a reason for this row to go on
                 asking.append(proposal.may_draft and proposal.model_drafts >= len(confidence) - 1)
         width = shared_cut(estimates, confidences, asking, self.config.k_max, fixed if fixed > 1 else 0, to_come)
         return None if width is None else min(width - 1, len(confidence))
