@@ -61,6 +61,7 @@ class Proposal:
         self.masks = [cursor.mask()]  # (k+1,) guide masks (V,): before each token, after the last
         self.run, self.copied = ForcedTokens(), []  # the forced run and the lookup copy under way
         self.ends = self.done = cursor.only_eos_left()  # ends: nothing may follow (EOS, only EOS left)
+        self.filled = False  # `fill` has run
 
     @property
     def context(self) -> list[int]:
@@ -87,6 +88,12 @@ class Proposal:
         """Whether the draft may still grow by a model draft this step."""
         return not self.done and (self.asks > 0 or (self.lookup is not None and self.copies > 0))
 
+    @property
+    def copies_to_come(self) -> bool:
+        """Whether the draft is not filled yet and will be by prompt-lookup copies alone (no assistant tokens): all of
+        them at once, after the rows filled before it."""
+        return not self.filled and self.asks == 0 and self.lookup is not None and self.may_draft
+
     def tail(self, start: int) -> list[int]:
         """`context[start:]` without copying the committed sequence before `start`."""
         if start >= len(self.seq):
@@ -95,6 +102,7 @@ class Proposal:
 
     def fill(self) -> bool:
         """Append forced and copied tokens; True when the next token must come from the assistant."""
+        self.filled = True
         while not self.done and len(self.tokens) <= self.limit:
             last = len(self.tokens) == self.limit  # the target's slot: only a coalesced forced token may take it
             if last and not self.coalesced:

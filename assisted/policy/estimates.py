@@ -11,6 +11,7 @@ With one row it is the single-row cut: verify the first i drafts, or draft on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,6 +84,7 @@ class RowDrafts:
     cap: int  # the most model drafts it may have this step
     asking: bool = True  # it may still draft this step
     fixed: bool = False  # its schedule never cuts: every draft is verified
+    to_come: bool = False  # not drafted yet: its free copies (`accepts`, up to its cap) will fill the width verified
 
 
 def cut_width(rows: list[RowDrafts], seconds: np.ndarray, price: float, draft_seconds: float) -> int | None:
@@ -93,26 +95,35 @@ def cut_width(rows: list[RowDrafts], seconds: np.ndarray, price: float, draft_se
     at n: the rows' expected accepted drafts minus price * seconds[1 + the longest kept]; of M more rounds: every
     asking row's drafts so far plus survival * (a + ... + a^M) up to its cap (a = max(its latest draft's predicted
     acceptance, its mean)) minus price * (seconds of the wider forward + M rounds). Drafting seconds already spent
-    are sunk.
+    are sunk. A row whose copies are still `to_come` (prompt lookup fills row by row, all at once, after this one)
+    fills whatever width the others choose, free: it counts its expected copies up to that width and widens nothing.
     """
-    d = np.array([len(r.accepts) for r in rows])  # (B,)
+    d = np.array([0 if r.to_come else len(r.accepts) for r in rows])  # (B,) drafted so far
+    have = np.array([len(r.accepts) for r in rows])[:, None]  # (B, 1) drafts each may be verified with
     room = np.array([max(0, r.cap - len(r.accepts)) if r.asking else 0 for r in rows])  # (B,) rounds each may add
     need = 2 + int((d + room).max())
     seconds = np.concatenate([seconds, np.full(max(0, need - len(seconds)), seconds[-1])])  # flat past the end
     widths = np.arange(1, d.max() + 2)  # (N,) candidate widths
     fixed = np.array([r.fixed for r in rows])[:, None]
-    kept = np.where(fixed, d[:, None], np.minimum(d[:, None], widths[None] - 1))  # (B, N)
+    kept = np.where(fixed, have, np.minimum(have, widths[None] - 1))  # (B, N)
     chains = [np.cumprod(r.accepts) for r in rows]  # (d,) each: P(the first i drafts are all accepted)
-    value = sum(np.concatenate([[0.0], np.cumsum(c)])[k] for c, k in zip(chains, kept))
+    value = sum(_gains(c)[k] for c, k in zip(chains, kept))
     value = value - price * seconds[1 + kept.max(0)]  # (N,)
     if room.max() > 0:
         m = np.arange(1, room.max() + 1)  # (M,)
         steps = np.minimum(m[None], room[:, None])  # (B, M) rounds each row takes part in
-        more = sum(_projected(r, c, n) for r, c, n in zip(rows, chains, steps))
-        more = more - price * (seconds[1 + (d[:, None] + steps).max(0)] + m * draft_seconds)
+        wider = (d[:, None] + steps).max(0)  # (M,) the widest row's drafts after m more rounds
+        more = sum(_gains(c)[np.minimum(wider, len(c))] if r.to_come else _projected(r, c, n)
+                   for r, c, n in zip(rows, chains, steps))
+        more = more - price * (seconds[1 + wider] + m * draft_seconds)
         if more.max() > value.max():
             return None
     return int(widths[np.argmax(value)])
+
+
+def _gains(chain: np.ndarray) -> np.ndarray:
+    """(d + 1,) expected accepted drafts of a row verified with its first 0..d drafts (`chain`: their survival)."""
+    return np.concatenate([[0.0], np.cumsum(chain)])
 
 
 def _projected(row: RowDrafts, chain: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -158,6 +169,11 @@ class Estimates:
         """This row's drafts of these confidences as `cut_width` sees them."""
         return RowDrafts(self.accepts(confidence, optimism), self.acceptance, self.cap(k_max), asking)
 
+    def copies_to_come(self, k_max: int, optimism: float = 0.0) -> RowDrafts:
+        """This row's prompt-lookup copies, not drafted yet (up to its cap), as `cut_width` sees them."""
+        cap = self.cap(k_max)
+        return RowDrafts(self.accepts((np.nan,) * cap, optimism), self.acceptance, cap, False, to_come=True)
+
     def cut(self, confidence: tuple[float, ...], k_max: int) -> int | None:
         """After j drafts with these confidences (NaN: none): None to draft on, else how many to verify (0..j).
 
@@ -196,9 +212,10 @@ class Estimates:
 
 
 def shared_cut(estimates: list[Estimates], confidences: list[tuple[float, ...]], asking: list[bool], k_max: int,
-               fixed: int = 0) -> int | None:
+               fixed: int = 0, to_come: Sequence[Estimates] = ()) -> int | None:
     """`cut_width` over rows sharing one forward (their estimates share seconds, price and draft cost); `fixed`: the
-    widest row whose schedule never cuts (its drafts are verified whatever this decides).
+    widest row whose schedule never cuts (its drafts are verified whatever this decides); `to_come`: rows whose
+    prompt-lookup copies are drafted after these (`RowDrafts.to_come`).
 
     Where the cut at the mean verifies nothing, it is asked again at `optimism` standard deviations above it; if
     that would draft on, everything drafted so far is verified.
@@ -207,9 +224,9 @@ def shared_cut(estimates: list[Estimates], confidences: list[tuple[float, ...]],
     seconds, price, draft = np.asarray(first.target_seconds), first.price, first.draft_per_token
     extra = [RowDrafts(np.ones(fixed - 1), 1.0, 0, False, True)] if fixed else []
     rows = [e.drafts(c, k_max, 0.0, a) for e, c, a in zip(estimates, confidences, asking)] + extra
-    width = cut_width(rows, seconds, price, draft)
+    width = cut_width(rows + [e.copies_to_come(k_max) for e in to_come], seconds, price, draft)
     if width == 1 and first.optimism:
         hopeful = [e.drafts(c, k_max, e.optimism, a) for e, c, a in zip(estimates, confidences, asking)] + extra
-        found = cut_width(hopeful, seconds, price, draft)
+        found = cut_width(hopeful + [e.copies_to_come(k_max, e.optimism) for e in to_come], seconds, price, draft)
         width = 1 + max(map(len, confidences)) if found is None else found
     return width

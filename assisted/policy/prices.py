@@ -66,17 +66,19 @@ class SharedPrices:
         """`row`'s cut after drafts of these confidences, decided for the batch: None to draft on, else how many of
         them to verify (`shared_cut` over every row's drafts so far, `proposals`: per slot, its
         `drafting.proposal.Proposal` as it grows; rows of other schedules only widen)."""
-        estimates, confidences, asking, fixed = [row.estimates()], [confidence], [True], 0
+        estimates, confidences, asking, fixed, to_come = [row.estimates()], [confidence], [True], 0, []
         for policy, proposal in zip(self.members, proposals):
             if policy is None:
                 fixed = max(fixed, 1 + proposal.model_drafts)
+            elif policy is not row and proposal.copies_to_come:  # it will fill the width chosen here with free copies
+                to_come.append(policy.estimates())
             elif policy is not row:
                 estimates.append(policy.estimates())
                 confidences.append(proposal.model_confidence)
-                # a row more than a round behind is filling later (prompt-lookup copies come row by row, all at once):
-                # its future drafts are its own cut's to weigh, not a reason for this row to go on
+                # a row more than a round behind is filling later (this row's copies came all at once): its future
+                # drafts are its own cut's to weigh, not a reason for this row to go on
                 asking.append(proposal.may_draft and proposal.model_drafts >= len(confidence) - 1)
-        width = shared_cut(estimates, confidences, asking, self.config.k_max, fixed if fixed > 1 else 0)
+        width = shared_cut(estimates, confidences, asking, self.config.k_max, fixed if fixed > 1 else 0, to_come)
         return None if width is None else min(width - 1, len(confidence))
 
     def beside(self, row: Auto, feeds: Sequence[int]) -> int:

@@ -188,6 +188,19 @@ def test_the_cut_chooses_one_width_for_the_batch_and_a_row_may_draft_nothing():
     assert cut_width([sure, RowDrafts(np.array([0.99]), 0.9, 8)], seconds, 1.0, 0.0) is None  # a sure row may go on
 
 
+def test_rows_whose_copies_come_later_fill_the_width_the_cut_chooses_and_widen_nothing():
+    """Prompt lookup fills row by row: a row's copies alone do not pay for a position more per row, with a later row's
+    copies filling the same width they do; the later row's own copies, sure as they are, widen nothing here (its own
+    cut weighs them)."""
+    seconds = np.array([0.0, 1.0, 1.6, 2.2, 2.8])  # a position more per row costs 0.6 s, at a token a second
+    copies = RowDrafts(np.array([0.5]), 0.5, 4, asking=False)
+    later = RowDrafts(np.array([0.5, 0.5, 0.5, 0.5]), 0.5, 4, asking=False, to_come=True)
+    assert cut_width([copies], seconds, 1.0, 0.0) == 1
+    assert cut_width([copies, later], seconds, 1.0, 0.0) == 2
+    sure = RowDrafts(np.full(4, 0.99), 0.9, 4, asking=False, to_come=True)
+    assert cut_width([RowDrafts(np.array([0.1]), 0.1, 1, asking=False), sure], seconds, 1.0, 0.0) == 2
+
+
 @pytest.mark.parametrize("slope, pays", [(0.0094, False), (0.0001, True)])
 def test_a_batch_whose_positions_cost_what_its_rows_do_decodes_plainly(slope, pays):
     """16 rows: where each added position costs about what a row's plain token does (T(16) / 16 = 9.4 ms: a CPU's
