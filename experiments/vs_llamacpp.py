@@ -10,6 +10,8 @@ target of --quantize-target (T: int4 keeps the GGUF's own 4-bit groups, the rest
     llama.cpp-grammar          llama.cpp with its JSON-schema grammar (`json_schema_to_gbnf`: whitespace allowed)
     llama.cpp-grammar-compact  the same grammar with its whitespace rule emptied (compact JSON, as ours writes)
     ours-full-T                `assisted.generate`: T target, assistant, schema, defaults (forced tokens, lookup)
+--int4-path P adds ours on the int4 target with its 4-bit linears forced to path P (systems ours-*-int4@P; e.g. vnni
+beside the default amx on a CPU with AMX tiles: the same model bit for bit, another kernel).
 Every unit runs at each of --threads (torch's threads; one llama.cpp context per count). `--costs` adds the
 forward costs behind the ratios: one forward of k new tokens after 200 cached ones, ours and llama.cpp's, and for ours
 the one-row step (k = 1) over its floor: the weight bytes a step reads / a read loop's bandwidth at that thread count,
@@ -28,6 +30,7 @@ field with the float32 target.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -43,10 +46,11 @@ from experiments.lib.llamacpp import LlamaCpp
 from experiments.lib.report import run_lines, table as table_of, write_run
 from experiments.lib.tasks import HELD_OUT as TASKS, chat_ids, load_prompts, validate
 from experiments.lib.timing import Prefixed
+from structspec_ops import int4
 
 TARGETS = ("int4", "int8")  # --quantize-target's choices
 FIELDS = ("threads", "kind", "unit", "repeat", "system", "seconds", "new_tokens", "valid", "text")
-COST_KS = (1, 2, 4, 8, 16)
+COST_KS = (1, 2, 4, 8, 16, 128)
 LLAMA = "llama.cpp target (its GGUF)"
 
 
@@ -58,6 +62,8 @@ def parse_args(argv: list[str] | None):
                    help="our targets, each a system of its own in the same run")
     p.add_argument("--assistant-copy", choices=sorted(QUANTIZED_COPIES), default="int4",
                    help="the quantized copy of the assistant that drafts")
+    p.add_argument("--int4-path", nargs="*", default=[], choices=sorted(int4.PATHS),
+                   help="also run the int4 target with its 4-bit linears on these kernel paths (int4@PATH)")
     p.add_argument("--threads", type=int, nargs="+", default=[1])
     p.add_argument("--per-class", type=int, default=2, help="free prompts per class (validation half)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="budget of an extraction (per object)")
@@ -88,12 +94,24 @@ class Ours:
         return self.free_max_new if schema is None else self.max_new
 
     def run(self, system: str, ids: list[int], schema=None) -> tuple[str, int]:
-        _, mode, target = system.split("-")  # ours-plain-int4
+        _, mode, target = system.split("-")  # ours-plain-int4, ours-full-int4@vnni
         helper = None if mode == "plain" else self.assistant
-        out = generate(self.models[target], helper, tokenizer=self.tokenizer, input_ids=ids, schema=schema,
-                       max_new_tokens=self.budget(schema))
+        with kernel_path(target):
+            out = generate(self.models[target], helper, tokenizer=self.tokenizer, input_ids=ids, schema=schema,
+                           max_new_tokens=self.budget(schema))
         tokens = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in self.eos else out.token_ids
         return out.text, len(tokens)  # EOS not counted (llama.cpp's count leaves it out too)
+
+
+def kernel_path(target: str):
+    """The int4 kernel path a target's name forces ("int4@vnni": vnni; the assistant's too), else no change."""
+    path = target.partition("@")[2].split(" ")[0]  # "int4@vnni", "ours int4@vnni target"
+    return int4.forced_path(path) if path else contextlib.nullcontext()
+
+
+def kernel_names(target: str, model) -> str:
+    with kernel_path(target):
+        return linear_kernels(model)
 
 
 def units(tokenizer, per_class: int) -> list[tuple[str, str, list[int], object]]:
@@ -135,7 +153,7 @@ def _per(row: dict) -> float:
     return row["seconds"] / max(row["new_tokens"], 1) if row["kind"] == "free" else row["seconds"]
 
 
-def table(rows: list[dict], kind: str, ours: str) -> list[str]:
+def table(rows: list[dict], kind: str, ours: str, targets) -> list[str]:
     """Per thread count and system: median ms per token (free) or s per object (structured), validity, and `ours`'
     speedup over the system paired per (unit, repeat) with a 90% interval."""
     unit = "ms / token" if kind == "free" else "s / object"
@@ -143,7 +161,7 @@ def table(rows: list[dict], kind: str, ours: str) -> list[str]:
     for t in sorted({r["threads"] for r in rows}):
         mine = [r for r in rows if r["kind"] == kind and r["threads"] == t]
         ratios = runner.paired(mine, ours, ("unit", "repeat"), _per)
-        for system in [s for s in systems(kind, TARGETS) if any(r["system"] == s for r in mine)]:
+        for system in [s for s in systems(kind, targets) if any(r["system"] == s for r in mine)]:
             runs = [r for r in mine if r["system"] == system]
             scale, ratio = 1e3 if kind == "free" else 1.0, ratios.get(system, (1.0, 1.0, 1.0))
             valid = "" if kind == "free" else f"{sum(r['valid'] is True for r in runs)}/{len(runs)}"
@@ -178,7 +196,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]:
     """ms of one forward over k new tokens after 200 cached ones (our targets, the assistant copies, llama.cpp) and,
     for ours, the weight bytes a step reads and the one-row step over its floor at each thread count."""
-    ids = list(range(1000, 1300))
+    ids = list(range(1000, 1200 + max(COST_KS)))
     timers = {name: Prefixed(m, ids[:200]) for name, m in models.items()}
     floors = {t: read_bandwidth(t) for t in threads}  # bytes per second of the read loop
     weights = {name: weight_bytes(m) for name, m in models.items()}
@@ -187,7 +205,10 @@ def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]
         for t in threads:
             torch.set_num_threads(t)
             for k in COST_KS:
-                spent = {name: timer.seconds(ids[200 : 200 + k]) for name, timer in timers.items()}
+                spent = {}
+                for name, timer in timers.items():
+                    with kernel_path(name):
+                        spent[name] = timer.seconds(ids[200 : 200 + k])
                 spent[LLAMA] = llama.forward_cost(t, ids, k)
                 for name, seconds in spent.items():
                     times.setdefault((t, name, k), []).append(seconds) if repeat else None
@@ -198,7 +219,9 @@ def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]
             rows.append([t, name, *(f"{1e3 * statistics.median(times[(t, name, k)]):.1f}" for k in COST_KS),
                          f"{mb:.0f}" if mb else "", f"{step * floors[t] / weights[name]:.2f}" if mb else ""])
         torch.set_num_threads(t)
-        shares += [[t, name, *op] for name, timer in timers.items() for op in step_profile(timer, ids[200])]
+        for name, timer in timers.items():
+            with kernel_path(name):
+                shares += [[t, name, *op] for op in step_profile(timer, ids[200])]
     return [*table_of(["threads", "model", *(f"k={k}" for k in COST_KS), "weight MB", "k=1 / floor"], rows), "",
             "floor: the weight bytes a step reads / a read loop's bandwidth ("
             + ", ".join(f"{floors[t] / 1e9:.1f} GB/s at {t} thread(s)" for t in threads) + ")", "",
@@ -250,7 +273,9 @@ def load_targets(args) -> tuple[dict, object, object]:
     first, *rest = args.quantize_target
     model, tokenizer, assistant = load_pair(args.target, args.assistant, quantize_target=first,
                                             quantize_assistant=args.assistant_copy)
-    return {first: model, **{t: load_pair(args.target, quantize_target=t)[0] for t in rest}}, tokenizer, assistant
+    models = {first: model, **{t: load_pair(args.target, quantize_target=t)[0] for t in rest}}
+    models |= {f"int4@{path}": models["int4"] for path in args.int4_path if "int4" in models}
+    return models, tokenizer, assistant
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,13 +295,13 @@ def main(argv: list[str] | None = None) -> int:
             f"- target {args.target}, assistant {args.assistant} ({args.assistant_copy} copy); llama.cpp: the "
             f"target's GGUF; greedy, max_new_tokens {args.free_max_new_tokens} (free prompts) and "
             f"{args.max_new_tokens} (extraction), {args.repeats} repeats, systems rotated per unit",
-            *(f"- our {t} target's Linear layers: {linear_kernels(m)}" for t, m in models.items())]
+            *(f"- our {t} target's Linear layers: {kernel_names(t, m)}" for t, m in models.items())]
     readme = []
     for t in models:
         readme += [f"## Plain decoding, free prompts (per token), against ours-spec-{t}", "",
-                   *table(rows, "free", f"ours-spec-{t}"), "",
+                   *table(rows, "free", f"ours-spec-{t}", models), "",
                    f"## Structured extraction (per object, every object validated), against ours-full-{t}", "",
-                   *table(rows, "structured", f"ours-full-{t}"), ""]
+                   *table(rows, "structured", f"ours-full-{t}", models), ""]
     if args.costs:
         other = "int4" if args.assistant_copy == "int8" else "int8"
         named = {**{f"ours {t} target": m for t, m in models.items()}, f"ours assistant ({args.assistant_copy})":

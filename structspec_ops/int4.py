@@ -6,9 +6,10 @@ super-block of `groups_per_block` groups, sc and m are bytes per group. That is 
 6-bit sc and m), and Q4_0's and Q4_1's with one group a block and sc = m = 1, so a GGUF's 4-bit weights are kept
 exactly. `linear` quantizes each row of x with its own max-abs scale inside the op, sums each group in int32 and
 adds the groups in float in one fixed order (structspec_ops/csrc/int4_linear.cpp): a row's output is bitwise the same
-whatever other rows, threads or output columns share the call. Three paths run it, the best the CPU has: "vnni"
-(AVX-512 VNNI), "avx2" (AVX2 + FMA) and "portable" (plain C++); their int32 sums are exact and their float steps
-the same IEEE operations in the same order, so all three give bitwise the same output: one model on every x86 CPU.
+whatever other rows, threads or output columns share the call. Four paths run it, the best the CPU has: "amx"
+(AMX-INT8 tiles for 16 rows at a time, the rest as "vnni"), "vnni" (AVX-512 VNNI), "avx2" (AVX2 + FMA) and "portable"
+(plain C++); their int32 sums are exact and their float steps the same IEEE operations in the same order, so all
+give bitwise the same output: one model on every x86 CPU.
 
     from structspec_ops import int4
     if int4.built().ok:
@@ -35,7 +36,7 @@ CODE_BYTES = GROUP * LANES // 2  # code bytes per (block, group)
 # No -m flags: each path's code carries its own target (#pragma GCC target), chosen at run time by the CPU's cpuid.
 # -fopenmp: without it at::parallel_for compiles to a serial loop (the op ran on one core at any thread count).
 CFLAGS = ("-ffp-contract=off", "-fopenmp")
-PATHS = {"vnni": "AVX-512 VNNI", "avx2": "AVX2", "portable": "portable C++"}  # best first
+PATHS = {"amx": "AMX-INT8", "vnni": "AVX-512 VNNI", "avx2": "AVX2", "portable": "portable C++"}  # best first
 PATH_VARIABLE = "STRUCTSPEC_INT4_PATH"  # names a path to run instead of the best one (tests, comparisons)
 _forced: list[str] = []
 

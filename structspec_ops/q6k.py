@@ -5,8 +5,8 @@ with codes q in 0..63, an int8 sc per group and a float32 d (the file's fp16) pe
 Q6_K's own form, so a GGUF's Q6_K tensors (a Q4_K_M file's head and half of its v_proj and down_proj) are kept
 exactly, in 6.6 bits a weight. `linear` quantizes each row of x as the int4 op does, sums each super-block exactly in
 int32 and adds the super-blocks in float in one fixed order (structspec_ops/csrc/q6k_linear.cpp): a row's output is
-bitwise the same whatever else the call holds. Its paths are the int4 op's ("vnni", "avx2", "portable": bitwise the
-same output), and it runs the one `structspec_ops.int4.path()` names.
+bitwise the same whatever else the call holds. Its paths are the int4 op's ("amx", "vnni", "avx2", "portable":
+bitwise the same output; its "amx" runs the VNNI code), and it runs the one `structspec_ops.int4.path()` names.
 
     from structspec_ops import q6k
     if q6k.built().ok:
@@ -32,6 +32,12 @@ SUPER_BYTES = 64 + GROUPS * LANES + GROUPS * 192  # d, sc, codes of one (block, 
 def built() -> Built:
     """Whether the op library is loaded on this machine: the int4 op's library (`structspec_ops.int4.built`)."""
     return int4.built()
+
+
+def kernel_name() -> str:
+    """What runs the Q6_K Linears here, for stats: the int4 op's path, whose "amx" runs the VNNI code for this op."""
+    path = int4.path()
+    return f"q6k ({int4.PATHS['vnni' if path == 'amx' else path]})"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Row-invariant 4-bit models for the CPU: a GGUF's own 4-bit groups times per-row int8 activations.
 
-`Int4Linear` runs `structspec_ops.int4` (AVX-512 VNNI, AVX2 or plain C++: bitwise the same on every x86 CPU): groups of
-32 weights ``scale * q + offset`` (q in 0..15), each input row quantized to int8 with its own scale inside the op,
-each group summed in int32, the groups added in float in one fixed order. A row's output is bitwise the same
+`Int4Linear` runs `structspec_ops.int4` (AMX, AVX-512 VNNI, AVX2 or plain C++: bitwise the same on every x86 CPU):
+groups of 32 weights ``scale * q + offset`` (q in 0..15), each input row quantized to int8 with its own scale inside
+the op, each group summed in int32, the groups added in float in one fixed order. A row's output is bitwise the same
 whatever else the call holds, as with `Int8Linear`, so a target built of both, with the row-invariant attention,
 verifies drafts exactly losslessly (docs/design.md, "Row invariance").
 
@@ -131,7 +131,7 @@ def int4_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def linear_kernels(model: torch.nn.Module) -> str:
     """Which kernels run `model`'s Linear layers, e.g. "int4 (AVX-512 VNNI) x196, int8 (fbgemm) x57"."""
-    names = {Int4Linear: int4.kernel_name(), Q6KLinear: int4.kernel_name().replace("int4", "q6k"),
+    names = {Int4Linear: int4.kernel_name(), Q6KLinear: q6k.kernel_name(),
              Int8Linear: "int8 (fbgemm)", torch.nn.Linear: "float"}
     counts = Counter(names.get(type(m), type(m).__name__) for m in model.modules() if type(m) in names)
     kernels = ", ".join(f"{kind} x{count}" for kind, count in counts.most_common()) or "none"

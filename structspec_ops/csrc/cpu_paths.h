@@ -6,6 +6,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,6 +28,19 @@ inline bool has_avx2() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+// AMX-INT8 tiles (cpuid leaf 7: AMX-TILE, AMX-INT8) that this process may use: Linux hands out the tile data state
+// only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA), asked once per process here.
+inline bool has_amx() {
+  static const bool granted = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tiles = (d >> 24 & 1) && (d >> 25 & 1);  // AMX-TILE, AMX-INT8
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return tiles && has_vnni() && syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return granted;
+}
+
 inline bool always() { return true; }
 
 // The path `name` asks for ("auto": the best this CPU runs) among `paths` (each with .name and .supported()).
@@ -34,7 +51,7 @@ const Path& choose_path(const Path (&paths)[N], const std::string& name, const c
       TORCH_CHECK(path.supported(), op, ": this CPU cannot run the '", name, "' path");
       return path;
     }
-  TORCH_CHECK(false, op, ": unknown path '", name, "' (auto, vnni, avx2 or portable)");
+  TORCH_CHECK(false, op, ": unknown path '", name, "' (auto, amx, vnni, avx2 or portable)");
   return paths[N - 1];  // not reached
 }
 

@@ -12,11 +12,11 @@
 // Every output lane runs that sequence whatever the number of rows, the row tile, the column tile, the thread
 // split (by output columns) or the columns asked for: a row's result cannot depend on anything else in the call.
 //
-// Three paths compute it, chosen per call (`path`): "vnni" (AVX-512 VNNI: vpdpbusd), "avx2" (AVX2 + FMA:
-// vpmaddubsw, a group's 16 pair sums added in int16, then vpmaddwd; a group's sum of pairs is at most
-// 16 * 15 * 128 < 2^15, so nothing saturates) and
-// "portable" (plain C++, std::fma). The int32 sums are exact on every path and every float step is the same IEEE
-// operation in the same order, so the three give bitwise the same y: the same model on every x86 CPU.
+// Four paths compute it, chosen per call (`path`): "amx" (AMX-INT8 tiles of 16 rows: tdpbsud; the rest as "vnni"),
+// "vnni" (AVX-512 VNNI: vpdpbusd), "avx2" (AVX2 + FMA: vpmaddubsw, a group's 16 pair sums added in int16, then
+// vpmaddwd; a group's sum of pairs is at most 16 * 15 * 128 < 2^15, so nothing saturates) and "portable" (plain C++,
+// std::fma). The int32 sums are exact on every path and every float step is the same IEEE operation in the same
+// order, so the four give bitwise the same y: the same model on every x86 CPU.
 //
 // Packed layout (structspec_ops/int4.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
 //   [d: 16 f32][dmin: 16 f32][sc: G x 16 u8][m: G x 16 u8][codes: G x 256 u8]
@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -75,12 +76,13 @@ struct Tile {
   Outputs out;
 };
 
-// Rows in tiles of 4; 4 + 1 rows as one tile of 5 (a verify of 4 drafts has 5 rows) where the path has one; the last
+// Rows from `first` in tiles of 4; 4 + 1 rows as one tile of 5 (a verify of 4 drafts has 5 rows) where the path has one; the last
 // rows in a smaller tile. Which tile a row lands in never changes its lanes' sequence of operations.
 template <typename Run>
-void for_row_tiles(int64_t n, bool five, Run run) {
-  const int64_t fours = five && n % kMaxRows == 1 && n > kMaxRows ? n - kMaxRows - 1 : n;
-  int64_t r0 = 0;
+void for_row_tiles(int64_t first, int64_t n, bool five, Run run) {
+  const int64_t count = n - first;
+  const int64_t fours = five && count % kMaxRows == 1 && count > kMaxRows ? n - kMaxRows - 1 : n;
+  int64_t r0 = first;
   for (; r0 + kMaxRows <= fours; r0 += kMaxRows) run(r0, kMaxRows);
   if (n > r0) run(r0, static_cast<int>(n - r0));
 }
@@ -158,7 +160,7 @@ void tile(const Tile& job, int64_t r0, int rows, int c) {
 
 void run(const Tile& job) {
   for (int c = 0; c < job.width; ++c)
-    for_row_tiles(job.n, false, [&](int64_t r0, int rows) { tile(job, r0, rows, c); });
+    for_row_tiles(0, job.n, false, [&](int64_t r0, int rows) { tile(job, r0, rows, c); });
 }
 
 }  // namespace portable
@@ -358,7 +360,7 @@ void tile(const Tile& job, int64_t r0) {
 
 template <int C>
 void rows_of(const Tile& job) {
-  for_row_tiles(job.n, false, [&](int64_t r0, int rows) {
+  for_row_tiles(0, job.n, false, [&](int64_t r0, int rows) {
     switch (rows) {
       case 4: tile<4, C>(job, r0); break;
       case 3: tile<3, C>(job, r0); break;
@@ -482,8 +484,8 @@ void tile(const Tile& job, int64_t r0) {
 }
 
 template <int C>
-void rows_of(const Tile& job) {
-  for_row_tiles(job.n, true, [&](int64_t r0, int rows) {
+void rows_of(const Tile& job, int64_t first) {
+  for_row_tiles(first, job.n, true, [&](int64_t r0, int rows) {
     switch (rows) {
       case 5: tile<kMaxRows + 1, C>(job, r0); break;
       case 4: tile<4, C>(job, r0); break;
@@ -494,12 +496,143 @@ void rows_of(const Tile& job) {
   });
 }
 
-void run(const Tile& job) {
-  if (job.width == 2) rows_of<2>(job);
-  else rows_of<1>(job);
+// Rows from `first` (the AMX path's rows past its last full tile).
+void run(const Tile& job, int64_t first = 0) {
+  if (job.width == 2) rows_of<2>(job, first);
+  else rows_of<1>(job, first);
 }
 
 }  // namespace vnni
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------------------------ AMX
+
+// Rows in tiles of 16 on the AMX-INT8 tile unit, the rows past the last full tile on the VNNI path. Per group the
+// tile unit yields every (row, lane)'s exact int32 dot at once (tdpbsud: signed codes times unsigned nibbles, 16 rows
+// x 16 lanes x 32 inputs an instruction), and the float pass adds it as the VNNI path does: the same y, bit for bit.
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,fma")
+namespace amx {
+
+constexpr int kRows = 16;  // rows per tile
+
+// Tile registers: 0 and 1 (5 and 6) the dots of blocks 0 and 1 of an even (odd) group (16 rows x 16 lanes, int32); 2
+// (7) the rows' codes of that group (16 rows x 32 bytes); 3 and 4 the blocks' codes of a group, 4 inputs of a lane a
+// row (8 x 64 bytes: row j holds inputs 4 j..4 j + 3 of lane l at bytes 4 l..).
+struct alignas(64) Config {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void configure() {
+  Config config{};
+  config.palette = 1;
+  for (int t : {0, 1, 5, 6}) config.rows[t] = kRows, config.colsb[t] = 4 * kLanes;
+  for (int t : {2, 7}) config.rows[t] = kRows, config.colsb[t] = kGroup;
+  for (int t : {3, 4}) config.rows[t] = kGroup / 4, config.colsb[t] = 4 * kLanes;
+  _tile_loadconfig(&config);
+}
+
+// A group's 256 code bytes (vector i: low nibbles inputs 4 i.., high nibbles 16 + 4 i..) as the tile unit reads them.
+inline void unpack(const uint8_t* codes, uint8_t (&out)[8][64]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int i = 0; i < 4; ++i) {
+    const __m512i raw = _mm512_loadu_si512(codes + 64 * i);
+    _mm512_store_si512(out[i], _mm512_and_si512(raw, low));
+    _mm512_store_si512(out[4 + i], _mm512_and_si512(_mm512_srli_epi16(raw, 4), low));
+  }
+}
+
+// The first `rows` rows (a multiple of 16) times the job's C blocks. Super-blocks outermost, so a group's codes are
+// unpacked once for every row tile; acc (rows, C, 16 lanes) carries each lane's float sum across super-blocks.
+template <int C>
+void tiles(const Tile& job, int64_t rows, float* acc) {
+  const Activations& a = *job.a;
+  const int64_t groups = job.groups, stride = superblock_bytes(groups), sums_per_row = a.k / kGroup;
+  alignas(64) uint8_t codes[kMaxGroups][C][8][64];
+  alignas(64) int32_t dots[kMaxGroups][C][kRows][kLanes];
+  __m512 scale[kMaxGroups][C], offset[kMaxGroups][C];
+  for (int64_t s = 0; s < job.supers; ++s) {
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* base = job.w[c] + s * stride;
+      const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(base));
+      const __m512 neg_dmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(reinterpret_cast<const float*>(base + 64)));
+      for (int64_t g = 0; g < groups; ++g) {
+        unpack(base + 128 + 32 * groups + g * kCodeBytes, codes[g][c]);
+        scale[g][c] = _mm512_mul_ps(d, vnni::widen(base + 128 + kLanes * g));  // d * sc
+        offset[g][c] = _mm512_mul_ps(neg_dmin, vnni::widen(base + 128 + kLanes * (groups + g)));  // -dmin * m
+      }
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      // Even groups in tiles 2 -> 0, 1 and odd ones in 7 -> 5, 6, each group's dots stored after the next group's
+      // products are issued, so the tile unit never waits for a store (the intrinsics take tile numbers as literals).
+#define STRUCTSPEC_GROUP_DOTS(A, C0, C1, g)                                     \
+  _tile_loadd(A, a.codes + r0 * a.k + (s * groups + (g)) * kGroup, a.k);       \
+  _tile_loadd(3, codes[g][0], 4 * kLanes);                                     \
+  _tile_zero(C0);                                                              \
+  _tile_dpbsud(C0, A, 3);                                                      \
+  if constexpr (C == 2) {                                                      \
+    _tile_loadd(4, codes[g][1], 4 * kLanes);                                   \
+    _tile_zero(C1);                                                            \
+    _tile_dpbsud(C1, A, 4);                                                    \
+  }
+#define STRUCTSPEC_GROUP_STORE(C0, C1, g)                                       \
+  _tile_stored(C0, dots[g][0], 4 * kLanes);                                    \
+  if constexpr (C == 2) _tile_stored(C1, dots[g][1], 4 * kLanes);
+      for (int64_t g = 0; g < groups; ++g) {
+        if (g % 2 == 0) {
+          STRUCTSPEC_GROUP_DOTS(2, 0, 1, g)
+          if (g > 0) { STRUCTSPEC_GROUP_STORE(5, 6, g - 1) }
+        } else {
+          STRUCTSPEC_GROUP_DOTS(7, 5, 6, g)
+          STRUCTSPEC_GROUP_STORE(0, 1, g - 1)
+        }
+      }
+      if ((groups - 1) % 2 == 0) { STRUCTSPEC_GROUP_STORE(0, 1, groups - 1) }
+      else { STRUCTSPEC_GROUP_STORE(5, 6, groups - 1) }
+#undef STRUCTSPEC_GROUP_DOTS
+#undef STRUCTSPEC_GROUP_STORE
+      // The VNNI path's float steps, in K order: a block's 16 rows in registers, each group's scale and offset once.
+      const float* sums = a.sums + r0 * sums_per_row + s * groups;
+      for (int c = 0; c < C; ++c) {
+        __m512 v[kRows];
+        for (int r = 0; r < kRows; ++r) v[r] = _mm512_loadu_ps(acc + ((r0 + r) * C + c) * kLanes);
+        for (int64_t g = 0; g < groups; ++g)
+          for (int r = 0; r < kRows; ++r) {
+            v[r] = _mm512_fmadd_ps(scale[g][c], _mm512_cvtepi32_ps(_mm512_load_si512(dots[g][c][r])), v[r]);
+            v[r] = _mm512_fmadd_ps(offset[g][c], _mm512_set1_ps(sums[r * sums_per_row + g]), v[r]);
+          }
+        for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(acc + ((r0 + r) * C + c) * kLanes, v[r]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 row_scale = _mm512_set1_ps(a.scales[r]);
+    for (int c = 0; c < C; ++c) {
+      const __mmask16 lanes = static_cast<__mmask16>((1u << job.out.lanes[c]) - 1u);
+      const __m512 sum = _mm512_loadu_ps(acc + (r * C + c) * kLanes);
+      const __m512 v = job.out.bias[c] == nullptr
+                           ? _mm512_mul_ps(sum, row_scale)
+                           : _mm512_fmadd_ps(sum, row_scale, _mm512_maskz_loadu_ps(lanes, job.out.bias[c]));
+      _mm512_mask_storeu_ps(job.out.y + r * job.out.ldy + job.out.column[c], lanes, v);
+    }
+  }
+}
+
+void run(const Tile& job) {
+  const int64_t rows = job.n / kRows * kRows;
+  if (rows > 0) {
+    std::vector<float> acc(rows * job.width * kLanes, 0.f);
+    configure();
+    if (job.width == 2) tiles<2>(job, rows, acc.data());
+    else tiles<1>(job, rows, acc.data());
+    _tile_release();
+  }
+  vnni::run(job, rows);
+}
+
+}  // namespace amx
 #pragma GCC pop_options
 
 // ------------------------------------------------------------------------------------------------ dispatch
@@ -513,7 +646,8 @@ struct Path {
 
 // In order of preference.
 const Path kPaths[] = {
-    {"vnni", structspec::has_vnni, vnni::quantize_row, vnni::run},
+    {"amx", structspec::has_amx, vnni::quantize_row, amx::run},
+    {"vnni", structspec::has_vnni, vnni::quantize_row, [](const Tile& job) { vnni::run(job); }},
     {"avx2", structspec::has_avx2, avx2::quantize_row, avx2::run},
     {"portable", structspec::always, portable::quantize_row, portable::run},
 };

@@ -59,7 +59,7 @@ def test_a_linear_multiplies_by_its_groups():
 def test_a_target_s_head_is_q6_k_where_it_fits_and_rows_stay_invariant():
     model = quantize_int4(tiny_llama(300, seed=0, layers=2, hidden=256))
     assert type(model.get_output_embeddings()) is Q6KLinear
-    assert linear_kernels(model) == (f"{int4.kernel_name()} x14, {int4.kernel_name().replace('int4', 'q6k')} x1; "
+    assert linear_kernels(model) == (f"{int4.kernel_name()} x14, {q6k.kernel_name()} x1; "
                                      "decoder layers fused 2/2")
     ids = torch.tensor([list(range(5, 14))])
     with torch.inference_mode(), threads(1):

@@ -30,8 +30,9 @@ def test_every_unit_runs_its_kind_s_systems_and_the_tables_pair_them(smol_tokeni
     assert [r["system"] for r in rows] == ["llama.cpp", "ours-plain-int8", "ours-spec-int8",
                                            "llama.cpp-grammar-compact", "ours-full-int8", "llama.cpp-grammar"]
     assert list(rows[0]) == list(vs_llamacpp.FIELDS) and all(r["threads"] == 1 for r in rows)
-    assert vs_llamacpp.table(rows, "free", "ours-spec-int8")[0].startswith("|")
-    assert any("ours-full-int8" in line for line in vs_llamacpp.table(rows, "structured", "ours-full-int8"))
+    targets = vs_llamacpp.TARGETS
+    assert vs_llamacpp.table(rows, "free", "ours-spec-int8", targets)[0].startswith("|")
+    assert any("ours-full-int8" in line for line in vs_llamacpp.table(rows, "structured", "ours-full-int8", targets))
 
 
 def test_the_forward_costs_name_our_models_and_llama_cpp_and_set_our_step_against_its_floor(smol_tokenizer,
@@ -45,11 +46,11 @@ def test_the_forward_costs_name_our_models_and_llama_cpp_and_set_our_step_agains
     monkeypatch.setattr(vs_llamacpp, "read_bandwidth", lambda threads: 1000 * weight)  # a floor of 1 ms
     with threads(1):
         lines = vs_llamacpp.costs({"ours int8 target": model}, Timed(), [1], repeats=1)
-    assert lines[0] == "| threads | model | k=1 | k=2 | k=4 | k=8 | k=16 | weight MB | k=1 / floor |"
+    assert lines[0] == "| threads | model | k=1 | k=2 | k=4 | k=8 | k=16 | k=128 | weight MB | k=1 / floor |"
     ours = lines[2].removesuffix(" |").split(" | ")
     assert ours[:2] == ["| 1", "ours int8 target"] and ours[-2] == f"{weight / 1e6:.0f}"
     assert float(ours[-1]) == pytest.approx(float(ours[2]), abs=0.06)  # the step in ms over a floor of 1 ms
-    assert lines[3] == "| 1 | llama.cpp target (its GGUF) | 1.0 | 2.0 | 4.0 | 8.0 | 16.0 |  |  |"
+    assert lines[3] == "| 1 | llama.cpp target (its GGUF) | 1.0 | 2.0 | 4.0 | 8.0 | 16.0 | 128.0 |  |  |"
     assert lines[5] == f"floor: the weight bytes a step reads / a read loop's bandwidth ({weight / 1e6:.1f} GB/s at " \
         "1 thread(s))"
     assert lines[9] == "| threads | model | op | calls a step | share |"  # where our step goes

@@ -96,6 +96,9 @@ def test_a_row_alone_is_bitwise_the_same_row_among_others(shape, per_block, n_th
         for i in range(16):
             assert torch.equal(int4.linear(x[i : i + 1], packed, bias), together[i : i + 1]), i
         assert torch.equal(int4.linear(x[5:12], packed, bias), together[5:12])
+        many = _rows(37, shape[1])  # two tiles of 16 rows (on AMX) and 5 more
+        assert torch.equal(torch.cat([int4.linear(row[None], packed, bias) for row in many]),
+                           int4.linear(many, packed, bias))
     with threads(3 - n_threads):  # the other thread count splits the columns otherwise
         assert torch.equal(int4.linear(x, packed, bias), together)
 
@@ -185,17 +188,19 @@ def test_every_path_gives_the_pinned_output(bias):
 @pytest.mark.parametrize("shape, per_block", [((100, 512), 8), ((24, 96), 1), ((7, 256), 8), ((33, 896), 7)])
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_every_path_is_bitwise_the_best_path(shape, per_block, n_threads):
-    """Each path this CPU runs against the best one, bitwise: every row count 1..17 (every row tile), with and without
-    bias, a subset of columns, 1 and 2 threads. On a CPU with AVX-512 VNNI this compares vnni, avx2 and portable."""
+    """Each path this CPU runs against the best one, bitwise: every row count 1..17 (every register tile) and 32, 37
+    (AMX tiles of 16 and the rest), with and without bias, a subset of columns, 1 and 2 threads. On a CPU with AMX this
+    compares amx, vnni, avx2 and portable."""
     packed, bias = int4.pack(_groups(*shape, per_block)), torch.randn(shape[0])
-    x = _rows(17, shape[1])
+    x = _rows(37, shape[1])
+    counts = [*range(1, 18), 32, 37]
     blocks = torch.tensor([(shape[0] - 1) // 16, 0])
     with threads(n_threads):
-        best = [int4.linear(x[:n], packed, b) for n in range(1, 18) for b in (bias, None)]
+        best = [int4.linear(x[:n], packed, b) for n in counts for b in (bias, None)]
         best_subset = int4.linear(x, packed, bias, blocks)
         for name in int4.paths()[1:]:
             with int4.forced_path(name):
-                other = [int4.linear(x[:n], packed, b) for n in range(1, 18) for b in (bias, None)]
+                other = [int4.linear(x[:n], packed, b) for n in counts for b in (bias, None)]
                 assert all(torch.equal(a, c) for a, c in zip(best, other, strict=True)), name
                 assert torch.equal(int4.linear(x, packed, bias, blocks), best_subset), name
     assert int4.paths()[-1] == "portable"
