@@ -204,6 +204,9 @@ def costs(models: dict, llama: LlamaCpp, threads, repeats: int = 5) -> list[str]
     for repeat in range(repeats + 1):  # repeat 0 warms up
         for t in threads:
             torch.set_num_threads(t)
+            for name, timer in timers.items():  # untimed: else the first model's k = 1 pays the switch (+20-35 ms)
+                with kernel_path(name):
+                    timer.seconds(ids[200:201])
             for k in COST_KS:
                 spent = {}
                 for name, timer in timers.items():

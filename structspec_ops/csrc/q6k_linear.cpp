@@ -483,8 +483,8 @@ struct Path {
 };
 
 // "amx" runs the VNNI path: AMX tiles (tdpbsud a group of 16, the dots stored, then vpmulld by each lane's sc) measured
-// 0.73-1.04x the VNNI path on a Xeon with one 512-bit FMA port (16-128 rows, Qwen2.5's down_proj and v_proj shapes):
-// the exact per-group scale multiply, not the products, bounds this op.
+// 0.73-1.04x the VNNI path on a Xeon with AMX-INT8 (16-128 rows, Qwen2.5's down_proj and v_proj shapes): the exact
+// per-group scale multiply, not the products, bounds this op.
 const Path kPaths[] = {{"amx", structspec::has_amx, vnni::run},
                        {"vnni", structspec::has_vnni, vnni::run},
                        {"avx2", structspec::has_avx2, avx2::run},
