@@ -76,8 +76,8 @@ struct Tile {
   Outputs out;
 };
 
-// Rows from `first` in tiles of 4; 4 + 1 rows as one tile of 5 (a verify of 4 drafts has 5 rows) where the path has one; the last
-// rows in a smaller tile. Which tile a row lands in never changes its lanes' sequence of operations.
+// Rows from `first` in tiles of 4; 4 + 1 rows as one tile of 5 (a verify of 4 drafts has 5 rows) where the path has
+// one; the last rows in a smaller tile. Which tile a row lands in never changes its lanes' sequence of operations.
 template <typename Run>
 void for_row_tiles(int64_t first, int64_t n, bool five, Run run) {
   const int64_t count = n - first;
@@ -557,7 +557,8 @@ void tiles(const Tile& job, int64_t rows, float* acc) {
     for (int c = 0; c < C; ++c) {
       const uint8_t* base = job.w[c] + s * stride;
       const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(base));
-      const __m512 neg_dmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(reinterpret_cast<const float*>(base + 64)));
+      const __m512 neg_dmin =
+          _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(reinterpret_cast<const float*>(base + 64)));
       for (int64_t g = 0; g < groups; ++g) {
         unpack(base + 128 + 32 * groups + g * kCodeBytes, codes[g][c]);
         scale[g][c] = _mm512_mul_ps(d, vnni::widen(base + 128 + kLanes * g));  // d * sc

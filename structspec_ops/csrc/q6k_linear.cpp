@@ -10,11 +10,11 @@
 // Every output lane runs that sequence whatever the number of rows, the row tile, the column tile or the thread
 // split (by output columns): a row's result cannot depend on anything else in the call.
 //
-// Three paths, chosen per call as for the int4 op ("amx" runs "vnni" here): "vnni" (vpdpbusd), "avx2" (vpmaddubsw: two pairs of products
-// summed in int16 stay within 4 * 63 * 127 < 2^15, then vpmaddwd) and "portable" (plain C++). The int32 sums are
-// exact on every path and the float steps the same IEEE operations in the same order: bitwise the same y. (The AVX2
-// path's many-row tiles multiply by the scales with vpmaddwd, the pair sums against each lane's sc twice, and take
-// the -32 sum_t a terms two groups at a time from the row's group sums: the same exact integers.)
+// Three paths, chosen per call as for the int4 op ("amx" runs "vnni" here): "vnni" (vpdpbusd), "avx2" (vpmaddubsw:
+// two pairs of products summed in int16 stay within 4 * 63 * 127 < 2^15, then vpmaddwd) and "portable" (plain C++).
+// The int32 sums are exact on every path and the float steps the same IEEE operations in the same order: bitwise the
+// same y. (The AVX2 path's many-row tiles multiply by the scales with vpmaddwd, the pair sums against each lane's sc
+// twice, and take the -32 sum_t a terms two groups at a time from the row's group sums: the same exact integers.)
 //
 // Packed layout (structspec_ops/q6k.py `pack`): column blocks of 16 lanes, each one stream of super-blocks:
 //   [d: 16 f32][sc: 16 groups x 16 lanes i8][codes: 16 groups x 192 bytes]
