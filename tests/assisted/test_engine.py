@@ -144,9 +144,10 @@ def test_each_row_of_a_batch_equals_the_row_alone_with_every_option(tok, pairs, 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs, kind, monkeypatch):
-    """Rows with different constraints under one batch's options: some take a draft tree's leaf, some close within
-    the budget, some stop at a string; each is what `generate` gives it alone, on the int8 and int4 targets exactly
-    (int4: ragged forwards, a leaf row among them). A first batch call times the pair's costs (its warm-up drafts with
+    """Rows with different constraints under one batch's options: some draft a tree's leaf (on the int4 target, the
+    same model on every CPU, some take it; the int8 target's fbgemm sums differ by CPU, so which leaves it takes does
+    too), some close within the budget, some stop at a string; each is what `generate` gives it alone, on the int8 and
+    int4 targets exactly (int4: ragged forwards, a leaf row among them). A first batch call times the pair's costs (its warm-up drafts with
     one row), so that the measured one drafts with every row from its first step."""
     target, helper = pairs[kind]
     pin_clock(monkeypatch)  # every forward one tick: the batch's policy drafts whatever the machine's load
@@ -163,8 +164,8 @@ def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs, kind, monkeypat
     same(alone, batched)
     reasons = {r.stop_reason for r in batched}
     assert {"stop_string", "closed"} <= reasons, reasons
-    assert sum(r.stats.leaves_taken for r in batched) > 0
     int4 = kind == "int4"  # the target's and the assistant's batch forwards all ragged
+    assert sum(r.stats.branches for r in batched) > 0 and (sum(r.stats.leaves_taken for r in batched) > 0 or not int4)
     assert (ragged[0], drafting[0]) == ((batched[0].batch.target_forwards, batched[0].batch.assistant_forwards)
                                         if int4 else (0, 0))
 
