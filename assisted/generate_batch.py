@@ -140,5 +140,6 @@ def make_engine(model, assistant_model=None, *, tokenizer, batch_size: int = 8, 
         raise TypeError(f"share_prefix must be True, False or None, got {share_prefix!r}")
     exact = getattr(model.config, "_attn_implementation", None) == ATTENTION  # row-invariant: a shared prefix is exact
     helper = None if call.helper is None else BatchKV(call.helper, lazy=True)  # a row's context fed at its first draft
-    return call.engine(BatchKV(model), helper, batch_size=batch_size, memory=ENGINE, prefix_cache=prefix_cache,
+    target = BatchKV(model, defer_after_prefix=True)  # rows sharing a prefix feed their rests in their first forward
+    return call.engine(target, helper, batch_size=batch_size, memory=ENGINE, prefix_cache=prefix_cache,
                        share_prefix=exact if share_prefix is None else share_prefix)

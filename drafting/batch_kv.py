@@ -98,8 +98,9 @@ class RaggedBatch:
 class BatchKV:
     """The cache of one model for B rows; `lengths[r]` tokens of row r are cached."""
 
-    def __init__(self, model, lazy: bool = False):
+    def __init__(self, model, lazy: bool = False, defer_after_prefix: bool = False):
         self.model, self.cache, self.lengths, self.lazy = model, DynamicCache(), [], lazy
+        self.defer_after_prefix = defer_after_prefix
         self.device = input_device(model)
         dtype = model.get_input_embeddings().weight.dtype
         self.dtype = dtype if dtype.is_floating_point else torch.float32
@@ -111,6 +112,13 @@ class BatchKV:
         padding, so a long feed widens no other row), and a row that never runs costs nothing (an assistant whose
         policy never drafts for it)."""
         return not (self.lazy and self.ragged() is not None)
+
+    def defers(self, shared: int) -> bool:
+        """Whether `place` leaves a newcomer's prompt past a copied prefix of `shared` entries to the row's first
+        `run`: a `lazy` cache always; one made `defer_after_prefix` where it copies a prefix, so the rows that share an
+        instruction feed their own rests packed into one forward (the weights read once, not once a row) while a row
+        that shares nothing is prefilled at once, for the rows after it to copy. Only on the ragged path."""
+        return (self.lazy or (self.defer_after_prefix and shared > 0)) and self.ragged() is not None
 
     @property
     def width(self) -> int:
@@ -250,7 +258,7 @@ class BatchKV:
 
         With `source`, the first `shared` entries are copied from row `source`, which caches the same first `shared`
         tokens (a shared instruction), or from a cache holding them (`assisted.PrefixCache`), and only the rest of
-        `ids` is run (not at all where `prefills` is False: `lengths[slot]` then says what is cached). The caller never
+        `ids` is run (not at all where `defers`: `lengths[slot]` then says what is cached). The caller never
         adds a row beyond its batch size: the cache holds at most that many rows.
         """
         prefix = None if source is None or shared <= 0 else self._prefix(source, shared)  # taken before `slot` goes
@@ -262,7 +270,7 @@ class BatchKV:
             return self._crop_width()
         small = DynamicCache()
         small.layers.extend(_layer(keys, values) for keys, values in prefix or ())
-        if not self.prefills:
+        if self.defers(shared if prefix else 0):
             ids = ids[:shared] if prefix else []
             if not ids:
                 return self._crop_width()

@@ -163,14 +163,15 @@ class Engine:
         kept = None
         if self.prefix_cache is not None:  # (target cache, tokens, assistant cache, tokens) of a kept prefix
             kept = self.prefix_cache.take(self.setup.model, self.setup.assistant_model, row.prompt)
-        row.prefilled = len(row.prompt) - self._place(self.target, slot, row.prompt, [r.seq for r in self.rows],
-                                                      kept and kept[:2])
+        shared = self._place(self.target, slot, row.prompt, [r.seq for r in self.rows], kept and kept[:2])
+        row.prefilled = len(row.prompt) - shared
         helper = None if self.assistant is None else self.assistant.kv
         if helper is not None:  # its own prompt (in its own ids, for an assistant of another tokenizer: none kept)
             reused = None if self.setup.foreign else kept and kept[2:]
             self._place(helper, slot, row.helper_seq, [r.helper_seq for r in self.rows], reused)
-        prefilled = self.target.prefills + (helper is not None and helper.prefills)  # a lazy cache's row waits
-        self.stats.prefill_forwards += (len(row.prompt) > 1) * prefilled
+        ran = self.target.lengths[slot] > shared  # else the row's first forward feeds its rest (`BatchKV.defers`)
+        prefilled = ran + (helper is not None and helper.prefills and len(row.prompt) > 1)  # a lazy cache's row waits
+        self.stats.prefill_forwards += prefilled
         if refill:
             self.rows[slot] = row
         else:

@@ -147,8 +147,8 @@ def test_a_batch_of_mixed_rows_equals_each_row_alone(tok, pairs, kind, monkeypat
     """Rows with different constraints under one batch's options: some draft a tree's leaf (on the int4 target, the
     same model on every CPU, some take it; the int8 target's fbgemm sums differ by CPU, so which leaves it takes does
     too), some close within the budget, some stop at a string; each is what `generate` gives it alone, on the int8 and
-    int4 targets exactly (int4: ragged forwards, a leaf row among them). A first batch call times the pair's costs (its warm-up drafts with
-    one row), so that the measured one drafts with every row from its first step."""
+    int4 targets exactly (int4: ragged forwards, a leaf row among them). A first batch call times the pair's costs
+    (its warm-up drafts with one row), so that the measured one drafts with every row from its first step."""
     target, helper = pairs[kind]
     pin_clock(monkeypatch)  # every forward one tick: the batch's policy drafts whatever the machine's load
     ragged, drafting = counted_ragged_forwards(monkeypatch, target), counted_ragged_forwards(monkeypatch, helper)

@@ -239,6 +239,21 @@ def test_a_lazy_cache_places_only_the_shared_prefix_and_its_first_run_feeds_the_
     assert lazy.lengths == eager.lengths and all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+def test_the_target_cache_prefills_a_row_that_shares_nothing_and_defers_the_rest_of_one_that_shares(model):
+    """The batch's target cache (`defer_after_prefix`) runs a newcomer's prompt at `place` where it copies no prefix
+    (rows after it copy from it), and where it copies one leaves the rest to the row's first `run`, packed beside the
+    other rows' feeds: the weights read once for all the rows' rests, logits bitwise a cache that prefilled each."""
+    first, second = PROMPTS[1], PROMPTS[1][:4] + [60, 61, 62]
+    eager, deferring = placed(model, [first, second]), BatchKV(model, defer_after_prefix=True)
+    with torch.inference_mode():
+        deferring.place(0, first)
+        deferring.place(1, second, shared=4, source=0)
+        assert deferring.lengths == [len(first), 4] and deferring.prefills
+        got = deferring.run([FEEDS[0], second[4:] + FEEDS[1]], [1, 1])
+        want = eager.run([FEEDS[0], FEEDS[1]], [1, 1])
+    assert deferring.lengths == eager.lengths and all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_a_batch_whose_assistant_never_drafts_never_runs_the_assistant(monkeypatch):
     """Rows admitted into a batch leave the assistant's cache empty until they draft: where the batch's policy keeps
     to plain decoding, the assistant runs no forward at all, and the outputs are the target's; where it drafts, the
