@@ -111,7 +111,7 @@ class BatchKV:
         prefix there: the row's first `run` feeds the rest of its context, packed beside the other rows' tokens (no
         padding, so a long feed widens no other row), and a row that never runs costs nothing (an assistant whose
         policy never drafts for it)."""
-        return not (self.lazy and self.ragged() is not None)
+        return not self.defers(0)
 
     def defers(self, shared: int) -> bool:
         """Whether `place` leaves a newcomer's prompt past a copied prefix of `shared` entries to the row's first
